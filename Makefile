@@ -1,0 +1,25 @@
+# Fresh machine: `make demo` or `make test`. Both create/refresh .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[export,test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 tests
+
+demo: $(STAMP)
+	$(VENV)/bin/python -m models.export bert --size tiny --exporter dynamo -o .cache/models
+	$(VENV)/bin/tscomp inspect .cache/models/bert-tiny-dynamo.onnx --dim sequence_length=1:512
+
+clean:
+	rm -rf $(VENV) .cache

@@ -1,0 +1,280 @@
+"""Model families exported by ``models.export``: one table of specs, no per-family code.
+
+Each family (BERT, ALBERT, RoBERTa, DistilBERT, GPT-2, ViT) comes in two sizes:
+
+* ``tiny``: 2 layers, hidden 128, 4 heads, FFN 4*hidden, vocab 1000 -- fast enough for unit tests;
+* ``base``: the standard published base geometry (DistilBERT base has 6 layers, as distilbert-base).
+
+Models are built from ``transformers`` config classes with random weights under a fixed seed, in eval
+mode and fp32, so two builds (and two exports) of the same spec are identical.
+
+Every spec lists the model inputs in order (names, dtypes and dimension symbols) and the range of each
+dimension symbol:
+
+* text models: ``batch`` in 1..8 and ``sequence`` in 1..max positions;
+* ViT: ``batch`` in 1..8, ``height`` and ``width`` from one patch to 2x (base) or 4x (tiny) the
+  configured image size, with ``interpolate_pos_encoding=True``.
+
+The only output is ``last_hidden_state``.
+
+``make_inputs`` draws valid random inputs for given symbol bindings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+# Attention implementation of every model. "sdpa" and "eager" both export with both exporters here;
+# "sdpa" is transformers' default, and both exporters decompose it into MatMul / Softmax (+ IsNaN/Where
+# guarding fully-masked rows), so it is what a user's export would contain.
+ATTN_IMPLEMENTATION = "sdpa"
+
+# Seed used before building every model: exports are deterministic.
+SEED = 0
+
+SIZES = ("tiny", "base")
+
+BATCH_RANGE = (1, 8)
+
+# Geometry of the tiny models, shared by all families (renamed per family by `_geometry`).
+TINY = dict(layers=2, hidden=128, heads=4, ffn=512, vocab=1000)
+BASE = dict(layers=12, hidden=768, heads=12, ffn=3072)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One model input: name, numpy dtype name and one symbol name or static size per dimension."""
+
+    name: str
+    dtype: str
+    dims: tuple[str | int, ...]
+
+
+_IDS = InputSpec("input_ids", "int64", ("batch", "sequence"))
+_MASK = InputSpec("attention_mask", "int64", ("batch", "sequence"))
+_TYPES = InputSpec("token_type_ids", "int64", ("batch", "sequence"))
+_PIXELS = InputSpec("pixel_values", "float32", ("batch", 3, "height", "width"))
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilySpec:
+    """A model family: the transformers classes, its inputs and per-size config keyword arguments.
+
+    ``sizes[size]`` holds the keyword arguments for ``config_class``; keys ``vocab_size``,
+    ``max_position_embeddings`` / ``n_positions``, ``image_size``, ``patch_size`` are read back from
+    the config object, never from this table, to decide input ranges.
+    """
+
+    name: str
+    config_class: str
+    model_class: str
+    inputs: tuple[InputSpec, ...]
+    sizes: Mapping[str, Mapping[str, Any]]
+    model_init_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    forward_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Smallest ordinary token id: ids below it (special tokens, pad) are only placed on purpose.
+    first_token_id: int = 1
+
+    @property
+    def is_vision(self) -> bool:
+        return any(i.name == "pixel_values" for i in self.inputs)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs)
+
+    @property
+    def symbol_names(self) -> tuple[str, ...]:
+        names: list[str] = []
+        for spec in self.inputs:
+            names += [d for d in spec.dims if isinstance(d, str) and d not in names]
+        return tuple(names)
+
+
+def _bert_like(layers: int, hidden: int, heads: int, ffn: int, **extra: Any) -> dict[str, Any]:
+    return dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                intermediate_size=ffn, **extra)
+
+
+def _tiny_text(**extra: Any) -> dict[str, Any]:
+    geometry = {k: TINY[k] for k in ("layers", "hidden", "heads", "ffn")}
+    return _bert_like(**geometry, vocab_size=TINY["vocab"], **extra)
+
+
+FAMILIES: dict[str, FamilySpec] = {
+    spec.name: spec
+    for spec in (
+        FamilySpec(
+            "bert", "BertConfig", "BertModel", (_IDS, _MASK, _TYPES),
+            sizes={"tiny": _tiny_text(), "base": _bert_like(**BASE, vocab_size=30522)},
+            model_init_kwargs={"add_pooling_layer": False},
+        ),
+        FamilySpec(
+            "albert", "AlbertConfig", "AlbertModel", (_IDS, _MASK, _TYPES),
+            # AlbertConfig() defaults to xxlarge: the base geometry is spelled out.
+            sizes={"tiny": _tiny_text(embedding_size=64),
+                   "base": _bert_like(**BASE, vocab_size=30000, embedding_size=128)},
+            model_init_kwargs={"add_pooling_layer": False},
+        ),
+        FamilySpec(
+            "roberta", "RobertaConfig", "RobertaModel", (_IDS, _MASK),
+            # 514 positions: ids start after the pad id 1, so 512 tokens fit.
+            sizes={name: dict(geometry, max_position_embeddings=514, pad_token_id=1, bos_token_id=0,
+                              eos_token_id=2, type_vocab_size=1, layer_norm_eps=1e-5)
+                   for name, geometry in (("tiny", _tiny_text()),
+                                          ("base", _bert_like(**BASE, vocab_size=50265)))},
+            model_init_kwargs={"add_pooling_layer": False},
+            first_token_id=3,  # 0 <s>, 1 <pad>, 2 </s>
+        ),
+        FamilySpec(
+            "distilbert", "DistilBertConfig", "DistilBertModel", (_IDS, _MASK),
+            sizes={"tiny": dict(n_layers=TINY["layers"], dim=TINY["hidden"], n_heads=TINY["heads"],
+                                hidden_dim=TINY["ffn"], vocab_size=TINY["vocab"]),
+                   # distilbert-base: 6 layers of BERT-base geometry.
+                   "base": dict(n_layers=6, dim=768, n_heads=12, hidden_dim=3072, vocab_size=30522)},
+        ),
+        FamilySpec(
+            "gpt2", "GPT2Config", "GPT2Model", (_IDS, _MASK),
+            sizes={"tiny": dict(n_layer=TINY["layers"], n_embd=TINY["hidden"], n_head=TINY["heads"],
+                                n_inner=TINY["ffn"], vocab_size=TINY["vocab"], n_positions=512,
+                                bos_token_id=TINY["vocab"] - 1, eos_token_id=TINY["vocab"] - 1,
+                                use_cache=False),
+                   "base": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
+                                use_cache=False)},
+            forward_kwargs={"use_cache": False},
+            first_token_id=0,
+        ),
+        FamilySpec(
+            "vit", "ViTConfig", "ViTModel", (_PIXELS,),
+            sizes={"tiny": dict(_bert_like(**{k: TINY[k] for k in ("layers", "hidden", "heads", "ffn")}),
+                                patch_size=8, image_size=32),
+                   "base": dict(_bert_like(**BASE), patch_size=16, image_size=224)},
+            model_init_kwargs={"add_pooling_layer": False},
+            forward_kwargs={"interpolate_pos_encoding": True},
+        ),
+    )
+}
+
+# Largest ViT input side, as a multiple of the configured image size.
+_VIT_MAX_SCALE = {"tiny": 4, "base": 2}
+
+
+def get_family(family: str | FamilySpec) -> FamilySpec:
+    """The spec of a family given by name (bert, albert, roberta, distilbert, gpt2, vit)."""
+    if isinstance(family, FamilySpec):
+        return family
+    try:
+        return FAMILIES[family]
+    except KeyError:
+        raise ValueError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}") from None
+
+
+def _check_size(size: str) -> None:
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; known: {', '.join(SIZES)}")
+
+
+def make_config(family: str | FamilySpec, size: str):
+    """The transformers config object of ``family`` at ``size`` (fp32, ATTN_IMPLEMENTATION)."""
+    import transformers
+
+    spec = get_family(family)
+    _check_size(size)
+    config_class = getattr(transformers, spec.config_class)
+    config = config_class(**spec.sizes[size])
+    config._attn_implementation = ATTN_IMPLEMENTATION
+    return config
+
+
+def build_model(family: str | FamilySpec, size: str = "tiny"):
+    """The transformers model with seeded random weights, in eval mode and fp32."""
+    import torch
+    import transformers
+
+    spec = get_family(family)
+    config = make_config(spec, size)
+    torch.manual_seed(SEED)
+    model = getattr(transformers, spec.model_class)(config, **spec.model_init_kwargs)
+    return model.to(torch.float32).eval()
+
+
+def _max_positions(config) -> int:
+    """Longest sequence the model accepts (RoBERTa: positions start after the pad id)."""
+    if hasattr(config, "n_positions"):
+        return config.n_positions
+    positions = config.max_position_embeddings
+    if config.model_type == "roberta":
+        positions -= config.pad_token_id + 1
+    return positions
+
+
+def symbol_ranges(family: str | FamilySpec, size: str = "tiny") -> dict[str, tuple[int, int]]:
+    """Inclusive (min, max) range of each dimension symbol of ``family`` at ``size``."""
+    spec = get_family(family)
+    config = make_config(spec, size)
+    if spec.is_vision:
+        side = (config.patch_size, _VIT_MAX_SCALE[size] * config.image_size)
+        return {"batch": BATCH_RANGE, "height": side, "width": side}
+    return {"batch": BATCH_RANGE, "sequence": (1, _max_positions(config))}
+
+
+def input_shapes(family: str | FamilySpec, bindings: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+    """Concrete shape of each input for the given symbol bindings."""
+    spec = get_family(family)
+    missing = [s for s in spec.symbol_names if s not in bindings]
+    if missing:
+        raise ValueError(f"{spec.name}: no value bound to {missing}")
+    return {i.name: tuple(bindings[d] if isinstance(d, str) else d for d in i.dims) for i in spec.inputs}
+
+
+def _vocab_limit(spec: FamilySpec, size: str | None) -> int:
+    """Token ids are drawn below this; without a size, below every size's vocabulary."""
+    sizes = SIZES if size is None else (size,)
+    return min(make_config(spec, s).vocab_size for s in sizes)
+
+
+def _valid_lengths(batch: int, sequence: int, rng: np.random.Generator) -> np.ndarray:
+    """Unpadded length of each row: the first row is full, others lose up to half of their tokens
+    with probability 1/2; never zero."""
+    lengths = np.full(batch, sequence, dtype=np.int64)
+    for row in range(1, batch):
+        if rng.random() < 0.5:
+            lengths[row] = rng.integers(max(1, (sequence + 1) // 2), sequence + 1)
+    return lengths
+
+
+def make_inputs(family: str | FamilySpec, bindings: Mapping[str, int], rng: np.random.Generator,
+                size: str | None = None) -> dict[str, np.ndarray]:
+    """Valid random inputs of ``family`` for the given symbol bindings.
+
+    Token ids lie in the vocabulary of ``size`` (of every size when None) and avoid special ids;
+    attention masks are right-padded in some rows but never all zero, and padded positions carry the
+    pad token where the family has one; token type ids are 0 or 1; pixels are standard normal.
+    """
+    spec = get_family(family)
+    if size is not None:
+        _check_size(size)
+    for name, value in bindings.items():
+        allowed = [symbol_ranges(spec, s).get(name, (value, value)) for s in ((size,) if size else SIZES)]
+        if not any(low <= value <= high for low, high in allowed):
+            raise ValueError(f"{spec.name}: {name}={value} outside {allowed}")
+    shapes = input_shapes(spec, bindings)
+
+    if spec.is_vision:
+        return {"pixel_values": rng.standard_normal(shapes["pixel_values"]).astype(np.float32)}
+
+    batch, sequence = shapes["input_ids"]
+    ids = rng.integers(spec.first_token_id, _vocab_limit(spec, size), size=(batch, sequence), dtype=np.int64)
+    lengths = _valid_lengths(batch, sequence, rng)
+    mask = (np.arange(sequence)[None, :] < lengths[:, None]).astype(np.int64)
+    pad_id = make_config(spec, size or "tiny").pad_token_id
+    if pad_id is not None:
+        ids = np.where(mask == 1, ids, pad_id)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if "token_type_ids" in spec.input_names:
+        inputs["token_type_ids"] = rng.integers(0, 2, size=(batch, sequence), dtype=np.int64)
+    return inputs

@@ -1,0 +1,115 @@
+"""The Graph IR: values with a dtype and a symbolic shape, nodes, and the graph.
+
+A :class:`Value` carries what shape propagation learned about a tensor:
+
+* ``dtype`` — a numpy dtype;
+* ``shape`` — a tuple of SymPy integer expressions over the graph's symbols
+  (``None`` until propagation reaches it);
+* ``const`` — the concrete numpy array when the value is a constant
+  (initializer, Constant node, or folded);
+* ``symdata`` — for small integer tensors that *hold shapes* (outputs of Shape
+  and everything computed from them), the element values as a numpy object
+  array of SymPy expressions. This is what lets
+  ``Reshape(x, Concat(Shape(x)[0], 12, 64))`` get a symbolic output shape.
+
+Nodes keep ONNX's operator vocabulary and attributes (already converted to
+Python/numpy values). The graph owns the :class:`SymbolTable`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import sympy
+
+from tscomp.graph.symbols import SymbolTable, shape_str
+
+
+@dataclass
+class Value:
+    name: str
+    dtype: np.dtype | None = None
+    shape: tuple[sympy.Expr, ...] | None = None
+    const: np.ndarray | None = None
+    symdata: np.ndarray | None = None
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+    def describe(self) -> str:
+        dt = "?" if self.dtype is None else np.dtype(self.dtype).name
+        sh = "?" if self.shape is None else shape_str(self.shape)
+        return f"{self.name}: {dt}{sh}"
+
+
+@dataclass
+class Node:
+    name: str
+    op_type: str
+    inputs: list[str]  # "" marks an omitted optional input
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    domain: str = ""
+
+    def describe(self) -> str:
+        return f"{self.op_type} node {self.name!r}"
+
+
+@dataclass
+class Graph:
+    name: str
+    nodes: list[Node]
+    values: dict[str, Value]
+    inputs: list[str]  # runtime inputs (not initializers)
+    outputs: list[str]
+    symbols: SymbolTable
+    opset: dict[str, int]
+    source: str = "<memory>"
+
+    def value(self, name: str) -> Value:
+        return self.values[name]
+
+    def producers(self) -> dict[str, Node]:
+        return {out: n for n in self.nodes for out in n.outputs if out}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        users: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    users.setdefault(i, []).append(n)
+        return users
+
+    def opset_of(self, node: Node) -> int:
+        return self.opset.get(node.domain or "", self.opset.get("", 0))
+
+    def toposorted(self) -> list[Node]:
+        """Nodes in an order where producers precede consumers (ONNX already requires it,
+        but rewrites may append nodes)."""
+        prod = self.producers()
+        seen: set[str] = set()
+        order: list[Node] = []
+        ready = {name for name, v in self.values.items() if name not in prod}
+        pending = list(self.nodes)
+        while pending:
+            progressed = False
+            rest = []
+            for n in pending:
+                if all((not i) or i in ready for i in n.inputs):
+                    order.append(n)
+                    seen.add(n.name)
+                    ready.update(o for o in n.outputs if o)
+                    progressed = True
+                else:
+                    rest.append(n)
+            if not progressed:
+                names = ", ".join(n.name for n in rest[:5])
+                raise ValueError(f"graph has a cycle or a missing input near: {names}")
+            pending = rest
+        return order

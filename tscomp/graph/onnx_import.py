@@ -1,0 +1,217 @@
+"""ONNX -> Graph IR.
+
+Reads a model file (external-data files supported), converts initializers and
+attributes to numpy, and gives every graph input a symbolic shape: ``dim_param``
+names become symbols (sanitized: ``batch_size``, ``sequence_length``), the
+user's ``--dim`` specifications rename and bound them, and dims with neither a
+value nor a name become fresh symbols. Intermediate ``value_info`` from the
+exporter is deliberately ignored: exporters fill it with junk dim names and
+rank-only shapes (EXPORT-NOTES.md), so every shape is recomputed by
+propagation.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import onnx
+import sympy
+from onnx import helper, numpy_helper
+
+from tscomp.errors import DimSpecError, ModelLoadError, UnsupportedOperatorError
+from tscomp.graph.dims import DimSpec
+from tscomp.graph.ir import Graph, Node, Value
+from tscomp.graph.symbols import SymbolTable, sanitize_symbol_name
+
+
+def read_model(path: str | os.PathLike) -> onnx.ModelProto:
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: no such file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf raises several unrelated types
+        raise ModelLoadError(f"{path}: not a readable ONNX model (truncated or corrupt?): "
+                             f"{type(e).__name__}: {_one_line(e)}") from e
+    if not model.HasField("graph") or len(model.graph.node) == 0:
+        raise ModelLoadError(f"{path}: the file parses but holds no ONNX graph (not an ONNX model?)")
+    try:
+        from onnx.external_data_helper import load_external_data_for_model
+        load_external_data_for_model(model, str(path.parent))
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot load external tensor data: {_one_line(e)}") from e
+    return model
+
+
+def import_model(model: onnx.ModelProto, dims: Sequence[DimSpec] = (), source: str = "<memory>") -> Graph:
+    g = model.graph
+    if len(model.functions):
+        raise UnsupportedOperatorError(
+            f"{source}: model-local functions ({', '.join(f.name for f in model.functions)}) "
+            "are not supported; inline them first (onnx.inliner.inline_local_functions)")
+    opset = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in model.opset_import}
+    symbols = SymbolTable()
+    values: dict[str, Value] = {}
+
+    for init in g.initializer:
+        try:
+            arr = numpy_helper.to_array(init)
+        except Exception as e:
+            raise ModelLoadError(f"{source}: initializer {init.name!r} is unreadable: {_one_line(e)}") from e
+        values[init.name] = Value(init.name, arr.dtype, tuple(sympy.Integer(d) for d in arr.shape), const=arr)
+    for sparse in g.sparse_initializer:
+        raise UnsupportedOperatorError(f"{source}: sparse initializer {sparse.values.name!r} is not supported")
+
+    runtime_inputs = [vi for vi in g.input if vi.name not in values]
+    param_syms, axis_syms = _declare_input_symbols(runtime_inputs, dims, symbols)
+    for vi in runtime_inputs:
+        values[vi.name] = _input_value(vi, symbols, param_syms, axis_syms, source)
+
+    nodes = []
+    for idx, n in enumerate(g.node):
+        name = n.name or f"{n.op_type}_{idx}"
+        attrs = {a.name: _attr_value(a, name, source) for a in n.attribute}
+        nodes.append(Node(name, n.op_type, list(n.input), list(n.output), attrs, n.domain))
+        for out in n.output:
+            if out:
+                values.setdefault(out, Value(out))
+    for n in nodes:
+        for i in n.inputs:
+            if i and i not in values:
+                raise ModelLoadError(f"{source}: {n.describe()} reads {i!r}, which nothing produces")
+    outputs = [o.name for o in g.output]
+    for o in outputs:
+        if o not in values:
+            raise ModelLoadError(f"{source}: graph output {o!r} is produced by no node")
+    return Graph(g.name or Path(source).stem, nodes, values, [vi.name for vi in runtime_inputs],
+                 outputs, symbols, opset, source)
+
+
+# ---------------------------------------------------------------- input symbols
+def _declare_input_symbols(inputs, dims: Sequence[DimSpec], symbols: SymbolTable):
+    """Create one symbol per distinct dim_param, applying the user's --dim specs.
+
+    Returns ``(dim_param -> symbol, (input, axis) -> symbol)``; the second map holds
+    the unnamed axes a spec named by position.
+    """
+    params: dict[str, list[tuple[str, int]]] = {}
+    by_name = {vi.name: vi for vi in inputs}
+    for vi in inputs:
+        for axis, d in enumerate(_dims_of(vi)):
+            if d.HasField("dim_param") and d.dim_param:
+                params.setdefault(d.dim_param, []).append((vi.name, axis))
+
+    renames: dict[str, DimSpec] = {}  # dim_param -> spec naming it
+    axis_specs: dict[tuple[str, int], DimSpec] = {}
+    for spec in dims:
+        if spec.input is not None:
+            vi = by_name.get(spec.input)
+            if vi is None:
+                raise DimSpecError(f"--dim {spec.text}: the model has no input {spec.input!r} "
+                                   f"(inputs: {', '.join(by_name) or 'none'})")
+            rank = len(_dims_of(vi))
+            if not -rank <= spec.axis < rank:
+                raise DimSpecError(f"--dim {spec.text}: input {spec.input!r} has rank {rank}, "
+                                   f"so axis {spec.axis} does not exist")
+            axis = spec.axis % rank
+            d = _dims_of(vi)[axis]
+            if d.HasField("dim_value") and not (spec.min <= d.dim_value <= spec.max):
+                raise DimSpecError(f"--dim {spec.text}: axis {axis} of input {spec.input!r} is static "
+                                   f"({d.dim_value}), outside [{spec.min}, {spec.max}]")
+            if d.HasField("dim_param") and d.dim_param:
+                renames[d.dim_param] = spec
+            else:
+                axis_specs[(spec.input, axis)] = spec
+        else:
+            target = spec.param or spec.name
+            match = target if target in params else next(
+                (p for p in params if sanitize_symbol_name(p) == target), None)
+            if match is None:
+                known = ", ".join(f"{p} ({'/'.join(f'{i}:{a}' for i, a in locs)})"
+                                  for p, locs in params.items()) or "none"
+                raise DimSpecError(f"--dim {spec.text}: the model has no dynamic dimension named "
+                                   f"{target!r}; its named dims are: {known}. "
+                                   "Name an axis directly with NAME@INPUT:AXIS=MIN:MAX")
+            renames[match] = spec
+
+    _check_duplicate_names(dims)
+    param_syms = {}
+    for param, locs in params.items():
+        spec = renames.get(param)
+        note = "axes " + ", ".join(f"{i}:{a}" for i, a in locs)
+        if spec is None:
+            param_syms[param] = symbols.new_symbol(param, origin="dim_param", note=note)
+        else:
+            param_syms[param] = symbols.new_symbol(spec.name, origin="user", min=spec.min, max=spec.max,
+                                                   note=f"{note} (dim_param {param!r})",
+                                                   user_bounded=True)
+    axis_syms = {}
+    for (inp, axis), spec in axis_specs.items():
+        axis_syms[(inp, axis)] = symbols.new_symbol(spec.name, origin="user", min=spec.min, max=spec.max,
+                                                    note=f"axis {inp}:{axis}", user_bounded=True)
+    return param_syms, axis_syms
+
+
+def _check_duplicate_names(dims: Sequence[DimSpec]) -> None:
+    seen = set()
+    for spec in dims:
+        if spec.name in seen:
+            raise DimSpecError(f"--dim {spec.text}: symbol {spec.name!r} is specified twice")
+        seen.add(spec.name)
+
+
+def _input_value(vi, symbols: SymbolTable, param_syms: dict, axis_syms: dict, source: str) -> Value:
+    tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+    if tt is None or not tt.elem_type:
+        raise UnsupportedOperatorError(f"{source}: input {vi.name!r} is not a tensor (sequences, maps and "
+                                       "optional inputs are not supported)")
+    dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+    if not tt.HasField("shape"):
+        raise DimSpecError(f"{source}: input {vi.name!r} has no declared rank; tscomp needs the rank "
+                           "of every model input")
+    shape = []
+    for axis, d in enumerate(tt.shape.dim):
+        if (vi.name, axis) in axis_syms:
+            shape.append(axis_syms[(vi.name, axis)])
+        elif d.HasField("dim_value"):
+            shape.append(sympy.Integer(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            shape.append(param_syms[d.dim_param])
+        else:
+            shape.append(symbols.fresh_symbol(f"{sanitize_symbol_name(vi.name)}_dim{axis}",
+                                              origin="input", note=f"unnamed axis {vi.name}:{axis}"))
+    return Value(vi.name, dtype, tuple(shape))
+
+
+def _dims_of(vi) -> list:
+    tt = vi.type.tensor_type
+    return list(tt.shape.dim) if tt.HasField("shape") else []
+
+
+# ---------------------------------------------------------------- attributes
+def _attr_value(a: onnx.AttributeProto, node_name: str, source: str):
+    if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        raise UnsupportedOperatorError(
+            f"{source}: node {node_name!r} has a subgraph attribute {a.name!r} "
+            "(control flow: If/Loop/Scan) which tscomp does not support")
+    if a.ref_attr_name:
+        raise UnsupportedOperatorError(f"{source}: node {node_name!r} uses a function attribute reference")
+    v = helper.get_attribute_value(a)
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors="replace")
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [s.decode("utf-8", errors="replace") for s in v]
+    if isinstance(v, list) and v and isinstance(v[0], onnx.TensorProto):
+        return [numpy_helper.to_array(t) for t in v]
+    if isinstance(v, onnx.SparseTensorProto):
+        raise UnsupportedOperatorError(f"{source}: node {node_name!r}: sparse tensor attribute {a.name!r}")
+    return v
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__

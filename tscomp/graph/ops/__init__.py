@@ -1,0 +1,13 @@
+"""Operator registry entries, one module per family of operators.
+
+Importing this package registers every operator; look them up with
+:func:`tscomp.graph.ops.registry.lookup`.
+"""
+from tscomp.graph.ops import registry  # noqa: F401
+from tscomp.graph.ops import elementwise  # noqa: F401  (registers on import)
+from tscomp.graph.ops import tensor  # noqa: F401
+from tscomp.graph.ops import nn  # noqa: F401
+
+from tscomp.graph.ops.registry import REGISTRY, FusionClass, OpDef, lookup
+
+__all__ = ["REGISTRY", "FusionClass", "OpDef", "lookup"]

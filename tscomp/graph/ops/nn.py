@@ -1,0 +1,1 @@
+"""GEMM, convolution, normalization, reduction and resampling operators."""

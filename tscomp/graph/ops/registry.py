@@ -1,0 +1,263 @@
+"""The operator registry: one entry per ONNX operator.
+
+Each :class:`OpDef` holds everything tscomp knows about one operator, in one
+place (the way onnxruntime's symbolic shape inference keeps a dispatch table of
+per-op handlers):
+
+* ``shape_rule(ctx)`` — output dtypes and symbolic shapes from the inputs'
+  (TSCompiler §4.1, ``ComputeSymShape``); it may unify dimensions the operator
+  forces equal (``ctx.unify``), which is the sibling inference of Alg. 1;
+* ``reference(call, *inputs)`` — numpy semantics, used by constant folding and
+  by the reference executor (the oracle for every later stage);
+* ``data_rule(ctx)`` — optional: element values of *shape-holding* outputs as
+  SymPy expressions, given those of the inputs (``DATA_VIA_REFERENCE`` means the
+  numpy reference already works on object arrays of SymPy expressions);
+* ``fusion`` — the operator's class for the fusion stage.
+
+Rules are written against :class:`ShapeContext` and :class:`OpCall` only; they
+never see the graph.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import sympy
+
+from tscomp.errors import ShapeError, UnsupportedOperatorError
+from tscomp.graph.symbols import SymbolTable, as_expr, shape_str
+
+Shape = tuple[sympy.Expr, ...]
+
+
+class FusionClass(enum.Enum):
+    ELEMENTWISE = "elementwise"  # out[i] = f(in_k[broadcast(i)])
+    INJECTIVE = "injective"      # a pure index map: Reshape, Transpose, Slice, Concat, Gather, ...
+    REDUCTION = "reduction"      # Softmax, LayerNormalization, Reduce*
+    BACKBONE = "backbone"        # MatMul, Gemm, Conv
+    SHAPE = "shape"              # reads only its input's shape: Shape, Size
+    OPAQUE = "opaque"            # runs as a group of its own: Resize, CumSum, NonZero, ...
+
+
+#: Marker for ``data_rule``: the numpy reference is generic over element type.
+DATA_VIA_REFERENCE = "reference"
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """What a reference implementation may know about the node it runs."""
+    name: str
+    op_type: str
+    attrs: dict[str, Any]
+    opset: int
+    num_outputs: int
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    op_type: str
+    fusion: FusionClass
+    shape_rule: Callable[["ShapeContext"], None]
+    reference: Callable[..., Any]
+    data_rule: Callable[["ShapeContext"], Sequence[np.ndarray | None]] | str | None = None
+    domain: str = ""
+    #: opset versions whose semantics the entry implements (inclusive)
+    opsets: tuple[int, int] = (1, 23)
+    #: how many input slots there are (min, max) — checked before the rules run
+    arity: tuple[int, int] | None = None
+
+
+REGISTRY: dict[tuple[str, str], OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    key = (opdef.domain, opdef.op_type)
+    if key in REGISTRY:
+        raise ValueError(f"operator {opdef.op_type} registered twice")
+    REGISTRY[key] = opdef
+    return opdef
+
+
+def lookup(op_type: str, domain: str, opset: int, node_name: str) -> OpDef:
+    domain = "" if domain == "ai.onnx" else domain
+    opdef = REGISTRY.get((domain, op_type))
+    if opdef is None:
+        where = f"{domain}." if domain else ""
+        raise UnsupportedOperatorError(
+            f"node {node_name!r}: operator {where}{op_type} (opset {opset}) is not supported by tscomp")
+    lo, hi = opdef.opsets
+    if not lo <= opset <= hi:
+        raise UnsupportedOperatorError(
+            f"node {node_name!r}: operator {op_type} at opset {opset} is not supported "
+            f"(tscomp implements opsets {lo}-{hi} of it)")
+    return opdef
+
+
+def run_reference(opdef: OpDef, call: OpCall, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Call an op's numpy reference and normalize its result to a list of arrays."""
+    result = opdef.reference(call, *inputs)
+    if isinstance(result, (tuple, list)):
+        return [np.asarray(r) for r in result]
+    return [np.asarray(result)]
+
+
+@dataclass
+class InputFacts:
+    """What propagation knows about one input of a node."""
+    name: str
+    dtype: np.dtype | None
+    shape: Shape | None
+    const: np.ndarray | None = None
+    symdata: np.ndarray | None = None
+
+
+@dataclass
+class ShapeContext:
+    """The view a shape/data rule gets of one node during propagation."""
+    node_name: str
+    op_type: str
+    attrs: dict[str, Any]
+    opset: int
+    inputs: list[InputFacts | None]  # None for an omitted optional input
+    num_outputs: int
+    symbols: SymbolTable
+    out_dtypes: list[np.dtype | None] = field(default_factory=list)
+    out_shapes: list[Shape | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.out_dtypes = [None] * self.num_outputs
+        self.out_shapes = [None] * self.num_outputs
+
+    # --- reading inputs -------------------------------------------------------
+    @property
+    def call(self) -> OpCall:
+        return OpCall(self.node_name, self.op_type, self.attrs, self.opset, self.num_outputs)
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.inputs) and self.inputs[i] is not None
+
+    def _input(self, i: int) -> InputFacts:
+        if not self.has_input(i):
+            self.fail(f"input {i} is required but missing")
+        return self.inputs[i]
+
+    def shape(self, i: int) -> Shape:
+        facts = self._input(i)
+        if facts.shape is None:
+            self.fail(f"input {i} ({facts.name!r}) has an unknown shape")
+        return tuple(self.symbols.canon(d) for d in facts.shape)
+
+    def rank(self, i: int) -> int:
+        return len(self.shape(i))
+
+    def dtype(self, i: int) -> np.dtype:
+        facts = self._input(i)
+        if facts.dtype is None:
+            self.fail(f"input {i} ({facts.name!r}) has an unknown dtype")
+        return np.dtype(facts.dtype)
+
+    def const(self, i: int) -> np.ndarray | None:
+        return self.inputs[i].const if self.has_input(i) else None
+
+    def values(self, i: int) -> np.ndarray | None:
+        """Element values of input ``i`` as an object array of SymPy expressions, or None
+        when they are not known at compile time."""
+        if not self.has_input(i):
+            return None
+        facts = self.inputs[i]
+        if facts.symdata is not None:
+            return np.vectorize(self.symbols.canon, otypes=[object])(facts.symdata) \
+                if facts.symdata.size else facts.symdata
+        if facts.const is not None:
+            return to_symbolic(facts.const)
+        return None
+
+    def int_list(self, i: int) -> list[sympy.Expr] | None:
+        """A 0-d/1-d integer input (axes, shape, starts, ...) as a list of expressions."""
+        vals = self.values(i)
+        return None if vals is None else [self.symbols.canon(v) for v in vals.reshape(-1)]
+
+    def const_ints(self, i: int, what: str) -> list[int]:
+        """A 1-d input that must be known concrete integers (e.g. axes)."""
+        vals = self.int_list(i)
+        if vals is None or not all(v.is_Integer for v in vals):
+            self.fail(f"{what} (input {i}) must be a compile-time constant")
+        return [int(v) for v in vals]
+
+    # --- writing outputs ------------------------------------------------------
+    def set_output(self, i: int, dtype, shape: Sequence) -> None:
+        self.out_dtypes[i] = np.dtype(dtype)
+        self.out_shapes[i] = tuple(self.symbols.canon(as_expr(d)) for d in shape)
+
+    # --- facts ----------------------------------------------------------------
+    def unify(self, a, b, what: str) -> sympy.Expr:
+        return self.symbols.unify(as_expr(a), as_expr(b), f"{self.where()}: {what}")
+
+    def fresh(self, stem: str, note: str = "") -> sympy.Symbol:
+        return self.symbols.fresh_symbol(stem, note=note or f"unknown dim from {self.where()}")
+
+    def data_dependent(self, stem: str) -> sympy.Symbol:
+        return self.symbols.fresh_symbol(stem, origin="data-dependent",
+                                         note=f"bound at run time by {self.where()}")
+
+    def where(self) -> str:
+        return f"{self.op_type} node {self.node_name!r}"
+
+    def fail(self, msg: str):
+        raise ShapeError(f"{self.where()}: {msg}")
+
+    def unsupported(self, msg: str):
+        raise UnsupportedOperatorError(f"{self.where()} (opset {self.opset}): {msg}")
+
+    def normalize_axis(self, axis: int, rank: int) -> int:
+        if not -rank <= axis < max(rank, 1):
+            self.fail(f"axis {axis} is out of range for rank {rank}")
+        return axis % rank if rank else 0
+
+    def broadcast(self, *shapes: Shape) -> Shape:
+        """Multidirectional (numpy) broadcasting; unequal symbolic dims are unified."""
+        rank = max((len(s) for s in shapes), default=0)
+        padded = [(sympy.Integer(1),) * (rank - len(s)) + tuple(s) for s in shapes]
+        out = []
+        for axis in range(rank):
+            dim = sympy.Integer(1)
+            for s in padded:
+                d = s[axis]
+                if d == 1:
+                    continue
+                if dim == 1:
+                    dim = d
+                elif dim != d:
+                    dim = self.unify(dim, d, f"broadcast of axis {axis - rank} "
+                                     f"({' vs '.join(shape_str(p) for p in padded)})")
+            out.append(dim)
+        return tuple(out)
+
+
+def to_symbolic(arr: np.ndarray) -> np.ndarray:
+    """A concrete integer/bool/float numpy array as an object array of SymPy numbers."""
+    flat = [as_expr(v) for v in np.asarray(arr).reshape(-1).tolist()]
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(np.shape(arr))
+
+
+def from_symbolic(arr: np.ndarray, dtype) -> np.ndarray | None:
+    """The concrete array if every element is a number, else None."""
+    flat = arr.reshape(-1)
+    if not all(getattr(v, "is_number", isinstance(v, (int, float, bool))) for v in flat):
+        return None
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iub":
+        conv = [int(v) for v in flat]
+    else:
+        conv = [float(v) for v in flat]
+    return np.array(conv, dtype=dtype).reshape(arr.shape)

@@ -1,0 +1,365 @@
+"""Shape symbols, their ranges, and the constraints between them.
+
+A *symbol* is a named dynamic dimension (``batch``, ``sequence``, ``L``) with an
+inclusive integer range. Shapes are tuples of SymPy integer expressions over
+symbols. This module owns three things:
+
+* the symbol table (names, ranges, where each symbol came from);
+* range-aware simplification: ``Min(512, sequence)`` becomes ``sequence`` once
+  ``sequence <= 512`` is known — computed by interval arithmetic over the ranges
+  (queries that never change the table: :meth:`SymbolTable.bounds`,
+  :meth:`SymbolTable.prove_le`, :meth:`SymbolTable.simplify`);
+* *unification* (TSCompiler §4.1, ``InferSibSymShape``): when an operator's
+  semantics force two dimensions equal (MatMul's reduction dims, a broadcast of
+  two symbolic dims, Concat's non-axis dims) the table records the constraint
+  and, where it can, rewrites one symbol in terms of the other or tightens a
+  range. Only :meth:`SymbolTable.unify` and :meth:`SymbolTable.new_symbol` add
+  facts; everything else is a pure query — the split TorchInductor's
+  ``sizevars`` makes between guarding and non-guarding queries.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import sympy
+
+from tscomp.errors import ShapeError
+
+#: Upper bound used when neither the user nor the model bounds a symbol: no
+#: tensor dimension can exceed what a signed 32-bit index addresses.
+DEFAULT_MAX = 2**31 - 1
+
+Expr = sympy.Expr
+
+_RESERVED = {"E", "I", "N", "O", "Q", "S", "beta", "gamma", "lambda", "pi", "zeta", "oo", "nan"}
+
+
+def sanitize_symbol_name(raw: str) -> str:
+    """Turn an ONNX dim_param (``'batch_size'``, ``'s0 + 1'``, ``'1d'``) into a valid identifier."""
+    name = re.sub(r"[^0-9a-zA-Z_]", "_", raw.strip())
+    name = re.sub(r"_+", "_", name).strip("_") or "dim"
+    if name[0].isdigit():
+        name = "d_" + name
+    if name in _RESERVED:
+        name = name + "_"
+    return name
+
+
+def make_symbol(name: str) -> sympy.Symbol:
+    """Dimension symbols are positive integers; SymPy uses that when simplifying."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+@dataclass
+class SymbolInfo:
+    symbol: sympy.Symbol
+    min: int
+    max: int
+    origin: str  # "user" | "dim_param" | "input" (unnamed input axis) | "fresh" | "data-dependent"
+    note: str = ""  # where the symbol came from, for reports
+    user_bounded: bool = False  # the user's --dim declared this range
+
+    @property
+    def name(self) -> str:
+        return self.symbol.name
+
+
+@dataclass
+class Constraint:
+    lhs: Expr
+    rhs: Expr
+    reason: str
+    relation: str = "=="  # "==" or "<="
+
+    def __str__(self) -> str:
+        return f"{self.lhs} {self.relation} {self.rhs}  ({self.reason})"
+
+
+@dataclass
+class SymbolTable:
+    infos: dict[str, SymbolInfo] = field(default_factory=dict)
+    constraints: list[Constraint] = field(default_factory=list)
+    #: symbol -> expression it was unified into (always fully resolved)
+    substitution: dict[sympy.Symbol, Expr] = field(default_factory=dict)
+    _fresh_counter: int = 0
+
+    # ----------------------------------------------------------------- adding facts
+    def new_symbol(self, name: str, *, origin: str, min: int = 1, max: int = DEFAULT_MAX,
+                   note: str = "", user_bounded: bool = False) -> sympy.Symbol:
+        name = sanitize_symbol_name(name)
+        if name in self.infos:
+            raise ValueError(f"symbol {name!r} already exists")
+        sym = make_symbol(name)
+        self.infos[name] = SymbolInfo(sym, min, max, origin, note, user_bounded)
+        return sym
+
+    def fresh_symbol(self, stem: str, *, origin: str = "fresh", note: str = "") -> sympy.Symbol:
+        """A new symbol for a dimension nothing else determines (``unk_3``, ``nonzero_0``)."""
+        while True:
+            name = f"{sanitize_symbol_name(stem)}_{self._fresh_counter}"
+            self._fresh_counter += 1
+            if name not in self.infos:
+                return self.new_symbol(name, origin=origin, min=0 if origin == "data-dependent" else 1,
+                                       note=note)
+
+    def get(self, name: str) -> SymbolInfo:
+        return self.infos[name]
+
+    def symbol(self, name: str) -> sympy.Symbol:
+        return self.infos[name].symbol
+
+    def live_symbols(self) -> list[SymbolInfo]:
+        """Symbols not rewritten away by unification."""
+        return [i for i in self.infos.values() if i.symbol not in self.substitution]
+
+    def unify(self, a: Expr, b: Expr, reason: str) -> Expr:
+        """Record that ``a == b`` must hold; return the canonical form of both.
+
+        Raises ShapeError when the two provably differ.
+        """
+        a, b = self.canon(a), self.canon(b)
+        if a == b or sympy.simplify(a - b) == 0:
+            return a
+        if a.is_Integer and b.is_Integer:
+            raise ShapeError(f"{reason}: dimension {a} != {b}")
+        for x, y in ((a, b), (b, a)):
+            if self._bounds_exclude_equal(x, y):
+                raise ShapeError(f"{reason}: dimension {x} can never equal {y} "
+                                 f"(ranges {self.bounds(x)} vs {self.bounds(y)})")
+        merged = self._unify_symbol(a, b, reason) or self._unify_min_max(a, b, reason)
+        if merged is not None:
+            return merged
+        self.constraints.append(Constraint(a, b, reason))
+        return a
+
+    def tighten(self, sym: sympy.Symbol, lo: int | None, hi: int | None, reason: str) -> None:
+        info = self.infos[sym.name]
+        new_lo = info.min if lo is None else max(info.min, lo)
+        new_hi = info.max if hi is None else min(info.max, hi)
+        if new_lo > new_hi:
+            raise ShapeError(f"{reason}: {sym} would need range [{new_lo}, {new_hi}], which is empty")
+        if info.user_bounded and (new_lo, new_hi) != (info.min, info.max):
+            raise ShapeError(
+                f"{reason}: the model only supports {sym} in [{new_lo}, {new_hi}], "
+                f"but --dim declares [{info.min}, {info.max}]")
+        if (new_lo, new_hi) != (info.min, info.max):
+            self.constraints.append(Constraint(sym, sympy.Integer(new_hi), reason, "<=")
+                                    if new_hi != info.max else
+                                    Constraint(sympy.Integer(new_lo), sym, reason, "<="))
+        info.min, info.max = new_lo, new_hi
+
+    def _unify_symbol(self, a: Expr, b: Expr, reason: str) -> Expr | None:
+        """Rewrite a bare symbol into the other side; prefer keeping named symbols."""
+        candidates = [(x, y) for x, y in ((a, b), (b, a))
+                      if isinstance(x, sympy.Symbol) and x not in y.free_symbols]
+        if not candidates:
+            return None
+        # Eliminate the least meaningful symbol: fresh before dim_param before user.
+        rank = {"fresh": 0, "data-dependent": 1, "input": 2, "dim_param": 2, "user": 3}
+        candidates.sort(key=lambda xy: (rank[self.infos[xy[0].name].origin]
+                                        if isinstance(xy[1], sympy.Symbol) else 0))
+        gone, kept = candidates[0]
+        info = self.infos[gone.name]
+        if isinstance(kept, sympy.Symbol):
+            kept_info = self.infos[kept.name]
+            if info.user_bounded and not kept_info.user_bounded:
+                kept_info.user_bounded = True
+                kept_info.min, kept_info.max = info.min, info.max
+            self.tighten(kept, info.min, info.max, reason)
+        else:
+            lo, hi = self.bounds(kept)
+            if lo > info.max or hi < info.min:
+                raise ShapeError(f"{reason}: {gone} in [{info.min}, {info.max}] cannot equal {kept}")
+        self._substitute(gone, kept)
+        self.constraints.append(Constraint(gone, kept, reason))
+        return kept
+
+    def _unify_min_max(self, a: Expr, b: Expr, reason: str) -> Expr | None:
+        """``Min(c, s) == s`` means ``s <= c``; ``Max(c, s) == s`` means ``s >= c``."""
+        for x, y in ((a, b), (b, a)):
+            if isinstance(x, (sympy.Min, sympy.Max)) and y in x.args and len(x.args) == 2:
+                other = x.args[0] if x.args[1] == y else x.args[1]
+                if isinstance(y, sympy.Symbol) and other.is_Integer:
+                    if isinstance(x, sympy.Min):
+                        self.tighten(y, None, int(other), reason)
+                    else:
+                        self.tighten(y, int(other), None, reason)
+                    return self.canon(y)
+        return None
+
+    def _substitute(self, gone: sympy.Symbol, kept: Expr) -> None:
+        for k, v in self.substitution.items():
+            self.substitution[k] = v.xreplace({gone: kept})
+        self.substitution[gone] = kept
+
+    # ------------------------------------------------------------- pure queries
+    def canon(self, expr) -> Expr:
+        """Apply unification results and range-aware simplification."""
+        expr = sympy.sympify(expr)
+        if expr.is_Integer:
+            return expr
+        if self.substitution:
+            expr = expr.xreplace(self.substitution)
+        return self.simplify(expr)
+
+    def simplify(self, expr: Expr) -> Expr:
+        """Resolve Min/Max whose outcome the symbol ranges decide."""
+        if not expr.has(sympy.Min, sympy.Max):
+            return expr
+        return expr.replace(lambda e: isinstance(e, (sympy.Min, sympy.Max)), self._resolve_min_max)
+
+    def _resolve_min_max(self, e: Expr) -> Expr:
+        # y "beats" x when it is provably the Min (or Max) of the two everywhere.
+        beats = ((lambda y, x: self.prove_le(y, x)) if isinstance(e, sympy.Min)
+                 else (lambda y, x: self.prove_le(x, y)))
+        keep: list[Expr] = []
+        for x in e.args:
+            if any(beats(y, x) for y in keep):
+                continue
+            keep = [y for y in keep if not beats(x, y)] + [x]
+        return type(e)(*keep) if len(keep) > 1 else keep[0]
+
+    def bounds(self, expr) -> tuple[float, float]:
+        """Conservative (lo, hi) of ``expr`` over the symbol ranges (interval arithmetic)."""
+        return _interval(sympy.sympify(expr), self._symbol_range)
+
+    def _symbol_range(self, sym: sympy.Symbol) -> tuple[float, float]:
+        info = self.infos.get(sym.name)
+        if info is None:
+            return (-math.inf, math.inf)
+        return (info.min, info.max)
+
+    def prove_le(self, a, b) -> bool:
+        """True only if ``a <= b`` holds for every binding in range."""
+        diff = sympy.sympify(b) - sympy.sympify(a)
+        if diff.is_number:
+            return bool(diff >= 0)
+        return self.bounds(diff)[0] >= 0
+
+    def prove_eq(self, a, b) -> bool:
+        a, b = self.canon(a), self.canon(b)
+        return a == b or sympy.simplify(a - b) == 0
+
+    def decide(self, rel: str, a, b) -> bool | None:
+        """Decide ``a <rel> b`` (==, !=, <, <=, >, >=) over all bindings, or None if it depends."""
+        a, b = self.canon(a), self.canon(b)
+        if rel in (">", ">="):
+            a, b, rel = b, a, {">": "<", ">=": "<="}[rel]
+        if rel in ("==", "!="):
+            if self.prove_eq(a, b):
+                return rel == "=="
+            if a.is_number and b.is_number or self._bounds_exclude_equal(a, b):
+                return rel == "!="
+            return None
+        strict = rel == "<"
+        lo, hi = self.bounds(sympy.sympify(b) - sympy.sympify(a))
+        if (lo > 0) or (lo >= 0 and not strict):
+            return True
+        if (hi <= 0 and strict) or hi < 0:
+            return False
+        return None
+
+    def _bounds_exclude_equal(self, a, b) -> bool:
+        lo, hi = self.bounds(sympy.sympify(a) - sympy.sympify(b))
+        return lo > 0 or hi < 0
+
+    def evaluate(self, expr, binding: dict[str, int]):
+        """Value of ``expr`` at a concrete binding of symbol names to ints."""
+        expr = self.canon(expr) if not isinstance(expr, (int, float)) else expr
+        subs = {self.symbol(k): sympy.Integer(v) for k, v in binding.items() if k in self.infos}
+        val = sympy.sympify(expr).xreplace(subs)
+        if not val.is_number:
+            missing = sorted(s.name for s in val.free_symbols)
+            raise ShapeError(f"cannot evaluate {expr}: no value for symbol(s) {', '.join(missing)}")
+        return int(val) if val.is_Integer else val
+
+    def describe(self) -> list[str]:
+        lines = []
+        for info in self.live_symbols():
+            lines.append(f"{info.name}: [{info.min}, {info.max}]  ({info.origin}"
+                         + (f"; {info.note}" if info.note else "") + ")")
+        return lines
+
+
+def _interval(expr: Expr, symbol_range) -> tuple[float, float]:
+    """Interval arithmetic over a SymPy expression tree (conservative)."""
+    if expr.is_Number:
+        v = float(expr)
+        return (v, v)
+    if isinstance(expr, sympy.Symbol):
+        return symbol_range(expr)
+    args = [_interval(a, symbol_range) for a in expr.args]
+    if expr.is_Add:
+        return (sum(a[0] for a in args), sum(a[1] for a in args))
+    if expr.is_Mul:
+        lo, hi = args[0]
+        for a in args[1:]:
+            lo, hi = _mul_interval((lo, hi), a)
+        return (lo, hi)
+    if isinstance(expr, sympy.floor):
+        return (math.floor(args[0][0]) if math.isfinite(args[0][0]) else args[0][0],
+                math.floor(args[0][1]) if math.isfinite(args[0][1]) else args[0][1])
+    if isinstance(expr, sympy.ceiling):
+        return (math.ceil(args[0][0]) if math.isfinite(args[0][0]) else args[0][0],
+                math.ceil(args[0][1]) if math.isfinite(args[0][1]) else args[0][1])
+    if isinstance(expr, sympy.Min):
+        return (min(a[0] for a in args), min(a[1] for a in args))
+    if isinstance(expr, sympy.Max):
+        return (max(a[0] for a in args), max(a[1] for a in args))
+    if isinstance(expr, sympy.Abs):
+        lo, hi = args[0]
+        if lo >= 0:
+            return (lo, hi)
+        if hi <= 0:
+            return (-hi, -lo)
+        return (0.0, max(-lo, hi))
+    if isinstance(expr, sympy.Mod):
+        (_, _), (mlo, mhi) = args
+        if mlo > 0:
+            return (0.0, mhi - 1)
+        return (-math.inf, math.inf)
+    if expr.is_Pow:
+        (blo, bhi), (elo, ehi) = args
+        if elo == ehi and blo > 0:
+            e = elo
+            vals = [blo ** e, bhi ** e] if math.isfinite(bhi) or e < 0 else [blo ** e, math.inf]
+            if e < 0 and not math.isfinite(bhi):
+                vals = [0.0, blo ** e]
+            return (min(vals), max(vals))
+        if elo == ehi and float(elo).is_integer() and elo > 0 and int(elo) % 2 == 0:
+            m = max(abs(blo), abs(bhi))
+            return (0.0 if blo <= 0 <= bhi else min(blo ** elo, bhi ** elo), m ** elo)
+    return (-math.inf, math.inf)
+
+
+def _mul_interval(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    prods = []
+    for x in a:
+        for y in b:
+            if (x == 0 and math.isinf(y)) or (y == 0 and math.isinf(x)):
+                prods.append(0.0)
+            else:
+                prods.append(x * y)
+    return (min(prods), max(prods))
+
+
+def as_expr(v) -> Expr:
+    """Coerce an int / numpy integer / SymPy object to a SymPy expression."""
+    if isinstance(v, sympy.Basic):
+        return v
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, bool):
+        return sympy.Integer(int(v))
+    if isinstance(v, int):
+        return sympy.Integer(v)
+    if isinstance(v, float):
+        return sympy.Float(v) if not v.is_integer() else sympy.Integer(int(v))
+    return sympy.sympify(v)
+
+
+def shape_str(shape: Iterable) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
