@@ -12,6 +12,7 @@ import math
 from typing import Callable
 
 import numpy as np
+import onnx.defs
 import sympy
 from onnx import helper
 from scipy import special
@@ -255,7 +256,7 @@ register(OpDef("IsNaN", E, bool_broadcast, lambda call, x: np.isnan(x), arity=(1
 register(OpDef("IsInf", E, bool_broadcast,
                lambda call, x: (np.isposinf(x) & bool(call.attr("detect_positive", 1)))
                | (np.isneginf(x) & bool(call.attr("detect_negative", 1))), arity=(1, 1)))
-register(OpDef("Gelu", E, same_dtype_broadcast, gelu_ref, arity=(1, 1), opsets=(20, 23)))
+register(OpDef("Gelu", E, same_dtype_broadcast, gelu_ref, arity=(1, 1), opsets=(20, onnx.defs.onnx_opset_version())))
 register(OpDef("LeakyRelu", E, same_dtype_broadcast,
                lambda call, x: np.where(x >= 0, x, x * np.asarray(_float_attr(call, "alpha", 0.01), x.dtype)),
                arity=(1, 1)))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import onnx.defs
 import sympy
 
 from tscomp.errors import ShapeError, UnsupportedOperatorError
@@ -66,8 +67,9 @@ class OpDef:
     reference: Callable[..., Any]
     data_rule: Callable[["ShapeContext"], Sequence[np.ndarray | None]] | str | None = None
     domain: str = ""
-    #: opset versions whose semantics the entry implements (inclusive)
-    opsets: tuple[int, int] = (1, 23)
+    #: opset versions whose semantics the entry implements (inclusive); by default every
+    #: version the installed onnx package defines (its conformance cases test them all)
+    opsets: tuple[int, int] = (1, onnx.defs.onnx_opset_version())
     #: how many input slots there are (min, max) — checked before the rules run
     arity: tuple[int, int] | None = None
 
