@@ -362,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if args.verify:
                     diff = max_difference(path, family, size)
                     print(f"{path.name}: max |onnx - torch| = {diff:.2e}", file=sys.stderr)
-                print(path)
+                print(path, flush=True)
     return 0
 
 

@@ -72,7 +72,7 @@ class Constraint:
     lhs: Expr
     rhs: Expr
     reason: str
-    relation: str = "=="  # "==" or "<="
+    relation: str = "=="  # "==", "<=" or "in" (membership in a FiniteSet)
 
     def __str__(self) -> str:
         return f"{self.lhs} {self.relation} {self.rhs}  ({self.reason})"

@@ -28,7 +28,7 @@ import onnx.defs
 import sympy
 
 from tscomp.errors import ShapeError, UnsupportedOperatorError
-from tscomp.graph.symbols import SymbolTable, as_expr, shape_str
+from tscomp.graph.symbols import Constraint, SymbolTable, as_expr, shape_str
 
 Shape = tuple[sympy.Expr, ...]
 
@@ -238,10 +238,26 @@ class ShapeContext:
                 if dim == 1:
                     dim = d
                 elif dim != d:
-                    dim = self.unify(dim, d, f"broadcast of axis {axis - rank} "
-                                     f"({' vs '.join(shape_str(p) for p in padded)})")
+                    dim = self._broadcast_pair(dim, d, axis - rank, padded)
             out.append(dim)
         return tuple(out)
+
+    def _broadcast_pair(self, a, b, axis: int, shapes) -> sympy.Expr:
+        """Two unequal non-1 dims on one axis. A symbol against a constant c may still be 1 at run
+        time, so the result is c and the constraint ``s in {1, c}`` is only recorded; two symbolic
+        dims are unified (TSCompiler's sibling inference: exporters broadcast equal extents)."""
+        what = f"broadcast of axis {axis} ({' vs '.join(shape_str(p) for p in shapes)})"
+        for sym, c in ((a, b), (b, a)):
+            if c.is_Integer and not sym.is_Integer:
+                lo, hi = self.symbols.bounds(sym)
+                if lo > 1 and not lo <= int(c) <= hi:
+                    self.fail(f"{what}: {sym} in [{lo}, {hi}] can be neither 1 nor {c}")
+                if lo > 1:
+                    return self.unify(sym, c, what)
+                self.symbols.constraints.append(Constraint(sym, sympy.FiniteSet(1, c), f"{self.where()}: {what}",
+                                                           "in"))
+                return c
+        return self.unify(a, b, what)
 
 
 def to_symbolic(arr: np.ndarray) -> np.ndarray:

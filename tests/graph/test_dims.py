@@ -1,0 +1,27 @@
+"""--dim specification parsing."""
+import pytest
+
+from tscomp.errors import DimSpecError
+from tscomp.graph.dims import DimSpec
+
+
+def test_parse_name_range():
+    s = DimSpec.parse("L=1:512")
+    assert (s.name, s.min, s.max, s.param, s.input) == ("L", 1, 512, None, None)
+
+
+def test_parse_single_value_fixes_the_dim():
+    s = DimSpec.parse("B=4")
+    assert (s.min, s.max) == (4, 4)
+
+
+def test_parse_rename_of_dim_param_and_of_input_axis():
+    assert DimSpec.parse("L@sequence=1:128").param == "sequence"
+    s = DimSpec.parse("L@input_ids:1=1:128")
+    assert (s.input, s.axis) == ("input_ids", 1)
+
+
+@pytest.mark.parametrize("text", ["L", "L=0:4", "L=9:3", "=1:3", "L@x:y=1:2", "L=1:2:3"])
+def test_malformed_specs_are_rejected_with_the_spec_quoted(text):
+    with pytest.raises(DimSpecError, match="--dim"):
+        DimSpec.parse(text)

@@ -1,0 +1,62 @@
+"""Acceptance on real exported models (tiny; base with TSCOMP_BASE_MODELS=1):
+no unresolved shapes, at least onnxruntime's symbolic-inference coverage,
+propagated shapes equal onnxruntime's actual shapes at 20 bindings, and the
+reference executor matches onnxruntime."""
+import zlib
+
+import numpy as np
+import pytest
+
+from models.families import make_inputs, symbol_ranges
+from tests import model_checks
+
+FAMILIES = ["bert", "albert", "roberta", "distilbert", "gpt2", "vit"]
+EXPORTERS = ["dynamo", "torchscript"]
+CASES = [pytest.param(f, "tiny", e, id=f"{f}-tiny-{e}") for f in FAMILIES for e in EXPORTERS] + \
+        [pytest.param(f, "base", e, id=f"{f}-base-{e}", marks=pytest.mark.base) for f in FAMILIES for e in EXPORTERS]
+
+pytestmark = pytest.mark.models
+
+
+@pytest.fixture(scope="module")
+def loaded_models(exported_model):
+    cache = {}
+
+    def get(family, size, exporter):
+        key = (family, size, exporter)
+        if key not in cache:
+            path = exported_model(family, size, exporter)
+            cache[key] = model_checks.load_for_checks(path, symbol_ranges(family, size))
+        return cache[key]
+    return get
+
+
+@pytest.mark.parametrize("family,size,exporter", CASES)
+def test_every_value_has_a_resolved_symbolic_shape(loaded_models, family, size, exporter):
+    loaded = loaded_models(family, size, exporter)
+    resolved, total = model_checks.tscomp_coverage(loaded)
+    assert resolved == total, f"{total - resolved} unresolved values"
+    ort_resolved, _ = model_checks.ort_symbolic_coverage(loaded.path)
+    print(f"{family}-{size}-{exporter}: tscomp resolves {resolved}/{total}, "
+          f"onnxruntime SymbolicShapeInference(auto_merge) {ort_resolved}/{total}")
+    assert ort_resolved is None or resolved >= ort_resolved
+
+
+@pytest.mark.parametrize("family,size,exporter", CASES)
+def test_shapes_and_reference_outputs_match_onnxruntime(loaded_models, family, size, exporter):
+    loaded = loaded_models(family, size, exporter)
+    ranges = symbol_ranges(family, size)
+    n = 20 if size == "tiny" else 3
+    names = [o for node in loaded.imported_nodes for o in node.outputs if o]
+    session = model_checks.ort_session_with_intermediates(loaded.path, loaded.graph, names)
+    rng = np.random.default_rng(0)
+    failures = []
+    for binding in model_checks.binding_samples(ranges, n=n, seed=zlib.crc32(family.encode())):
+        inputs = make_inputs(family, binding, rng, size=size)
+        result = model_checks.compare_with_onnxruntime(loaded, session, inputs, binding)
+        if result.shape_mismatches:
+            failures.append(f"{binding}: {len(result.shape_mismatches)} shape mismatches, first: "
+                            f"{result.shape_mismatches[0]}")
+        if not result.outputs_close:
+            failures.append(f"{binding}: outputs differ (max abs err {result.max_abs_err:.3g})")
+    assert not failures, "\n".join(failures)

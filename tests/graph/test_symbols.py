@@ -1,0 +1,82 @@
+"""SymbolTable: range-aware simplification, unification, decisions."""
+import pytest
+import sympy
+
+from tscomp.errors import ShapeError
+from tscomp.graph.symbols import SymbolTable, sanitize_symbol_name
+
+
+def table(**ranges):
+    t = SymbolTable()
+    syms = [t.new_symbol(name, origin="dim_param", min=lo, max=hi) for name, (lo, hi) in ranges.items()]
+    return t, syms
+
+
+def test_sanitize_turns_dim_params_into_identifiers():
+    assert sanitize_symbol_name("batch_size") == "batch_size"
+    assert sanitize_symbol_name("s0 + 1") == "s0_1"
+    assert sanitize_symbol_name("1d") == "d_1d"
+    assert sanitize_symbol_name("N") == "N_"  # would clash with sympy's N()
+
+
+def test_min_with_constant_resolves_when_range_decides_it():
+    t, (L,) = table(L=(1, 512))
+    assert t.canon(sympy.Min(512, L)) == L
+    assert t.canon(sympy.Max(1, L)) == L
+    t2, (L2,) = table(L=(1, 1024))
+    assert t2.canon(sympy.Min(512, L2)) == sympy.Min(512, L2)
+
+
+def test_bounds_use_interval_arithmetic_over_ranges():
+    t, (B, L) = table(B=(1, 8), L=(1, 512))
+    assert t.bounds(B * L + 1) == (2, 8 * 512 + 1)
+    assert t.bounds(sympy.floor(L / 16)) == (0, 32)
+    assert t.prove_le(L, 512) and not t.prove_le(L, 511)
+
+
+def test_unify_rewrites_fresh_symbol_into_named_one():
+    t, (L,) = table(L=(1, 512))
+    u = t.fresh_symbol("unk")
+    assert t.unify(u, L, "test") == L
+    assert t.canon(u + 1) == L + 1
+    assert any("test" in str(c) for c in t.constraints)
+
+
+def test_unify_min_constrains_symbol_range():
+    t, (L,) = table(L=(1, 2**31 - 1))
+    t.unify(L, sympy.Min(512, L), "embedding add")
+    assert t.get("L").max == 512
+    assert t.canon(sympy.Min(512, L)) == L
+
+
+def test_unify_refuses_narrowing_a_user_declared_range():
+    t = SymbolTable()
+    L = t.new_symbol("L", origin="user", min=1, max=1024, user_bounded=True)
+    with pytest.raises(ShapeError, match="only supports L in \\[1, 512\\]"):
+        t.unify(L, sympy.Min(512, L), "embedding add")
+
+
+def test_unify_of_different_constants_is_an_error():
+    t = SymbolTable()
+    with pytest.raises(ShapeError, match="64 != 32"):
+        t.unify(sympy.Integer(64), sympy.Integer(32), "MatMul node 'mm'")
+
+
+def test_unify_of_symbol_with_out_of_range_constant_is_an_error():
+    t, (L,) = table(L=(1, 16))
+    with pytest.raises(ShapeError):
+        t.unify(L, sympy.Integer(32), "Concat")
+
+
+def test_decide_answers_only_what_holds_for_every_binding():
+    t, (L,) = table(L=(1, 512))
+    assert t.decide("==", L, -1) is False
+    assert t.decide("<", L, 600) is True
+    assert t.decide("==", L, 7) is None
+    assert t.decide(">=", L, 1) is True
+
+
+def test_evaluate_substitutes_a_binding_exactly():
+    t, (H, W) = table(H=(16, 448), W=(16, 448))
+    expr = sympy.floor(H / 16) * sympy.floor(W / 16) + 1
+    assert t.evaluate(expr, {"H": 224, "W": 100}) == 14 * 6 + 1

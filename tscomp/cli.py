@@ -1,0 +1,86 @@
+"""The ``tscomp`` command line.
+
+Errors a user can cause are printed as one line (``tscomp: error: ...``) with a
+non-zero exit code; ``--debug`` shows the traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tscomp.errors import TscompError
+
+
+def _add_dim_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dim", action="append", default=[], metavar="SPEC",
+                   help="name/bound a dynamic dimension: NAME=MIN:MAX, NAME@PARAM=MIN:MAX or "
+                        "NAME@INPUT:AXIS=MIN:MAX (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tscomp", description="Ahead-of-time compiler for dynamic-shape models")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect", help="show symbolic shapes recovered from a model")
+    p.add_argument("model")
+    _add_dim_flag(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_inspect)
+
+    for name, what in (("compile", "compile a model into an artifact"),
+                       ("run", "run a compiled artifact"),
+                       ("bench", "benchmark against onnxruntime")):
+        p = sub.add_parser(name, help=f"{what} (not implemented yet)")
+        p.add_argument("args", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_not_implemented(name))
+    return parser
+
+
+def _not_implemented(name: str):
+    def run(args) -> int:
+        raise TscompError(f"'tscomp {name}' is not implemented yet: code generation, the artifact and the "
+                          "runtime are still being built; 'tscomp inspect' works today")
+    return run
+
+
+def cmd_inspect(args) -> int:
+    from tscomp.graph import DimSpec, import_model, propagate_shapes, read_model, simplify
+    from tscomp.inspect_report import inspect_json, inspect_text
+
+    dims = [DimSpec.parse(d) for d in args.dim]
+    graph = import_model(read_model(args.model), dims, source=args.model)
+    imported = list(graph.nodes)
+    propagate_shapes(graph)
+    simplify(graph)
+    if args.json:
+        json.dump(inspect_json(graph, imported), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(inspect_text(graph, imported))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TscompError as e:
+        if args.debug:
+            raise
+        print(f"tscomp: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tscomp: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug in tscomp, not in the user's input
+        if args.debug:
+            raise
+        print(f"tscomp: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
