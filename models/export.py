@@ -180,7 +180,7 @@ def output_dims(spec: FamilySpec, size: str) -> list[str | int]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Dimension names
+# Post-processing: dimension names, node metadata
 
 
 def _rename_in(dim_param: str, renames: Mapping[str, str]) -> str:
@@ -191,13 +191,16 @@ def _rename_in(dim_param: str, renames: Mapping[str, str]) -> str:
     return pattern.sub(lambda m: renames[m.group(1)], dim_param)
 
 
-def normalize_dim_names(path: pathlib.Path, spec: FamilySpec, size: str, exporter: str) -> dict[str, str]:
-    """Give the graph inputs the spec's dim names and last_hidden_state the dims of ``output_dims``.
+def finalize_export(path: pathlib.Path, spec: FamilySpec, size: str, exporter: str) -> None:
+    """Rewrite an exported file in place.
 
-    Exporter-chosen symbols are renamed everywhere (inputs, outputs, value_info, also inside expressions).
-    The dynamo exporter's output dims must then match ``output_dims``; the TorchScript exporter's are
-    overwritten (it names static or computed dims such as ``LayerNormalizationlast_hidden_state_dim_2``).
-    Returns the renames applied.
+    * Graph inputs get the spec's dim names: exporter-chosen symbols are renamed everywhere (inputs,
+      outputs, value_info, also inside expressions). Raises if a dynamic input dim was made static.
+    * last_hidden_state gets ``output_dims``: the dynamo exporter's dims must already match; the
+      TorchScript exporter's are overwritten (it names static or computed dims such as
+      ``LayerNormalizationlast_hidden_state_dim_2``).
+    * Node metadata (dynamo: source stack traces with absolute paths, module names) is dropped, so a
+      file does not depend on where or how the export was run.
     """
     import onnx
 
@@ -209,8 +212,9 @@ def normalize_dim_names(path: pathlib.Path, spec: FamilySpec, size: str, exporte
             if dim.HasField("dim_param"):
                 dim.dim_param = _rename_in(dim.dim_param, renames)
     _set_output_dims(graph, output_dims(spec, size), check=(exporter == "dynamo"), where=path.name)
+    for node in graph.node:
+        del node.metadata_props[:]
     onnx.save(model, str(path))
-    return renames
 
 
 def _input_renames(graph, spec: FamilySpec, where: str) -> dict[str, str]:
@@ -291,7 +295,7 @@ def _export_into(spec: FamilySpec, size: str, exporter: str, path: pathlib.Path)
         model = wrap_model(spec, size)
         args = tuple(torch.from_numpy(v) for v in example_inputs(spec, size).values())
         _EXPORT_FUNCTIONS[exporter](model, spec, size, args, path)
-    normalize_dim_names(path, spec, size, exporter)
+    finalize_export(path, spec, size, exporter)
 
 
 # --------------------------------------------------------------------------------------------------

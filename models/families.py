@@ -28,9 +28,11 @@ from typing import Any
 
 import numpy as np
 
-# Attention implementation of every model. "sdpa" and "eager" both export with both exporters here;
-# "sdpa" is transformers' default, and both exporters decompose it into MatMul / Softmax (+ IsNaN/Where
-# guarding fully-masked rows), so it is what a user's export would contain.
+# Attention implementation of every model. "sdpa" and "eager" both export and match torch with both
+# exporters here (checked for all six families). "sdpa" is kept: it is transformers' default, so it is
+# what users' exports contain. Both exporters decompose it into MatMul / Softmax plus an IsNaN + Where
+# per layer (zeroing fully-masked rows; absent from ViT's TorchScript export); "eager" gives the same
+# graph without those two ops.
 ATTN_IMPLEMENTATION = "sdpa"
 
 # Seed used before building every model: exports are deterministic.
@@ -40,10 +42,11 @@ SIZES = ("tiny", "base")
 
 BATCH_RANGE = (1, 8)
 
-# Geometry of the tiny models, shared by all families (renamed per family by `_geometry`).
-TINY = dict(layers=2, hidden=128, heads=4, ffn=512, vocab=1000)
+# Layer geometry (layers, hidden size, heads, FFN size) shared by all families; `_bert_like`,
+# `_distilbert_like` and `_gpt2_like` spell it in each config class's keywords.
+TINY = dict(layers=2, hidden=128, heads=4, ffn=512)
+TINY_VOCAB = 1000
 BASE = dict(layers=12, hidden=768, heads=12, ffn=3072)
-
 
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
@@ -100,9 +103,12 @@ def _bert_like(layers: int, hidden: int, heads: int, ffn: int, **extra: Any) -> 
                 intermediate_size=ffn, **extra)
 
 
-def _tiny_text(**extra: Any) -> dict[str, Any]:
-    geometry = {k: TINY[k] for k in ("layers", "hidden", "heads", "ffn")}
-    return _bert_like(**geometry, vocab_size=TINY["vocab"], **extra)
+def _distilbert_like(layers: int, hidden: int, heads: int, ffn: int, **extra: Any) -> dict[str, Any]:
+    return dict(n_layers=layers, dim=hidden, n_heads=heads, hidden_dim=ffn, **extra)
+
+
+def _gpt2_like(layers: int, hidden: int, heads: int, ffn: int, **extra: Any) -> dict[str, Any]:
+    return dict(n_layer=layers, n_embd=hidden, n_head=heads, n_inner=ffn, use_cache=False, **extra)
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -110,13 +116,14 @@ FAMILIES: dict[str, FamilySpec] = {
     for spec in (
         FamilySpec(
             "bert", "BertConfig", "BertModel", (_IDS, _MASK, _TYPES),
-            sizes={"tiny": _tiny_text(), "base": _bert_like(**BASE, vocab_size=30522)},
+            sizes={"tiny": _bert_like(**TINY, vocab_size=TINY_VOCAB),
+                   "base": _bert_like(**BASE, vocab_size=30522)},
             model_init_kwargs={"add_pooling_layer": False},
         ),
         FamilySpec(
             "albert", "AlbertConfig", "AlbertModel", (_IDS, _MASK, _TYPES),
             # AlbertConfig() defaults to xxlarge: the base geometry is spelled out.
-            sizes={"tiny": _tiny_text(embedding_size=64),
+            sizes={"tiny": _bert_like(**TINY, vocab_size=TINY_VOCAB, embedding_size=64),
                    "base": _bert_like(**BASE, vocab_size=30000, embedding_size=128)},
             model_init_kwargs={"add_pooling_layer": False},
         ),
@@ -125,34 +132,29 @@ FAMILIES: dict[str, FamilySpec] = {
             # 514 positions: ids start after the pad id 1, so 512 tokens fit.
             sizes={name: dict(geometry, max_position_embeddings=514, pad_token_id=1, bos_token_id=0,
                               eos_token_id=2, type_vocab_size=1, layer_norm_eps=1e-5)
-                   for name, geometry in (("tiny", _tiny_text()),
+                   for name, geometry in (("tiny", _bert_like(**TINY, vocab_size=TINY_VOCAB)),
                                           ("base", _bert_like(**BASE, vocab_size=50265)))},
             model_init_kwargs={"add_pooling_layer": False},
             first_token_id=3,  # 0 <s>, 1 <pad>, 2 </s>
         ),
         FamilySpec(
             "distilbert", "DistilBertConfig", "DistilBertModel", (_IDS, _MASK),
-            sizes={"tiny": dict(n_layers=TINY["layers"], dim=TINY["hidden"], n_heads=TINY["heads"],
-                                hidden_dim=TINY["ffn"], vocab_size=TINY["vocab"]),
+            sizes={"tiny": _distilbert_like(**TINY, vocab_size=TINY_VOCAB),
                    # distilbert-base: 6 layers of BERT-base geometry.
-                   "base": dict(n_layers=6, dim=768, n_heads=12, hidden_dim=3072, vocab_size=30522)},
+                   "base": _distilbert_like(**(BASE | {"layers": 6}), vocab_size=30522)},
         ),
         FamilySpec(
             "gpt2", "GPT2Config", "GPT2Model", (_IDS, _MASK),
-            sizes={"tiny": dict(n_layer=TINY["layers"], n_embd=TINY["hidden"], n_head=TINY["heads"],
-                                n_inner=TINY["ffn"], vocab_size=TINY["vocab"], n_positions=512,
-                                bos_token_id=TINY["vocab"] - 1, eos_token_id=TINY["vocab"] - 1,
-                                use_cache=False),
-                   "base": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
-                                use_cache=False)},
+            sizes={"tiny": _gpt2_like(**TINY, vocab_size=TINY_VOCAB, n_positions=512,
+                                      bos_token_id=TINY_VOCAB - 1, eos_token_id=TINY_VOCAB - 1),
+                   "base": _gpt2_like(**BASE, vocab_size=50257, n_positions=1024)},
             forward_kwargs={"use_cache": False},
             first_token_id=0,
         ),
         FamilySpec(
             "vit", "ViTConfig", "ViTModel", (_PIXELS,),
-            sizes={"tiny": dict(_bert_like(**{k: TINY[k] for k in ("layers", "hidden", "heads", "ffn")}),
-                                patch_size=8, image_size=32),
-                   "base": dict(_bert_like(**BASE), patch_size=16, image_size=224)},
+            sizes={"tiny": _bert_like(**TINY, patch_size=8, image_size=32),
+                   "base": _bert_like(**BASE, patch_size=16, image_size=224)},
             model_init_kwargs={"add_pooling_layer": False},
             forward_kwargs={"interpolate_pos_encoding": True},
         ),

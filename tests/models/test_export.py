@@ -11,10 +11,10 @@ FAMILIES = ("bert", "albert", "roberta", "distilbert", "gpt2", "vit")
 EXPORTERS = ("dynamo", "torchscript")
 
 
-def _check_against_torch(path, family: str, size: str) -> None:
+def _check_against_torch(path, family: str, size: str, bindings_list=None) -> None:
     from models.export import check_bindings, run_both
 
-    for bindings, got, want in run_both(path, family, size, check_bindings(family, size)):
+    for bindings, got, want in run_both(path, family, size, bindings_list or check_bindings(family, size)):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=f"{path.name} at {bindings}")
 
 
@@ -43,6 +43,18 @@ def test_tiny_export_matches_torch(exported_model, family, exporter):
     path = exported_model(family, "tiny", exporter)
     _check_signature(path, family, "tiny", exporter)
     _check_against_torch(path, family, "tiny")
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiny_export_at_range_edges(exported_model, family, exporter):
+    """Smallest shape (sequence 1, one ViT patch) and largest (max positions, 4x the image side)."""
+    from models.families import symbol_ranges
+
+    ranges = symbol_ranges(family, "tiny")
+    smallest = {name: low for name, (low, _) in ranges.items()}
+    largest = {name: high for name, (_, high) in ranges.items()} | {"batch": 2}
+    _check_against_torch(exported_model(family, "tiny", exporter), family, "tiny", [smallest, largest])
 
 
 @pytest.mark.base

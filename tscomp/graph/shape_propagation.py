@@ -33,6 +33,8 @@ from tscomp.graph.symbols import shape_str
 MAX_FOLD_ELEMENTS = 1 << 24
 #: Shape-holding tensors carry symbolic elements only while they stay this small.
 MAX_SYMDATA_ELEMENTS = 1024
+#: ... and are computed only from constants this small (never from weight tensors).
+MAX_SYMDATA_INPUT_ELEMENTS = 1 << 16
 
 
 def propagate_shapes(graph: Graph) -> None:
@@ -147,7 +149,8 @@ def _fold_constants(ctx: ShapeContext, opdef: OpDef, node: Node) -> list[np.ndar
         if tuple(arr.shape) != expected:
             raise TscompError(f"{ctx.where()}: shape rule says output {i} is {list(expected)} but the "
                               f"reference computes {list(arr.shape)} (tscomp bug)")
-        result.append(np.ascontiguousarray(arr.astype(ctx.out_dtypes[i], copy=False)))
+        # (np.ascontiguousarray would turn a 0-d result into shape [1])
+        result.append(np.require(arr.astype(ctx.out_dtypes[i], copy=False), requirements="C"))
     return result
 
 
@@ -158,11 +161,15 @@ NON_DETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
 def _propagate_data(ctx: ShapeContext, opdef: OpDef) -> list[np.ndarray | None] | None:
     if opdef.data_rule is None:
         return None
-    if any(f is not None and f.const is None and f.symdata is None for f in ctx.inputs):
+    reads_values = opdef.fusion is not registry.FusionClass.SHAPE  # Shape/Size read only the input's shape
+    if reads_values and any(f is not None and f.const is None and f.symdata is None for f in ctx.inputs):
         return None
     for shape in ctx.out_shapes:
         if shape is not None and not _small_concrete(shape, MAX_SYMDATA_ELEMENTS):
             return None
+    if any(f is not None and f.const is not None and f.const.size > MAX_SYMDATA_INPUT_ELEMENTS
+           for f in ctx.inputs):
+        return None  # e.g. Gather from an embedding table: not shape arithmetic
     if opdef.data_rule == DATA_VIA_REFERENCE:
         inputs = [ctx.values(i) if ctx.has_input(i) else None for i in range(len(ctx.inputs))]
         try:
