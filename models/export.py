@@ -45,8 +45,10 @@ OPSETS = {"dynamo": 20, "torchscript": 17}
 OUTPUT_NAME = "last_hidden_state"
 
 
-def model_filename(family: str, size: str, exporter: str) -> str:
-    return f"{family}-{size}-{exporter}.onnx"
+def model_filename(family: str, size: str, exporter: str, opset: int | None = None) -> str:
+    """``bert-tiny-dynamo.onnx``; a non-default opset is part of the name (``...-opset14.onnx``)."""
+    suffix = "" if opset in (None, OPSETS[exporter]) else f"-opset{opset}"
+    return f"{family}-{size}-{exporter}{suffix}.onnx"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -131,7 +133,7 @@ def _quiet() -> Iterator[None]:
                 lg.setLevel(level)
 
 
-def _export_dynamo(model, spec: FamilySpec, size: str, args: tuple, path: pathlib.Path) -> None:
+def _export_dynamo(model, spec: FamilySpec, size: str, args: tuple, path: pathlib.Path, opset: int) -> None:
     import torch
 
     ranges = symbol_ranges(spec, size)
@@ -143,11 +145,11 @@ def _export_dynamo(model, spec: FamilySpec, size: str, args: tuple, path: pathli
     torch.onnx.export(
         model, args, str(path), dynamo=True, dynamic_shapes=dynamic_shapes,
         input_names=list(spec.input_names), output_names=[OUTPUT_NAME],
-        opset_version=OPSETS["dynamo"], external_data=(size == "base"), verbose=False,
+        opset_version=opset, external_data=(size == "base"), verbose=False,
     )
 
 
-def _export_torchscript(model, spec: FamilySpec, size: str, args: tuple, path: pathlib.Path) -> None:
+def _export_torchscript(model, spec: FamilySpec, size: str, args: tuple, path: pathlib.Path, opset: int) -> None:
     import torch
 
     dynamic_axes = {
@@ -157,7 +159,7 @@ def _export_torchscript(model, spec: FamilySpec, size: str, args: tuple, path: p
     torch.onnx.export(
         model, args, str(path), dynamo=False, dynamic_axes=dynamic_axes,
         input_names=list(spec.input_names), output_names=[OUTPUT_NAME],
-        opset_version=OPSETS["torchscript"], do_constant_folding=True,
+        opset_version=opset, do_constant_folding=True,
     )
 
 
@@ -259,8 +261,11 @@ def _lock(path: pathlib.Path) -> Iterator[None]:
         yield
 
 
-def export_model(family: str, size: str, exporter: str, out_dir: str | os.PathLike) -> pathlib.Path:
+def export_model(family: str, size: str, exporter: str, out_dir: str | os.PathLike,
+                 opset: int | None = None) -> pathlib.Path:
     """Export ``family`` at ``size`` with ``exporter`` into ``out_dir``; return the .onnx path.
+
+    ``opset`` defaults to the exporter's own (``OPSETS``); TorchScript takes 14..20.
 
     An existing file is reused. The model is exported into a private temporary folder in ``out_dir``,
     its dim names normalized, then moved into place (external data first, the .onnx last).
@@ -272,7 +277,8 @@ def export_model(family: str, size: str, exporter: str, out_dir: str | os.PathLi
         raise ValueError(f"unknown exporter {exporter!r}; known: {', '.join(EXPORTERS)}")
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / model_filename(spec.name, size, exporter)
+    opset = opset or OPSETS[exporter]
+    path = out_dir / model_filename(spec.name, size, exporter, opset)
     if path.exists():
         return path
     with _lock(path):
@@ -280,7 +286,7 @@ def export_model(family: str, size: str, exporter: str, out_dir: str | os.PathLi
             return path
         tmp_dir = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=out_dir))
         try:
-            _export_into(spec, size, exporter, tmp_dir / path.name)
+            _export_into(spec, size, exporter, tmp_dir / path.name, opset)
             for produced in sorted(tmp_dir.iterdir(), key=lambda p: p.name == path.name):
                 os.replace(produced, out_dir / produced.name)
         finally:
@@ -288,13 +294,13 @@ def export_model(family: str, size: str, exporter: str, out_dir: str | os.PathLi
     return path
 
 
-def _export_into(spec: FamilySpec, size: str, exporter: str, path: pathlib.Path) -> None:
+def _export_into(spec: FamilySpec, size: str, exporter: str, path: pathlib.Path, opset: int) -> None:
     import torch
 
     with _quiet(), torch.no_grad():
         model = wrap_model(spec, size)
         args = tuple(torch.from_numpy(v) for v in example_inputs(spec, size).values())
-        _EXPORT_FUNCTIONS[exporter](model, spec, size, args, path)
+        _EXPORT_FUNCTIONS[exporter](model, spec, size, args, path, opset)
     finalize_export(path, spec, size, exporter)
 
 

@@ -47,12 +47,12 @@ def _require_export_extra() -> None:
 def exported_model():
     """Callable (family, size="tiny", exporter="dynamo") -> Path of the cached ONNX export."""
 
-    def export(family: str, size: str = "tiny", exporter: str = "dynamo") -> pathlib.Path:
+    def export(family: str, size: str = "tiny", exporter: str = "dynamo", opset: int | None = None) -> pathlib.Path:
         if size == "base" and not base_models_enabled():
             pytest.skip(SKIP_BASE_REASON)
         _require_export_extra()
         from models.export import export_model
 
-        return export_model(family, size, exporter, model_cache_dir())
+        return export_model(family, size, exporter, model_cache_dir(), opset=opset)
 
     return export

@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"tscomp: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into `head` and closed: not an error
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("tscomp: interrupted", file=sys.stderr)
         return 130

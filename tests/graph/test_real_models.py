@@ -1,7 +1,8 @@
 """Acceptance on real exported models (tiny; base with TSCOMP_BASE_MODELS=1):
 no unresolved shapes, at least onnxruntime's symbolic-inference coverage,
 propagated shapes equal onnxruntime's actual shapes at 20 bindings, and the
-reference executor matches onnxruntime."""
+reference executor matches onnxruntime. A sweep over opsets 14-20 covers the
+older operator forms (e.g. LayerNormalization decomposed before opset 17)."""
 import zlib
 
 import numpy as np
@@ -14,6 +15,7 @@ FAMILIES = ["bert", "albert", "roberta", "distilbert", "gpt2", "vit"]
 EXPORTERS = ["dynamo", "torchscript"]
 CASES = [pytest.param(f, "tiny", e, id=f"{f}-tiny-{e}") for f in FAMILIES for e in EXPORTERS] + \
         [pytest.param(f, "base", e, id=f"{f}-base-{e}", marks=pytest.mark.base) for f in FAMILIES for e in EXPORTERS]
+OTHER_OPSETS = [("torchscript", o) for o in (14, 15, 16, 18, 19, 20)] + [("dynamo", o) for o in (18, 19)]
 
 pytestmark = pytest.mark.models
 
@@ -22,13 +24,30 @@ pytestmark = pytest.mark.models
 def loaded_models(exported_model):
     cache = {}
 
-    def get(family, size, exporter):
-        key = (family, size, exporter)
+    def get(family, size, exporter, opset=None):
+        key = (family, size, exporter, opset)
         if key not in cache:
-            path = exported_model(family, size, exporter)
+            path = exported_model(family, size, exporter, opset)
             cache[key] = model_checks.load_for_checks(path, symbol_ranges(family, size))
         return cache[key]
     return get
+
+
+def mismatches_against_onnxruntime(loaded, family, size, n_bindings) -> list[str]:
+    ranges = symbol_ranges(family, size)
+    names = [o for node in loaded.imported_nodes for o in node.outputs if o]
+    session = model_checks.ort_session_with_intermediates(loaded.path, loaded.graph, names)
+    rng = np.random.default_rng(0)
+    failures = []
+    for binding in model_checks.binding_samples(ranges, n=n_bindings, seed=zlib.crc32(family.encode())):
+        inputs = make_inputs(family, binding, rng, size=size)
+        result = model_checks.compare_with_onnxruntime(loaded, session, inputs, binding)
+        if result.shape_mismatches:
+            failures.append(f"{binding}: {len(result.shape_mismatches)} shape mismatches, first: "
+                            f"{result.shape_mismatches[0]}")
+        if not result.outputs_close:
+            failures.append(f"{binding}: outputs differ (max abs err {result.max_abs_err:.3g})")
+    return failures
 
 
 @pytest.mark.parametrize("family,size,exporter", CASES)
@@ -45,18 +64,15 @@ def test_every_value_has_a_resolved_symbolic_shape(loaded_models, family, size, 
 @pytest.mark.parametrize("family,size,exporter", CASES)
 def test_shapes_and_reference_outputs_match_onnxruntime(loaded_models, family, size, exporter):
     loaded = loaded_models(family, size, exporter)
-    ranges = symbol_ranges(family, size)
-    n = 20 if size == "tiny" else 3
-    names = [o for node in loaded.imported_nodes for o in node.outputs if o]
-    session = model_checks.ort_session_with_intermediates(loaded.path, loaded.graph, names)
-    rng = np.random.default_rng(0)
-    failures = []
-    for binding in model_checks.binding_samples(ranges, n=n, seed=zlib.crc32(family.encode())):
-        inputs = make_inputs(family, binding, rng, size=size)
-        result = model_checks.compare_with_onnxruntime(loaded, session, inputs, binding)
-        if result.shape_mismatches:
-            failures.append(f"{binding}: {len(result.shape_mismatches)} shape mismatches, first: "
-                            f"{result.shape_mismatches[0]}")
-        if not result.outputs_close:
-            failures.append(f"{binding}: outputs differ (max abs err {result.max_abs_err:.3g})")
+    failures = mismatches_against_onnxruntime(loaded, family, size, 20 if size == "tiny" else 3)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("exporter,opset", OTHER_OPSETS, ids=[f"{e}-opset{o}" for e, o in OTHER_OPSETS])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_other_opsets_resolve_and_match_onnxruntime(loaded_models, family, exporter, opset):
+    loaded = loaded_models(family, "tiny", exporter, opset)
+    resolved, total = model_checks.tscomp_coverage(loaded)
+    assert resolved == total, f"{total - resolved} unresolved values"
+    failures = mismatches_against_onnxruntime(loaded, family, "tiny", 5)
     assert not failures, "\n".join(failures)
