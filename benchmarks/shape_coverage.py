@@ -42,7 +42,10 @@ def measure(family: str, size: str, exporter: str, cache: str, n_bindings: int) 
         names = [o for node in loaded.imported_nodes for o in node.outputs if o]
         session = model_checks.ort_session_with_intermediates(path, loaded.graph, names)
         rng = np.random.default_rng(0)
-        for binding in model_checks.binding_samples(ranges, n=n_bindings, seed=zlib.crc32(family.encode())):
+        caps = {"batch": 2} if size == "base" else None
+        for binding in model_checks.binding_samples(ranges, n=n_bindings, seed=zlib.crc32(family.encode()),
+                                                    caps=caps):
+            row.setdefault("bindings", []).append(binding)
             result = model_checks.compare_with_onnxruntime(
                 loaded, session, make_inputs(family, binding, rng, size=size), binding)
             row["checked"] += result.shapes_checked

@@ -29,9 +29,13 @@ from tscomp.graph.reference import ReferenceExecutor
 PRIMES = [2, 3, 5, 7, 11, 13, 17, 31, 37, 61, 97, 127, 131, 251, 257, 509, 521, 1021, 1031]
 
 
-def binding_samples(ranges: Mapping[str, tuple[int, int]], n: int = 20, seed: int = 0) -> list[dict[str, int]]:
-    """``n`` bindings: all-min, all-max, mixed ends, then primes and random values in range."""
+def binding_samples(ranges: Mapping[str, tuple[int, int]], n: int = 20, seed: int = 0,
+                    caps: Mapping[str, int] | None = None) -> list[dict[str, int]]:
+    """``n`` bindings: all-min, all-max, a prime/random mix, one-symbol-at-max corners, then more
+    primes and random values in range. ``caps`` lowers a symbol's maximum (base models keep the
+    batch small so that every intermediate of the largest shape fits in memory at once)."""
     rng = random.Random(seed)
+    ranges = {s: (lo, min(hi, (caps or {}).get(s, hi))) for s, (lo, hi) in ranges.items()}
     names = list(ranges)
     per_symbol = {}
     for name, (lo, hi) in ranges.items():
@@ -44,8 +48,8 @@ def binding_samples(ranges: Mapping[str, tuple[int, int]], n: int = 20, seed: in
     for k in range(n):
         if k < 2:
             out.append({s: per_symbol[s][k] for s in names})
-        elif k < 2 + len(names):  # one symbol at its max, the others at their min
-            out.append({s: (ranges[s][1] if i == k - 2 else ranges[s][0]) for i, s in enumerate(names)})
+        elif 3 <= k < 3 + len(names):  # one symbol at its max, the others at their min
+            out.append({s: (ranges[s][1] if i == k - 3 else ranges[s][0]) for i, s in enumerate(names)})
         else:
             out.append({s: per_symbol[s][(k + 7 * i) % len(per_symbol[s])] for i, s in enumerate(names)})
     return out

@@ -3,11 +3,9 @@ import pytest
 
 from tests.graph import conformance
 
-RESULTS: dict[str, dict] = {}
-
 
 @pytest.mark.parametrize("op", conformance.registered_ops())
-def test_onnx_conformance_cases_pass_for_registered_op(op):
+def test_onnx_conformance_cases_pass_for_registered_op(op, record_property):
     cases = conformance.cases_by_op().get(op, [])
     ran, skipped, failures = 0, {}, []
     for case in cases:
@@ -21,7 +19,7 @@ def test_onnx_conformance_cases_pass_for_registered_op(op):
             except Exception as e:  # collect all failures of the op, report together
                 failures.append(f"{case.name} [{mode}]: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
         ran += 1
-    RESULTS[op] = {"ran": ran, "skipped": skipped}
+    record_property("conformance_counts", (op, ran, len(skipped)))
     print(f"{op}: {ran} cases ran, {len(skipped)} skipped")
     for name, reason in skipped.items():
         print(f"  skipped {name}: {reason}")

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
-import numpy as np
 import onnx
 import sympy
 from onnx import helper, numpy_helper

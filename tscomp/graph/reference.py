@@ -74,6 +74,19 @@ class ReferenceExecutor:
         self.check_shapes = check_shapes
         self.order = graph.toposorted()
         self.opdefs = [registry.lookup(n.op_type, n.domain, graph.opset_of(n), n.name) for n in self.order]
+        self.last_use = self._last_uses()
+
+    def _last_uses(self) -> dict[str, int]:
+        """Index of the last node reading each value: the executor frees it afterwards, so a
+        base-size model at its largest shapes holds only the live tensors."""
+        last = {}
+        for idx, node in enumerate(self.order):
+            for i in node.inputs:
+                if i:
+                    last[i] = idx
+        for o in self.graph.outputs:
+            last[o] = len(self.order)
+        return last
 
     def run(self, inputs: Mapping[str, np.ndarray], *, keep_all: bool = False,
             check_ranges: bool = True) -> dict[str, np.ndarray]:
@@ -84,7 +97,7 @@ class ReferenceExecutor:
         for name, v in graph.values.items():
             if name not in produced and name not in env and (v.const is not None or v.symdata is not None):
                 env[name] = materialize(graph, v, binding)
-        for node, opdef in zip(self.order, self.opdefs):
+        for idx, (node, opdef) in enumerate(zip(self.order, self.opdefs)):
             args = [env[i] if i else None for i in node.inputs]
             call = OpCall(node.name, node.op_type, node.attrs, graph.opset_of(node), len(node.outputs))
             try:
@@ -104,6 +117,10 @@ class ReferenceExecutor:
                 if self.check_shapes:
                     self._check_shape(node, v, arr, binding)
                 env[out] = arr
+            if not keep_all:
+                for i in node.inputs:
+                    if i and self.last_use.get(i) == idx:
+                        env.pop(i, None)
         if keep_all:
             return env
         return {o: env[o] for o in graph.outputs}

@@ -174,8 +174,8 @@ def _propagate_data(ctx: ShapeContext, opdef: OpDef) -> list[np.ndarray | None] 
         inputs = [ctx.values(i) if ctx.has_input(i) else None for i in range(len(ctx.inputs))]
         try:
             outs = registry.run_reference(opdef, ctx.call, inputs)
-        except (TypeError, ValueError):
-            return None  # the reference needed concrete numbers after all
+        except (TypeError, ValueError, IndexError):
+            return None  # symbolic indices, or a value the reference needs concrete
     else:
         outs = _guarded(ctx, opdef.data_rule, "data rule")
         if outs is None:

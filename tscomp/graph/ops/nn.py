@@ -214,14 +214,18 @@ def _spatial_dims(ctx: ShapeContext, win: Window, spatial: Sequence[sympy.Expr])
 
 
 # =========================================================================== Conv
-def conv_shape(ctx: ShapeContext) -> None:
+def _conv_operands(ctx: ShapeContext):
+    """X and W shapes, the validated window and the group count shared by Conv and ConvTranspose."""
     x, w = ctx.shape(0), ctx.shape(1)
     if len(x) < 3 or len(w) != len(x):
-        ctx.fail(f"Conv needs X of rank >= 3 and W of the same rank, got {len(x)} and {len(w)}")
-    kernel = _conv_kernel(ctx, w[2:])
-    win = Window.read(ctx, kernel)
+        ctx.fail(f"{ctx.op_type} needs X of rank >= 3 and W of the same rank, got {len(x)} and {len(w)}")
+    win = Window.read(ctx, _conv_kernel(ctx, w[2:]))
     win.validate(ctx)
-    group = int(ctx.attr("group", 1))
+    return x, w, win, int(ctx.attr("group", 1))
+
+
+def conv_shape(ctx: ShapeContext) -> None:
+    x, w, win, group = _conv_operands(ctx)
     ctx.unify(x[1], w[1] * group, f"Conv input channels (group={group})")
     if w[0].is_Integer and int(w[0]) % group:
         ctx.fail(f"{int(w[0])} output channels are not divisible by group={group}")
@@ -265,13 +269,7 @@ def conv_ref(call: OpCall, x, w, b=None):
 
 # =========================================================================== ConvTranspose
 def conv_transpose_shape(ctx: ShapeContext) -> None:
-    x, w = ctx.shape(0), ctx.shape(1)
-    if len(x) < 3 or len(w) != len(x):
-        ctx.fail(f"ConvTranspose needs X of rank >= 3 and W of the same rank, got {len(x)} and {len(w)}")
-    kernel = _conv_kernel(ctx, w[2:])
-    win = Window.read(ctx, kernel)
-    win.validate(ctx)
-    group = int(ctx.attr("group", 1))
+    x, w, win, group = _conv_operands(ctx)
     ctx.unify(x[1], w[0], "ConvTranspose input channels")
     channels = w[1] * group
     if ctx.has_input(2):

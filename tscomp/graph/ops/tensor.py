@@ -36,16 +36,14 @@ import sympy
 
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.ops.elementwise import onnx_dtype
-from tscomp.graph.ops.registry import (DATA_VIA_REFERENCE, REGISTRY, FusionClass, OpCall, OpDef,
-                                       ShapeContext, register, run_reference)
+from tscomp.graph.ops.registry import (DATA_VIA_REFERENCE, FusionClass, OpCall, OpDef, ShapeContext,
+                                       register)
 from tscomp.graph.symbols import as_expr, shape_str
 
 Expr = sympy.Expr
 
 #: ``_param`` result for a parameter that is present but whose values are unknown at compile time.
 UNKNOWN = object()
-#: Data rules that read a possibly large tensor (Gather from a weight) give up above this size.
-MAX_DATA_INPUT_ELEMENTS = 1 << 16
 #: The numpy ufunc applying each reduction ScatterND / ScatterElements accept (None: plain assignment).
 SCATTER_REDUCTIONS = {"none": None, "add": np.add, "mul": np.multiply, "max": np.maximum,
                       "min": np.minimum}
@@ -148,19 +146,6 @@ def _index_array(indices: np.ndarray, size: int) -> np.ndarray:
     """ONNX indices as int64 with negative ones counted from the end."""
     idx = np.asarray(indices).astype(np.int64)
     return np.where(idx < 0, idx + size, idx)
-
-
-def _reference_data(ctx: ShapeContext):
-    """Data rule for index maps whose output is much smaller than their input (Slice, Gather*):
-    run the reference on symbolic elements, unless an input is too large to convert."""
-    if any(f is not None and f.const is not None and f.const.size > MAX_DATA_INPUT_ELEMENTS
-           for f in ctx.inputs):
-        return None
-    inputs = [ctx.values(i) if ctx.has_input(i) else None for i in range(len(ctx.inputs))]
-    try:
-        return run_reference(REGISTRY[("", ctx.op_type)], ctx.call, inputs)
-    except (TypeError, ValueError, IndexError):
-        return None  # symbolic indices, or a value the reference needs concrete
 
 
 # =========================================================================== Shape, Size
@@ -940,11 +925,11 @@ OPS = [
     OpDef("Flatten", I, flatten_shape, flatten_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 1)),
     OpDef("Concat", I, concat_shape, concat_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, MANY)),
     OpDef("Split", I, split_shape, split_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 2)),
-    OpDef("Slice", I, slice_shape, slice_ref, data_rule=_reference_data, arity=(1, 5)),
-    OpDef("Gather", I, gather_shape, gather_ref, data_rule=_reference_data, arity=(2, 2)),
-    OpDef("GatherElements", I, gather_elements_shape, gather_elements_ref, data_rule=_reference_data,
+    OpDef("Slice", I, slice_shape, slice_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 5)),
+    OpDef("Gather", I, gather_shape, gather_ref, data_rule=DATA_VIA_REFERENCE, arity=(2, 2)),
+    OpDef("GatherElements", I, gather_elements_shape, gather_elements_ref, data_rule=DATA_VIA_REFERENCE,
           arity=(2, 2)),
-    OpDef("GatherND", I, gather_nd_shape, gather_nd_ref, data_rule=_reference_data, arity=(2, 2)),
+    OpDef("GatherND", I, gather_nd_shape, gather_nd_ref, data_rule=DATA_VIA_REFERENCE, arity=(2, 2)),
     OpDef("Expand", I, expand_shape, expand_ref, data_rule=DATA_VIA_REFERENCE, arity=(2, 2)),
     OpDef("Tile", I, tile_shape, tile_ref, data_rule=DATA_VIA_REFERENCE, arity=(2, 3)),
     OpDef("Range", OP, range_shape, range_ref, data_rule=range_data, arity=(3, 3)),
