@@ -167,8 +167,8 @@ def _propagate_data(ctx: ShapeContext, opdef: OpDef) -> list[np.ndarray | None] 
     for shape in ctx.out_shapes:
         if shape is not None and not _small_concrete(shape, MAX_SYMDATA_ELEMENTS):
             return None
-    if any(f is not None and f.const is not None and f.const.size > MAX_SYMDATA_INPUT_ELEMENTS
-           for f in ctx.inputs):
+    if reads_values and any(f is not None and f.const is not None and f.const.size > MAX_SYMDATA_INPUT_ELEMENTS
+                            for f in ctx.inputs):
         return None  # e.g. Gather from an embedding table: not shape arithmetic
     if opdef.data_rule == DATA_VIA_REFERENCE:
         inputs = [ctx.values(i) if ctx.has_input(i) else None for i in range(len(ctx.inputs))]
