@@ -108,3 +108,14 @@ def test_missing_external_data_is_a_load_error(tmp_path):
     (tmp_path / "ext.onnx.data").unlink()
     with pytest.raises(ModelLoadError, match="external tensor data"):
         read_model(tmp_path / "ext.onnx")
+
+
+def test_dim_spec_reusing_another_dims_name_is_rejected():
+    m = two_input_model(dims_a=("batch", "seq"), dims_b=("batch", "seq"))
+    with pytest.raises(DimSpecError, match="already the name of the model's dim_param 'batch'"):
+        import_model(m, [DimSpec.parse("batch@seq=1:64")])
+
+
+def test_dim_params_that_sanitize_alike_stay_distinct():
+    g = import_model(two_input_model(dims_a=("a b", "s"), dims_b=("a_b", "s")))
+    assert g.values["a"].shape[0] != g.values["b"].shape[0]

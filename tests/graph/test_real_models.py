@@ -22,11 +22,12 @@ pytestmark = pytest.mark.models
 
 @pytest.fixture(scope="module")
 def loaded_models(exported_model):
-    cache = {}
+    cache = {}  # only the latest model: base models hold hundreds of MB of weights each
 
     def get(family, size, exporter, opset=None):
         key = (family, size, exporter, opset)
         if key not in cache:
+            cache.clear()
             path = exported_model(family, size, exporter, opset)
             cache[key] = model_checks.load_for_checks(path, symbol_ranges(family, size))
         return cache[key]

@@ -136,12 +136,20 @@ def _declare_input_symbols(inputs, dims: Sequence[DimSpec], symbols: SymbolTable
             renames[match] = spec
 
     _check_duplicate_names(dims)
+    user_names = {spec.name: spec for spec in dims}
     param_syms = {}
     for param, locs in params.items():
         spec = renames.get(param)
         note = "axes " + ", ".join(f"{i}:{a}" for i, a in locs)
         if spec is None:
-            param_syms[param] = symbols.new_symbol(param, origin="dim_param", note=note)
+            name = sanitize_symbol_name(param)
+            if name in user_names:
+                raise DimSpecError(f"--dim {user_names[name].text}: {name!r} is already the name of the "
+                                   f"model's dim_param {param!r}; choose another name")
+            base, k = name, 2
+            while name in symbols.infos:  # two dim_params that sanitize alike ('a b', 'a_b')
+                name, k = f"{base}_{k}", k + 1
+            param_syms[param] = symbols.new_symbol(name, origin="dim_param", note=note)
         else:
             param_syms[param] = symbols.new_symbol(spec.name, origin="user", min=spec.min, max=spec.max,
                                                    note=f"{note} (dim_param {param!r})",
