@@ -37,12 +37,13 @@ def _check_signature(path, family: str, size: str, exporter: str) -> None:
     assert opsets.get("ai.onnx") == OPSETS[exporter]
 
 
+@pytest.mark.parametrize("size", ["tiny", pytest.param("base", marks=pytest.mark.base)])
 @pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_tiny_export_matches_torch(exported_model, family, exporter):
-    path = exported_model(family, "tiny", exporter)
-    _check_signature(path, family, "tiny", exporter)
-    _check_against_torch(path, family, "tiny")
+def test_export_matches_torch(exported_model, family, exporter, size):
+    path = exported_model(family, size, exporter)
+    _check_signature(path, family, size, exporter)
+    _check_against_torch(path, family, size)
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
@@ -55,15 +56,6 @@ def test_tiny_export_at_range_edges(exported_model, family, exporter):
     smallest = {name: low for name, (low, _) in ranges.items()}
     largest = {name: high for name, (_, high) in ranges.items()} | {"batch": 2}
     _check_against_torch(exported_model(family, "tiny", exporter), family, "tiny", [smallest, largest])
-
-
-@pytest.mark.base
-@pytest.mark.parametrize("exporter", EXPORTERS)
-@pytest.mark.parametrize("family", FAMILIES)
-def test_base_export_matches_torch(exported_model, family, exporter):
-    path = exported_model(family, "base", exporter)
-    _check_signature(path, family, "base", exporter)
-    _check_against_torch(path, family, "base")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
