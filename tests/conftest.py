@@ -1,4 +1,4 @@
-"""Shared pytest fixtures.
+"""Shared pytest fixtures and the conformance summary.
 
 ``exported_model(family, size="tiny", exporter="dynamo") -> Path`` exports a model of ``models.families``
 into a cache folder (``$TSCOMP_MODEL_CACHE``, default ``<repo>/.cache/models``) once and returns the
@@ -56,3 +56,32 @@ def exported_model():
         return export_model(family, size, exporter, model_cache_dir(), opset=opset)
 
     return export
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-operator ONNX conformance counts (tests/graph/test_onnx_conformance.py), printed at the end of
+# the run. Kept here, not in tests/graph/, because under pytest-xdist only the top conftest is loaded
+# in the controlling process; the counts travel there as ``user_properties`` of the test reports.
+_COUNTS: dict[str, tuple[int, int]] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when != "call":
+        return
+    for key, value in report.user_properties:
+        if key == "conformance_counts":
+            op, ran, skipped = value
+            _COUNTS[op] = (ran, skipped)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _COUNTS:
+        return
+    tr = terminalreporter
+    tr.section("ONNX conformance cases per registered operator (ran / skipped with a reason)")
+    items = [f"{op} {ran}/{skipped}" for op, (ran, skipped) in sorted(_COUNTS.items())]
+    for k in range(0, len(items), 8):
+        tr.write_line("  ".join(items[k:k + 8]))
+    total_ran = sum(r for r, _ in _COUNTS.values())
+    total_skipped = sum(s for _, s in _COUNTS.values())
+    tr.write_line(f"{len(_COUNTS)} operators, {total_ran} cases ran, {total_skipped} skipped")
