@@ -479,6 +479,10 @@ def layer_norm_shape(ctx: ShapeContext) -> None:
         ctx.set_output(i, stash, stats)
 
 
+def _layer_norm_axes(call: OpCall, rank: int) -> tuple[int, ...]:
+    return tuple(range(int(call.attr("axis", -1)) % rank, rank))
+
+
 def layer_norm_ref(call: OpCall, x, scale, bias=None):
     """ONNX's function body: statistics in ``stash_type`` (float32 by default), then the
     affine transform in the input type."""
@@ -980,9 +984,10 @@ register(OpDef("Conv", BACKBONE, conv_shape, conv_ref, arity=(2, 3)))
 register(OpDef("ConvTranspose", BACKBONE, conv_transpose_shape, conv_transpose_ref, arity=(2, 3)))
 register(OpDef("Einsum", BACKBONE, einsum_shape, einsum_ref, arity=(1, MANY)))
 
-register(OpDef("Softmax", REDUCTION, softmax_shape, softmax_ref, arity=(1, 1)))
-register(OpDef("LogSoftmax", REDUCTION, softmax_shape, log_softmax_ref, arity=(1, 1)))
-register(OpDef("LayerNormalization", REDUCTION, layer_norm_shape, layer_norm_ref, arity=(2, 3)))
+register(OpDef("Softmax", REDUCTION, softmax_shape, softmax_ref, arity=(1, 1), row_axes=_softmax_axes))
+register(OpDef("LogSoftmax", REDUCTION, softmax_shape, log_softmax_ref, arity=(1, 1), row_axes=_softmax_axes))
+register(OpDef("LayerNormalization", REDUCTION, layer_norm_shape, layer_norm_ref, arity=(2, 3),
+               row_axes=_layer_norm_axes))
 register(OpDef("InstanceNormalization", REDUCTION, instance_norm_shape, instance_norm_ref, arity=(3, 3)))
 register(OpDef("BatchNormalization", FusionClass.ELEMENTWISE, batch_norm_shape, batch_norm_ref, arity=(5, 5)))
 

@@ -72,6 +72,14 @@ class OpDef:
     opsets: tuple[int, int] = (1, onnx.defs.onnx_opset_version())
     #: how many input slots there are (min, max) — checked before the rules run
     arity: tuple[int, int] | None = None
+    #: injective ops that only re-address elements: ``view_rule(ctx, out_shapes)`` gives, per
+    #: output, the chain of :class:`tscomp.graph.views.ViewOp` that reads it from input 0
+    #: (or None when the view's parameters are not known at compile time)
+    view_rule: Callable[["ShapeContext", Sequence[Shape]], list[tuple] | None] | None = None
+    #: reductions whose output keeps the input's shape (Softmax, LayerNormalization):
+    #: ``row_axes(call, rank)`` gives the axes one normalized row spans (others: the output
+    #: has one element per row)
+    row_axes: Callable[[OpCall, int], tuple[int, ...]] | None = None
 
 
 REGISTRY: dict[tuple[str, str], OpDef] = {}

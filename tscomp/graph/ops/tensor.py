@@ -38,6 +38,7 @@ from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.ops.elementwise import onnx_dtype
 from tscomp.graph.ops.registry import (DATA_VIA_REFERENCE, FusionClass, OpCall, OpDef, ShapeContext,
                                        register)
+from tscomp.graph import views
 from tscomp.graph.symbols import as_expr, shape_str
 
 Expr = sympy.Expr
@@ -469,18 +470,6 @@ def slice_shape(ctx: ShapeContext) -> None:
     ctx.set_output(0, ctx.dtype(0), dims)
 
 
-def _slice_index(dim: int, start: int, end: int, step: int) -> slice:
-    """The Python slice for one ONNX (start, end, step) on an axis of size ``dim``."""
-    if step == 0:
-        raise ValueError("slice step is 0")
-    start = start + dim if start < 0 else start
-    end = end + dim if end < 0 else end
-    if step > 0:
-        return slice(min(max(start, 0), dim), min(max(end, 0), dim), step)
-    start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
-    return slice(start, None if end < 0 else end, step)
-
-
 def slice_ref(call: OpCall, x, *rest):
     args = (x, *rest)
     starts = _ref_param(call, args, "starts", 1, since=10)
@@ -491,7 +480,7 @@ def slice_ref(call: OpCall, x, *rest):
     steps = [1] * len(starts) if steps is None else steps
     index = [slice(None)] * x.ndim
     for a, s, e, k in zip(axes, starts, ends, steps):
-        index[a % x.ndim] = _slice_index(x.shape[a], s, e, k)
+        index[a % x.ndim] = views.onnx_slice(x.shape[a], s, e, k)
     return x[tuple(index)]
 
 
@@ -911,6 +900,44 @@ def dropout_ref(call: OpCall, x, ratio=None, training_mode=None):
     return x, np.ones(x.shape, dtype=np.bool_ if call.opset >= 10 else x.dtype)
 
 
+# =========================================================================== views (index maps)
+def reshape_view(ctx: ShapeContext, outs):
+    """Reshape, Flatten, Squeeze, Unsqueeze: the output re-addresses the input row-major."""
+    return [(views.reshape(outs[0]),)]
+
+
+def transpose_view(ctx: ShapeContext, outs):
+    return [(views.permute(_perm(ctx.attr, ctx.rank(0)), ctx.shape(0)),)]
+
+
+def expand_view(ctx: ShapeContext, outs):
+    rank, dims = len(outs[0]), ctx.shape(0)
+    chain = (views.reshape((sympy.Integer(1),) * (rank - len(dims)) + dims),) if rank > len(dims) else ()
+    return [chain + (views.expand(outs[0]),)]
+
+
+def slice_view(ctx: ShapeContext, outs):
+    n, starts, ends, axes, steps = _slice_params(ctx)
+    rank = ctx.rank(0)
+    if axes is None and n is not None:
+        axes = [sympy.Integer(i) for i in range(n)]
+    axes = _axes_list(ctx, axes, rank)
+    if UNKNOWN in (starts, ends, axes, steps) or axes is None:
+        return None
+    steps = steps or [sympy.Integer(1)] * len(axes)
+    return [(views.slice_view(outs[0], list(zip(axes, starts, ends, steps))),)]
+
+
+def split_view(ctx: ShapeContext, outs):
+    axis = _axis_attr(ctx, ctx.rank(0))
+    chains, offset = [], sympy.Integer(0)
+    for shape in outs:
+        end = offset + shape[axis]
+        chains.append((views.slice_view(shape, [(axis, offset, end, sympy.Integer(1))]),))
+        offset = end
+    return chains
+
+
 # =========================================================================== the table
 I, SH, OP = FusionClass.INJECTIVE, FusionClass.SHAPE, FusionClass.OPAQUE
 MANY = 2**31
@@ -918,19 +945,27 @@ MANY = 2**31
 OPS = [
     OpDef("Shape", SH, shape_shape, shape_ref, data_rule=shape_data, arity=(1, 1)),
     OpDef("Size", SH, size_shape, size_ref, data_rule=size_data, arity=(1, 1)),
-    OpDef("Reshape", I, reshape_shape, reshape_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 2)),
-    OpDef("Transpose", I, transpose_shape, transpose_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 1)),
-    OpDef("Unsqueeze", I, unsqueeze_shape, unsqueeze_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 2)),
-    OpDef("Squeeze", I, squeeze_shape, squeeze_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 2)),
-    OpDef("Flatten", I, flatten_shape, flatten_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 1)),
+    OpDef("Reshape", I, reshape_shape, reshape_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 2),
+          view_rule=reshape_view),
+    OpDef("Transpose", I, transpose_shape, transpose_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 1),
+          view_rule=transpose_view),
+    OpDef("Unsqueeze", I, unsqueeze_shape, unsqueeze_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 2),
+          view_rule=reshape_view),
+    OpDef("Squeeze", I, squeeze_shape, squeeze_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 2),
+          view_rule=reshape_view),
+    OpDef("Flatten", I, flatten_shape, flatten_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 1),
+          view_rule=reshape_view),
     OpDef("Concat", I, concat_shape, concat_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, MANY)),
-    OpDef("Split", I, split_shape, split_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 2)),
-    OpDef("Slice", I, slice_shape, slice_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 5)),
+    OpDef("Split", I, split_shape, split_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 2),
+          view_rule=split_view),
+    OpDef("Slice", I, slice_shape, slice_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 5),
+          view_rule=slice_view),
     OpDef("Gather", I, gather_shape, gather_ref, data_rule=DATA_VIA_REFERENCE, arity=(2, 2)),
     OpDef("GatherElements", I, gather_elements_shape, gather_elements_ref, data_rule=DATA_VIA_REFERENCE,
           arity=(2, 2)),
     OpDef("GatherND", I, gather_nd_shape, gather_nd_ref, data_rule=DATA_VIA_REFERENCE, arity=(2, 2)),
-    OpDef("Expand", I, expand_shape, expand_ref, data_rule=DATA_VIA_REFERENCE, arity=(2, 2)),
+    OpDef("Expand", I, expand_shape, expand_ref, data_rule=DATA_VIA_REFERENCE, arity=(2, 2),
+          view_rule=expand_view),
     OpDef("Tile", I, tile_shape, tile_ref, data_rule=DATA_VIA_REFERENCE, arity=(2, 3)),
     OpDef("Range", OP, range_shape, range_ref, data_rule=range_data, arity=(3, 3)),
     OpDef("ConstantOfShape", OP, constant_of_shape_shape, constant_of_shape_ref,

@@ -1,0 +1,24 @@
+"""Fusion: Graph -> Plan (TSCompiler §4.2).
+
+``fuse(graph)`` runs horizontal fusion (graph rewriting), the prioritized
+partition passes, and lowers every group to the expression IR.
+"""
+from __future__ import annotations
+
+from tscomp.graph.fusion.horizontal import horizontal_fusion
+from tscomp.graph.fusion.interpret import run_plan
+from tscomp.graph.fusion.lowering import lower_groups
+from tscomp.graph.fusion.partition import PASSES, RULES, partition
+from tscomp.graph.fusion.plan import Group, Plan, plan_traffic, unfused_traffic
+from tscomp.graph.ir import Graph
+
+
+def fuse(graph: Graph, *, horizontal: bool = True) -> Plan:
+    """Partition a propagated, simplified graph into fused groups. With ``horizontal``, the
+    graph is first rewritten in place (sibling GEMMs merged)."""
+    rewrites = horizontal_fusion(graph) if horizontal else []
+    cg, states = partition(graph)
+    return Plan(graph, lower_groups(cg, states), rewrites)
+
+
+__all__ = ["Group", "PASSES", "Plan", "RULES", "fuse", "plan_traffic", "run_plan", "unfused_traffic"]

@@ -1,0 +1,331 @@
+"""Backbone-prioritized fusion (TSCompiler §4.2, Fig. 3): partition the compute
+nodes of a simplified Graph into groups, in prioritized passes that each scan
+the whole graph.
+
+The graph is a NetworkX DiGraph over *compute* nodes; view operators
+(Reshape, Transpose, Squeeze/Unsqueeze, Flatten, Expand, constant Slice/Split)
+are not nodes but the edges' index maps, so they are absorbed by whichever
+group reads through them and are never materialized.
+
+Passes, in priority order: GEMM-level (backbones MatMul/Gemm/Conv grow
+prologues and epilogues), reduce-level (Softmax/LayerNorm/Reduce* with their
+prologue/epilogue, and stitching reductions over the same rows), then
+elementwise/injective groups, then opaque operators alone.
+
+The rules (:data:`RULES`) are data: which group kind absorbs which operator
+class in which direction, and under which condition:
+
+* ``gemm-epilogue`` — elementwise/injective consumers of a GEMM (bias, scale,
+  mask, activation chains such as GELU's Erf or Tanh form, residual add) run on
+  the accumulator before the single store, if they keep the GEMM's element
+  count (no broadcast into a larger space);
+* ``gemm-prologue`` — an elementwise producer used only by the GEMM, of the
+  size of one of its operands, runs while the operand is packed;
+* ``gemm-row-reduction`` — a reduction over the GEMM's static N axis (the
+  LayerNorm after an output projection) finishes in the epilogue, since one tile
+  can span the whole row (N ≤ 4096);
+* ``reduce-prologue`` / ``reduce-epilogue`` — single-use elementwise/injective
+  producers (embedding Gathers and adds before a LayerNorm) and consumers (the
+  IsNaN/Where guard after a Softmax) of the size of the reduction's input or
+  of its rows;
+* ``reduce-stitch`` — further reductions over the same rows join the group
+  (LayerNorm's mean and variance in its decomposed form);
+* ``elementwise-consumer`` / ``elementwise-producer`` — what remains merges
+  into groups of equal element count (mask computation chains).
+
+Every absorption keeps the group DAG acyclic, and a producer is only absorbed
+when no other group needs its value (recomputation would be wasteful).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import networkx as nx
+import sympy
+
+from tscomp.graph.ir import Graph, Node
+from tscomp.graph.ops import registry
+from tscomp.graph.ops.registry import FusionClass, OpCall, ShapeContext
+
+E, I, R, B, O = (FusionClass.ELEMENTWISE, FusionClass.INJECTIVE, FusionClass.REDUCTION,
+                 FusionClass.BACKBONE, FusionClass.OPAQUE)
+
+#: the widest row a GEMM epilogue may normalize (one tile spans it)
+MAX_ROW_REDUCTION_N = 4096
+
+
+# ----------------------------------------------------------------------------- compute graph
+class ComputeGraph:
+    """The simplified Graph with views folded into edges, as a NetworkX DiGraph."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.producer = graph.producers()
+        self.order = graph.toposorted()
+        self.index = {n.name: k for k, n in enumerate(self.order)}
+        self.nodes = {n.name: n for n in self.order}
+        self.views = {n.name: chains for n in self.order if (chains := self._view_chains(n)) is not None}
+        self.dg = nx.DiGraph()
+        for n in self.order:
+            if n.name not in self.views:
+                self.dg.add_node(n.name)
+        for n in self.order:
+            if n.name in self.views:
+                continue
+            for value in n.inputs:
+                src = self.source_node(value) if value else None
+                if src is not None:
+                    self.dg.add_edge(src, n.name)
+        self.readers: dict[str, set[str]] = {}
+        for n in self.order:
+            if n.name not in self.views:
+                for value in n.inputs:
+                    if value:
+                        self.readers.setdefault(self.source_value(value), set()).add(n.name)
+
+    def _view_chains(self, node: Node):
+        opdef = registry.lookup(node.op_type, node.domain, self.graph.opset_of(node), node.name)
+        if opdef.view_rule is None:
+            return None
+        from tscomp.graph.shape_propagation import _context  # the same facts the shape rules saw
+        ctx = _context(self.graph, node)
+        outs = [self.graph.values[o].shape for o in node.outputs]
+        return opdef.view_rule(ctx, outs)
+
+    def fusion_class(self, name: str) -> FusionClass:
+        n = self.nodes[name]
+        return registry.lookup(n.op_type, n.domain, self.graph.opset_of(n), n.name).fusion
+
+    def source_value(self, value: str) -> str:
+        """The materialized tensor a value is a view of (itself if it is not a view)."""
+        while value in self.producer and self.producer[value].name in self.views:
+            value = self.producer[value].inputs[0]
+        return value
+
+    def source_node(self, value: str) -> str | None:
+        src = self.source_value(value)
+        node = self.producer.get(src)
+        return node.name if node is not None else None
+
+    def value_readers(self, node_name: str) -> set[str]:
+        """Compute nodes reading any output of ``node_name`` (through views)."""
+        out = set()
+        for o in self.nodes[node_name].outputs:
+            out |= self.readers.get(o, set())
+        return out
+
+    def is_graph_output(self, node_name: str) -> bool:
+        outs = set(self.graph.outputs)
+        return any(self.source_value(o) == v for o in outs for v in self.nodes[node_name].outputs if v)
+
+
+# ----------------------------------------------------------------------------- group state
+@dataclass
+class GroupState:
+    gid: int
+    kind: str
+    members: list[str]
+    space: sympy.Expr                 # element count of the main iteration space
+    row_space: sympy.Expr | None = None
+    operand_spaces: list[sympy.Expr] = field(default_factory=list)
+    row_n: int | None = None          # static N of a GEMM (for row reductions)
+    rules: list[str] = field(default_factory=list)
+
+
+def numel(shape) -> sympy.Expr:
+    out = sympy.Integer(1)
+    for d in shape:
+        out = out * d
+    return out
+
+
+def same(a, b) -> bool:
+    return a is not None and b is not None and sympy.expand(a - b) == 0
+
+
+class Partitioner:
+    def __init__(self, cg: ComputeGraph):
+        self.cg = cg
+        self.graph = cg.graph
+        self.group_of: dict[str, int] = {}
+        self.groups: dict[int, GroupState] = {}
+
+    # --- facts about nodes -----------------------------------------------------------
+    def out_numel(self, name: str, k: int = 0) -> sympy.Expr:
+        return numel(self.graph.values[self.cg.nodes[name].outputs[k]].shape)
+
+    def in_numel(self, name: str, k: int = 0) -> sympy.Expr:
+        return numel(self.graph.values[self.cg.nodes[name].inputs[k]].shape)
+
+    def rows(self, name: str) -> sympy.Expr:
+        """How many independent rows a reduction normalizes or reduces."""
+        node = self.cg.nodes[name]
+        opdef = registry.lookup(node.op_type, node.domain, self.graph.opset_of(node), node.name)
+        shape = self.graph.values[node.inputs[0]].shape
+        if opdef.row_axes is None:
+            return self.out_numel(name)
+        call = OpCall(node.name, node.op_type, node.attrs, self.graph.opset_of(node), len(node.outputs))
+        axes = set(opdef.row_axes(call, len(shape)))
+        return numel([d for k, d in enumerate(shape) if k not in axes])
+
+    def single_use(self, g: GroupState, name: str) -> bool:
+        members = set(g.members) | {name}
+        return self.cg.value_readers(name) <= members and not self.cg.is_graph_output(name)
+
+    # --- the acyclicity check ----------------------------------------------------------
+    def creates_cycle(self, g: GroupState, cand: str) -> bool:
+        """Would the group DAG get a cycle if ``cand`` joined ``g``? (a path leaving the new
+        group and coming back through other nodes or groups)"""
+        inside = set(g.members) | {cand}
+        frontier = [s for m in inside for s in self.cg.dg.successors(m) if s not in inside]
+        seen: set[str] = set()
+        while frontier:
+            x = frontier.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            gid = self.group_of.get(x)
+            block = self.groups[gid].members if gid is not None else [x]
+            for m in block:
+                seen.add(m)
+                for s in self.cg.dg.successors(m):
+                    if s in inside:
+                        return True
+                    if s not in seen:
+                        frontier.append(s)
+        return False
+
+    # --- growing -----------------------------------------------------------------------
+    def new_group(self, kind: str, seed: str) -> GroupState:
+        gid = len(self.groups)
+        node = self.cg.nodes[seed]
+        g = GroupState(gid, kind, [seed], self.out_numel(seed))
+        if kind == "gemm":
+            g.operand_spaces = [self.in_numel(seed, k) for k, i in enumerate(node.inputs) if i]
+            n_dim = self.graph.values[node.outputs[0]].shape[-1]
+            if node.op_type in ("MatMul", "Gemm") and n_dim.is_Integer:
+                g.row_n = int(n_dim)
+        elif kind == "reduce":
+            g.space, g.row_space = self.in_numel(seed), self.rows(seed)
+        self.groups[gid] = g
+        self.group_of[seed] = gid
+        return g
+
+    def absorb(self, g: GroupState, name: str, rule: str) -> None:
+        g.members.append(name)
+        self.group_of[name] = g.gid
+        if rule not in g.rules:
+            g.rules.append(rule)
+
+    def candidates(self, g: GroupState, direction: str) -> list[str]:
+        nbrs = set()
+        for m in g.members:
+            nbrs |= set(self.cg.dg.successors(m) if direction == "consumer" else self.cg.dg.predecessors(m))
+        return sorted((n for n in nbrs if n not in self.group_of), key=self.cg.index.get)
+
+    def grow(self, g: GroupState) -> None:
+        rules = [r for r in RULES if r.group_kind == g.kind]
+        changed = True
+        while changed:
+            changed = False
+            for rule in rules:
+                for cand in self.candidates(g, rule.direction):
+                    if (self.cg.fusion_class(cand) in rule.absorbs and rule.condition(self, g, cand)
+                            and not self.creates_cycle(g, cand)):
+                        self.absorb(g, cand, rule.name)
+                        if rule.on_absorb is not None:
+                            rule.on_absorb(self, g, cand)
+                        changed = True
+
+    def run(self) -> list[GroupState]:
+        for kind, classes in PASSES:
+            for name in self.cg.dg.nodes:
+                if name not in self.group_of and self.cg.fusion_class(name) in classes:
+                    g = self.new_group(kind, name)
+                    if kind != "opaque":
+                        self.grow(g)
+        return self.ordered_groups()
+
+    def ordered_groups(self) -> list[GroupState]:
+        q = nx.DiGraph()
+        q.add_nodes_from(self.groups)
+        for u, v in self.cg.dg.edges:
+            gu, gv = self.group_of[u], self.group_of[v]
+            if gu != gv:
+                q.add_edge(gu, gv)
+        first = {gid: min(self.cg.index[m] for m in g.members) for gid, g in self.groups.items()}
+        order = nx.lexicographical_topological_sort(q, key=first.get)
+        out = []
+        for gid in order:
+            g = self.groups[gid]
+            g.members.sort(key=self.cg.index.get)
+            out.append(g)
+        return out
+
+
+# ----------------------------------------------------------------------------- the rules
+def _keeps_space(p: Partitioner, g: GroupState, cand: str) -> bool:
+    n = p.out_numel(cand)
+    return same(n, g.space) or same(n, g.row_space)
+
+
+def _operand_producer(p: Partitioner, g: GroupState, cand: str) -> bool:
+    n = p.out_numel(cand)
+    spaces = g.operand_spaces if g.kind == "gemm" else [g.space, g.row_space]
+    return p.single_use(g, cand) and any(same(n, s) for s in spaces)
+
+
+def _row_reduction_of_gemm(p: Partitioner, g: GroupState, cand: str) -> bool:
+    if g.row_n is None or g.row_n > MAX_ROW_REDUCTION_N or not same(p.in_numel(cand), g.space):
+        return False
+    rows = p.rows(cand)
+    return same(rows * g.row_n, g.space) and (g.row_space is None or same(rows, g.row_space))
+
+
+def _set_row_space(p: Partitioner, g: GroupState, cand: str) -> None:
+    g.row_space = p.rows(cand)
+
+
+def _same_rows(p: Partitioner, g: GroupState, cand: str) -> bool:
+    return same(p.in_numel(cand), g.space) and same(p.rows(cand), g.row_space)
+
+
+@dataclass(frozen=True)
+class FusionRule:
+    name: str
+    group_kind: str
+    absorbs: frozenset
+    direction: str                                   # "consumer" | "producer"
+    condition: Callable[[Partitioner, GroupState, str], bool]
+    on_absorb: Callable[[Partitioner, GroupState, str], None] | None = None
+
+
+RULES: tuple[FusionRule, ...] = (
+    FusionRule("gemm-epilogue", "gemm", frozenset({E, I}), "consumer", _keeps_space),
+    FusionRule("gemm-row-reduction", "gemm", frozenset({R}), "consumer", _row_reduction_of_gemm,
+               on_absorb=_set_row_space),
+    FusionRule("gemm-prologue", "gemm", frozenset({E}), "producer", _operand_producer),
+    FusionRule("reduce-epilogue", "reduce", frozenset({E, I}), "consumer", _keeps_space),
+    FusionRule("reduce-stitch", "reduce", frozenset({R}), "consumer", _same_rows),
+    FusionRule("reduce-prologue", "reduce", frozenset({E, I}), "producer", _operand_producer),
+    FusionRule("elementwise-consumer", "elementwise", frozenset({E, I}), "consumer", _keeps_space),
+    FusionRule("elementwise-producer", "elementwise", frozenset({E, I}), "producer",
+               lambda p, g, c: p.single_use(g, c) and _keeps_space(p, g, c)),
+)
+
+#: pass order and the operator classes that seed each pass's groups
+PASSES: tuple[tuple[str, frozenset], ...] = (
+    ("gemm", frozenset({B})),
+    ("reduce", frozenset({R})),
+    ("elementwise", frozenset({E, I})),
+    ("opaque", frozenset({O, FusionClass.SHAPE})),
+)
+
+
+def partition(graph: Graph) -> tuple[ComputeGraph, list[GroupState]]:
+    cg = ComputeGraph(graph)
+    return cg, Partitioner(cg).run()
+
+
+__all__ = ["ComputeGraph", "FusionRule", "GroupState", "PASSES", "RULES", "partition", "ShapeContext"]

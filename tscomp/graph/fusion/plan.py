@@ -1,0 +1,120 @@
+"""The Plan: the graph stage's output — fused groups in execution order, and the
+tensors that cross between them (TSCompiler §4.2, Fig. 3).
+
+A :class:`Group` is a backbone (GEMM/Conv), a reduction, or nothing (a pure
+elementwise/injective group), with everything fused around it held in one
+expression DAG (:mod:`tscomp.graph.fusion.expr`). Only group inputs and outputs
+live in memory; everything inside a group stays in registers/caches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy
+
+from tscomp.graph.fusion.expr import Expr, Input, Op, split_prologue_epilogue, walk
+from tscomp.graph.ir import Graph
+
+
+@dataclass
+class Group:
+    name: str
+    kind: str                      # "gemm" | "reduce" | "elementwise" | "opaque"
+    nodes: list[str]               # ONNX nodes fused into it (compute ops and absorbed views)
+    inputs: list[str]              # materialized tensors it reads
+    outputs: dict[str, Expr]       # materialized tensors it writes, each an expression
+    rules: list[str] = field(default_factory=list)  # fusion rules that grew it
+
+    @property
+    def backbone(self) -> str | None:
+        heavy = [e for e in self.ops() if e.heavy]
+        backbones = [e for e in heavy if e.fusion.value == "backbone"]
+        first = backbones or heavy
+        return first[0].op_type if first else None
+
+    def ops(self) -> list[Op]:
+        return [e for e in walk(self.outputs.values()) if isinstance(e, Op)]
+
+    def prologue_epilogue(self):
+        return split_prologue_epilogue(self.outputs.values())
+
+    def iteration_space(self) -> tuple[sympy.Expr, ...]:
+        """The shape the group's main loop nest covers: its heavy op's input (GEMM: the output
+        M×N with batch dims), else its largest output."""
+        _, heavy, _ = self.prologue_epilogue()
+        if heavy:
+            h = heavy[0]
+            return h.shape if h.fusion.value == "backbone" else h.args[0].shape
+        return max((e.shape for e in self.outputs.values()), key=len)
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    groups: list[Group]
+    rewrites: list[str] = field(default_factory=list)  # graph rewrites done before partitioning
+
+    def crossing_values(self) -> list[str]:
+        """Tensors that live in memory between groups (group outputs)."""
+        return [name for g in self.groups for name in g.outputs]
+
+    def describe(self) -> list[str]:
+        lines = []
+        for g in self.groups:
+            pro, heavy, epi = g.prologue_epilogue()
+            lines.append(f"{g.name} [{g.kind}] backbone={g.backbone or '-'} "
+                         f"space=[{', '.join(str(d) for d in g.iteration_space())}]")
+            lines.append(f"    prologue: {', '.join(o.op_type for o in pro) or '-'}")
+            lines.append(f"    heavy:    {', '.join(o.op_type for o in heavy) or '-'}")
+            lines.append(f"    epilogue: {', '.join(o.op_type for o in epi) or '-'}")
+            lines.append(f"    reads {', '.join(g.inputs) or '-'}; writes {', '.join(g.outputs)}")
+        return lines
+
+    def to_json(self) -> list[dict]:
+        return [{"name": g.name, "kind": g.kind, "backbone": g.backbone, "ops": list(g.nodes),
+                 "inputs": list(g.inputs), "outputs": list(g.outputs), "rules": list(g.rules),
+                 "iteration_space": [str(d) for d in g.iteration_space()]} for g in self.groups]
+
+
+def numel(shape) -> sympy.Expr:
+    out = sympy.Integer(1)
+    for d in shape:
+        out = out * d
+    return out
+
+
+def tensor_bytes(graph: Graph, name: str) -> sympy.Expr:
+    v = graph.values[name]
+    return numel(v.shape) * np.dtype(v.dtype).itemsize
+
+
+def plan_traffic(plan: Plan) -> sympy.Expr:
+    """Bytes read and written by all groups: each group reads its inputs and writes its
+    outputs once (weights included — the same on both sides of the comparison)."""
+    total = sympy.Integer(0)
+    for g in plan.groups:
+        for name in g.inputs:
+            total += tensor_bytes(plan.graph, name)
+        for name in g.outputs:
+            total += tensor_bytes(plan.graph, name)
+    return total
+
+
+def unfused_traffic(graph: Graph) -> sympy.Expr:
+    """The same count if every ONNX compute node ran as its own kernel (views included: an
+    unfused Transpose reads and writes its tensor)."""
+    total = sympy.Integer(0)
+    for n in graph.nodes:
+        for name in set(i for i in n.inputs if i):
+            v = graph.values[name]
+            if v.const is not None and v.const.size <= 1 or v.symdata is not None:
+                continue  # scalars / shape values are kernel arguments, not memory traffic
+            total += tensor_bytes(graph, name)
+        for name in n.outputs:
+            if name:
+                total += tensor_bytes(graph, name)
+    return total
+
+
+__all__ = ["Group", "Plan", "Input", "numel", "plan_traffic", "unfused_traffic"]
