@@ -23,6 +23,7 @@ import onnx
 import sympy
 
 from tscomp.graph import DimSpec, import_model, propagate_shapes, read_model, simplify
+from tscomp.graph.fusion import Plan, fuse, run_plan
 from tscomp.graph.ir import Graph
 from tscomp.graph.reference import ReferenceExecutor
 
@@ -64,6 +65,7 @@ class LoadedModel:
     graph: Graph           # simplified
     imported_nodes: list   # the nodes before simplification (every value ORT will report)
     path: Path
+    plan: Plan             # the fused plan of ``graph``
 
 
 def load_for_checks(path: str | Path, ranges: Mapping[str, tuple[int, int]]) -> LoadedModel:
@@ -71,7 +73,7 @@ def load_for_checks(path: str | Path, ranges: Mapping[str, tuple[int, int]]) -> 
     nodes = list(graph.nodes)
     propagate_shapes(graph)
     simplify(graph)
-    return LoadedModel(graph, nodes, Path(path))
+    return LoadedModel(graph, nodes, Path(path), fuse(graph))
 
 
 def ort_session_with_intermediates(path: str | Path, graph: Graph, names: Sequence[str]):
@@ -95,8 +97,10 @@ class Comparison:
     binding: dict
     shapes_checked: int
     shape_mismatches: list[str]
-    max_abs_err: float
+    max_abs_err: float        # reference executor vs onnxruntime
     outputs_close: bool
+    plan_max_abs_err: float   # fused Plan (interpreted) vs onnxruntime
+    plan_close: bool
 
 
 def compare_with_onnxruntime(loaded: LoadedModel, session, inputs: Mapping[str, np.ndarray],
@@ -117,10 +121,16 @@ def compare_with_onnxruntime(loaded: LoadedModel, session, inputs: Mapping[str, 
         if got != want:
             mismatches.append(f"{name}: propagated {[str(d) for d in v.shape]} = {list(got)}, "
                               f"onnxruntime {list(want)}")
-    ours = ReferenceExecutor(graph).run(inputs)
+    err, close = _agreement(ReferenceExecutor(graph).run(inputs), ort_values, graph.outputs, rtol, atol)
+    plan_err, plan_close = _agreement(run_plan(loaded.plan, inputs), ort_values, graph.outputs, rtol, atol)
+    return Comparison(dict(binding), checked, mismatches, err, close, plan_err, plan_close)
+
+
+def _agreement(ours, theirs, names, rtol, atol) -> tuple[float, bool]:
+    """(max abs error, all close) of our outputs against onnxruntime's."""
     close, err = True, 0.0
-    for out in graph.outputs:
-        a, b = ours[out], ort_values[out]
+    for out in names:
+        a, b = ours[out], theirs[out]
         if a.shape != b.shape:
             close, err = False, float("inf")
             continue
@@ -129,7 +139,7 @@ def compare_with_onnxruntime(loaded: LoadedModel, session, inputs: Mapping[str, 
             close &= bool(np.allclose(a, b, rtol=rtol, atol=atol))
         else:
             close &= bool(np.array_equal(a, b))
-    return Comparison(dict(binding), checked, mismatches, err, close)
+    return err, close
 
 
 def _dim_resolved(dim, input_params: set[str]) -> bool:
@@ -181,3 +191,29 @@ def tscomp_coverage(loaded: LoadedModel) -> tuple[int, int]:
     outputs = [o for n in loaded.imported_nodes for o in n.outputs if o]
     unresolved = set(unresolved_values(loaded.graph))
     return sum(1 for o in outputs if o not in unresolved), len(outputs)
+
+
+def ort_optimized_node_count(path: str | Path) -> int:
+    """Nodes in onnxruntime's own optimized graph (ORT_ENABLE_ALL, CPU)."""
+    import os
+    import tempfile
+    import onnxruntime as ort
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "optimized.onnx")
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3  # the "hardware specific optimizations" notice is expected
+        opts.optimized_model_filepath = out
+        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
+        opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        return len(onnx.load(out, load_external_data=False).graph.node)
+
+
+def groups_per_layer(plan: Plan, layer: int) -> int | None:
+    """Groups containing a node of encoder layer ``layer`` (TorchScript node names carry it:
+    ``layer.3/``, ``layers.3/``, ``h.3/``); None when the names do not say."""
+    import re
+    pat = re.compile(rf"/(layer|layers|h)\.{layer}/")
+    hits = [g for g in plan.groups if any(pat.search(n) for n in g.nodes)]
+    return len(hits) or None

@@ -27,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     _add_dim_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--groups", action="store_true",
+                   help="also run fusion and show the fused groups (kernels) and graph rewrites")
+    p.add_argument("--picture", metavar="PATH",
+                   help="with --groups: draw the fused groups and the tensors between them "
+                        "to PATH (.png or .svg)")
     p.set_defaults(func=cmd_inspect)
 
     for name, what in (("compile", "compile a model into an artifact"),
@@ -45,20 +50,60 @@ def _not_implemented(name: str):
     return run
 
 
+def _check_picture(args) -> None:
+    from pathlib import Path
+
+    from tscomp.graph.fusion.picture import FORMATS
+
+    if args.picture is None:
+        return
+    if not args.groups:
+        raise TscompError("--picture draws the fused groups: add --groups")
+    path = Path(args.picture)
+    if path.suffix.lower() not in FORMATS:
+        raise TscompError(f"--picture {args.picture}: the file name must end in "
+                          f"{' or '.join(FORMATS)}")
+    if not path.parent.is_dir():
+        raise TscompError(f"--picture {args.picture}: no such directory {str(path.parent)!r}")
+
+
 def cmd_inspect(args) -> int:
     from tscomp.graph import DimSpec, import_model, propagate_shapes, read_model, simplify
-    from tscomp.inspect_report import inspect_json, inspect_text
+    from tscomp.inspect_report import groups_json, groups_text, inspect_json, inspect_text
 
+    _check_picture(args)  # before the work, so a typo fails fast
     dims = [DimSpec.parse(d) for d in args.dim]
     graph = import_model(read_model(args.model), dims, source=args.model)
     imported = list(graph.nodes)
     propagate_shapes(graph)
     simplify(graph)
+    # the report describes the simplified graph; fusion below rewrites it in place
+    report = inspect_json(graph, imported) if args.json else inspect_text(graph, imported)
+    if args.groups:
+        from tscomp.graph.fusion import fuse
+
+        simplified = list(graph.nodes)
+        plan = fuse(graph)
+        if args.json:
+            report.update(groups_json(plan, simplified))
+        else:
+            report += "\n" + groups_text(plan, simplified)
+        if args.picture is not None:
+            from tscomp.graph.fusion.picture import draw_plan
+
+            try:
+                draw_plan(plan, args.picture)
+            except OSError as e:
+                raise TscompError(f"--picture {args.picture}: cannot write it: {e.strerror or e}") from e
+            if args.json:
+                report["picture"] = args.picture
     if args.json:
-        json.dump(inspect_json(graph, imported), sys.stdout, indent=1)
+        json.dump(report, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(inspect_text(graph, imported))
+        print(report)
+    if args.picture is not None:  # on stderr under --json, so stdout stays one JSON object
+        print(f"picture: {args.picture}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

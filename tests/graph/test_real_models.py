@@ -1,7 +1,7 @@
 """Acceptance on real exported models (tiny; base with TSCOMP_BASE_MODELS=1):
 no unresolved shapes, at least onnxruntime's symbolic-inference coverage,
-propagated shapes equal onnxruntime's actual shapes at 20 bindings, and the
-reference executor matches onnxruntime. A sweep over opsets 14-20 covers the
+propagated shapes equal onnxruntime's actual shapes at 20 bindings, and both the
+reference executor and the fused Plan (interpreted group by group) match onnxruntime. A sweep over opsets 14-20 covers the
 older operator forms (e.g. LayerNormalization decomposed before opset 17)."""
 import zlib
 
@@ -49,6 +49,8 @@ def mismatches_against_onnxruntime(loaded, family, size, n_bindings) -> list[str
                             f"{result.shape_mismatches[0]}")
         if not result.outputs_close:
             failures.append(f"{binding}: outputs differ (max abs err {result.max_abs_err:.3g})")
+        if not result.plan_close:
+            failures.append(f"{binding}: fused plan outputs differ (max abs err {result.plan_max_abs_err:.3g})")
     return failures
 
 
@@ -78,3 +80,24 @@ def test_other_opsets_resolve_and_match_onnxruntime(loaded_models, family, expor
     assert resolved == total, f"{total - resolved} unresolved values"
     failures = mismatches_against_onnxruntime(loaded, family, "tiny", 5)
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("family,size,exporter", CASES)
+def test_fusion_needs_fewer_kernels_and_less_traffic_than_unfused(loaded_models, family, size, exporter):
+    from models.families import make_config
+    from tscomp.graph.fusion import plan_traffic, unfused_traffic
+
+    loaded = loaded_models(family, size, exporter)
+    plan = loaded.plan
+    ort_nodes = model_checks.ort_optimized_node_count(loaded.path)
+    layers = make_config(family, size).num_hidden_layers
+    per_layer = model_checks.groups_per_layer(plan, layers // 2)
+    print(f"{family}-{size}-{exporter}: {len(plan.groups)} groups, onnxruntime optimized graph "
+          f"{ort_nodes} nodes, {per_layer} groups touch layer {layers // 2}")
+    assert len(plan.groups) < ort_nodes
+    if per_layer is not None and family != "gpt2":  # GPT-2 is pre-LN: its layers share boundary groups
+        assert per_layer <= 8
+    binding = {s: min(hi, 64) for s, (lo, hi) in symbol_ranges(family, size).items()}
+    fused = plan.graph.symbols.evaluate(plan_traffic(plan, weights=False), binding)
+    unfused = loaded.graph.symbols.evaluate(unfused_traffic(loaded.graph, weights=False), binding)
+    assert fused < unfused

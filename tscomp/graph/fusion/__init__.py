@@ -5,6 +5,8 @@ partition passes, and lowers every group to the expression IR.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from tscomp.graph.fusion.horizontal import horizontal_fusion
 from tscomp.graph.fusion.interpret import run_plan
 from tscomp.graph.fusion.lowering import lower_groups
@@ -14,8 +16,10 @@ from tscomp.graph.ir import Graph
 
 
 def fuse(graph: Graph, *, horizontal: bool = True) -> Plan:
-    """Partition a propagated, simplified graph into fused groups. With ``horizontal``, the
-    graph is first rewritten in place (sibling GEMMs merged)."""
+    """Partition a propagated, simplified graph into fused groups. With ``horizontal``, sibling
+    GEMMs are first merged by rewriting a copy of the graph (``Plan.graph``); ``graph`` itself
+    is left as it was."""
+    graph = dataclasses.replace(graph, nodes=list(graph.nodes), values=dict(graph.values))
     rewrites = horizontal_fusion(graph) if horizontal else []
     cg, states = partition(graph)
     return Plan(graph, lower_groups(cg, states), rewrites)

@@ -89,30 +89,31 @@ def tensor_bytes(graph: Graph, name: str) -> sympy.Expr:
     return numel(v.shape) * np.dtype(v.dtype).itemsize
 
 
-def plan_traffic(plan: Plan) -> sympy.Expr:
+def _counts(graph: Graph, name: str, weights: bool) -> bool:
+    v = graph.values[name]
+    if v.symdata is not None or (v.const is not None and v.const.size <= 1):
+        return False  # scalars and shape values are kernel arguments, not memory traffic
+    return weights or v.const is None
+
+
+def plan_traffic(plan: Plan, *, weights: bool = True) -> sympy.Expr:
     """Bytes read and written by all groups: each group reads its inputs and writes its
-    outputs once (weights included — the same on both sides of the comparison)."""
+    outputs once (with ``weights``, constant tensors count as reads too)."""
     total = sympy.Integer(0)
     for g in plan.groups:
-        for name in g.inputs:
-            total += tensor_bytes(plan.graph, name)
-        for name in g.outputs:
-            total += tensor_bytes(plan.graph, name)
+        for name in list(g.inputs) + list(g.outputs):
+            if _counts(plan.graph, name, weights):
+                total += tensor_bytes(plan.graph, name)
     return total
 
 
-def unfused_traffic(graph: Graph) -> sympy.Expr:
+def unfused_traffic(graph: Graph, *, weights: bool = True) -> sympy.Expr:
     """The same count if every ONNX compute node ran as its own kernel (views included: an
     unfused Transpose reads and writes its tensor)."""
     total = sympy.Integer(0)
     for n in graph.nodes:
-        for name in set(i for i in n.inputs if i):
-            v = graph.values[name]
-            if v.const is not None and v.const.size <= 1 or v.symdata is not None:
-                continue  # scalars / shape values are kernel arguments, not memory traffic
-            total += tensor_bytes(graph, name)
-        for name in n.outputs:
-            if name:
+        for name in set(i for i in n.inputs if i) | {o for o in n.outputs if o}:
+            if _counts(graph, name, weights):
                 total += tensor_bytes(graph, name)
     return total
 

@@ -1,0 +1,470 @@
+"""A picture of a fusion :class:`~tscomp.graph.fusion.plan.Plan`: what ``tscomp inspect
+--groups --picture PATH`` draws.
+
+Fused groups are boxes (name, kind, backbone and the fused op types), coloured by kind;
+the tensors that cross between groups are arrows labelled with their symbolic shapes;
+graph inputs and outputs are small rounded nodes of their own. Weights and other
+constants are not drawn (they are read, never produced).
+
+The layout is a small layered (Sugiyama-style) drawing, top to bottom: layers are
+NetworkX topological generations (graph inputs moved down to sit just above their
+first reader), an edge that spans several layers is routed through a lane of
+placeholder points so it never crosses a box, the order within a layer comes from
+barycenter sweeps, and x positions from a few rounds of pulling each node toward its
+neighbours and packing the layer. The figure is measured in inches from the layout,
+so its height grows with the number of layers and text keeps one size.
+
+Rendering uses matplotlib's Agg backend (no display needed); the file format follows
+the path's extension (``.png`` or ``.svg``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+
+from tscomp.graph.fusion.plan import Group, Plan
+from tscomp.graph.symbols import shape_str
+
+#: file formats ``draw_plan`` writes, by extension
+FORMATS = {".png": "png", ".svg": "svg"}
+
+#: box colours (fill, edge) by group kind
+KIND_COLORS = {
+    "gemm": ("#cfe2ff", "#2f5da8"),
+    "reduce": ("#ffe0b8", "#b86200"),
+    "elementwise": ("#d6f0d6", "#2e7d32"),
+    "opaque": ("#e4e4e4", "#555555"),
+}
+INPUT_COLORS = ("#fff6c2", "#9a8200")
+OUTPUT_COLORS = ("#f8d4e4", "#a3195b")
+
+#: shorter names for long ONNX op types inside the boxes
+OP_ABBREV = {
+    "LayerNormalization": "LayerNorm",
+    "SkipLayerNormalization": "SkipLN",
+    "GroupNormalization": "GroupNorm",
+    "BatchNormalization": "BatchNorm",
+    "InstanceNormalization": "InstNorm",
+    "SimplifiedLayerNormalization": "RMSNorm",
+    "GreaterOrEqual": "GE",
+    "LessOrEqual": "LE",
+    "ReduceMean": "RMean",
+    "ReduceSum": "RSum",
+    "ReduceMax": "RMax",
+    "ConstantOfShape": "ConstOfShape",
+}
+
+FONT = 8.0                  # points, box text and edge labels
+SMALL = 7.0                 # points, input/output nodes
+CHAR_W = 0.60 * FONT / 72   # inches per character (DejaVu Sans, a generous average)
+LINE_H = 1.35 * FONT / 72   # inches per text line
+LAYER_GAP = 0.62            # inches between the bottom of one layer and the top of the next
+NODE_GAP = 0.30             # inches between neighbouring boxes of a layer
+LANE_W = 0.16               # inches a routed edge takes in a layer it passes through
+MAX_OPS_CHARS = 34          # characters per op-type line in a box
+MAX_PIXELS = 32000          # cap on the PNG's longest side (Agg's limit is 2**16)
+
+
+# ----------------------------------------------------------------------------- labels
+def _abbrev(op_type: str) -> str:
+    return OP_ABBREV.get(op_type, op_type)
+
+
+def _counted(ops) -> list[str]:
+    """``[Add, Add, Mul]`` -> ``["Add×2", "Mul"]``, keeping first-seen order."""
+    counts = Counter(_abbrev(o.op_type) for o in ops)
+    return [name if k == 1 else f"{name}×{k}" for name, k in counts.items()]
+
+
+def _wrap(parts: list[str], width: int, max_lines: int = 2) -> list[str]:
+    """Join ``parts`` into lines of at most ``width`` characters; what does not fit in
+    ``max_lines`` lines is summarized as ``+N more``."""
+    lines: list[str] = []
+    current = ""
+    for k, part in enumerate(parts):
+        candidate = part if not current else f"{current} {part}"
+        if len(candidate) <= width or not current:
+            current = candidate
+            continue
+        lines.append(current)
+        current = part
+        if len(lines) == max_lines:
+            lines[-1] = f"{lines[-1]} +{len(parts) - k} more"
+            return lines
+    if current:
+        lines.append(current)
+    return lines
+
+
+def group_label(group: Group) -> list[str]:
+    """The text of a group's box: name, kind and backbone, then the fused op types in
+    order prologue → heavy → epilogue (repeats counted, long names abbreviated)."""
+    pro, heavy, epi = group.prologue_epilogue()
+    head = group.kind if not group.backbone else f"{group.kind} · {_abbrev(group.backbone)}"
+    stages = [" ".join(_counted(s)) for s in (pro, heavy, epi) if s]
+    parts: list[str] = []
+    for k, stage in enumerate(stages):
+        words = stage.split(" ")
+        if k:
+            words[0] = "→ " + words[0]
+        parts.extend(words)
+    ops = _wrap(parts, MAX_OPS_CHARS) if parts else ["(copy)"]
+    n_views = len(set(group.nodes) - {o.node for o in group.ops()})
+    if n_views:
+        ops[-1] += f"  +{n_views} view{'s' if n_views > 1 else ''}"
+    return [group.name, head, *ops]
+
+
+def _dims(v) -> str:
+    if v.shape is None:
+        return "?"
+    text = shape_str(v.shape)
+    dtype = None if v.dtype is None else np.dtype(v.dtype).name
+    return text if dtype in (None, "float32") else f"{dtype}{text}"
+
+
+# ----------------------------------------------------------------------------- layout
+@dataclass
+class _Node:
+    key: str
+    kind: str                       # "group" | "input" | "output" | "dummy"
+    lines: list[str] = field(default_factory=list)
+    color: tuple[str, str] = ("white", "black")
+    layer: int = 0
+    w: float = LANE_W
+    h: float = 0.0
+    x: float = 0.0
+    label: str | None = None        # shapes of the tensors a group writes, drawn below it
+
+
+@dataclass
+class _Edge:
+    src: str
+    dst: str
+    tensors: list[str]
+    route: list[str] = field(default_factory=list)  # dummy nodes between src and dst
+
+
+def _build(plan: Plan) -> tuple[dict[str, _Node], list[_Edge]]:
+    graph = plan.graph
+    nodes: dict[str, _Node] = {}
+    producer: dict[str, str] = {}
+    for name in graph.inputs:
+        nodes[f"in:{name}"] = _Node(f"in:{name}", "input", [name], INPUT_COLORS)
+        producer[name] = f"in:{name}"
+    for g in plan.groups:
+        key = f"g:{g.name}"
+        nodes[key] = _Node(key, "group", group_label(g), KIND_COLORS.get(g.kind, KIND_COLORS["opaque"]))
+        for out in g.outputs:
+            producer[out] = key
+    for name in graph.outputs:
+        nodes[f"out:{name}"] = _Node(f"out:{name}", "output", [name], OUTPUT_COLORS)
+
+    edges: dict[tuple[str, str], _Edge] = {}
+
+    def connect(value: str, dst: str) -> None:
+        src = producer.get(value)
+        if src is None or src == dst:
+            return  # a weight or constant
+        e = edges.setdefault((src, dst), _Edge(src, dst, []))
+        if value not in e.tensors:
+            e.tensors.append(value)
+
+    for g in plan.groups:
+        for value in g.inputs:
+            connect(value, f"g:{g.name}")
+    for name in graph.outputs:
+        connect(name, f"out:{name}")
+    # a graph input shows its shape in its own node; a group's written tensors are labelled
+    # once, just below the group (named too when it writes more than one)
+    for name in graph.inputs:
+        nodes[f"in:{name}"].lines.append(_dims(graph.values[name]))
+    for g in plan.groups:
+        key = f"g:{g.name}"
+        written = [t for e in edges.values() if e.src == key for t in e.tensors]
+        written = list(dict.fromkeys(written))
+        if len(written) == 1:
+            nodes[key].label = _dims(graph.values[written[0]])
+        elif written:
+            nodes[key].label = "\n".join(f"{t}: {_dims(graph.values[t])}" for t in written)
+    for node in nodes.values():
+        size = SMALL if node.kind in ("input", "output") else FONT
+        chars = max(len(line) for line in node.lines)
+        node.w = chars * CHAR_W * size / FONT + (0.16 if node.kind == "group" else 0.12)
+        if node.kind != "group":
+            node.w = max(node.w, 0.6)
+        node.h = len(node.lines) * LINE_H * size / FONT + (0.14 if node.kind == "group" else 0.08)
+    return nodes, list(edges.values())
+
+
+def _assign_layers(nodes: dict[str, _Node], edges: list[_Edge]) -> nx.DiGraph:
+    dg = nx.DiGraph()
+    dg.add_nodes_from(nodes)
+    dg.add_edges_from((e.src, e.dst) for e in edges)
+    for k, generation in enumerate(nx.topological_generations(dg)):
+        for key in generation:
+            nodes[key].layer = k
+    # sources (graph inputs, weight-only groups) sit just above their first reader
+    for key in nodes:
+        succ = list(dg.successors(key))
+        if dg.in_degree(key) == 0 and succ:
+            nodes[key].layer = max(0, min(nodes[s].layer for s in succ) - 1)
+    # graph outputs sit just below their producer
+    for key, node in nodes.items():
+        pred = list(dg.predecessors(key))
+        if node.kind == "output" and pred:
+            node.layer = max(nodes[p].layer for p in pred) + 1
+    return dg
+
+
+def _route(nodes: dict[str, _Node], edges: list[_Edge]) -> None:
+    """Placeholder points in every layer an edge passes through. The edges of one source
+    share them: a tensor read by many later groups (BERT's attention mask) runs down one
+    lane and branches off above each reader."""
+    for e in edges:
+        lo, hi = nodes[e.src].layer, nodes[e.dst].layer
+        for layer in range(lo + 1, hi):
+            key = f"lane:{e.src}:{layer}"
+            nodes.setdefault(key, _Node(key, "dummy", layer=layer))
+            e.route.append(key)
+
+
+def _chains(edges: list[_Edge]) -> list[tuple[str, str]]:
+    pairs: dict[tuple[str, str], None] = {}
+    for e in edges:
+        path = [e.src, *e.route, e.dst]
+        pairs.update(dict.fromkeys(zip(path, path[1:])))
+    return list(pairs)
+
+
+def _crossings(layers: list[list[str]], down: dict[str, list[str]]) -> int:
+    total = 0
+    for upper, lower in zip(layers, layers[1:]):
+        pos = {key: i for i, key in enumerate(lower)}
+        ends = [pos[d] for u in upper for d in sorted(down.get(u, []), key=pos.get) if d in pos]
+        total += sum(1 for i in range(len(ends)) for j in range(i + 1, len(ends)) if ends[j] < ends[i])
+    return total
+
+
+def _order(nodes: dict[str, _Node], pairs: list[tuple[str, str]]) -> list[list[str]]:
+    """Node order within each layer: barycenter sweeps down and up, keeping the best."""
+    n_layers = max(n.layer for n in nodes.values()) + 1
+    layers: list[list[str]] = [[] for _ in range(n_layers)]
+    for key, node in nodes.items():  # insertion order: inputs, groups in plan order, outputs
+        layers[node.layer].append(key)
+    up: dict[str, list[str]] = {}
+    down: dict[str, list[str]] = {}
+    for a, b in pairs:
+        down.setdefault(a, []).append(b)
+        up.setdefault(b, []).append(a)
+
+    def sweep(order, neighbours, rng):
+        for li in rng:
+            ref = {key: i for i, key in enumerate(order[li - 1 if rng.step > 0 else li + 1])}
+            current = {key: i for i, key in enumerate(order[li])}
+
+            def bary(key):
+                ns = [ref[n] for n in neighbours.get(key, []) if n in ref]
+                return sum(ns) / len(ns) if ns else current[key]
+            order[li] = sorted(order[li], key=lambda key: (bary(key), current[key]))
+
+    # crossing counts are quadratic in a layer's edges: only count on modest graphs
+    count = len(pairs) < 3000
+    best = [list(layer) for layer in layers]
+    best_cross = _crossings(best, down) if count else 0
+    for _ in range(6):
+        sweep(layers, up, range(1, n_layers, 1))
+        sweep(layers, down, range(n_layers - 2, -1, -1))
+        if not count:
+            best = [list(layer) for layer in layers]
+            continue
+        cross = _crossings(layers, down)
+        if cross < best_cross:
+            best, best_cross = [list(layer) for layer in layers], cross
+    return best
+
+
+def _pack(keys: list[str], nodes: dict[str, _Node], want: dict[str, float]) -> None:
+    """Place a layer's nodes in order, as near their wanted x as the gaps allow."""
+    if not keys:
+        return
+    gap = [0.0] + [(nodes[a].w + nodes[b].w) / 2 + (NODE_GAP if "dummy" not in (nodes[a].kind, nodes[b].kind)
+                                                   else NODE_GAP / 3)
+                   for a, b in zip(keys, keys[1:])]
+    offsets = np.cumsum(gap)
+    # the best shift of a rigid row is the mean of (want - offset); then let each node
+    # slide toward its wish within the slack of a left and a right packing
+    x = offsets + float(np.mean([want[k] - o for k, o in zip(keys, offsets)]))
+    for _ in range(2):
+        for i, key in enumerate(keys):
+            lo = x[i - 1] + gap[i] if i else -np.inf
+            hi = x[i + 1] - gap[i + 1] if i + 1 < len(keys) else np.inf
+            x[i] = min(max(want[key], lo), hi)
+    for key, xi in zip(keys, x):
+        nodes[key].x = float(xi)
+
+
+def _place(nodes: dict[str, _Node], layers: list[list[str]], pairs: list[tuple[str, str]]) -> None:
+    up: dict[str, list[str]] = {}
+    down: dict[str, list[str]] = {}
+    for a, b in pairs:
+        down.setdefault(a, []).append(b)
+        up.setdefault(b, []).append(a)
+    for layer in layers:
+        _pack(layer, nodes, {k: 0.0 for k in layer})
+    for it in range(8):
+        rng = range(1, len(layers)) if it % 2 == 0 else range(len(layers) - 2, -1, -1)
+        for li in rng:
+            layer = layers[li]
+            nbrs = up if it % 2 == 0 else down
+            want = {}
+            for key in layer:
+                ns = nbrs.get(key, []) + (down if it % 2 == 0 else up).get(key, [])
+                want[key] = float(np.mean([nodes[n].x for n in ns])) if ns else nodes[key].x
+            _pack(layer, nodes, want)
+
+
+# ----------------------------------------------------------------------------- drawing
+def _curve(p0, p1):
+    """A cubic Bézier from p0 down to p1 with vertical tangents at both ends."""
+    (x0, y0), (x1, y1) = p0, p1
+    d = (y0 - y1) / 2
+    return [(x0, y0 - d), (x1, y1 + d), (x1, y1)]
+
+
+def draw_plan(plan: Plan, path, *, title: str | None = None) -> Path:
+    """Draw ``plan`` to ``path`` (``.png`` or ``.svg``) and return the path."""
+    path = Path(path)
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise ValueError(f"cannot draw a picture as {path.name!r}: use a .png or .svg file name")
+
+    # the Agg canvas directly: no pyplot, no display, no global backend switch
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+    from matplotlib.path import Path as MPath
+
+    nodes, edges = _build(plan)
+    if not nodes:
+        raise ValueError("the plan has no groups to draw")
+    _assign_layers(nodes, edges)
+    _route(nodes, edges)
+    pairs = _chains(edges)
+    layers = _order(nodes, pairs)
+    _place(nodes, layers, pairs)
+
+    # y: layer 0 at the top; each layer as tall as its tallest box
+    heights = [max((nodes[k].h for k in layer if nodes[k].kind != "dummy"), default=0.2) for layer in layers]
+    centers, y = [], 0.0
+    for h in heights:
+        centers.append(y - h / 2)
+        y -= h + LAYER_GAP
+    top_of = {li: c + h / 2 for li, (c, h) in enumerate(zip(centers, heights))}
+    bottom_of = {li: c - h / 2 for li, (c, h) in enumerate(zip(centers, heights))}
+
+    # header: title, summary, legend (one row each)
+    known = list(KIND_COLORS)
+    kinds = sorted({g.kind for g in plan.groups}, key=lambda k: (known.index(k) if k in known else len(known), k))
+    legend = [(k, KIND_COLORS.get(k, KIND_COLORS["opaque"])) for k in kinds]
+    legend += [("graph input", INPUT_COLORS), ("graph output", OUTPUT_COLORS)]
+    title = title or f"{plan.graph.source or 'model'}"
+    n_rewrites = len(plan.rewrites)
+    summary = (f"{len(plan.groups)} fused groups, {len(plan.crossing_values())} tensors written to memory"
+               + (f", {n_rewrites} horizontal rewrite{'s' if n_rewrites > 1 else ''}" if n_rewrites else "")
+               + "; arrows are tensors, labelled with their shapes")
+    legend_w = [0.3 + len(text) * CHAR_W + 0.25 for text, _ in legend]
+    header_w = max(len(title) * CHAR_W * (FONT + 2) / FONT, len(summary) * CHAR_W, sum(legend_w))
+
+    def half_width(n: _Node) -> float:
+        label = max((len(line) for line in (n.label or "").split("\n")), default=0) * CHAR_W
+        return max(n.w, label + 0.1) / 2
+
+    xs = [n.x - half_width(n) for n in nodes.values()] + [n.x + half_width(n) for n in nodes.values()]
+    margin, header = 0.3, 1.0
+    x_min, x_max = min(xs) - margin, max(xs) + margin
+    if x_max - x_min < header_w + 2 * margin:
+        pad = (header_w + 2 * margin - (x_max - x_min)) / 2
+        x_min, x_max = x_min - pad, x_max + pad
+    y_max, y_min = header, y + LAYER_GAP - margin
+    width, height = x_max - x_min, y_max - y_min
+    dpi = min(110.0, MAX_PIXELS / max(width, height))
+
+    fig = Figure(figsize=(width, height), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(x_min, x_max)
+    ax.set_ylim(y_min, y_max)
+    ax.axis("off")
+
+    # edges first, under the boxes; incoming ends spread across the target's top side
+    incoming: dict[str, list[_Edge]] = {}
+    for e in edges:
+        incoming.setdefault(e.dst, []).append(e)
+    end_x: dict[int, float] = {}
+    for dst, es in incoming.items():
+        node = nodes[dst]
+        es.sort(key=lambda e: nodes[e.route[-1] if e.route else e.src].x)
+        step = min(0.14, node.w * 0.7 / max(len(es), 1))
+        for i, e in enumerate(es):
+            end_x[id(e)] = node.x + (i - (len(es) - 1) / 2) * step
+    for e in edges:
+        src, dst = nodes[e.src], nodes[e.dst]
+        start = (src.x, centers[src.layer] - src.h / 2)
+        verts, codes = [start], [MPath.MOVETO]
+        for key in e.route:
+            d = nodes[key]
+            verts += _curve(verts[-1], (d.x, top_of[d.layer]))
+            verts.append((d.x, bottom_of[d.layer]))
+            codes += [MPath.CURVE4] * 3 + [MPath.LINETO]
+        end = (end_x[id(e)], centers[dst.layer] + dst.h / 2)
+        verts += _curve(verts[-1], end)
+        codes += [MPath.CURVE4] * 3
+        ax.add_patch(FancyArrowPatch(path=MPath(verts, codes), arrowstyle="-|>", mutation_scale=8,
+                                     linewidth=0.9, color="#555555", shrinkA=0, shrinkB=0, zorder=1))
+
+    for node in nodes.values():
+        if node.kind == "dummy":
+            continue
+        if node.label:  # where the tensors leave the group, before any fan-out
+            ax.text(node.x, centers[node.layer] - node.h / 2 - 0.04, node.label, fontsize=FONT - 0.5,
+                    ha="center", va="top", color="#222222", zorder=3, linespacing=1.15,
+                    bbox=dict(boxstyle="round,pad=0.1", facecolor="white", edgecolor="none", alpha=0.9))
+        cy = centers[node.layer]
+        fill, edge = node.color
+        small = node.kind in ("input", "output")
+        pad = 0.04 if small else 0.05
+        ax.add_patch(FancyBboxPatch((node.x - node.w / 2 + pad, cy - node.h / 2 + pad),
+                                    node.w - 2 * pad, node.h - 2 * pad,
+                                    boxstyle=f"round,pad={pad},rounding_size={min(0.12, node.h / 2) if small else 0.06}",
+                                    facecolor=fill, edgecolor=edge, linewidth=1.0 if small else 1.2, zorder=2))
+        if small:
+            n = len(node.lines)
+            for i, line in enumerate(node.lines):
+                ax.text(node.x, cy + ((n - 1) / 2 - i) * LINE_H * SMALL / FONT, line, fontsize=SMALL,
+                        ha="center", va="center", zorder=4, style="italic" if i == 0 else "normal")
+            continue
+        n = len(node.lines)
+        for i, line in enumerate(node.lines):
+            ly = cy + ((n - 1) / 2 - i) * LINE_H
+            ax.text(node.x, ly, line, fontsize=FONT, ha="center", va="center", zorder=4,
+                    fontweight="bold" if i == 0 else "normal", color="#111111" if i < 2 else "#333333")
+
+    ax.text(x_min + margin, y_max - 0.2, title, fontsize=FONT + 2, fontweight="bold", ha="left", va="center")
+    ax.text(x_min + margin, y_max - 0.45, summary, fontsize=FONT, ha="left", va="center", color="#333333")
+    lx = x_min + margin
+    for (text, (fill, edge)), w in zip(legend, legend_w):
+        ax.add_patch(FancyBboxPatch((lx, y_max - 0.76), 0.2, 0.12, boxstyle="round,pad=0,rounding_size=0.03",
+                                    facecolor=fill, edgecolor=edge, linewidth=1.0))
+        ax.text(lx + 0.28, y_max - 0.70, text, fontsize=FONT, ha="left", va="center", color="#333333")
+        lx += w
+
+    fig.savefig(path, format=fmt, dpi=dpi)
+    return path
+
+
+__all__ = ["FORMATS", "draw_plan", "group_label"]
