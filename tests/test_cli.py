@@ -3,9 +3,10 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from tscomp.cli import main
 
@@ -21,6 +22,29 @@ def small_model(op="Relu"):
 def model_file(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(small_model(), path)
+    return path
+
+
+def mlp_model():
+    """MatMul + bias Add + Relu, then a second MatMul: two GEMM groups, the first with an epilogue.
+    Weights are large enough to stay tensors in memory (small constants are inlined)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("w1", (32, 96)), ("b1", (96,)), ("w2", (96, 80)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("Add", ["h", "b1"], ["hb"], name="bias"),
+             helper.make_node("Relu", ["hb"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
+    return helper.make_model(helper.make_graph(nodes, "mlp", [x], [y], inits),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture
+def mlp_file(tmp_path):
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model(), path)
     return path
 
 
@@ -72,3 +96,122 @@ def test_debug_flag_shows_the_traceback(tmp_path):
     onnx.save(small_model("WeirdOp"), path)
     result = run_cli("--debug", "inspect", path)
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+# ----------------------------------------------------------------------------- --groups
+GROUP_KEYS = {"name", "backbone", "ops", "inputs", "outputs"}
+
+
+def test_inspect_groups_json_lists_the_fused_groups(mlp_file, capsys):
+    assert main(["inspect", str(mlp_file), "--groups", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["values"]["y"]["shape"] == ["batch", "sequence", 80]  # the usual report is still there
+    groups = report["groups"]
+    assert len(groups) == 2 and all(GROUP_KEYS <= set(g) for g in groups)
+    first, second = groups
+    assert first["kind"] == second["kind"] == "gemm"
+    assert first["backbone"] == second["backbone"] == "MatMul"
+    assert first["ops"] == ["mm1", "bias", "relu"] and second["ops"] == ["mm2"]
+    assert set(first["inputs"]) == {"x", "w1", "b1"} and first["outputs"] == ["r"]
+    assert set(second["inputs"]) == {"r", "w2"} and second["outputs"] == ["y"]
+    assert first["iteration_space"] == ["batch", "sequence", "96"]
+    assert first["stages"] == {"prologue": [], "heavy": ["MatMul"], "epilogue": ["Add", "Relu"]}
+    assert first["shapes"]["r"] == {"dtype": "float32", "shape": ["batch", "sequence", 96]}
+    assert report["rewrites"] == []
+    assert report["fusion"] == {"groups": 2, "compute_nodes": 4, "views_absorbed": 0}
+
+
+def test_inspect_without_groups_has_no_fusion_keys(mlp_file, capsys):
+    assert main(["inspect", str(mlp_file), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert not {"groups", "rewrites", "fusion"} & set(report)
+
+
+def test_inspect_groups_text_lists_groups_rewrites_and_summary(mlp_file, capsys):
+    assert main(["inspect", str(mlp_file), "--groups"]) == 0
+    out = capsys.readouterr().out
+    assert "y: float32[batch, sequence, 80]" in out  # the usual report comes first
+    section = out[out.index("fusion groups"):]
+    assert "g0_gemm [gemm] backbone=MatMul space=[batch, sequence, 96]" in section
+    assert "ops:      mm1, bias, relu" in section and "epilogue: Add, Relu" in section
+    assert "reads     x: float32[batch, sequence, 32]" in section
+    assert "writes    r: float32[batch, sequence, 96]" in section
+    assert "rewrites:\n  none" in section
+    assert section.rstrip().endswith("fusion: 2 groups from 4 ONNX compute nodes (0 view nodes absorbed as index maps)")
+    assert "picture" not in out
+
+
+def test_inspect_groups_text_shows_horizontal_rewrites(tmp_path, capsys):
+    """Two MatMuls on one activation (Q/K-style) are merged by the horizontal rewrite."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 32])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("q", "k")]
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal((32, 48)).astype(np.float32), n) for n in ("wq", "wk")]
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"], name="q_proj"),
+             helper.make_node("MatMul", ["x", "wk"], ["k"], name="k_proj")]
+    path = tmp_path / "qk.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "qk", [x], outs, inits),
+                                opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main(["inspect", str(path), "--groups"]) == 0
+    out = capsys.readouterr().out
+    assert "horizontal: q_proj, k_proj -> q_proj/hfused" in out
+    assert "from 2 ONNX compute nodes" in out
+
+
+def test_inspect_picture_png(mlp_file, tmp_path, capsys):
+    picture = tmp_path / "plan.png"
+    assert main(["inspect", str(mlp_file), "--groups", "--picture", str(picture)]) == 0
+    assert f"picture: {picture}" in capsys.readouterr().out
+    data = picture.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_inspect_picture_svg_keeps_json_on_stdout(mlp_file, tmp_path, capsys):
+    picture = tmp_path / "plan.svg"
+    assert main(["inspect", str(mlp_file), "--groups", "--json", "--picture", str(picture)]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # stdout is still exactly one JSON object
+    assert report["picture"] == str(picture)
+    assert f"picture: {picture}" in captured.err
+    text = picture.read_text()
+    assert "<svg" in text[:500] and "g0_gemm" in text and "[batch, sequence, 96]" in text
+
+
+def test_inspect_without_picture_writes_none(mlp_file, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", str(mlp_file), "--groups"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx"]
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--picture", "plan.png"], "--picture draws the fused groups: add --groups"),
+    (["--groups", "--picture", "plan.jpg"], "the file name must end in .png or .svg"),
+    (["--groups", "--picture", "missing_dir/plan.png"], "no such directory"),
+])
+def test_bad_picture_argument_is_a_one_line_error(mlp_file, tmp_path, args, expected):
+    result = subprocess.run([sys.executable, "-m", "tscomp.cli", "inspect", str(mlp_file), *args],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tscomp: error:") and expected in lines[0], result.stderr
+    assert not any(p.suffix in (".png", ".jpg") for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.models
+def test_inspect_groups_on_tiny_bert(exported_model, tmp_path):
+    """End to end on a real export: every group has the documented keys, and the picture is drawn."""
+    model = exported_model("bert", "tiny", "dynamo")
+    picture = tmp_path / "bert.png"
+    result = run_cli("inspect", model, "--dim", "batch=1:8", "--dim", "sequence=1:512", "--groups", "--json",
+                     "--picture", picture)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    groups = report["groups"]
+    assert groups and all(GROUP_KEYS <= set(g) for g in groups)
+    assert any(g["backbone"] == "MatMul" for g in groups)
+    assert report["rewrites"]  # BERT's Q/K/V projections are merged
+    written = {o for g in groups for o in g["outputs"]}
+    assert set(report["outputs"]) <= written
+    assert report["nodes"]["after_simplification"] == (report["fusion"]["compute_nodes"]
+                                                       + report["fusion"]["views_absorbed"])
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -53,10 +53,10 @@ def _not_implemented(name: str):
 def _check_picture(args) -> None:
     from pathlib import Path
 
-    from tscomp.graph.fusion.picture import FORMATS
-
     if args.picture is None:
         return
+    from tscomp.graph.fusion.picture import FORMATS
+
     if not args.groups:
         raise TscompError("--picture draws the fused groups: add --groups")
     path = Path(args.picture)
@@ -77,7 +77,7 @@ def cmd_inspect(args) -> int:
     imported = list(graph.nodes)
     propagate_shapes(graph)
     simplify(graph)
-    # the report describes the simplified graph; fusion below rewrites it in place
+    # the report describes the simplified graph; fusion rewrites a copy of it (plan.graph)
     report = inspect_json(graph, imported) if args.json else inspect_text(graph, imported)
     if args.groups:
         from tscomp.graph.fusion import fuse

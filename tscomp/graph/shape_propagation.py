@@ -75,7 +75,7 @@ def _eligible(graph: Graph, node: Node) -> bool:
 
 def compute_node(graph: Graph, node: Node) -> None:
     opdef = registry.lookup(node.op_type, node.domain, graph.opset_of(node), node.name)
-    ctx = _context(graph, node)
+    ctx = node_context(graph, node)
     _check_arity(opdef, ctx)
     _guarded(ctx, opdef.shape_rule, "shape rule")
     for i, out in enumerate(node.outputs):
@@ -98,7 +98,8 @@ def compute_node(graph: Graph, node: Node) -> None:
                 v.symdata = symdata[i]
 
 
-def _context(graph: Graph, node: Node) -> ShapeContext:
+def node_context(graph: Graph, node: Node) -> ShapeContext:
+    """The facts a rule sees about ``node``: its inputs as propagation knows them."""
     facts = []
     for name in node.inputs:
         if not name:

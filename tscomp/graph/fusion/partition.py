@@ -46,7 +46,8 @@ import sympy
 
 from tscomp.graph.ir import Graph, Node
 from tscomp.graph.ops import registry
-from tscomp.graph.ops.registry import FusionClass, OpCall, ShapeContext
+from tscomp.graph.ops.registry import FusionClass, ShapeContext
+from tscomp.graph.shape_propagation import node_context
 
 E, I, R, B, O = (FusionClass.ELEMENTWISE, FusionClass.INJECTIVE, FusionClass.REDUCTION,
                  FusionClass.BACKBONE, FusionClass.OPAQUE)
@@ -88,8 +89,7 @@ class ComputeGraph:
         opdef = registry.lookup(node.op_type, node.domain, self.graph.opset_of(node), node.name)
         if opdef.view_rule is None:
             return None
-        from tscomp.graph.shape_propagation import _context  # the same facts the shape rules saw
-        ctx = _context(self.graph, node)
+        ctx = node_context(self.graph, node)  # the same facts the shape rules saw
         outs = [self.graph.values[o].shape for o in node.outputs]
         return opdef.view_rule(ctx, outs)
 
@@ -130,6 +130,11 @@ class GroupState:
     row_space: sympy.Expr | None = None
     operand_spaces: list[sympy.Expr] = field(default_factory=list)
     row_n: int | None = None          # static N of a GEMM (for row reductions)
+    #: the rows its reductions run over: the reduced input's shape and its reduced axes
+    row_shape: tuple | None = None
+    row_axes: tuple[int, ...] | None = None
+    #: the heavy op and the prologue nodes feeding it (what a new prologue node must feed)
+    feeders: set[str] = field(default_factory=set)
     rules: list[str] = field(default_factory=list)
 
 
@@ -158,16 +163,20 @@ class Partitioner:
     def in_numel(self, name: str, k: int = 0) -> sympy.Expr:
         return numel(self.graph.values[self.cg.nodes[name].inputs[k]].shape)
 
-    def rows(self, name: str) -> sympy.Expr:
-        """How many independent rows a reduction normalizes or reduces."""
+    def reduction_rows(self, name: str) -> tuple[tuple, tuple[int, ...]] | None:
+        """(input shape, reduced axes) of a reduction, or None when run time decides the axes."""
         node = self.cg.nodes[name]
         opdef = registry.lookup(node.op_type, node.domain, self.graph.opset_of(node), node.name)
-        shape = self.graph.values[node.inputs[0]].shape
-        if opdef.row_axes is None:
-            return self.out_numel(name)
-        call = OpCall(node.name, node.op_type, node.attrs, self.graph.opset_of(node), len(node.outputs))
-        axes = set(opdef.row_axes(call, len(shape)))
-        return numel([d for k, d in enumerate(shape) if k not in axes])
+        if opdef.reduced_axes is None:
+            return None
+        axes = opdef.reduced_axes(node_context(self.graph, node))
+        if axes is None:
+            return None
+        return tuple(self.graph.values[node.inputs[0]].shape), tuple(sorted(axes))
+
+    def set_rows(self, g: GroupState, name: str) -> None:
+        g.row_shape, g.row_axes = self.reduction_rows(name)
+        g.row_space = numel([d for k, d in enumerate(g.row_shape) if k not in g.row_axes])
 
     def single_use(self, g: GroupState, name: str) -> bool:
         members = set(g.members) | {name}
@@ -207,7 +216,10 @@ class Partitioner:
             if node.op_type in ("MatMul", "Gemm") and n_dim.is_Integer:
                 g.row_n = int(n_dim)
         elif kind == "reduce":
-            g.space, g.row_space = self.in_numel(seed), self.rows(seed)
+            g.space = self.in_numel(seed)
+            if self.reduction_rows(seed) is not None:
+                self.set_rows(g, seed)
+        g.feeders = {seed}
         self.groups[gid] = g
         self.group_of[seed] = gid
         return g
@@ -271,24 +283,41 @@ def _keeps_space(p: Partitioner, g: GroupState, cand: str) -> bool:
 
 
 def _operand_producer(p: Partitioner, g: GroupState, cand: str) -> bool:
+    """A single-use producer of the heavy op's operands (directly or through the prologue)."""
     n = p.out_numel(cand)
     spaces = g.operand_spaces if g.kind == "gemm" else [g.space, g.row_space]
-    return p.single_use(g, cand) and any(same(n, s) for s in spaces)
+    return (p.single_use(g, cand) and bool(p.cg.value_readers(cand) & g.feeders)
+            and any(same(n, s) for s in spaces))
+
+
+def _add_feeder(p: Partitioner, g: GroupState, cand: str) -> None:
+    g.feeders.add(cand)
+
+
+def _same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
 
 
 def _row_reduction_of_gemm(p: Partitioner, g: GroupState, cand: str) -> bool:
-    if g.row_n is None or g.row_n > MAX_ROW_REDUCTION_N or not same(p.in_numel(cand), g.space):
+    """A reduction over exactly the last axis of a tensor of the GEMM's output space whose
+    last axis is the GEMM's static N."""
+    rows = p.reduction_rows(cand)
+    if g.row_n is None or g.row_n > MAX_ROW_REDUCTION_N or rows is None:
         return False
-    rows = p.rows(cand)
-    return same(rows * g.row_n, g.space) and (g.row_space is None or same(rows, g.row_space))
+    shape, axes = rows
+    if axes != (len(shape) - 1,) or not same(shape[-1], g.row_n) or not same(numel(shape), g.space):
+        return False
+    return g.row_shape is None or (_same_shape(shape, g.row_shape) and axes == g.row_axes)
 
 
-def _set_row_space(p: Partitioner, g: GroupState, cand: str) -> None:
-    g.row_space = p.rows(cand)
+def _set_rows(p: Partitioner, g: GroupState, cand: str) -> None:
+    p.set_rows(g, cand)
 
 
 def _same_rows(p: Partitioner, g: GroupState, cand: str) -> bool:
-    return same(p.in_numel(cand), g.space) and same(p.rows(cand), g.row_space)
+    rows = p.reduction_rows(cand)
+    return (rows is not None and g.row_shape is not None and rows[1] == g.row_axes
+            and _same_shape(rows[0], g.row_shape))
 
 
 @dataclass(frozen=True)
@@ -304,11 +333,12 @@ class FusionRule:
 RULES: tuple[FusionRule, ...] = (
     FusionRule("gemm-epilogue", "gemm", frozenset({E, I}), "consumer", _keeps_space),
     FusionRule("gemm-row-reduction", "gemm", frozenset({R}), "consumer", _row_reduction_of_gemm,
-               on_absorb=_set_row_space),
-    FusionRule("gemm-prologue", "gemm", frozenset({E}), "producer", _operand_producer),
+               on_absorb=_set_rows),
+    FusionRule("gemm-prologue", "gemm", frozenset({E}), "producer", _operand_producer, on_absorb=_add_feeder),
     FusionRule("reduce-epilogue", "reduce", frozenset({E, I}), "consumer", _keeps_space),
     FusionRule("reduce-stitch", "reduce", frozenset({R}), "consumer", _same_rows),
-    FusionRule("reduce-prologue", "reduce", frozenset({E, I}), "producer", _operand_producer),
+    FusionRule("reduce-prologue", "reduce", frozenset({E, I}), "producer", _operand_producer,
+               on_absorb=_add_feeder),
     FusionRule("elementwise-consumer", "elementwise", frozenset({E, I}), "consumer", _keeps_space),
     FusionRule("elementwise-producer", "elementwise", frozenset({E, I}), "producer",
                lambda p, g, c: p.single_use(g, c) and _keeps_space(p, g, c)),

@@ -66,6 +66,7 @@ LAYER_GAP = 0.62            # inches between the bottom of one layer and the top
 NODE_GAP = 0.30             # inches between neighbouring boxes of a layer
 LANE_W = 0.16               # inches a routed edge takes in a layer it passes through
 MAX_OPS_CHARS = 34          # characters per op-type line in a box
+MAX_LABEL_CHARS = 48        # characters per line of a shape label (long symbolic shapes wrap)
 MAX_PIXELS = 32000          # cap on the PNG's longest side (Agg's limit is 2**16)
 
 
@@ -119,12 +120,27 @@ def group_label(group: Group) -> list[str]:
     return [group.name, head, *ops]
 
 
-def _dims(v) -> str:
-    if v.shape is None:
-        return "?"
-    text = shape_str(v.shape)
+def _dims(v, prefix: str = "") -> str:
+    """``[batch, sequence, 384]`` (dtype in front unless float32), wrapped after a comma when
+    longer than :data:`MAX_LABEL_CHARS`."""
     dtype = None if v.dtype is None else np.dtype(v.dtype).name
-    return text if dtype in (None, "float32") else f"{dtype}{text}"
+    head = prefix + ("" if dtype in (None, "float32") else dtype)
+    if v.shape is None:
+        return head + "?"
+    dims = [str(d) for d in v.shape]
+    lines, current = [], head + "["
+    for k, d in enumerate(dims):
+        piece = d + ("]" if k == len(dims) - 1 else ",")
+        short_tail = k == len(dims) - 1 and len(piece) <= 6  # no lone "1]" line
+        if len(current) + 1 + len(piece) > MAX_LABEL_CHARS and not short_tail and not current.endswith("["):
+            lines.append(current)
+            current = piece
+        else:
+            current += ("" if current.endswith("[") else " ") + piece
+    if not dims:
+        current += "]"
+    lines.append(current)
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- layout
@@ -139,6 +155,12 @@ class _Node:
     h: float = 0.0
     x: float = 0.0
     label: str | None = None        # shapes of the tensors a group writes, drawn below it
+
+    @property
+    def span(self) -> float:
+        """The width the node takes in its layer: its box, or its label if wider."""
+        label = max((len(line) for line in (self.label or "").split("\n")), default=0)
+        return max(self.w, label * CHAR_W * (FONT - 0.5) / FONT + 0.1)
 
 
 @dataclass
@@ -190,18 +212,18 @@ def _build(plan: Plan) -> tuple[dict[str, _Node], list[_Edge]]:
         if len(written) == 1:
             nodes[key].label = _dims(graph.values[written[0]])
         elif written:
-            nodes[key].label = "\n".join(f"{t}: {_dims(graph.values[t])}" for t in written)
+            nodes[key].label = "\n".join(_dims(graph.values[t], prefix=f"{t}: ") for t in written)
     for node in nodes.values():
         size = SMALL if node.kind in ("input", "output") else FONT
         chars = max(len(line) for line in node.lines)
         node.w = chars * CHAR_W * size / FONT + (0.16 if node.kind == "group" else 0.12)
-        if node.kind != "group":
+        if node.kind != "group":  # inputs and outputs (placeholders are added later)
             node.w = max(node.w, 0.6)
         node.h = len(node.lines) * LINE_H * size / FONT + (0.14 if node.kind == "group" else 0.08)
     return nodes, list(edges.values())
 
 
-def _assign_layers(nodes: dict[str, _Node], edges: list[_Edge]) -> nx.DiGraph:
+def _assign_layers(nodes: dict[str, _Node], edges: list[_Edge]) -> None:
     dg = nx.DiGraph()
     dg.add_nodes_from(nodes)
     dg.add_edges_from((e.src, e.dst) for e in edges)
@@ -218,7 +240,6 @@ def _assign_layers(nodes: dict[str, _Node], edges: list[_Edge]) -> nx.DiGraph:
         pred = list(dg.predecessors(key))
         if node.kind == "output" and pred:
             node.layer = max(nodes[p].layer for p in pred) + 1
-    return dg
 
 
 def _route(nodes: dict[str, _Node], edges: list[_Edge]) -> None:
@@ -292,9 +313,11 @@ def _pack(keys: list[str], nodes: dict[str, _Node], want: dict[str, float]) -> N
     """Place a layer's nodes in order, as near their wanted x as the gaps allow."""
     if not keys:
         return
-    gap = [0.0] + [(nodes[a].w + nodes[b].w) / 2 + (NODE_GAP if "dummy" not in (nodes[a].kind, nodes[b].kind)
-                                                   else NODE_GAP / 3)
-                   for a, b in zip(keys, keys[1:])]
+    def spacing(a: _Node, b: _Node) -> float:
+        boxes = a.kind != "dummy" and b.kind != "dummy"
+        return (a.span + b.span) / 2 + (NODE_GAP if boxes else NODE_GAP / 3)
+
+    gap = [0.0] + [spacing(nodes[a], nodes[b]) for a, b in zip(keys, keys[1:])]
     offsets = np.cumsum(gap)
     # the best shift of a rigid row is the mean of (want - offset); then let each node
     # slide toward its wish within the slack of a left and a right packing
@@ -309,23 +332,19 @@ def _pack(keys: list[str], nodes: dict[str, _Node], want: dict[str, float]) -> N
 
 
 def _place(nodes: dict[str, _Node], layers: list[list[str]], pairs: list[tuple[str, str]]) -> None:
-    up: dict[str, list[str]] = {}
-    down: dict[str, list[str]] = {}
+    """x of every node: sweeps down and up the layers, each node wanting the mean x of its
+    neighbours above and below (so lanes straighten and chains line up)."""
+    neighbours: dict[str, list[str]] = {}
     for a, b in pairs:
-        down.setdefault(a, []).append(b)
-        up.setdefault(b, []).append(a)
+        neighbours.setdefault(a, []).append(b)
+        neighbours.setdefault(b, []).append(a)
     for layer in layers:
         _pack(layer, nodes, {k: 0.0 for k in layer})
     for it in range(8):
-        rng = range(1, len(layers)) if it % 2 == 0 else range(len(layers) - 2, -1, -1)
-        for li in rng:
-            layer = layers[li]
-            nbrs = up if it % 2 == 0 else down
-            want = {}
-            for key in layer:
-                ns = nbrs.get(key, []) + (down if it % 2 == 0 else up).get(key, [])
-                want[key] = float(np.mean([nodes[n].x for n in ns])) if ns else nodes[key].x
-            _pack(layer, nodes, want)
+        for li in range(1, len(layers)) if it % 2 == 0 else range(len(layers) - 2, -1, -1):
+            want = {key: float(np.mean([nodes[n].x for n in neighbours[key]])) if key in neighbours
+                    else nodes[key].x for key in layers[li]}
+            _pack(layers[li], nodes, want)
 
 
 # ----------------------------------------------------------------------------- drawing
@@ -334,6 +353,20 @@ def _curve(p0, p1):
     (x0, y0), (x1, y1) = p0, p1
     d = (y0 - y1) / 2
     return [(x0, y0 - d), (x1, y1 + d), (x1, y1)]
+
+
+def layout(plan: Plan) -> tuple[dict[str, _Node], list[_Edge], list[list[str]]]:
+    """Nodes (keys ``in:NAME``, ``g:GROUP``, ``out:NAME`` and lane placeholders) with their
+    layer and x (inches), the edges with their routes, and each layer's nodes left to right."""
+    nodes, edges = _build(plan)
+    if not nodes:
+        raise ValueError("the plan has no groups to draw")
+    _assign_layers(nodes, edges)
+    _route(nodes, edges)
+    pairs = _chains(edges)
+    layers = _order(nodes, pairs)
+    _place(nodes, layers, pairs)
+    return nodes, edges, layers
 
 
 def draw_plan(plan: Plan, path, *, title: str | None = None) -> Path:
@@ -349,21 +382,16 @@ def draw_plan(plan: Plan, path, *, title: str | None = None) -> Path:
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
     from matplotlib.path import Path as MPath
 
-    nodes, edges = _build(plan)
-    if not nodes:
-        raise ValueError("the plan has no groups to draw")
-    _assign_layers(nodes, edges)
-    _route(nodes, edges)
-    pairs = _chains(edges)
-    layers = _order(nodes, pairs)
-    _place(nodes, layers, pairs)
+    nodes, edges, layers = layout(plan)
 
-    # y: layer 0 at the top; each layer as tall as its tallest box
+    # y: layer 0 at the top; each layer as tall as its tallest box, and the gap below it
+    # taller when a group's label there has several lines (a group writing several tensors)
     heights = [max((nodes[k].h for k in layer if nodes[k].kind != "dummy"), default=0.2) for layer in layers]
+    label_lines = [max(((nodes[k].label or "").count("\n") for k in layer), default=0) for layer in layers]
     centers, y = [], 0.0
-    for h in heights:
+    for h, extra in zip(heights, label_lines):
         centers.append(y - h / 2)
-        y -= h + LAYER_GAP
+        y -= h + LAYER_GAP + extra * LINE_H
     top_of = {li: c + h / 2 for li, (c, h) in enumerate(zip(centers, heights))}
     bottom_of = {li: c - h / 2 for li, (c, h) in enumerate(zip(centers, heights))}
 
@@ -377,20 +405,16 @@ def draw_plan(plan: Plan, path, *, title: str | None = None) -> Path:
     summary = (f"{len(plan.groups)} fused groups, {len(plan.crossing_values())} tensors written to memory"
                + (f", {n_rewrites} horizontal rewrite{'s' if n_rewrites > 1 else ''}" if n_rewrites else "")
                + "; arrows are tensors, labelled with their shapes")
-    legend_w = [0.3 + len(text) * CHAR_W + 0.25 for text, _ in legend]
+    legend_w = [0.3 + len(text) * CHAR_W * 0.85 + 0.2 for text, _ in legend]
     header_w = max(len(title) * CHAR_W * (FONT + 2) / FONT, len(summary) * CHAR_W, sum(legend_w))
 
-    def half_width(n: _Node) -> float:
-        label = max((len(line) for line in (n.label or "").split("\n")), default=0) * CHAR_W
-        return max(n.w, label + 0.1) / 2
-
-    xs = [n.x - half_width(n) for n in nodes.values()] + [n.x + half_width(n) for n in nodes.values()]
+    xs = [n.x - n.span / 2 for n in nodes.values()] + [n.x + n.span / 2 for n in nodes.values()]
     margin, header = 0.3, 1.0
     x_min, x_max = min(xs) - margin, max(xs) + margin
     if x_max - x_min < header_w + 2 * margin:
         pad = (header_w + 2 * margin - (x_max - x_min)) / 2
         x_min, x_max = x_min - pad, x_max + pad
-    y_max, y_min = header, y + LAYER_GAP - margin
+    y_max, y_min = header, bottom_of[len(layers) - 1] - margin
     width, height = x_max - x_min, y_max - y_min
     dpi = min(110.0, MAX_PIXELS / max(width, height))
 
@@ -438,9 +462,10 @@ def draw_plan(plan: Plan, path, *, title: str | None = None) -> Path:
         fill, edge = node.color
         small = node.kind in ("input", "output")
         pad = 0.04 if small else 0.05
+        rounding = min(0.12, node.h / 2) if small else 0.06
         ax.add_patch(FancyBboxPatch((node.x - node.w / 2 + pad, cy - node.h / 2 + pad),
                                     node.w - 2 * pad, node.h - 2 * pad,
-                                    boxstyle=f"round,pad={pad},rounding_size={min(0.12, node.h / 2) if small else 0.06}",
+                                    boxstyle=f"round,pad={pad},rounding_size={rounding}",
                                     facecolor=fill, edgecolor=edge, linewidth=1.0 if small else 1.2, zorder=2))
         if small:
             n = len(node.lines)
@@ -463,8 +488,11 @@ def draw_plan(plan: Plan, path, *, title: str | None = None) -> Path:
         ax.text(lx + 0.28, y_max - 0.70, text, fontsize=FONT, ha="left", va="center", color="#333333")
         lx += w
 
-    fig.savefig(path, format=fmt, dpi=dpi)
+    import matplotlib
+
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text (searchable)
+        fig.savefig(path, format=fmt, dpi=dpi)
     return path
 
 
-__all__ = ["FORMATS", "draw_plan", "group_label"]
+__all__ = ["FORMATS", "draw_plan", "group_label", "layout"]

@@ -479,8 +479,17 @@ def layer_norm_shape(ctx: ShapeContext) -> None:
         ctx.set_output(i, stash, stats)
 
 
-def _layer_norm_axes(call: OpCall, rank: int) -> tuple[int, ...]:
-    return tuple(range(int(call.attr("axis", -1)) % rank, rank))
+def _layer_norm_rows(ctx: ShapeContext) -> list[int]:
+    rank = ctx.rank(0)
+    return list(range(ctx.normalize_axis(int(ctx.attr("axis", -1)), rank), rank))
+
+
+def _softmax_rows(ctx: ShapeContext) -> list[int]:
+    return list(_softmax_axes(ctx.call, ctx.rank(0)))
+
+
+def _spatial_rows(ctx: ShapeContext) -> list[int]:
+    return list(range(2, ctx.rank(0)))
 
 
 def layer_norm_ref(call: OpCall, x, scale, bias=None):
@@ -984,24 +993,28 @@ register(OpDef("Conv", BACKBONE, conv_shape, conv_ref, arity=(2, 3)))
 register(OpDef("ConvTranspose", BACKBONE, conv_transpose_shape, conv_transpose_ref, arity=(2, 3)))
 register(OpDef("Einsum", BACKBONE, einsum_shape, einsum_ref, arity=(1, MANY)))
 
-register(OpDef("Softmax", REDUCTION, softmax_shape, softmax_ref, arity=(1, 1), row_axes=_softmax_axes))
-register(OpDef("LogSoftmax", REDUCTION, softmax_shape, log_softmax_ref, arity=(1, 1), row_axes=_softmax_axes))
+register(OpDef("Softmax", REDUCTION, softmax_shape, softmax_ref, arity=(1, 1), reduced_axes=_softmax_rows))
+register(OpDef("LogSoftmax", REDUCTION, softmax_shape, log_softmax_ref, arity=(1, 1),
+               reduced_axes=_softmax_rows))
 register(OpDef("LayerNormalization", REDUCTION, layer_norm_shape, layer_norm_ref, arity=(2, 3),
-               row_axes=_layer_norm_axes))
-register(OpDef("InstanceNormalization", REDUCTION, instance_norm_shape, instance_norm_ref, arity=(3, 3)))
+               reduced_axes=_layer_norm_rows))
+register(OpDef("InstanceNormalization", REDUCTION, instance_norm_shape, instance_norm_ref, arity=(3, 3),
+               reduced_axes=_spatial_rows))
 register(OpDef("BatchNormalization", FusionClass.ELEMENTWISE, batch_norm_shape, batch_norm_ref, arity=(5, 5)))
 
 for _op, _spec in REDUCTIONS.items():
     register(OpDef(_op, REDUCTION, reduce_shape, _reduce_ref(_spec),
-                   data_rule=_reduce_data(_spec) if _spec.symbolic else None, arity=(1, 2)))
+                   data_rule=_reduce_data(_spec) if _spec.symbolic else None, arity=(1, 2),
+                   reduced_axes=lambda ctx: _reduce_axes(ctx, ctx.rank(0))))
 
 ARG_REDUCTIONS = {"ArgMax": np.argmax, "ArgMin": np.argmin}
 for _op, _fn in ARG_REDUCTIONS.items():
-    register(OpDef(_op, REDUCTION, arg_shape, _arg_ref(_fn), arity=(1, 1)))
+    register(OpDef(_op, REDUCTION, arg_shape, _arg_ref(_fn), arity=(1, 1),
+                   reduced_axes=lambda ctx: [ctx.normalize_axis(int(ctx.attr("axis", 0)), ctx.rank(0))]))
 
 GLOBAL_POOLS = {"GlobalAveragePool": np.mean, "GlobalMaxPool": np.max}
 for _op, _fn in GLOBAL_POOLS.items():
-    register(OpDef(_op, REDUCTION, global_pool_shape, _global(_fn), arity=(1, 1)))
+    register(OpDef(_op, REDUCTION, global_pool_shape, _global(_fn), arity=(1, 1), reduced_axes=_spatial_rows))
 
 register(OpDef("MaxPool", OPAQUE, pool_shape, maxpool_ref, arity=(1, 1)))
 register(OpDef("AveragePool", OPAQUE, pool_shape, avgpool_ref, arity=(1, 1)))

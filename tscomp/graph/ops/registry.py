@@ -76,10 +76,10 @@ class OpDef:
     #: output, the chain of :class:`tscomp.graph.views.ViewOp` that reads it from input 0
     #: (or None when the view's parameters are not known at compile time)
     view_rule: Callable[["ShapeContext", Sequence[Shape]], list[tuple] | None] | None = None
-    #: reductions whose output keeps the input's shape (Softmax, LayerNormalization):
-    #: ``row_axes(call, rank)`` gives the axes one normalized row spans (others: the output
-    #: has one element per row)
-    row_axes: Callable[[OpCall, int], tuple[int, ...]] | None = None
+    #: reductions: ``reduced_axes(ctx)`` gives the sorted input axes one row spans (the axes a
+    #: Softmax/LayerNorm normalizes or a Reduce* folds), or None when only run time knows them;
+    #: the fusion stage stitches reductions over the same rows
+    reduced_axes: Callable[["ShapeContext"], list[int] | None] | None = None
 
 
 REGISTRY: dict[tuple[str, str], OpDef] = {}
