@@ -18,7 +18,8 @@ With ``--groups`` (the fusion plan, :func:`groups_json`) it gains::
                    "iteration_space": [str], "stages": {"prologue"|"heavy"|"epilogue": [op type]},
                    "shapes": {value name: {"dtype": str, "shape": [int | "expr"]}}}],
      "rewrites": [str, ...],
-     "fusion":   {"groups": int, "compute_nodes": int, "views_absorbed": int}
+     "fusion":   {"groups": int, "compute_nodes": int, "views_absorbed": int},
+     "picture":  PATH (only with --picture)
 """
 from __future__ import annotations
 

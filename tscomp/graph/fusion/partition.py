@@ -19,16 +19,19 @@ class in which direction, and under which condition:
   mask, activation chains such as GELU's Erf or Tanh form, residual add) run on
   the accumulator before the single store, if they keep the GEMM's element
   count (no broadcast into a larger space);
-* ``gemm-prologue`` — an elementwise producer used only by the GEMM, of the
-  size of one of its operands, runs while the operand is packed;
-* ``gemm-row-reduction`` — a reduction over the GEMM's static N axis (the
-  LayerNorm after an output projection) finishes in the epilogue, since one tile
-  can span the whole row (N ≤ 4096);
+* ``gemm-prologue`` — an elementwise producer used only by the GEMM that feeds
+  one of its operands (directly or through the prologue), of that operand's
+  size, runs while the operand is packed;
+* ``gemm-row-reduction`` — a reduction over exactly the last axis of the GEMM's
+  output space, when that axis is the GEMM's static N (the LayerNorm after an
+  output projection), finishes in the epilogue: one tile can span the whole row
+  (N ≤ 4096);
 * ``reduce-prologue`` / ``reduce-epilogue`` — single-use elementwise/injective
-  producers (embedding Gathers and adds before a LayerNorm) and consumers (the
-  IsNaN/Where guard after a Softmax) of the size of the reduction's input or
-  of its rows;
-* ``reduce-stitch`` — further reductions over the same rows join the group
+  producers feeding the reduction (embedding Gathers and adds before a
+  LayerNorm) and consumers (the IsNaN/Where guard after a Softmax) of the size
+  of the reduction's input or of its rows;
+* ``reduce-stitch`` — further reductions over the same rows (same input shape,
+  same reduced axes, as each op's registry entry declares them) join the group
   (LayerNorm's mean and variance in its decomposed form);
 * ``elementwise-consumer`` / ``elementwise-producer`` — what remains merges
   into groups of equal element count (mask computation chains).

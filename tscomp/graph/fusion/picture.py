@@ -27,7 +27,6 @@ import networkx as nx
 import numpy as np
 
 from tscomp.graph.fusion.plan import Group, Plan
-from tscomp.graph.symbols import shape_str
 
 #: file formats ``draw_plan`` writes, by extension
 FORMATS = {".png": "png", ".svg": "svg"}
@@ -379,7 +378,7 @@ def draw_plan(plan: Plan, path, *, title: str | None = None) -> Path:
     # the Agg canvas directly: no pyplot, no display, no global backend switch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, PathPatch
     from matplotlib.path import Path as MPath
 
     nodes, edges, layers = layout(plan)
@@ -425,31 +424,34 @@ def draw_plan(plan: Plan, path, *, title: str | None = None) -> Path:
     ax.set_ylim(y_min, y_max)
     ax.axis("off")
 
-    # edges first, under the boxes; incoming ends spread across the target's top side
-    incoming: dict[str, list[_Edge]] = {}
-    for e in edges:
-        incoming.setdefault(e.dst, []).append(e)
-    end_x: dict[int, float] = {}
-    for dst, es in incoming.items():
-        node = nodes[dst]
-        es.sort(key=lambda e: nodes[e.route[-1] if e.route else e.src].x)
-        step = min(0.14, node.w * 0.7 / max(len(es), 1))
-        for i, e in enumerate(es):
-            end_x[id(e)] = node.x + (i - (len(es) - 1) / 2) * step
-    for e in edges:
-        src, dst = nodes[e.src], nodes[e.dst]
-        start = (src.x, centers[src.layer] - src.h / 2)
-        verts, codes = [start], [MPath.MOVETO]
-        for key in e.route:
-            d = nodes[key]
-            verts += _curve(verts[-1], (d.x, top_of[d.layer]))
-            verts.append((d.x, bottom_of[d.layer]))
-            codes += [MPath.CURVE4] * 3 + [MPath.LINETO]
-        end = (end_x[id(e)], centers[dst.layer] + dst.h / 2)
-        verts += _curve(verts[-1], end)
-        codes += [MPath.CURVE4] * 3
-        ax.add_patch(FancyArrowPatch(path=MPath(verts, codes), arrowstyle="-|>", mutation_scale=8,
-                                     linewidth=0.9, color="#555555", shrinkA=0, shrinkB=0, zorder=1))
+    # edges first, under the boxes. Every hop (between layers) is drawn once, so a lane that
+    # several edges share is one line; the hop into a box ends in an arrow, the incoming
+    # arrows spread across the box's top side.
+    hops = _chains(edges)
+    incoming: dict[str, list[str]] = {}
+    for a, b in hops:
+        if nodes[b].kind != "dummy":
+            incoming.setdefault(b, []).append(a)
+    end_x: dict[tuple[str, str], float] = {}
+    for b, sources in incoming.items():
+        node = nodes[b]
+        sources.sort(key=lambda a: nodes[a].x)
+        step = min(0.14, node.w * 0.7 / len(sources))
+        for i, a in enumerate(sources):
+            end_x[(a, b)] = node.x + (i - (len(sources) - 1) / 2) * step
+    style = dict(linewidth=0.9, color="#555555", zorder=1)
+    for a, b in hops:
+        na, nb = nodes[a], nodes[b]
+        start = (na.x, bottom_of[na.layer] if na.kind == "dummy" else centers[na.layer] - na.h / 2)
+        if nb.kind == "dummy":
+            verts = [start, *_curve(start, (nb.x, top_of[nb.layer])), (nb.x, bottom_of[nb.layer])]
+            codes = [MPath.MOVETO] + [MPath.CURVE4] * 3 + [MPath.LINETO]
+            ax.add_patch(PathPatch(MPath(verts, codes), fill=False, capstyle="butt", **style))
+        else:
+            verts = [start, *_curve(start, (end_x[(a, b)], centers[nb.layer] + nb.h / 2))]
+            codes = [MPath.MOVETO] + [MPath.CURVE4] * 3
+            ax.add_patch(FancyArrowPatch(path=MPath(verts, codes), arrowstyle="-|>", mutation_scale=8,
+                                         shrinkA=0, shrinkB=0, **style))
 
     for node in nodes.values():
         if node.kind == "dummy":
