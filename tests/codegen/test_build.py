@@ -1,0 +1,30 @@
+"""Building generated C: cache by content, clear errors, ISA detection."""
+import ctypes
+
+import pytest
+
+from tscomp.codegen.build import BuildError, build_library, host_isa, load_library
+
+SOURCE = """
+#include <stdint.h>
+int64_t add_one(int64_t x) { return x + 1; }
+"""
+
+
+def test_build_loads_and_caches_by_content(tmp_path):
+    lib = build_library(SOURCE, "t", out_dir=tmp_path)
+    fn = load_library(lib).add_one
+    fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    assert fn(41) == 42
+    mtime = lib.stat().st_mtime_ns
+    assert build_library(SOURCE, "t", out_dir=tmp_path) == lib and lib.stat().st_mtime_ns == mtime
+
+
+def test_compile_error_names_the_kept_source(tmp_path):
+    with pytest.raises(BuildError, match=r"compiling .*bad-.*\.c failed: .*error"):
+        build_library("int f( { return 0; }", "bad", out_dir=tmp_path)
+    assert list(tmp_path.glob("bad-*.c"))
+
+
+def test_host_isa_is_detected_from_the_compiler():
+    assert host_isa() in ("avx512", "avx2", "scalar")
