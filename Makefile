@@ -19,7 +19,7 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/python -m models.export bert --size tiny --exporter dynamo -o .cache/models
-	$(VENV)/bin/tscomp inspect .cache/models/bert-tiny-dynamo.onnx --dim batch=1:8 --dim sequence=1:512
+	$(VENV)/bin/tscomp inspect .cache/models/bert-tiny-dynamo.onnx --dim batch=1:8 --dim sequence=1:512 --groups --picture .cache/bert-tiny-plan.png
 
 clean:
 	rm -rf $(VENV) .cache
