@@ -1,0 +1,261 @@
+"""CPU GEMM macro-kernels against numpy (float64) at awkward M, N, K, per ISA and tile config."""
+import math
+
+import numpy as np
+import pytest
+from scipy.special import erf
+
+from tscomp.codegen.build import host_isa
+from tscomp.codegen.cpu_gemm import (Epilogue, EpilogueArg, GemmError, GemmKernel, generate_gemm,
+                                     packed_size, prepack_weights)
+from tscomp.codegen.tile_config import (REGISTER_TILES, VECTOR_WIDTH, CacheSizes, TileConfig,
+                                        TileConfigError, candidate_configs)
+
+AWKWARD_M = [1, 7, 13, 97, 511, 512, 513]
+RANK = {"scalar": 0, "avx2": 1, "avx512": 2}
+
+# Small block tiles on purpose: several N blocks, several (and a partial last) K block and
+# several M blocks appear even at small K/N, so every path of the macro-kernel runs.
+CONFIGS = {
+    "avx512": [TileConfig(mr=14, nr=32, mc=28, nc=64, kc=16), TileConfig(mr=8, nr=48, mc=16, nc=96, kc=24),
+               TileConfig(mr=4, nr=16, mc=8, nc=16, kc=768)],
+    "avx2": [TileConfig(mr=6, nr=16, mc=12, nc=32, kc=16), TileConfig(mr=3, nr=32, mc=6, nc=64, kc=9)],
+    "scalar": [TileConfig(mr=4, nr=8, mc=8, nc=16, kc=16), TileConfig(mr=1, nr=3, mc=2, nc=6, kc=5)],
+}
+SHAPES_KN = [(1, 1), (5, 7), (37, 17), (64, 100)]
+
+
+def needs(isa):
+    return pytest.mark.skipif(RANK[host_isa()] < RANK[isa], reason=f"host ISA {host_isa()} lacks {isa}")
+
+
+def isa_params():
+    return [pytest.param(isa, marks=needs(isa)) for isa in ("avx512", "avx2", "scalar")]
+
+
+def reference(X, W, epilogue=None, **arrays):
+    acc = X.astype(np.float64) @ W.astype(np.float64)
+    if epilogue is None:
+        return acc
+    bias = arrays["bias"].astype(np.float64)
+    if epilogue.label == "bias":
+        return acc + bias
+    if epilogue.label == "bias + residual":
+        return acc + bias + arrays["residual"]
+    if epilogue.label == "bias + GELU(erf)":
+        v = acc + bias
+        return 0.5 * v * (1.0 + erf(v / math.sqrt(2.0)))
+    raise AssertionError(epilogue.label)
+
+
+def assert_matches(Y, ref, K):
+    # float32 accumulation of K products of O(1) values: error grows ~ sqrt(K) with |Y|.
+    np.testing.assert_allclose(Y, ref, rtol=1e-4, atol=1e-4 * math.sqrt(K))
+
+
+def epilogue_arrays(epilogue, M, N, rng):
+    if epilogue is None:
+        return {}
+    arrays = {"bias": rng.standard_normal(N).astype(np.float32)}
+    if "residual" in epilogue.label:
+        arrays["residual"] = rng.standard_normal((M, N)).astype(np.float32)
+    return arrays
+
+
+def check_all_m(kernel, W, rng, ms=AWKWARD_M, epilogue=None):
+    K, N = W.shape
+    for M in ms:
+        X = rng.standard_normal((M, K)).astype(np.float32)
+        arrays = epilogue_arrays(epilogue, M, N, rng)
+        Y = kernel.run(X, **arrays)
+        assert Y.shape == (M, N) and Y.dtype == np.float32
+        assert_matches(Y, reference(X, W, epilogue, **arrays), K)
+
+
+# ---------------------------------------------------------------- numerics
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("K,N", SHAPES_KN)
+def test_gemm_matches_numpy_at_awkward_m_n_k_for_every_config(isa, K, N):
+    rng = np.random.default_rng(K * 1000 + N)
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    for cfg in CONFIGS[isa]:
+        check_all_m(GemmKernel(W, cfg, isa=isa), W, rng)
+
+
+@needs("avx512")
+@pytest.mark.parametrize("K,N", [(768, 768), (5, 768), (768, 7)])
+def test_bert_sized_gemm_matches_numpy_with_candidate_configs(K, N):
+    rng = np.random.default_rng(K + N)
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    cands = candidate_configs("avx512", K, N)
+    for cfg in {cands[0], cands[-1]}:
+        check_all_m(GemmKernel(W, cfg, isa="avx512"), W, rng, ms=[1, 13, 97, 513])
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("epilogue", [Epilogue.bias(), Epilogue.bias_gelu(), Epilogue.bias_residual()],
+                         ids=["bias", "bias_gelu", "bias_residual"])
+def test_fused_epilogue_matches_numpy_on_edge_and_interior_tiles(isa, epilogue):
+    rng = np.random.default_rng(7)
+    K, N = 37, 41
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    kernel = GemmKernel(W, CONFIGS[isa][0], isa=isa, epilogue=epilogue)
+    check_all_m(kernel, W, rng, ms=[1, 13, 97, 512, 513], epilogue=epilogue)
+
+
+@needs("avx512")
+def test_fused_epilogue_on_bert_sized_gemm_with_single_k_block():
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((768, 768)).astype(np.float32)
+    kernel = GemmKernel(W, TileConfig(mr=14, nr=32, mc=28, nc=384, kc=768), epilogue=Epilogue.bias_gelu())
+    check_all_m(kernel, W, rng, ms=[1, 97], epilogue=Epilogue.bias_gelu())
+
+
+@pytest.mark.parametrize("erf_name", ["tscomp_erff", "erff"])
+def test_erf_in_epilogue_matches_scipy_over_its_whole_range(erf_name):
+    x = np.linspace(-7, 7, 20001, dtype=np.float32).reshape(-1, 1)
+    kernel = GemmKernel(np.ones((1, 1), np.float32), CONFIGS[host_isa()][0],
+                        epilogue=Epilogue(f"{erf_name}(acc)", label="erf"))
+    np.testing.assert_allclose(kernel.run(x), erf(x.astype(np.float64)), rtol=0, atol=5e-7)
+
+
+def test_bias_gelu_with_libm_erff_matches_numpy():
+    rng = np.random.default_rng(11)
+    W = rng.standard_normal((16, 20)).astype(np.float32)
+    epi = Epilogue.bias_gelu(erf="erff")
+    assert "erff(" in epi.expr and "tscomp_erff" not in epi.expr
+    check_all_m(GemmKernel(W, CONFIGS[host_isa()][0], epilogue=epi), W, rng, ms=[1, 13], epilogue=epi)
+
+
+def test_custom_epilogue_with_scalar_argument_and_indices():
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((9, 19)).astype(np.float32)
+    epi = Epilogue("acc * scale + (float)(i * 100 + j)", (EpilogueArg("scale", "float"),), "scale + index")
+    kernel = GemmKernel(W, CONFIGS[host_isa()][0], epilogue=epi)
+    X = rng.standard_normal((15, 9)).astype(np.float32)
+    i, j = np.indices((15, 19))
+    assert_matches(kernel.run(X, scale=2.0), 2.0 * (X.astype(np.float64) @ W) + i * 100 + j, 9)
+
+
+def test_m_zero_returns_empty_and_out_is_filled_in_place():
+    W = np.ones((4, 5), np.float32)
+    kernel = GemmKernel(W, CONFIGS[host_isa()][0])
+    assert kernel.run(np.zeros((0, 4), np.float32)).shape == (0, 5)
+    out = np.full((3, 5), np.nan, np.float32)
+    assert kernel.run(np.ones((3, 4), np.float32), out=out) is out
+    np.testing.assert_array_equal(out, 4.0)
+
+
+# ---------------------------------------------------------------- packing and generated source
+
+
+def test_prepacked_weights_follow_the_documented_panel_layout_with_zero_padding():
+    K, N = 5, 7
+    cfg = TileConfig(mr=1, nr=3, mc=1, nc=6, kc=2)  # Np = 9: N blocks [0,6) [6,9); K blocks 2,2,1
+    W = np.arange(K * N, dtype=np.float32).reshape(K, N) + 1
+    packed = prepack_weights(W, cfg)
+    assert packed.size == packed_size(cfg, K, N) == K * 9 and packed.ctypes.data % 64 == 0
+    Wp = np.zeros((K, 9), np.float32)
+    Wp[:, :N] = W
+    expected = []
+    for j0, nw in ((0, 6), (6, 3)):
+        for k0, kl in ((0, 2), (2, 2), (4, 1)):
+            for p in range(nw // 3):
+                expected.extend(Wp[k0:k0 + kl, j0 + 3 * p:j0 + 3 * p + 3].reshape(-1))
+    np.testing.assert_array_equal(packed, expected)
+    assert (packed.reshape(-1)[-3:] == [W[4, 6], 0, 0]).all()  # padded columns are zero
+
+
+@pytest.mark.parametrize("isa,intrinsic", [("avx512", "_mm512_fmadd_ps"), ("avx2", "_mm256_fmadd_ps"),
+                                           ("scalar", "fmaf")])
+def test_generated_source_names_config_isa_epilogue_and_uses_the_isa_fma(isa, intrinsic):
+    cfg = CONFIGS[isa][0]
+    src = generate_gemm(cfg, 768, 2304, isa, Epilogue.bias_gelu(), name="k1")
+    assert cfg.describe() in src and f"ISA:        {isa}" in src and "bias + GELU(erf)" in src
+    assert intrinsic in src and "#pragma omp parallel" in src
+    assert "void k1(const float* restrict X, const float* restrict Wp, float* restrict Y, int64_t M, " \
+           "const float* restrict bias)" in src
+    other = {"avx512": "_mm256_", "avx2": "_mm512_", "scalar": "_mm"}[isa]
+    assert other not in src
+    # local padding: the FMA loop of the micro-kernel has no bounds tests
+    body = src.split("/* FMA loop: no bounds tests (local padding) */", 1)[1].split("\n    }\n", 1)[0]
+    assert "fma" in body
+    assert "if" not in body and "?" not in body
+
+
+# ---------------------------------------------------------------- tile configurations
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("K,N", [(1, 1), (5, 7), (768, 2304), (768, 768), (3072, 768), (768, 3072)])
+def test_candidate_configs_are_valid_and_cache_sized(isa, K, N):
+    caches = CacheSizes(l1=48 * 1024, l2=1024 * 1024, l3=32 * 1024 * 1024)
+    cands = candidate_configs(isa, K, N, caches=caches)
+    assert 2 <= len(cands) == len(set(cands))
+    for cfg in cands:
+        cfg.validate(isa)
+        small = (cfg.mr, cfg.nr) in REGISTER_TILES[isa]["small"]
+        assert cfg.nr % VECTOR_WIDTH[isa] == 0
+        assert small or (cfg.mr, cfg.nr) in REGISTER_TILES[isa]["large"]
+        assert cfg.kc <= K and cfg.nc % cfg.nr == 0 and cfg.nc <= -(-N // cfg.nr) * cfg.nr
+        # the L1-resident panels: W's kc x nr (large-M tiles) or X's mr x kc (small-M tiles)
+        assert 4 * cfg.kc * (cfg.mr if small else cfg.mr + cfg.nr) <= caches.l1 or cfg.kc <= 8
+
+
+@pytest.mark.parametrize("cfg,isa,match", [
+    (TileConfig(14, 24, 14, 24, 8), "avx512", "not a multiple of the avx512 vector width"),
+    (TileConfig(16, 32, 16, 32, 8), "avx512", "needs 32 accumulators"),
+    (TileConfig(8, 16, 8, 16, 8), "avx2", "needs 16 accumulators"),
+])
+def test_tile_config_rejects_violated_hard_constraints(cfg, isa, match):
+    with pytest.raises(TileConfigError, match=match):
+        cfg.validate(isa)
+
+
+def test_tile_config_rejects_blocks_that_are_not_whole_register_tiles():
+    with pytest.raises(TileConfigError, match="mc=10 is not a multiple of mr=4"):
+        TileConfig(4, 16, 10, 16, 8)
+    with pytest.raises(TileConfigError, match="positive int"):
+        TileConfig(0, 16, 8, 16, 8)
+    assert "14x32" in TileConfig(14, 32, 28, 64, 16).describe()
+
+
+# ---------------------------------------------------------------- argument validation
+
+
+@pytest.fixture(scope="module")
+def bias_kernel():
+    W = np.ones((6, 10), np.float32)
+    return GemmKernel(W, CONFIGS[host_isa()][0], epilogue=Epilogue.bias_residual())
+
+
+@pytest.mark.parametrize("X,kwargs,match", [
+    (np.ones((3, 5), np.float32), {}, "X has 5 columns but the kernel was compiled for K=6"),
+    (np.ones((3, 6), np.float64), {}, "X must be float32, got float64"),
+    (np.ones((6, 3), np.float32).T, {}, "X must be C-contiguous"),
+    (np.ones(6, np.float32), {}, "X must be 2-D"),
+    (np.ones((3, 6), np.float32), {"residual": np.ones((3, 10), np.float32)}, "missing epilogue argument 'bias'"),
+    (np.ones((3, 6), np.float32), {"bias": np.ones(9, np.float32), "residual": np.ones((3, 10), np.float32)},
+     r"'bias' has shape \(9,\), expected \(10,\)"),
+    (np.ones((3, 6), np.float32), {"bias": np.ones(10, np.float32), "residual": np.ones((4, 10), np.float32)},
+     r"'residual' has shape \(4, 10\), expected \(3, 10\)"),
+    (np.ones((3, 6), np.float32), {"bias": np.ones(10, np.float32), "residual": np.ones((3, 10), np.float32),
+                                   "gamma": np.ones(10, np.float32)}, "unexpected epilogue argument"),
+])
+def test_run_rejects_bad_inputs_with_clear_errors(bias_kernel, X, kwargs, match):
+    with pytest.raises(GemmError, match=match):
+        bias_kernel.run(X, **kwargs)
+
+
+def test_bad_weights_and_epilogue_definitions_are_rejected():
+    with pytest.raises(GemmError, match="2-D float32"):
+        GemmKernel(np.ones((3, 4), np.float64))
+    for clash in ("N", "kl", "c0_1", "w2", "float", "bias[0]"):
+        with pytest.raises(GemmError, match="not a free C identifier"):
+            EpilogueArg(clash)
+    with pytest.raises(GemmError, match="C type"):
+        EpilogueArg("bias", "double*")
+    with pytest.raises(GemmError, match="duplicate"):
+        Epilogue("acc", (EpilogueArg("b"), EpilogueArg("b")))

@@ -1,0 +1,616 @@
+"""CPU GEMM macro-kernels: C source generated from a tile configuration.
+
+``Y[M, N] = epilogue(X[M, K] · W[K, N])`` where W is a constant weight prepacked at compile
+time, K and N are static and M (batch × sequence) is dynamic: it enters the kernel as an
+integer argument, so one compiled kernel serves every M (TSCompiler's macro-kernel).
+
+Tiling (TSCompiler §5.1, see :mod:`tscomp.codegen.tile_config`): one OpenMP task computes an
+``mc × nc`` block of Y (block tile ⟨T_Mb, T_Nb⟩), walking K in steps of ``kc`` (T_Kb). Per
+step it packs the ``mc × kc`` slice of X into ``mr``-row panels (k-major), then for every
+``nr``-column weight panel and every X panel runs the micro-kernel: an ``mr × nr`` tile of
+accumulators in SIMD registers (⟨T_Mi, T_Ni⟩) updated with broadcast-FMA over ``kc``.
+Partial sums between K steps live in a per-thread buffer laid out tile by tile; after the
+last step the epilogue is applied to the accumulators and the tile is stored once.
+
+Imperfect tiles use DietCode's local padding (§4.1): W's columns are zero-padded to a
+multiple of ``nr`` when it is packed (at compile time), X's rows past M are zero-filled when
+a partial panel is packed, so the FMA loop has no bounds checks at all; only the packing
+loads and the final store are guarded (masked stores on the last partial columns, a row
+test on the last partial rows).
+
+Packed weight layout (:func:`prepack_weights`): Np = N rounded up to ``nr``; the N axis is
+cut into blocks of ``nc`` columns (the last may be narrower, still a multiple of ``nr``);
+block ``[j0, j0 + nw)`` occupies ``K · nw`` floats at offset ``j0 · K``; inside it the K
+axis is cut into blocks of ``kc`` rows, block ``[k0, k0 + kl)`` at ``k0 · nw``; inside that
+come ``nw / nr`` panels of ``kl × nr`` floats, each k-major (row k's ``nr`` columns
+contiguous) — exactly the order the micro-kernel streams them.
+
+Epilogues (:class:`Epilogue`) are a C expression template over ``acc`` (the accumulated
+value, float), ``i`` (row) and ``j`` (column) (both int64_t, global indices), the
+compile-time constants ``N`` and ``K``, and named extra kernel arguments. It is applied to
+the finished tile (valid part only) in a ``#pragma omp simd`` loop right before the single
+store, so bias/residual/arithmetic templates vectorize. Besides math.h, the prelude offers
+``tscomp_erff(x)``: erf as a rational approximation (|error| < 5e-7) that vectorizes, where
+libm's ``erff`` is a scalar call per element (glibc declares its vector variants only
+under -ffast-math).
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from tscomp.codegen.build import build_library, host_isa, load_library
+from tscomp.codegen.tile_config import VECTOR_WIDTH, TileConfig, TileConfigError, default_config
+from tscomp.errors import TscompError
+
+ISA_RANK = {"scalar": 0, "avx2": 1, "avx512": 2}
+
+
+class GemmError(TscompError, ValueError):
+    """A GEMM kernel was asked for something it cannot do (bad shapes, dtypes, arguments)."""
+
+
+# --------------------------------------------------------------------------------------
+# Epilogue interface
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# names the generated code uses where an epilogue expression is evaluated (kernel and
+# micro-kernel parameters, locals, macros) and a few C keywords: an argument may not shadow them
+_RESERVED = {
+    "X", "Wp", "Y", "M", "N", "K", "NP", "MR", "NR", "MC", "NC", "KC", "N_NBLOCKS", "N_KBLOCKS",
+    "acc", "i", "j", "r", "c", "k", "x", "tile", "yrow", "acc_t", "xp", "wp", "ct", "first", "last",
+    "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock",
+    "kb", "k0", "jp", "wpanel", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks",
+    "min_i64", "pack_x", "micro_kernel", "tscomp_erff",
+    "int", "float", "double", "char", "void", "const", "restrict", "return", "if", "else", "for",
+    "while", "do", "static", "inline", "sizeof", "int64_t", "int32_t",
+}
+_RESERVED_PATTERN = re.compile(r"(c\d+_\d+|w\d+|m\d+)\Z")  # accumulators, weight vectors, masks
+#: C types an epilogue argument may have, with their ctypes and (for pointers) numpy dtype.
+ARG_TYPES = {
+    "const float*": (ctypes.c_void_p, np.float32),
+    "const int64_t*": (ctypes.c_void_p, np.int64),
+    "const int32_t*": (ctypes.c_void_p, np.int32),
+    "float": (ctypes.c_float, None),
+    "int64_t": (ctypes.c_int64, None),
+}
+
+
+@dataclass(frozen=True)
+class EpilogueArg:
+    """One extra kernel argument an epilogue reads.
+
+    ``shape`` (pointer arguments only) states the expected array shape with ``"M"``, ``"N"``,
+    ``"K"`` or integers, so :class:`GemmKernel` can check what it is given; the expression
+    indexes the array itself (row-major), e.g. ``residual[i*N + j]``.
+    """
+
+    name: str
+    ctype: str = "const float*"
+    shape: tuple = ()
+
+    def __post_init__(self):
+        if not _IDENT.match(self.name) or self.name in _RESERVED or _RESERVED_PATTERN.match(self.name):
+            raise GemmError(f"epilogue argument name {self.name!r} is not a free C identifier")
+        if self.ctype not in ARG_TYPES:
+            raise GemmError(f"epilogue argument {self.name!r}: C type {self.ctype!r} not one of {sorted(ARG_TYPES)}")
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.ctype.endswith("*")
+
+    def c_param(self) -> str:
+        return f"{self.ctype} restrict {self.name}" if self.is_pointer else f"{self.ctype} {self.name}"
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """Elementwise code fused after the GEMM, applied once per output before the single store.
+
+    ``expr`` is a C expression of type float over ``acc``, ``i``, ``j``, ``N``, ``K`` and the
+    ``args`` by name; math.h is available. ``label`` names it in the generated header.
+    """
+
+    expr: str
+    args: tuple[EpilogueArg, ...] = ()
+    label: str = "custom"
+
+    def __post_init__(self):
+        names = [a.name for a in self.args]
+        if len(set(names)) != len(names):
+            raise GemmError(f"epilogue {self.label!r}: duplicate argument names {names}")
+        if not self.expr.strip():
+            raise GemmError(f"epilogue {self.label!r}: empty expression")
+
+    @staticmethod
+    def bias() -> "Epilogue":
+        return Epilogue("acc + bias[j]", (EpilogueArg("bias", shape=("N",)),), "bias")
+
+    @staticmethod
+    def bias_gelu(erf: str = "tscomp_erff") -> "Epilogue":
+        """bias then exact (erf) GELU: 0.5·v·(1 + erf(v/√2)).
+
+        ``erf="tscomp_erff"`` (default) uses the kernel prelude's rational approximation
+        (|error| < 5e-7), which vectorizes; ``erf="erff"`` calls libm once per element.
+        """
+        if erf not in ("tscomp_erff", "erff"):
+            raise GemmError(f"bias_gelu: erf must be 'tscomp_erff' or 'erff', got {erf!r}")
+        v = "(acc + bias[j])"
+        return Epilogue(f"0.5f * {v} * (1.0f + {erf}({v} * 0.70710678f))",
+                        (EpilogueArg("bias", shape=("N",)),), "bias + GELU(erf)")
+
+    @staticmethod
+    def bias_residual() -> "Epilogue":
+        return Epilogue("acc + bias[j] + residual[i * N + j]",
+                        (EpilogueArg("bias", shape=("N",)), EpilogueArg("residual", shape=("M", "N"))),
+                        "bias + residual")
+
+
+# --------------------------------------------------------------------------------------
+# Weight prepacking
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """Static extents of one generated kernel (the config clamped to the problem)."""
+
+    K: int
+    N: int
+    NP: int      # N padded to a multiple of nr
+    MR: int
+    NR: int
+    MC: int
+    NC: int      # min(nc, NP)
+    KC: int      # min(kc, K)
+
+    @staticmethod
+    def of(cfg: TileConfig, K: int, N: int) -> "_Geometry":
+        if not (isinstance(K, int) and isinstance(N, int) and K >= 1 and N >= 1):
+            raise GemmError(f"GEMM extents must be positive ints, got K={K!r}, N={N!r}")
+        NP = _round_up(N, cfg.nr)
+        return _Geometry(K=K, N=N, NP=NP, MR=cfg.mr, NR=cfg.nr, MC=cfg.mc, NC=min(cfg.nc, NP), KC=min(cfg.kc, K))
+
+    @property
+    def n_nblocks(self) -> int:
+        return -(-self.NP // self.NC)
+
+    @property
+    def n_kblocks(self) -> int:
+        return -(-self.K // self.KC)
+
+
+def packed_size(cfg: TileConfig, K: int, N: int) -> int:
+    """Number of floats :func:`prepack_weights` produces."""
+    g = _Geometry.of(cfg, K, N)
+    return g.K * g.NP
+
+
+def prepack_weights(W: np.ndarray, cfg: TileConfig) -> np.ndarray:
+    """W[K, N] → the flat, 64-byte-aligned float32 panel layout the kernel streams.
+
+    Columns are zero-padded up to a multiple of ``nr`` here, once, at compile time (local
+    padding: the micro-kernel then never tests column bounds).
+    """
+    W = np.asarray(W)
+    if W.ndim != 2:
+        raise GemmError(f"weight must be 2-D [K, N], got shape {W.shape}")
+    K, N = W.shape
+    g = _Geometry.of(cfg, int(K), int(N))
+    padded = np.zeros((K, g.NP), np.float32)
+    padded[:, :N] = W
+    out = _aligned_empty(g.K * g.NP)
+    pos = 0
+    for j0 in range(0, g.NP, g.NC):
+        nw = min(g.NC, g.NP - j0)
+        for k0 in range(0, g.K, g.KC):
+            kl = min(g.KC, g.K - k0)
+            block = padded[k0:k0 + kl, j0:j0 + nw]                   # [kl, nw]
+            panels = block.reshape(kl, nw // g.NR, g.NR).transpose(1, 0, 2)  # [panel, kl, nr]
+            out[pos:pos + kl * nw] = panels.reshape(-1)
+            pos += kl * nw
+    assert pos == out.size
+    return out
+
+
+def _aligned_empty(n: int, align: int = 64) -> np.ndarray:
+    raw = np.empty(n * 4 + align, np.uint8)
+    offset = (-raw.ctypes.data) % align
+    return raw[offset:offset + n * 4].view(np.float32)
+
+
+# --------------------------------------------------------------------------------------
+# C generation
+
+
+class _Vec:
+    """The handful of SIMD operations the micro-kernel needs, per ISA."""
+
+    def __init__(self, isa: str):
+        self.isa, self.width = isa, VECTOR_WIDTH[isa]
+        p = {"avx512": "_mm512", "avx2": "_mm256"}.get(isa)
+        self.prefix = p
+        self.type = {"avx512": "__m512", "avx2": "__m256"}.get(isa, "float")
+
+    def zero(self):
+        return f"{self.prefix}_setzero_ps()"
+
+    def load(self, ptr):
+        return f"{self.prefix}_loadu_ps({ptr})"
+
+    def store(self, ptr, v):
+        return f"{self.prefix}_storeu_ps({ptr}, {v});"
+
+    def set1(self, x):
+        return f"{self.prefix}_set1_ps({x})"
+
+    def fma(self, a, b, c):
+        return f"{self.prefix}_fmadd_ps({a}, {b}, {c})"
+
+
+def _c_name(name: str) -> str:
+    if not _IDENT.match(name):
+        raise GemmError(f"kernel name {name!r} is not a C identifier")
+    return name
+
+
+def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue | None = None,
+                  name: str = "tscomp_gemm") -> str:
+    """C source of the macro-kernel ``void name(const float* X, const float* Wpacked, float* Y,
+    int64_t M, <epilogue args>)`` for ``Y[M, N] = epilogue(X[M, K] · W[K, N])``."""
+    cfg.validate(isa)
+    g = _Geometry.of(cfg, K, N)
+    name = _c_name(name)
+    epi_params = "".join(f", {a.c_param()}" for a in epilogue.args) if epilogue else ""
+    epi_names = "".join(f", {a.name}" for a in epilogue.args) if epilogue else ""
+    L: list[str] = []
+    emit = L.append
+
+    vw = VECTOR_WIDTH[isa]
+    epi_text = f"{epilogue.label}: Y = {epilogue.expr}" if epilogue else "none (Y = acc)"
+    emit(f"""/*
+ * tscomp CPU GEMM macro-kernel `{name}` (generated; do not edit).
+ *
+ *   Y[M, N] = epilogue(X[M, K] . W[K, N]),  K = {K}, N = {N} static, M dynamic (argument)
+ *
+ * ISA:        {isa} ({vw} float{'s' if vw > 1 else ''} per vector{', FMA intrinsics' if isa != 'scalar' else ', portable C'})
+ * Tiles:      {cfg.describe()}
+ *             (TSCompiler 5.1: <T_Mb,T_Nb,T_Kb> = <{g.MC},{g.NC},{g.KC}> one OpenMP task per Mb x Nb block;
+ *              <T_Mi,T_Ni> = <{g.MR},{g.NR}> accumulators held in registers over each Kb step)
+ * Epilogue:   {epi_text}
+ * Padding:    local padding (DietCode 4.1): W columns zero-padded to {g.NP} when prepacked,
+ *             X rows past M zero-filled while packing; only packing loads and the final
+ *             store are guarded, the FMA loop never tests bounds.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+{'#include <immintrin.h>' if isa != 'scalar' else ''}
+
+#define K   {g.K}
+#define N   {g.N}
+#define NP  {g.NP}   /* N padded to a multiple of NR */
+#define MR  {g.MR}
+#define NR  {g.NR}
+#define MC  {g.MC}
+#define NC  {g.NC}
+#define KC  {g.KC}
+#define N_NBLOCKS {g.n_nblocks}
+#define N_KBLOCKS {g.n_kblocks}
+
+static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
+""")
+    if epilogue is not None and "tscomp_erff" in epilogue.expr:
+        emit(ERF_C)
+    _emit_pack(emit, g)
+    _emit_micro_kernel(emit, g, isa, epilogue, epi_params)
+    _emit_macro_kernel(emit, g, name, epi_params, epi_names)
+    return "\n".join(L)
+
+
+#: erf(x) for float as x·P(x²)/Q(x²) on [-4, 4] (float erf is ±1 beyond); the coefficients
+#: are those of XLA's/Eigen's ErfImpl32. Plain arithmetic, so an `omp simd` loop vectorizes it.
+ERF_C = """/* erf for float: rational approximation on [-4, 4], |error| < 5e-7; vectorizable. */
+static inline float tscomp_erff(float x)
+{
+    x = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);  /* NaN passes through */
+    const float x2 = x * x;
+    float p = -2.72614225801306e-10f;
+    p = p * x2 + 2.77068142495902e-08f;
+    p = p * x2 - 2.10102402082508e-06f;
+    p = p * x2 - 5.69250639462346e-05f;
+    p = p * x2 - 7.34990630326855e-04f;
+    p = p * x2 - 2.95459980854025e-03f;
+    p = p * x2 - 1.60960333262415e-02f;
+    float q = -1.45660718464996e-05f;
+    q = q * x2 - 2.13374055278905e-04f;
+    q = q * x2 - 1.68282697438203e-03f;
+    q = q * x2 - 7.37332916720468e-03f;
+    q = q * x2 - 1.42647390514189e-02f;
+    return x * p / q;
+}
+"""
+
+
+def _emit_pack(emit, g: _Geometry):
+    emit("""/* Pack rows [m0, m0 + mv) x columns [k0, k0 + kl) of X into MR-row panels, k-major:
+ * panel p holds xp[p*MR*KC + k*MR + r] = X[m0 + p*MR + r, k0 + k]. Rows past M are zero
+ * (local padding), so the micro-kernel computes full MR-row tiles unconditionally. */
+static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, int64_t kl,
+                   float* restrict xp)
+{
+    for (int64_t p = 0; p * MR < mv; ++p) {
+        float* restrict dst = xp + p * (MR * KC);
+        const int64_t rows = min_i64(MR, mv - p * MR);
+        if (rows == MR) {
+            const float* restrict src = X + (m0 + p * MR) * (int64_t)K + k0;
+            for (int64_t k = 0; k < kl; ++k)
+                for (int r = 0; r < MR; ++r)
+                    dst[k * MR + r] = src[r * (int64_t)K + k];
+        } else {
+            for (int64_t k = 0; k < kl; ++k)
+                for (int r = 0; r < MR; ++r)
+                    dst[k * MR + r] = r < rows ? X[(m0 + p * MR + r) * (int64_t)K + k0 + k] : 0.0f;
+        }
+    }
+}
+""")
+
+
+def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, epi_params: str):
+    emit(f"""/* Micro-kernel: an MR x NR tile of accumulators over kl steps of k.
+ *   xp: packed X panel (k-major, MR per k); wp: packed W panel (k-major, NR per k);
+ *   ct: this tile's slot in the per-thread partial-sum buffer (MR*NR floats);
+ *   first: start from zero (else from ct); last: apply the epilogue and store to Y
+ *   (else save the partial sums to ct). (i0, j0): tile origin in Y; mv x nv: its valid
+ *   part (< MR x NR only on the last row/column tiles: guarded store, nothing else). */
+static inline __attribute__((always_inline)) void micro_kernel(
+    int64_t kl, const float* restrict xp, const float* restrict wp, float* restrict ct,
+    int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{epi_params})
+{{""")
+    if isa == "scalar":
+        _emit_scalar_body(emit, g, epilogue)
+    else:
+        _emit_simd_body(emit, g, _Vec(isa), epilogue)
+    emit("}\n")
+
+
+def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None):
+    MR, NR, W = g.MR, g.NR, v.width
+    nvec = NR // W
+    accs = [[f"c{r}_{c}" for c in range(nvec)] for r in range(MR)]
+    emit(f"    {v.type} " + ", ".join(a for row in accs for a in row) + ";")
+    emit("    if (first) {")
+    for row in accs:
+        emit("        " + " ".join(f"{a} = {v.zero()};" for a in row))
+    emit("    } else {")
+    for r, row in enumerate(accs):
+        emit("        " + " ".join(f"{a} = {v.load(f'ct + {r * NR + c * W}')};" for c, a in enumerate(row)))
+    emit("    }")
+    emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
+    emit("        const float* restrict wk = wp + k * NR;")
+    emit("        const float* restrict xk = xp + k * MR;")
+    for c in range(nvec):
+        emit(f"        const {v.type} w{c} = {v.load(f'wk + {c * W}')};")
+    for r, row in enumerate(accs):
+        emit(f"        {{ const {v.type} x = {v.set1(f'xk[{r}]')}; "
+             + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
+    emit("    }")
+    emit("    if (!last) {")
+    for r, row in enumerate(accs):
+        emit("        " + " ".join(v.store(f"ct + {r * NR + c * W}", a) for c, a in enumerate(row)))
+    emit("        return;")
+    emit("    }")
+    if epilogue is None:
+        emit("    float* restrict y = Y + i0 * N + j0;")
+        emit("    if (mv == MR && nv == NR) {  /* interior tile: plain vector stores */")
+        for r, row in enumerate(accs):
+            emit("        " + " ".join(v.store(f"y + {r} * N + {c * W}", a) for c, a in enumerate(row)))
+        emit("        return;")
+        emit("    }")
+        emit("    /* edge tile (local padding's writeback guard): masked columns, tested rows */")
+        if v.isa == "avx512":
+            for c in range(nvec):
+                emit(f"    const __mmask16 m{c} = nv >= {(c + 1) * W} ? (__mmask16)0xFFFF : "
+                     f"nv <= {c * W} ? (__mmask16)0 : (__mmask16)((1u << (nv - {c * W})) - 1u);")
+            store = lambda ptr, c, a: f"_mm512_mask_storeu_ps({ptr}, m{c}, {a});"
+        else:
+            emit("    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);")
+            for c in range(nvec):
+                emit(f"    const __m256i m{c} = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(nv - {c * W})), lane);")
+            store = lambda ptr, c, a: f"_mm256_maskstore_ps({ptr}, m{c}, {a});"
+        for r, row in enumerate(accs):
+            cond = "" if r == 0 else f"if (mv > {r}) "
+            emit(f"    {cond}{{ " + " ".join(store(f"y + {r} * N + {c * W}", c, a) for c, a in enumerate(row)) + " }")
+    else:
+        emit("    float tile[MR * NR] __attribute__((aligned(64)));")
+        for r, row in enumerate(accs):
+            emit("    " + " ".join(v.store(f"tile + {r * NR + c * W}", a) for c, a in enumerate(row)))
+        _emit_epilogue_loop(emit, epilogue)
+
+
+def _emit_scalar_body(emit, g: _Geometry, epilogue: Epilogue | None):
+    emit("""    float acc_t[MR][NR];
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < NR; ++c)
+            acc_t[r][c] = first ? 0.0f : ct[r * NR + c];
+    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */
+        const float* restrict wk = wp + k * NR;
+        const float* restrict xk = xp + k * MR;
+        for (int r = 0; r < MR; ++r)
+            for (int c = 0; c < NR; ++c)
+                acc_t[r][c] = fmaf(xk[r], wk[c], acc_t[r][c]);
+    }
+    if (!last) {
+        for (int r = 0; r < MR; ++r)
+            for (int c = 0; c < NR; ++c)
+                ct[r * NR + c] = acc_t[r][c];
+        return;
+    }""")
+    if epilogue is None:
+        emit("""    for (int64_t r = 0; r < mv; ++r)       /* guarded store of the valid part */
+        for (int64_t c = 0; c < nv; ++c)
+            Y[(i0 + r) * N + j0 + c] = acc_t[r][c];""")
+    else:
+        emit("    const float* tile = &acc_t[0][0];")
+        _emit_epilogue_loop(emit, epilogue)
+
+
+def _emit_epilogue_loop(emit, epilogue: Epilogue):
+    emit(f"""    /* fused epilogue ({epilogue.label}) on the valid part, then the single store */
+    for (int64_t r = 0; r < mv; ++r) {{
+        const int64_t i = i0 + r;
+        float* restrict yrow = Y + i * N;
+        #pragma omp simd
+        for (int64_t c = 0; c < nv; ++c) {{
+            const int64_t j = j0 + c;
+            const float acc = tile[r * NR + c];
+            yrow[j] = {epilogue.expr};
+        }}
+    }}""")
+
+
+def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names: str):
+    single = g.n_kblocks == 1
+    emit(f"""/* Macro-kernel: tasks = ceil(M / MC) x N_NBLOCKS block tiles, shared among the OpenMP
+ * threads; each task walks K in N_KBLOCKS steps of KC{' (here one step: no partial sums)' if single else ''}. */
+void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y, int64_t M{epi_params})
+{{
+    if (M <= 0) return;
+    const int64_t n_mblocks = (M + MC - 1) / MC;
+    const int64_t n_tasks = n_mblocks * N_NBLOCKS;
+    #pragma omp parallel if (n_tasks > 1)
+    {{
+        /* per-thread workspaces (sizes rounded up to the 64-byte alignment, as C11 asks) */
+        float* xpack = (float*)aligned_alloc(64, (sizeof(float) * MC * KC + 63) / 64 * 64);
+        float* cbuf = {'NULL' if single else '(float*)aligned_alloc(64, (sizeof(float) * MC * NC + 63) / 64 * 64)'};
+        #pragma omp for schedule(dynamic, 1)  /* tasks are large; dynamic rides out a busy core */
+        for (int64_t t = 0; t < n_tasks; ++t) {{
+            const int64_t nb = t / n_mblocks, mb = t % n_mblocks;
+            const int64_t m0 = mb * MC, mv = min_i64(MC, M - m0);
+            const int64_t j0 = nb * NC, nw = min_i64(NC, NP - j0);  /* nw: a multiple of NR */
+            const float* wblock = Wp + j0 * (int64_t)K;
+            for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
+                const int64_t k0 = kb * KC, kl = min_i64(KC, K - k0);
+                pack_x(X, m0, mv, k0, kl, xpack);
+                const float* wk = wblock + k0 * nw;
+                for (int64_t jp = 0; jp * NR < nw; ++jp) {{
+                    const float* wpanel = wk + jp * kl * NR;
+                    const int64_t jj = j0 + jp * NR, nv = min_i64(NR, N - jj);
+                    for (int64_t ip = 0; ip * MR < mv; ++ip) {{
+                        float* ct = {'NULL' if single else 'cbuf + (jp * (MC / MR) + ip) * (MR * NR)'};
+                        micro_kernel(kl, xpack + ip * (MR * KC), wpanel, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
+                                     Y, m0 + ip * MR, jj, min_i64(MR, mv - ip * MR), nv{epi_names});
+                    }}
+                }}
+            }}
+        }}
+        free(xpack);
+        free(cbuf);
+    }}
+}}
+""")
+
+
+# --------------------------------------------------------------------------------------
+# Python wrapper
+
+
+class GemmKernel:
+    """A built, loaded GEMM macro-kernel with its prepacked weight.
+
+    ``GemmKernel(W, cfg, isa=..., epilogue=...)`` generates, compiles (cached by content) and
+    loads the kernel; ``run(X, **epilogue_arrays)`` computes ``Y[M, N]`` for any M.
+    """
+
+    def __init__(self, W: np.ndarray, cfg: TileConfig | None = None, *, isa: str | None = None,
+                 epilogue: Epilogue | None = None, name: str = "tscomp_gemm"):
+        W = np.asarray(W)
+        if W.ndim != 2 or W.dtype != np.float32:
+            raise GemmError(f"weight must be a 2-D float32 array [K, N], got {W.dtype} {W.shape}")
+        self.K, self.N = (int(d) for d in W.shape)
+        host = host_isa()
+        self.isa = isa or host
+        if self.isa not in ISA_RANK:
+            raise TileConfigError(f"unknown ISA {self.isa!r}; expected one of {sorted(ISA_RANK)}")
+        if ISA_RANK[self.isa] > ISA_RANK[host]:
+            raise GemmError(f"ISA {self.isa} requested but this host only supports {host}")
+        self.cfg = (cfg or default_config(self.isa, self.K, self.N)).validate(self.isa)
+        self.epilogue = epilogue
+        self.name = f"{_c_name(name)}_{self.isa}_{self.cfg.slug()}"
+        self.source = generate_gemm(self.cfg, self.K, self.N, self.isa, epilogue, name=self.name)
+        self.library_path = build_library(self.source, self.name)
+        self._lib = load_library(self.library_path)
+        fn = getattr(self._lib, self.name)
+        fn.restype = None
+        extra = [ARG_TYPES[a.ctype][0] for a in (epilogue.args if epilogue else ())]
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, *extra]
+        self._fn = fn
+        self.packed = prepack_weights(W, self.cfg)
+
+    def set_num_threads(self, n: int) -> None:
+        """Set the OpenMP thread count used by this (and every) OpenMP kernel in the process."""
+        f = self._lib.omp_set_num_threads
+        f.argtypes, f.restype = [ctypes.c_int], None
+        f(int(n))
+
+    def run(self, X: np.ndarray, *, out: np.ndarray | None = None, **arrays) -> np.ndarray:
+        X = _check_array("X", X, np.float32, 2)
+        M, K = X.shape
+        if K != self.K:
+            raise GemmError(f"X has {K} columns but the kernel was compiled for K={self.K}")
+        if out is None:
+            out = np.empty((M, self.N), np.float32)
+        else:
+            out = _check_array("out", out, np.float32, 2)
+            if out.shape != (M, self.N):
+                raise GemmError(f"out has shape {out.shape}, expected {(M, self.N)}")
+        extra = []
+        args = self.epilogue.args if self.epilogue else ()
+        names = {a.name for a in args}
+        unknown = sorted(set(arrays) - names)
+        if unknown:
+            raise GemmError(f"unexpected epilogue argument(s) {unknown}; this kernel takes {sorted(names) or 'none'}")
+        dims = {"M": M, "N": self.N, "K": self.K}
+        for a in args:
+            if a.name not in arrays:
+                raise GemmError(f"missing epilogue argument {a.name!r} ({a.ctype})")
+            value = arrays[a.name]
+            ctype, dtype = ARG_TYPES[a.ctype]
+            if a.is_pointer:
+                want = tuple(dims.get(d, d) for d in a.shape)
+                arr = _check_array(a.name, value, dtype, len(want) if a.shape else None)
+                if a.shape and arr.shape != want:
+                    raise GemmError(f"epilogue argument {a.name!r} has shape {arr.shape}, expected {want}")
+                extra.append(_ptr(arr))
+            else:
+                extra.append(value)
+        if M:
+            self._fn(_ptr(X), _ptr(self.packed), _ptr(out), M, *extra)
+        return out
+
+    __call__ = run
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _check_array(name: str, a, dtype, ndim: int | None) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise GemmError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise GemmError(f"{name} must be {np.dtype(dtype).name}, got {a.dtype}")
+    if ndim is not None and a.ndim != ndim:
+        raise GemmError(f"{name} must be {ndim}-D, got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise GemmError(f"{name} must be C-contiguous (use np.ascontiguousarray)")
+    return a
