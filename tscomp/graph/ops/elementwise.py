@@ -17,8 +17,8 @@ import sympy
 from onnx import helper
 from scipy import special
 
-from tscomp.graph.ops.registry import (DATA_VIA_REFERENCE, FusionClass, OpCall, OpDef, ShapeContext,
-                                       register)
+from tscomp.graph.ops.registry import (DATA_VIA_REFERENCE, CTypes, FusionClass, OpCall, OpDef, ShapeContext,
+                                       c_type, register)
 
 E = FusionClass.ELEMENTWISE
 
@@ -220,97 +220,261 @@ def _minmax_data(kind):
     return fn
 
 
+# --------------------------------------------------------------------------- C expressions
+# ``OpDef.c_expr``: one output element as a C expression of the argument elements (identifiers or
+# literals). ``{a}``, ``{b}``, ``{c}`` are the arguments, ``{f}`` the math.h suffix of the element
+# type ("f" for float, "" for double), ``{T}`` the output's C type.
+def _c(template: str, kinds: str = "fiub"):
+    """A c_expr from a template; None (unsupported) unless argument 0's dtype kind is in ``kinds``."""
+    def c_expr(args, attrs, dtypes: CTypes):
+        dt = dtypes.args[0] if dtypes.args else dtypes.out
+        if dt is None or dt.kind not in kinds or (dt.kind == "f" and dt.itemsize < 4):
+            return None
+        names = dict(zip("abc", args))
+        return template.format(f=_suffix(dt), T=c_type(dtypes.out), **names)
+    return c_expr
+
+
+def _suffix(dt: np.dtype) -> str:
+    return "f" if dt == np.float32 else ""
+
+
+def _c_float(value: float, dt: np.dtype) -> str:
+    """A float literal of ``dt``'s precision (attributes such as alpha)."""
+    v = np.asarray(value, dtype=dt)[()]
+    text = str(v) if dt == np.float32 else repr(float(v))  # the shortest form that round-trips
+    if not np.isfinite(v):
+        return ("-" if v < 0 else "") + "INFINITY" if np.isinf(v) else "NAN"
+    return text + ("" if "." in text or "e" in text else ".0") + ("f" if dt == np.float32 else "")
+
+
+def c_literal_value(text: str | None) -> float | None:
+    """The number a C literal argument spells (``2.0f``, ``3``), or None for anything else."""
+    if text is None:
+        return None
+    try:
+        return float(text.rstrip("fFlLuU"))
+    except ValueError:
+        return None
+
+
+def _c_pow(args, attrs, dtypes: CTypes):
+    a, b = args
+    dt = dtypes.args[0]
+    if dt.kind != "f":  # integer base: numpy's exact integer power (small results are exact in double)
+        return f"({c_type(dt)})pow((double){a}, (double){b})"
+    f = _suffix(dt)
+    fast = {1.0: f"{a}", 2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 0.5: f"sqrt{f}({a})",
+            -1.0: f"(1 / {a})", 0.0: "1"}
+    e = c_literal_value(b)
+    return fast.get(e, f"pow{f}({a}, {b})")
+
+
+def _c_div(args, attrs, dtypes: CTypes):
+    a, b = args
+    if dtypes.args[0].kind == "f":
+        return f"({a} / {b})"
+    return f"({b} == 0 ? 0 : {a} / {b})"  # C truncates toward zero, as ONNX's integer Div
+
+
+def _c_mod(args, attrs, dtypes: CTypes):
+    a, b = args
+    dt = dtypes.args[0]
+    if attrs.get("fmod", 0):
+        return f"fmod{_suffix(dt)}({a}, {b})" if dt.kind == "f" else f"({b} == 0 ? 0 : {a} % {b})"
+    # numpy's mod: the result takes the divisor's sign
+    r = f"fmod{_suffix(dt)}({a}, {b})" if dt.kind == "f" else f"({b} == 0 ? 0 : {a} % {b})"
+    return f"({r} != 0 && (({r} < 0) != ({b} < 0)) ? {r} + {b} : {r})"
+
+
+def _c_bitshift(args, attrs, dtypes: CTypes):
+    op = "<<" if attrs.get("direction") == "LEFT" else ">>"
+    return f"({args[0]} {op} {args[1]})"
+
+
+def _c_variadic(op: str):
+    def c_expr(args, attrs, dtypes: CTypes):
+        dt = dtypes.out
+        out = args[0]
+        for x in args[1:]:
+            if op == "+":
+                out = f"({out} + {x})"
+            else:  # Max/Min propagate NaN like numpy's maximum/minimum
+                nan = f" || {out} != {out}" if dt.kind == "f" else ""
+                out = f"(({out} {op}= {x}{nan}) ? {out} : {x})"
+        return out
+    return c_expr
+
+
+def _c_mean(args, attrs, dtypes: CTypes):
+    if dtypes.out.kind != "f":
+        return None
+    return f"(({' + '.join(args)}) / {len(args)})"
+
+
+def _c_gelu(args, attrs, dtypes: CTypes):
+    (a,), dt = args, dtypes.args[0]
+    if dt.kind != "f":
+        return None
+    f, lit = _suffix(dt), (lambda v: _c_float(v, dt))
+    if attrs.get("approximate", "none") == "tanh":
+        inner = f"{lit(math.sqrt(2 / math.pi))} * ({a} + {lit(0.044715)} * {a} * {a} * {a})"
+        return f"(0.5{f} * {a} * (1 + tanh{f}({inner})))"
+    return f"(0.5{f} * {a} * (1 + erf{f}({a} * {lit(1 / math.sqrt(2))})))"
+
+
+def _c_alpha(template: str, **defaults: float):
+    """Float-only templates with float attributes ({alpha}, {beta}) as literals."""
+    def c_expr(args, attrs, dtypes: CTypes):
+        dt = dtypes.args[0]
+        if dt.kind != "f":
+            return None
+        values = {k: _c_float(attrs.get(k, v), dt) for k, v in defaults.items()}
+        return template.format(a=args[0], f=_suffix(dt), **values)
+    return c_expr
+
+
+def _c_isinf(args, attrs, dtypes: CTypes):
+    (a,) = args
+    if dtypes.args[0].kind != "f":
+        return "0"
+    pos, neg = bool(attrs.get("detect_positive", 1)), bool(attrs.get("detect_negative", 1))
+    terms = ([f"{a} == INFINITY"] if pos else []) + ([f"{a} == -INFINITY"] if neg else [])
+    return f"({' || '.join(terms)})" if terms else "0"
+
+
+def _c_clip(args, attrs, dtypes: CTypes):
+    x = args[0]
+    lo = args[1] if len(args) > 1 else None
+    hi = args[2] if len(args) > 2 else None
+    dt = dtypes.out
+    if lo is None and attrs.get("min") is not None:
+        lo = _c_float(attrs["min"], dt) if dt.kind == "f" else str(int(attrs["min"]))
+    if hi is None and attrs.get("max") is not None:
+        hi = _c_float(attrs["max"], dt) if dt.kind == "f" else str(int(attrs["max"]))
+    out = x
+    if lo is not None:  # numpy's maximum/minimum: NaN stays NaN
+        out = f"({out} < {lo} ? {lo} : {out})"
+    if hi is not None:
+        out = f"({out} > {hi} ? {hi} : {out})"
+    return out
+
+
+def _c_cast(args, attrs, dtypes: CTypes):
+    (a,) = args[:1]
+    src, to = dtypes.args[0], dtypes.out
+    if c_type(src) is None or c_type(to) is None:
+        return None
+    if to == np.bool_:
+        return f"({a} != 0)"
+    return f"({c_type(to)}){a}"
+
+
 # --------------------------------------------------------------------------- the table
-UNARY: dict[str, tuple[Callable, Callable | None]] = {
-    # op: (numpy function, symbolic element function or None)
-    "Relu": (lambda x: np.maximum(x, 0), _sym(lambda x: sympy.Max(x, 0))),
-    "Sigmoid": (sigmoid, None),
-    "Tanh": (np.tanh, None),
-    "Erf": (special.erf, None),
-    "Exp": (np.exp, None),
-    "Log": (np.log, None),
-    "Sqrt": (np.sqrt, _sym(sympy.sqrt)),
-    "Neg": (np.negative, _sym(lambda x: -x)),
-    "Abs": (np.abs, _sym(sympy.Abs)),
-    "Reciprocal": (lambda x: 1 / x, _sym(lambda x: 1 / x)),
-    "Floor": (np.floor, _sym(sympy.floor)),
-    "Ceil": (np.ceil, _sym(sympy.ceiling)),
-    "Round": (round_half_even, None),
-    "Sign": (np.sign, None),
-    "Sin": (np.sin, None),
-    "Cos": (np.cos, None),
-    "Tan": (np.tan, None),
-    "Atan": (np.arctan, None),
-    "Softplus": (softplus, None),
-    "Softsign": (lambda x: x / (1 + np.abs(x)), None),
+UNARY: dict[str, tuple[Callable, Callable | None, Callable | None]] = {
+    # op: (numpy function, symbolic element function or None, C expression)
+    "Relu": (lambda x: np.maximum(x, 0), _sym(lambda x: sympy.Max(x, 0)), _c("({a} < 0 ? 0 : {a})", "fi")),
+    "Sigmoid": (sigmoid, None, _c("(1 / (1 + exp{f}(-{a})))", "f")),
+    "Tanh": (np.tanh, None, _c("tanh{f}({a})", "f")),
+    "Erf": (special.erf, None, _c("erf{f}({a})", "f")),
+    "Exp": (np.exp, None, _c("exp{f}({a})", "f")),
+    "Log": (np.log, None, _c("log{f}({a})", "f")),
+    "Sqrt": (np.sqrt, _sym(sympy.sqrt), _c("sqrt{f}({a})", "f")),
+    "Neg": (np.negative, _sym(lambda x: -x), _c("(-{a})", "fi")),
+    "Abs": (np.abs, _sym(sympy.Abs), _c("({a} < 0 ? -{a} : {a})", "fi")),
+    "Reciprocal": (lambda x: 1 / x, _sym(lambda x: 1 / x), _c("(1 / {a})", "f")),
+    "Floor": (np.floor, _sym(sympy.floor), _c("floor{f}({a})", "f")),
+    "Ceil": (np.ceil, _sym(sympy.ceiling), _c("ceil{f}({a})", "f")),
+    "Round": (round_half_even, None, _c("nearbyint{f}({a})", "f")),
+    "Sign": (np.sign, None, _c("({a} > 0 ? 1 : ({a} < 0 ? -1 : {a}))", "fi")),
+    "Sin": (np.sin, None, _c("sin{f}({a})", "f")),
+    "Cos": (np.cos, None, _c("cos{f}({a})", "f")),
+    "Tan": (np.tan, None, _c("tan{f}({a})", "f")),
+    "Atan": (np.arctan, None, _c("atan{f}({a})", "f")),
+    "Softplus": (softplus, None, _c("({a} > 20 ? {a} : log1p{f}(exp{f}({a})))", "f")),
+    "Softsign": (lambda x: x / (1 + np.abs(x)), None, _c("({a} / (1 + fabs{f}({a})))", "f")),
 }
 
-for _op, (_fn, _data) in UNARY.items():
+for _op, (_fn, _data, _cx) in UNARY.items():
     register(OpDef(_op, E, same_dtype_broadcast, _unary(_fn),
-                   data_rule=_elementwise_data(_data) if _data else None, arity=(1, 1)))
+                   data_rule=_elementwise_data(_data) if _data else None, arity=(1, 1), c_expr=_cx))
 
 register(OpDef("Not", E, same_dtype_broadcast, lambda call, x: np.logical_not(x),
                data_rule=_elementwise_data(lambda ctx, x: sympy.Integer(int(x == 0)) if x.is_number else None),
-               arity=(1, 1)))
-register(OpDef("IsNaN", E, bool_broadcast, lambda call, x: np.isnan(x), arity=(1, 1)))
+               arity=(1, 1), c_expr=_c("(!{a})")))
+register(OpDef("IsNaN", E, bool_broadcast, lambda call, x: np.isnan(x), arity=(1, 1),
+               c_expr=_c("({a} != {a})", "f")))
 register(OpDef("IsInf", E, bool_broadcast,
                lambda call, x: (np.isposinf(x) & bool(call.attr("detect_positive", 1)))
-               | (np.isneginf(x) & bool(call.attr("detect_negative", 1))), arity=(1, 1)))
-register(OpDef("Gelu", E, same_dtype_broadcast, gelu_ref, arity=(1, 1), opsets=(20, onnx.defs.onnx_opset_version())))
+               | (np.isneginf(x) & bool(call.attr("detect_negative", 1))), arity=(1, 1), c_expr=_c_isinf))
+register(OpDef("Gelu", E, same_dtype_broadcast, gelu_ref, arity=(1, 1), opsets=(20, onnx.defs.onnx_opset_version()),
+               c_expr=_c_gelu))
 register(OpDef("LeakyRelu", E, same_dtype_broadcast,
                lambda call, x: np.where(x >= 0, x, x * np.asarray(_float_attr(call, "alpha", 0.01), x.dtype)),
-               arity=(1, 1)))
+               arity=(1, 1), c_expr=_c_alpha("({a} >= 0 ? {a} : {a} * {alpha})", alpha=0.01)))
 register(OpDef("Elu", E, same_dtype_broadcast,
                lambda call, x: np.where(x >= 0, x, _float_attr(call, "alpha", 1.0) * np.expm1(x))
-               .astype(x.dtype), arity=(1, 1)))
+               .astype(x.dtype), arity=(1, 1),
+               c_expr=_c_alpha("({a} >= 0 ? {a} : {alpha} * expm1{f}({a}))", alpha=1.0)))
 register(OpDef("HardSigmoid", E, same_dtype_broadcast,
                lambda call, x: np.clip(_float_attr(call, "alpha", 0.2) * x + _float_attr(call, "beta", 0.5),
-                                       0, 1).astype(x.dtype), arity=(1, 1)))
-register(OpDef("Clip", E, lambda ctx: ctx.set_output(0, ctx.dtype(0), ctx.shape(0)), clip_ref, arity=(1, 3)))
+                                       0, 1).astype(x.dtype), arity=(1, 1),
+               c_expr=_c_alpha("({alpha} * {a} + {beta} < 0 ? 0 : "  # NaN stays NaN, as np.clip
+                               "({alpha} * {a} + {beta} > 1 ? 1 : {alpha} * {a} + {beta}))", alpha=0.2, beta=0.5)))
+register(OpDef("Clip", E, lambda ctx: ctx.set_output(0, ctx.dtype(0), ctx.shape(0)), clip_ref, arity=(1, 3),
+               c_expr=_c_clip))
 
-BINARY: dict[str, tuple[Callable, Callable | None]] = {
-    "Add": (lambda call, a, b: np.add(a, b).astype(a.dtype, copy=False), _sym(lambda a, b: a + b)),
-    "Sub": (lambda call, a, b: np.subtract(a, b).astype(a.dtype, copy=False), _sym(lambda a, b: a - b)),
-    "Mul": (lambda call, a, b: np.multiply(a, b).astype(a.dtype, copy=False), _sym(lambda a, b: a * b)),
-    "Div": (div_ref, _div_data),
-    "Pow": (pow_ref, _sym(lambda a, b: a ** b)),
-    "Mod": (mod_ref, None),
-    "PRelu": (lambda call, x, s: np.where(x >= 0, x, x * s).astype(x.dtype), None),
+BINARY: dict[str, tuple[Callable, Callable | None, Callable | None]] = {
+    # op: (numpy reference, symbolic element function or None, C expression)
+    "Add": (lambda call, a, b: np.add(a, b).astype(a.dtype, copy=False), _sym(lambda a, b: a + b),
+            _c("({a} + {b})", "fiu")),
+    "Sub": (lambda call, a, b: np.subtract(a, b).astype(a.dtype, copy=False), _sym(lambda a, b: a - b),
+            _c("({a} - {b})", "fiu")),
+    "Mul": (lambda call, a, b: np.multiply(a, b).astype(a.dtype, copy=False), _sym(lambda a, b: a * b),
+            _c("({a} * {b})", "fiu")),
+    "Div": (div_ref, _div_data, _c_div),
+    "Pow": (pow_ref, _sym(lambda a, b: a ** b), _c_pow),
+    "Mod": (mod_ref, None, _c_mod),
+    "PRelu": (lambda call, x, s: np.where(x >= 0, x, x * s).astype(x.dtype), None,
+              _c("({a} >= 0 ? {a} : {a} * {b})", "fi")),
     "BitShift": (lambda call, a, b: np.left_shift(a, b) if call.attr("direction") == "LEFT"
-                 else np.right_shift(a, b), None),
+                 else np.right_shift(a, b), None, _c_bitshift),
 }
-for _op, (_ref, _data) in BINARY.items():
+for _op, (_ref, _data, _cx) in BINARY.items():
     register(OpDef(_op, E, same_dtype_broadcast, _ref,
-                   data_rule=_elementwise_data(_data) if _data else None, arity=(2, 2)))
+                   data_rule=_elementwise_data(_data) if _data else None, arity=(2, 2), c_expr=_cx))
 
-COMPARE: dict[str, tuple[Callable, str | None]] = {
-    "Equal": (np.equal, "=="),
-    "Less": (np.less, "<"),
-    "LessOrEqual": (np.less_equal, "<="),
-    "Greater": (np.greater, ">"),
-    "GreaterOrEqual": (np.greater_equal, ">="),
-    "And": (np.logical_and, None),
-    "Or": (np.logical_or, None),
-    "Xor": (np.logical_xor, None),
+COMPARE: dict[str, tuple[Callable, str | None, str]] = {
+    # op: (numpy function, relation for symbolic data or None, C expression)
+    "Equal": (np.equal, "==", "({a} == {b})"),
+    "Less": (np.less, "<", "({a} < {b})"),
+    "LessOrEqual": (np.less_equal, "<=", "({a} <= {b})"),
+    "Greater": (np.greater, ">", "({a} > {b})"),
+    "GreaterOrEqual": (np.greater_equal, ">=", "({a} >= {b})"),
+    "And": (np.logical_and, None, "({a} && {b})"),
+    "Or": (np.logical_or, None, "({a} || {b})"),
+    "Xor": (np.logical_xor, None, "(!{a} != !{b})"),
 }
-for _op, (_fn, _rel) in COMPARE.items():
+for _op, (_fn, _rel, _cx) in COMPARE.items():
     register(OpDef(_op, E, bool_broadcast, (lambda fn: lambda call, a, b: fn(a, b))(_fn),
-                   data_rule=_elementwise_data(_compare(_rel)) if _rel else None, arity=(2, 2)))
+                   data_rule=_elementwise_data(_compare(_rel)) if _rel else None, arity=(2, 2), c_expr=_c(_cx)))
 
-VARIADIC: dict[str, tuple[Callable, Callable | None]] = {
-    "Max": (variadic(np.maximum), _minmax_data(sympy.Max)),
-    "Min": (variadic(np.minimum), _minmax_data(sympy.Min)),
-    "Sum": (variadic(np.add), _sym(lambda *xs: sum(xs[1:], xs[0]))),
-    "Mean": (mean_ref, None),
+VARIADIC: dict[str, tuple[Callable, Callable | None, Callable]] = {
+    # op: (numpy reference, symbolic element function or None, C expression)
+    "Max": (variadic(np.maximum), _minmax_data(sympy.Max), _c_variadic(">")),
+    "Min": (variadic(np.minimum), _minmax_data(sympy.Min), _c_variadic("<")),
+    "Sum": (variadic(np.add), _sym(lambda *xs: sum(xs[1:], xs[0])), _c_variadic("+")),
+    "Mean": (mean_ref, None, _c_mean),
 }
-for _op, (_ref, _data) in VARIADIC.items():
+for _op, (_ref, _data, _cx) in VARIADIC.items():
     register(OpDef(_op, E, same_dtype_broadcast, _ref,
-                   data_rule=_elementwise_data(_data) if _data else None, arity=(1, 2**31)))
+                   data_rule=_elementwise_data(_data) if _data else None, arity=(1, 2**31), c_expr=_cx))
 
 register(OpDef("Where", E, where_shape, lambda call, c, a, b: np.where(c, a, b),
-               data_rule=_where_data, arity=(3, 3)))
-register(OpDef("Cast", E, cast_shape, cast_ref, data_rule=_elementwise_data(_cast_data), arity=(1, 1)))
+               data_rule=_where_data, arity=(3, 3), c_expr=_c("({a} ? {b} : {c})")))
+register(OpDef("Cast", E, cast_shape, cast_ref, data_rule=_elementwise_data(_cast_data), arity=(1, 1),
+               c_expr=_c_cast))
 register(OpDef("CastLike", E, castlike_shape, lambda call, x, like: x.astype(like.dtype),
-               data_rule=_elementwise_data(_cast_data), arity=(2, 2)))
+               data_rule=_elementwise_data(_cast_data), arity=(2, 2), c_expr=_c_cast))
 register(OpDef("Identity", FusionClass.INJECTIVE, lambda ctx: ctx.set_output(0, ctx.dtype(0), ctx.shape(0)),
-               lambda call, x: x, data_rule=DATA_VIA_REFERENCE, arity=(1, 1)))
+               lambda call, x: x, data_rule=DATA_VIA_REFERENCE, arity=(1, 1), c_expr=_c("{a}")))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import onnx.defs
@@ -80,6 +80,33 @@ class OpDef:
     #: Softmax/LayerNorm normalizes or a Reduce* folds), or None when only run time knows them;
     #: the fusion stage stitches reductions over the same rows
     reduced_axes: Callable[["ShapeContext"], list[int] | None] | None = None
+    #: elementwise ops: ``c_expr(args, attrs, dtypes)`` gives the C expression of one output element
+    #: from its arguments' elements. ``args`` are C identifiers or literals (so a template may repeat
+    #: them), None for an omitted optional input; ``dtypes`` is a :class:`CTypes`. The expression is
+    #: plain C99 + ``<math.h>`` and is assigned to a local of the output's C type (:func:`c_type`).
+    #: None (or a function returning None for some dtypes) means code generation does not support it.
+    c_expr: Callable[[list[str | None], dict[str, Any], "CTypes"], str | None] | None = None
+
+
+class CTypes(NamedTuple):
+    """Element types an :attr:`OpDef.c_expr` template sees: the output's and each argument's."""
+    out: np.dtype
+    args: tuple[np.dtype | None, ...]
+
+
+#: numpy dtype -> C element type of generated kernels (bool is one byte holding 0 or 1)
+C_TYPES = {np.dtype(k): v for k, v in (
+    ("float32", "float"), ("float64", "double"), ("int64", "int64_t"), ("int32", "int32_t"),
+    ("int16", "int16_t"), ("int8", "int8_t"), ("uint64", "uint64_t"), ("uint32", "uint32_t"),
+    ("uint16", "uint16_t"), ("uint8", "uint8_t"), ("bool", "uint8_t"))}
+
+
+def c_type(dtype) -> str | None:
+    """The C type of one element of ``dtype``, or None when generated C cannot hold it (float16, strings)."""
+    try:
+        return C_TYPES.get(np.dtype(dtype))
+    except TypeError:
+        return None
 
 
 REGISTRY: dict[tuple[str, str], OpDef] = {}

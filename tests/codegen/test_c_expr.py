@@ -1,0 +1,185 @@
+"""Index arithmetic of generated C: view chains composed into source indices, checked against
+numpy's own views at awkward sizes (1, primes), both evaluated in Python and printed as C."""
+import ctypes
+
+import numpy as np
+import pytest
+import sympy
+
+from tscomp.codegen.build import build_library, load_library
+from tscomp.codegen.c_expr import (PRELUDE, IndexContext, broadcast_index, c_index, c_literal, compose,
+                                   linearize, reshape_index)
+from tscomp.graph import views
+from tscomp.graph.symbols import SymbolTable
+
+SYMS = SymbolTable()
+B = SYMS.new_symbol("batch", origin="user", min=1, max=8)
+L = SYMS.new_symbol("sequence", origin="user", min=1, max=64)
+H = SYMS.new_symbol("height", origin="user", min=8, max=64)
+W = SYMS.new_symbol("width", origin="user", min=8, max=64)
+HP, WP = sympy.floor(H / 8), sympy.floor(W / 8)
+
+
+def _chain(src_shape, steps):
+    """[(ViewOp, its source shape)] from a source shape and a list of step constructors."""
+    out, shape = [], tuple(src_shape)
+    for step in steps:
+        op = step(shape)
+        out.append((op, shape))
+        shape = op.shape
+    return out, shape
+
+
+def _slice_shape(shape, axis, start, stop, step, binding):
+    """The symbolic extent of a sliced axis is not needed by the index map; tests use the
+    concrete one (numpy's) at the binding."""
+    dims = list(shape)
+    n = _ev(shape[axis], binding)
+    dims[axis] = sympy.Integer(len(range(n)[views.onnx_slice(n, _ev(start, binding), _ev(stop, binding), step)]))
+    return tuple(dims)
+
+
+def _ev(e, binding):
+    return int(sympy.sympify(e).xreplace({s: sympy.Integer(v) for s, v in binding.items()}))
+
+
+def CASES(binding):
+    return {
+        # split the hidden axis into heads, move heads forward, merge batch and heads
+        "heads": ((B, L, 12), [lambda s: views.reshape((B, L, 3, 4)), lambda s: views.permute((0, 2, 1, 3), s),
+                               lambda s: views.reshape((B * 3, L, 4))]),
+        "expand": ((1, L, 1), [lambda s: views.expand((B, L, 5))]),
+        "unsqueeze-expand": ((L,), [lambda s: views.reshape((1, L)), lambda s: views.expand((B, L))]),
+        "negative-start": ((B, L, 7), [lambda s: views.slice_view(_slice_shape(s, 2, -3, 100, 1, binding),
+                                                                   [(2, -3, 100, 1)])]),
+        "step2-symbolic-stop": ((L, 6), [lambda s: views.slice_view(_slice_shape(s, 0, 1, L, 2, binding),
+                                                                     [(0, 1, L, 2)]),
+                                         lambda s: views.permute((1, 0), s)]),
+        "reverse": ((L, 5), [lambda s: views.slice_view(_slice_shape(s, 1, -1, -100, -1, binding),
+                                                         [(1, -1, -100, -1)])]),
+        # start L - 2 is negative when L = 1: clamped at run time
+        "symbolic-start": ((L + 3, 2), [lambda s: views.slice_view(_slice_shape(s, 0, L - 2, L + 3, 1, binding),
+                                                                    [(0, L - 2, L + 3, 1)])]),
+        "merge-split-ones": ((B, 1, L), [lambda s: views.reshape((B * L,)), lambda s: views.reshape((B, L, 1, 1)),
+                                         lambda s: views.permute((2, 0, 3, 1), s)]),
+        "unaligned": ((6, 4), [lambda s: views.reshape((4, 6)), lambda s: views.reshape((2, 12)),
+                               lambda s: views.permute((1, 0), s)]),
+        "patches": ((1, 16, HP, WP), [lambda s: views.permute((0, 2, 3, 1), s),
+                                      lambda s: views.reshape((1, HP * WP, 16))]),
+        "slice-of-reshape": ((B, L * 3), [lambda s: views.reshape((B, L, 3)),
+                                          lambda s: views.slice_view(_slice_shape(s, 2, 1, 3, 1, binding),
+                                                                     [(2, 1, 3, 1)]),
+                                          lambda s: views.reshape((B, L * 2))]),
+    }
+
+
+BINDINGS = [{B: 1, L: 1, H: 8, W: 8}, {B: 3, L: 7, H: 37, W: 61}, {B: 2, L: 13, H: 17, W: 8}]
+
+
+def _numpy_view(src_shape, chain, binding):
+    ev = lambda e: _ev(e, binding)  # noqa: E731
+    arr = np.arange(int(np.prod([ev(d) for d in src_shape]))).reshape([ev(d) for d in src_shape])
+    for op, _ in chain:
+        arr = views.apply_view(arr, op, ev)
+    return arr
+
+
+def _symbolic_offsets(src_shape, chain, out_shape):
+    """Flat source offset of every output element, as one SymPy expression over loop variables."""
+    ctx = IndexContext(SYMS)
+    idx = tuple(ctx.var(f"i{k}", d) if d != 1 else sympy.Integer(0) for k, d in enumerate(out_shape))
+    src = compose(idx, list(reversed(chain)), ctx)  # from the element read back to the tensor
+    return ctx, idx, ctx.simplify(linearize(src, src_shape))
+
+
+@pytest.mark.parametrize("binding", BINDINGS, ids=lambda b: "-".join(f"{k}{v}" for k, v in b.items()))
+@pytest.mark.parametrize("case", list(CASES(BINDINGS[0])))
+def test_view_chain_indices_match_numpy(case, binding):
+    src_shape, steps = CASES(binding)[case]
+    chain, out_shape = _chain(src_shape, steps)
+    want = _numpy_view(src_shape, chain, binding)
+    ctx, idx, offset = _symbolic_offsets(src_shape, chain, out_shape)
+    concrete = offset.xreplace({s: sympy.Integer(v) for s, v in binding.items()})
+    loop_vars = [v for v in idx if isinstance(v, sympy.Symbol)]
+    fn = sympy.lambdify(loop_vars, concrete, modules="numpy")
+    grids = np.meshgrid(*[np.arange(n) for n, v in zip(want.shape, idx) if isinstance(v, sympy.Symbol)],
+                        indexing="ij")
+    got = np.broadcast_to(np.asarray(fn(*grids)), [n for n, v in zip(want.shape, idx) if isinstance(v, sympy.Symbol)])
+    assert np.array_equal(got.reshape(want.shape), want), f"{case}: offset {offset}"
+
+
+def test_composed_reshapes_cancel_without_division():
+    ctx = IndexContext(SYMS)
+    i0, i3 = ctx.var("i0", B), ctx.var("i3", L)
+    # (batch, 1, 1, sequence, 1) -> (batch*sequence,) -> (batch, 1, 1, sequence)
+    flat = reshape_index((i0, 0, 0, i3), (B, 1, 1, L), (B * L,), ctx)
+    back = reshape_index(flat, (B * L,), (B, 1, 1, L, 1), ctx)
+    assert back == (i0, 0, 0, i3, 0)
+    assert c_index(linearize(back, (B, 1, 1, L, 1)), ctx) == "i0*sequence + i3"
+
+
+def test_split_axes_index_by_division_and_modulo():
+    ctx = IndexContext(SYMS)
+    j = ctx.var("j", B * L)
+    src = reshape_index((j, 0), (B * L, 1), (B, L), ctx)
+    assert [c_index(x, ctx) for x in src] == ["j / sequence", "j % sequence"]
+
+
+def test_broadcast_reads_index_zero_of_size_one_axes():
+    ctx = IndexContext(SYMS)
+    i = tuple(ctx.var(f"i{k}", d) for k, d in enumerate((B, 4, L, L)))
+    assert broadcast_index(i, (B, 4, L, L), (B, 1, 1, L)) == (i[0], 0, 0, i[3])
+    assert broadcast_index(i, (B, 4, L, L), (L,)) == (i[3],)
+
+
+def test_printer_uses_helpers_only_when_signs_are_unknown():
+    ctx = IndexContext(SYMS)
+    i = ctx.var("i", L)
+    assert c_index(sympy.floor((i + 3) / 4), ctx) == "(i + 3) / 4"
+    assert c_index(sympy.Mod(i, 5), ctx) == "i % 5"
+    assert c_index(sympy.floor((i - 3) / 4), ctx) == "ts_floordiv(i - 3, 4)"
+    assert c_index(sympy.Mod(i - 3, 4), ctx) == "(i + 1) % 4"  # SymPy shifts a numeric modulus's operand
+    assert c_index(sympy.Mod(i - 3, L), ctx) == "ts_mod(i - 3, sequence)"
+    assert c_index(sympy.Min(i, 4), ctx) in ("ts_min(4, i)", "ts_min(i, 4)")
+    assert c_index(HP * WP + 1, ctx) == "(height / 8)*(width / 8) + 1"
+
+
+def test_literals():
+    assert c_literal(0.5, np.float32) == "0.5f"
+    assert c_literal(1e-12, np.float32) == "1e-12f"
+    assert c_literal(2, np.float32) == "2.0f"
+    assert c_literal(float("-inf"), np.float32) == "-INFINITY"
+    assert c_literal(float("nan"), np.float64) == "NAN"
+    assert c_literal(-3, np.int64) == "(-3)"
+    assert c_literal(-2**63, np.int64) == "INT64_MIN"
+    assert c_literal(True, np.bool_) == "1"
+
+
+def test_printed_c_computes_the_same_offsets(tmp_path):
+    """Every chain printed as one C function per case, compiled once, evaluated at every output
+    position against numpy."""
+    binding = BINDINGS[1]
+    cases = CASES(binding)
+    funcs, meta = [], []
+    for n, (case, (src_shape, steps)) in enumerate(cases.items()):
+        chain, out_shape = _chain(src_shape, steps)
+        ctx, idx, offset = _symbolic_offsets(src_shape, chain, out_shape)
+        params = ", ".join(f"int64_t {s.name}" for s in (B, L, H, W))
+        loops = []
+        for k, v in enumerate(idx):
+            if isinstance(v, sympy.Symbol):
+                loops.append(f"for (int64_t {v} = 0; {v} < {c_index(out_shape[k], ctx)}; ++{v})")
+        body = f"out[n++] = {c_index(offset, ctx)};"
+        funcs.append(f"int64_t f{n}(int64_t *out, {params}) {{\n    int64_t n = 0;\n    "
+                     + " ".join(loops) + f"\n        {body}\n    return n;\n}}")
+        meta.append((case, src_shape, chain))
+    lib = load_library(build_library(PRELUDE + "\n" + "\n".join(funcs), "test_c_expr_offsets", out_dir=tmp_path))
+    for n, (case, src_shape, chain) in enumerate(meta):
+        want = _numpy_view(src_shape, chain, binding)
+        buf = np.zeros(max(want.size, 1), dtype=np.int64)
+        fn = getattr(lib, f"f{n}")
+        fn.restype = ctypes.c_int64
+        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 4
+        count = fn(buf.ctypes.data, *(binding[s] for s in (B, L, H, W)))
+        assert count == want.size, case
+        assert np.array_equal(buf[:count], want.reshape(-1)), case

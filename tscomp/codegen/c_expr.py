@@ -1,0 +1,585 @@
+"""Index arithmetic of generated C: where one element of a fused expression lives in memory.
+
+A fused group reads its materialized inputs through chains of views (reshape /
+permute / expand / slice, :mod:`tscomp.graph.views`) and numpy broadcasting of op
+arguments; none of these is ever materialized (TSCompiler §4.2, "reshapes and
+transposes ... absorbed"). Code generation needs, for an element of a node at a
+multi-index, the multi-index of the element it reads in the node's source — a tuple
+of SymPy integer expressions over loop variables and shape symbols. This module:
+
+* composes the index maps (:func:`view_index`, :func:`broadcast_index`,
+  :func:`reshape_index` — reshape splits both shapes into chunks of equal extent
+  products, so a reshape that only splits or merges axes costs no division);
+* simplifies ``floor`` / ``Mod`` using the loop variables' ranges
+  (:class:`IndexContext`), so composed reshapes cancel
+  (``(b*L + l) // L`` is ``b`` when ``0 <= l < L``);
+* prints them as C over ``int64_t`` (:func:`c_index`): ``floor(a/b)`` of
+  non-negative operands becomes ``a / b``, ``Mod`` becomes ``%``, anything whose
+  sign is not evident goes through the ``ts_floordiv``/``ts_mod`` helpers of
+  :data:`PRELUDE`; and element literals (:func:`c_literal`).
+
+Slice starts follow ONNX clamping; a start whose clamped value the symbol ranges
+decide is resolved here, otherwise the clamping becomes run-time C (``Piecewise``/
+``Min``/``Max`` printed as ternaries and helpers).
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Sequence
+
+import numpy as np
+import sympy
+
+from tscomp.errors import UnsupportedOperatorError
+from tscomp.graph.symbols import SymbolTable
+from tscomp.graph.views import ViewOp
+
+Index = tuple[sympy.Expr, ...]
+
+#: helpers generated index code may call (all int64_t)
+PRELUDE = """\
+#include <stdint.h>
+#include <stdlib.h>
+#include <math.h>
+
+/* floor division and Python-style modulo, for operands whose sign is not known statically */
+static inline int64_t ts_floordiv(int64_t a, int64_t b)
+{ int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int64_t ts_mod(int64_t a, int64_t b)
+{ int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline int64_t ts_min(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t ts_max(int64_t a, int64_t b) { return a > b ? a : b; }
+"""
+
+#: ``ts_expf``: a vectorizable expf for kernels that call it (Softmax, LogSumExp)
+EXP_HELPER = """\
+/* expf that vectorizes in `omp simd` loops (libm's does not without -ffast-math): Cephes'
+   range reduction and degree-7 polynomial, relative error ~2e-7; NaN and overflow as expf */
+#pragma omp declare simd notinbranch
+static inline float ts_expf(float x)
+{
+    float xc = x < -87.0f ? -87.0f : x;          /* selects, not fminf/fmaxf: those stay libm calls */
+    xc = xc > 88.7f ? 88.7f : xc;
+    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   /* round to nearest */
+    float r = fmaf(n, -0.693359375f, xc);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r + 1.0f);
+    union { int32_t i; float f; } scale = { .i = ((int32_t)n + 126) << 23 };   /* 2^(n-1) */
+    const float y = p * scale.f * 2.0f;
+    return x != x ? x : (x < -87.0f ? 0.0f : (x > 88.7f ? INFINITY : y));
+}
+"""
+
+_C_KEYWORDS = set("""auto break case char const continue default do double else enum extern float for goto if
+inline int long register restrict return short signed sizeof static struct switch typedef union unsigned void
+volatile while _Bool _Complex _Imaginary main errno assert exp log sqrt floor ceil pow fmin fmax abs fabs erf tanh
+isnan isinf isfinite malloc free INFINITY NAN scale""".split())
+
+
+def index_var(name: str) -> sympy.Symbol:
+    """A loop (or gathered) index variable: a non-negative integer."""
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+def c_symbol_name(name: str) -> str:
+    """C name of a shape symbol: its own name unless that could clash with C or with the generated
+    locals and parameters (short letters + digits such as ``i0``, ``t12``, ``mean0``, ``in3``)."""
+    if name in _C_KEYWORDS or re.fullmatch(r"[a-z]{1,5}\d+", name) or name.startswith(("ts_", "sym_")):
+        return "sym_" + name
+    return name
+
+
+def same(a, b) -> bool:
+    """Symbolic equality of two index/shape expressions."""
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    return a == b or sympy.expand(a - b) == 0
+
+
+def prod(dims: Sequence) -> sympy.Expr:
+    out = sympy.Integer(1)
+    for d in dims:
+        out = out * d
+    return out
+
+
+def strides(shape: Sequence) -> list[sympy.Expr]:
+    """Row-major strides (in elements) of a symbolic shape."""
+    out, acc = [], sympy.Integer(1)
+    for d in reversed(shape):
+        out.append(acc)
+        acc = acc * d
+    return out[::-1]
+
+
+def linearize(idx: Index, shape: Sequence) -> sympy.Expr:
+    return sympy.Add(*[i * s for i, s in zip(idx, strides(shape)) if i != 0])
+
+
+class IndexContext:
+    """Ranges of index variables (inclusive upper bounds) and the symbol table's ranges, used to
+    simplify ``floor``/``Mod`` and to decide slice clamping."""
+
+    def __init__(self, symbols: SymbolTable | None = None):
+        self.symbols = symbols
+        self.upper_bounds: dict[sympy.Symbol, sympy.Expr] = {}
+
+    def var(self, name: str, extent) -> sympy.Symbol:
+        v = index_var(name)
+        self.upper_bounds[v] = sympy.sympify(extent) - 1
+        return v
+
+    # ------------------------------------------------------------ facts
+    def nonneg(self, e) -> bool:
+        """True if ``e >= 0`` follows from its form (index variables and shape symbols are >= 0)."""
+        e = sympy.sympify(e)
+        if e.is_Number:
+            return e >= 0
+        if e.is_Symbol:
+            return bool(e.is_nonnegative) or e in self.upper_bounds
+        if isinstance(e, (sympy.Add, sympy.Mul)):
+            return all(self.nonneg(a) for a in e.args)
+        if isinstance(e, (sympy.floor, sympy.ceiling)):
+            return self.nonneg(e.args[0])
+        if isinstance(e, sympy.Mod):
+            return self.nonneg(e.args[1]) and self.positive(e.args[1])
+        if isinstance(e, sympy.Pow):
+            return e.exp.is_Integer and e.exp > 0 and self.nonneg(e.base)
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            return all(self.nonneg(a) for a in e.args)
+        return False
+
+    def positive(self, e) -> bool:
+        e = sympy.sympify(e)
+        if e.is_Number:
+            return e > 0
+        if e.is_positive:
+            return True
+        return self.symbols is not None and not e.free_symbols & set(self.upper_bounds) \
+            and self.symbols.bounds(e)[0] > 0
+
+    def upper(self, e) -> sympy.Expr | None:
+        """A symbolic upper bound of a non-negative index expression, or None."""
+        e = sympy.sympify(e)
+        if e.is_Number:
+            return e
+        if e.is_Symbol:
+            return self.upper_bounds.get(e, e if e.is_nonnegative else None)
+        if isinstance(e, sympy.Add):
+            parts = []
+            for t in e.args:
+                c, m = t.as_coeff_Mul()
+                if c < 0:  # c * m with m >= 0 is at most 0
+                    if not self.nonneg(m):
+                        return None
+                    continue
+                u = self.upper(t)
+                if u is None:
+                    return None
+                parts.append(u)
+            return sympy.Add(*parts)
+        if isinstance(e, sympy.Mul):
+            parts = []
+            for f in e.args:
+                u = self.upper(f) if self.nonneg(f) else None
+                if u is None:
+                    return None
+                parts.append(u)
+            return sympy.Mul(*parts)
+        if isinstance(e, sympy.Mod):
+            return e.args[1] - 1 if self.positive(e.args[1]) else None
+        if isinstance(e, sympy.floor):
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            u = self.upper(num)
+            return None if u is None or not self.positive(den) else sympy.floor(u / den)
+        return None
+
+    def prove_le(self, a, b) -> bool:
+        """``a <= b`` for every value of the variables and symbols in range."""
+        diff = sympy.expand(sympy.sympify(b) - sympy.sympify(a))
+        if diff.is_Number:
+            return diff >= 0
+        if self.nonneg(diff):
+            return True
+        if self.symbols is not None and not diff.free_symbols & set(self.upper_bounds):
+            return self.symbols.prove_le(0, diff)
+        return False
+
+    def below(self, e, bound) -> bool:
+        """``0 <= e < bound`` everywhere."""
+        if not self.nonneg(e):
+            return False
+        u = self.upper(e)
+        return u is not None and self.prove_le(u, sympy.sympify(bound) - 1)
+
+    # ------------------------------------------------------------ simplification
+    def simplify(self, e) -> sympy.Expr:
+        e = sympy.sympify(e)
+        if e.is_Atom:
+            return e
+        args = [self.simplify(a) for a in e.args]
+        if isinstance(e, sympy.floor):
+            return self._floor(args[0])
+        if isinstance(e, sympy.Mod):
+            return self._mod(*args)
+        if isinstance(e, sympy.Piecewise):
+            return self._piecewise(e)
+        e = e.func(*args) if args != list(e.args) else e
+        return self._recombine(e) if isinstance(e, sympy.Add) else e
+
+    @staticmethod
+    def _recombine(e: sympy.Add) -> sympy.Expr:
+        """``a*floor(x/a) + Mod(x, a)`` is ``x`` (a flat index split and joined again)."""
+        terms = list(e.args)
+        for t in list(terms):
+            if isinstance(t, sympy.Mod) and t in terms:
+                x, a = t.args
+                whole = a * sympy.floor(x / a)
+                match = next((u for u in terms if u is not t and (u == whole or sympy.expand(u - whole) == 0)), None)
+                if match is not None:
+                    terms.remove(t)
+                    terms.remove(match)
+                    terms.append(x)
+        return sympy.Add(*terms) if len(terms) != len(e.args) else e
+
+    def _floor(self, arg) -> sympy.Expr:
+        num, den = sympy.fraction(sympy.together(arg))
+        if den == 1:
+            return num
+        quotient, rest = [], []   # num = den * sum(quotient) + sum(rest)
+        for t in sympy.Add.make_args(sympy.expand(num)):
+            q = sympy.cancel(t / den)
+            if sympy.fraction(q)[1] == 1:
+                quotient.append(q)
+            else:
+                rest.append(t)
+        q, r = sympy.Add(*quotient), sympy.Add(*rest)
+        if r == 0 or self.below(r, den):
+            return q
+        return q + sympy.floor(r / den) if quotient else sympy.floor(num / den)
+
+    def _mod(self, a, m) -> sympy.Expr:
+        e = sympy.Mod(a, m)
+        if not isinstance(e, sympy.Mod):
+            return e
+        a, m = e.args
+        if self.below(a, m):
+            return a
+        # drop multiples of m that SymPy keeps (symbolic m): a = k*m + r
+        keep = [t for t in sympy.Add.make_args(sympy.expand(a)) if sympy.fraction(sympy.cancel(t / m))[1] != 1]
+        r = sympy.Add(*keep)
+        if r != a:
+            return r if self.below(r, m) else sympy.Mod(r, m)
+        return e
+
+    def _piecewise(self, e: sympy.Piecewise) -> sympy.Expr:
+        pieces = []
+        for value, cond in e.args:
+            value = self.simplify(value)
+            decided = self.decide(cond)
+            if decided is False:
+                continue
+            if decided is True or cond is sympy.true:
+                if not pieces:
+                    return value
+                pieces.append((value, True))
+                break
+            pieces.append((value, cond))
+        return sympy.Piecewise(*pieces) if pieces else e
+
+    def decide(self, cond) -> bool | None:
+        """Decide a relation over shape symbols with the symbol table, or None."""
+        if cond in (sympy.true, True):
+            return True
+        if cond in (sympy.false, False):
+            return False
+        if self.symbols is None or not isinstance(cond, sympy.core.relational.Relational):
+            return None
+        if cond.free_symbols & set(self.upper_bounds):
+            return None
+        rel = {sympy.StrictLessThan: "<", sympy.LessThan: "<=", sympy.StrictGreaterThan: ">",
+               sympy.GreaterThan: ">=", sympy.Eq: "==", sympy.Ne: "!="}.get(type(cond))
+        return None if rel is None else self.symbols.decide(rel, cond.lhs, cond.rhs)
+
+
+# ---------------------------------------------------------------------------- index maps
+def broadcast_index(idx: Index, out_shape: Sequence, src_shape: Sequence) -> Index:
+    """numpy broadcasting: the element of a ``src_shape`` operand read at ``idx`` of ``out_shape``
+    (right-aligned; size-1 source dims read index 0; a symbolic source dim that may be 1 at run
+    time while the output's is not becomes a run-time choice)."""
+    lead = len(out_shape) - len(src_shape)
+    if lead < 0:
+        raise ValueError(f"cannot broadcast {tuple(src_shape)} to {tuple(out_shape)}")
+    out = []
+    for j, d in enumerate(src_shape):
+        i, o = idx[lead + j], out_shape[lead + j]
+        if d == 1 or o == 1:
+            out.append(sympy.Integer(0))
+        elif same(d, o):
+            out.append(i)
+        else:
+            out.append(sympy.Piecewise((sympy.Integer(0), sympy.Eq(d, 1)), (i, True)))
+    return tuple(out)
+
+
+def _chunks(a: Sequence, b: Sequence) -> list[tuple[list[int], list[int]]] | None:
+    """Split two shapes of equal element count into consecutive groups of axes with equal extent
+    products (size-1 axes join the group before them), or None when the products do not line up
+    symbolically."""
+    groups, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        ga, gb = [], []
+        pa, pb = sympy.Integer(1), sympy.Integer(1)
+        if i < len(a):
+            ga.append(i)
+            pa, i = pa * a[i], i + 1
+        if j < len(b):
+            gb.append(j)
+            pb, j = pb * b[j], j + 1
+        while not same(pa, pb):
+            grow_a = (pa.is_Number and pb.is_Number and pa < pb) or _divides_more(pa, pb)
+            grow_b = (pa.is_Number and pb.is_Number and pb < pa) or _divides_more(pb, pa)
+            if grow_a and i < len(a):
+                ga.append(i)
+                pa, i = pa * a[i], i + 1
+            elif grow_b and j < len(b):
+                gb.append(j)
+                pb, j = pb * b[j], j + 1
+            else:
+                return None
+        while i < len(a) and a[i] == 1:
+            ga.append(i)
+            i += 1
+        while j < len(b) and b[j] == 1:
+            gb.append(j)
+            j += 1
+        groups.append((ga, gb))
+    return groups
+
+
+def _divides_more(small, big) -> bool:
+    """``big`` is a strict symbolic multiple of ``small`` (so ``small``'s side must take more axes)."""
+    if same(small, big):
+        return False
+    q = sympy.cancel(sympy.sympify(big) / small)
+    return sympy.fraction(q)[1] == 1
+
+
+def delinearize(flat, shape: Sequence, ctx: IndexContext) -> Index:
+    out = []
+    for d, s in zip(shape, strides(shape)):
+        if d == 1:
+            out.append(sympy.Integer(0))
+            continue
+        q = ctx.simplify(sympy.floor(flat / s)) if s != 1 else flat
+        out.append(ctx.simplify(sympy.Mod(q, d)) if not same(s * d, prod(shape)) else q)
+    return tuple(out)
+
+
+def reshape_index(idx: Index, out_shape: Sequence, src_shape: Sequence, ctx: IndexContext) -> Index:
+    """The source multi-index of a row-major reshape from ``src_shape`` to ``out_shape``."""
+    groups = _chunks(out_shape, src_shape)
+    if groups is None:
+        groups = [(list(range(len(out_shape))), list(range(len(src_shape))))]
+    src = [sympy.Integer(0)] * len(src_shape)
+    for go, gs in groups:
+        if not gs:
+            continue
+        sub_out = [out_shape[k] for k in go]
+        sub_src = [src_shape[k] for k in gs]
+        flat = ctx.simplify(linearize(tuple(idx[k] for k in go), sub_out)) if go else sympy.Integer(0)
+        for k, v in zip(gs, delinearize(flat, sub_src, ctx)):
+            src[k] = v
+    return tuple(src)
+
+
+def slice_start(dim, start, stop, step, ctx: IndexContext) -> sympy.Expr:
+    """The first source index an ONNX slice reads on an axis of size ``dim`` (negative starts count
+    from the end, then clamp to [0, dim] for positive steps, [0, dim - 1] for negative ones), decided
+    from the symbol ranges where possible, else left to run time (Piecewise / Min / Max)."""
+    dim, start, step = (sympy.sympify(x) for x in (dim, start, step))
+    neg = bool(start < 0) if start.is_Number else ctx.decide(sympy.Lt(start, 0))
+    if neg is None:
+        s = sympy.Piecewise((start + dim, sympy.Lt(start, 0)), (start, True))
+    else:
+        s = start + dim if neg else start
+    if not ctx.prove_le(0, s):
+        s = sympy.Max(s, 0)
+    hi = dim if step > 0 else dim - 1
+    if not ctx.prove_le(s, hi):
+        s = sympy.Min(s, hi)
+    return ctx.simplify(s)
+
+
+def view_index(idx: Index, op: ViewOp, src_shape: Sequence, ctx: IndexContext) -> Index:
+    """The multi-index of ``op``'s source element read at ``idx`` of its output."""
+    if op.kind == "reshape":
+        return reshape_index(idx, op.shape, src_shape, ctx)
+    if op.kind == "permute":
+        src = [sympy.Integer(0)] * len(op.perm)
+        for k, p in enumerate(op.perm):
+            src[p] = idx[k]
+        return tuple(src)
+    if op.kind == "expand":
+        return broadcast_index(idx, op.shape, src_shape)
+    if op.kind == "slice":
+        src = list(idx)
+        for axis, start, stop, step in op.slices:
+            axis = int(axis) % len(src_shape)
+            step = sympy.sympify(step)
+            if not step.is_Integer:
+                raise UnsupportedOperatorError(f"slice with a run-time step {step} is not supported by code generation")
+            first = slice_start(src_shape[axis], start, stop, step, ctx)
+            src[axis] = ctx.simplify(first + step * idx[axis])
+        return tuple(src)
+    raise UnsupportedOperatorError(f"view kind {op.kind!r} is not supported by code generation")
+
+
+def compose(idx: Index, chain: Sequence[tuple[ViewOp, Sequence]], ctx: IndexContext) -> Index:
+    """Apply a view chain, outermost first: ``chain`` lists (view, its source shape) from the
+    element read back towards the materialized tensor."""
+    for op, src_shape in chain:
+        idx = tuple(ctx.simplify(i) for i in view_index(idx, op, src_shape, ctx))
+    return idx
+
+
+# ---------------------------------------------------------------------------- printing
+_ADD, _MUL, _ATOM = 1, 2, 3
+
+
+class CPrinter:
+    """SymPy integer expressions -> C over int64_t."""
+
+    def __init__(self, ctx: IndexContext | None = None, names: dict | None = None):
+        self.ctx = ctx or IndexContext()
+        self.names = names or {}
+        self.used: set[sympy.Symbol] = set()
+
+    def __call__(self, e) -> str:
+        return self.p(sympy.sympify(e), 0)
+
+    def p(self, e, prec: int) -> str:
+        text, own = self._p(e)
+        return f"({text})" if own < prec else text
+
+    def _p(self, e) -> tuple[str, int]:
+        if e.is_Integer:
+            v = int(e)
+            text = str(v) if -2**31 < v < 2**31 else f"INT64_C({v})"
+            return text, (_ATOM if v >= 0 else _ADD)
+        if e.is_Symbol:
+            self.used.add(e)
+            if e in self.names:
+                return self.names[e], _ATOM
+            return (e.name if e in self.ctx.upper_bounds else c_symbol_name(e.name)), _ATOM
+        if e.is_Rational:
+            raise UnsupportedOperatorError(f"index expression with a fraction: {e}")
+        if isinstance(e, sympy.Add):
+            terms = sorted(e.as_ordered_terms(), key=lambda t: t.is_Number)
+            out = ""
+            for k, t in enumerate(terms):
+                c, m = t.as_coeff_Mul()
+                if k and c.is_Number and c < 0:
+                    out += " - " + self.p(-t, _MUL)
+                else:
+                    out += (" + " if k else "") + self.p(t, _ADD)
+            return out, _ADD
+        if isinstance(e, sympy.Mul):
+            c, rest = e.as_coeff_Mul()
+            if c == -1:
+                return "-" + self.p(rest, _ATOM), _ADD
+            factors = []
+            for f in sympy.Mul.make_args(e):
+                if isinstance(f, sympy.Pow) and f.exp.is_Integer and f.exp < 0:
+                    raise UnsupportedOperatorError(f"index expression with a fraction: {e}")
+                atom = isinstance(f, (sympy.Add, sympy.floor, sympy.ceiling, sympy.Mod))
+                factors.append(self.p(f, _ATOM if atom else _MUL))
+            return "*".join(factors), _MUL
+        if isinstance(e, sympy.Pow):
+            if e.exp.is_Integer and e.exp > 0:
+                b = self.p(e.base, _ATOM)
+                return "*".join([b] * int(e.exp)), _MUL
+            raise UnsupportedOperatorError(f"index expression with a non-integer power: {e}")
+        if isinstance(e, (sympy.floor, sympy.ceiling)):
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            if den == 1:
+                return self._p(num)
+            if isinstance(e, sympy.ceiling):
+                num = num + den - 1
+            if self.ctx.nonneg(num) and self.ctx.positive(den):
+                return f"{self.p(num, _MUL)} / {self.p(den, _ATOM)}", _MUL
+            return f"ts_floordiv({self(num)}, {self(den)})", _ATOM
+        if isinstance(e, sympy.Mod):
+            a, m = e.args
+            if self.ctx.nonneg(a) and self.ctx.positive(m):
+                return f"{self.p(a, _ATOM)} % {self.p(m, _ATOM)}", _MUL
+            return f"ts_mod({self(a)}, {self(m)})", _ATOM
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            fn = "ts_min" if isinstance(e, sympy.Min) else "ts_max"
+            args = list(e.args)
+            out = self(args[0])
+            for a in args[1:]:
+                out = f"{fn}({out}, {self(a)})"
+            return out, _ATOM
+        if isinstance(e, sympy.Piecewise):
+            *pieces, (last, cond) = e.args
+            out = self(last) if cond in (True, sympy.true) else None
+            if out is None:
+                raise UnsupportedOperatorError(f"piecewise index without a default: {e}")
+            for value, cond in reversed(pieces):
+                out = f"({self.cond(cond)} ? {self(value)} : {out})"
+            return out, _ATOM
+        raise UnsupportedOperatorError(f"index expression {e} ({type(e).__name__}) has no C form")
+
+    def cond(self, c) -> str:
+        ops = {sympy.StrictLessThan: "<", sympy.LessThan: "<=", sympy.StrictGreaterThan: ">",
+               sympy.GreaterThan: ">=", sympy.Eq: "==", sympy.Ne: "!="}
+        if type(c) in ops:
+            return f"{self.p(c.lhs, _ADD)} {ops[type(c)]} {self.p(c.rhs, _ADD)}"
+        if isinstance(c, sympy.And):
+            return " && ".join(f"({self.cond(a)})" for a in c.args)
+        if isinstance(c, sympy.Or):
+            return " || ".join(f"({self.cond(a)})" for a in c.args)
+        raise UnsupportedOperatorError(f"condition {c} has no C form")
+
+
+def c_index(e, ctx: IndexContext | None = None, names: dict | None = None) -> str:
+    """One index expression as C (int64_t arithmetic)."""
+    return CPrinter(ctx, names)(e)
+
+
+def c_literal(value, dtype) -> str:
+    """A scalar of ``dtype`` as a C literal."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return "1" if bool(value) else "0"
+    if dtype.kind == "f":
+        v = float(np.asarray(value, dtype=dtype))
+        if math.isnan(v):
+            return "NAN"
+        if math.isinf(v):
+            return "INFINITY" if v > 0 else "-INFINITY"
+        text = str(np.float32(v)) if dtype == np.float32 else repr(v)  # shortest round-trip form
+        if "e" not in text and "." not in text:
+            text += ".0"
+        return text + ("f" if dtype == np.float32 else "")
+    v = int(value)
+    if dtype.kind == "u":
+        return f"{v}u" if v < 2**32 else f"UINT64_C({v})"
+    if -2**31 < v < 2**31:
+        return str(v) if v >= 0 else f"({v})"
+    if v == -2**63:
+        return "INT64_MIN"
+    return f"INT64_C({v})"
+
+
+__all__ = ["CPrinter", "EXP_HELPER", "IndexContext", "PRELUDE", "broadcast_index", "c_index", "c_literal",
+           "c_symbol_name",
+           "compose", "delinearize", "index_var", "linearize", "reshape_index", "same", "slice_start", "strides",
+           "view_index"]

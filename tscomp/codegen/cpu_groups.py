@@ -1,0 +1,888 @@
+"""C kernels (OpenMP) for the fused groups that are not GEMMs: elementwise/injective groups and
+row reductions with their fused prologue and epilogue. TSCompiler §4.2 forms these groups
+(reduce-level fusion, stitch fusion into multi-Reduce groups); as in its §5.3 loop fusion, every
+statement fused around the heavy op runs inside the heavy op's loop nest, so only group inputs and
+outputs touch memory. Shapes enter as ``int64_t`` arguments: one kernel serves every binding.
+
+:func:`generate_group` turns one :class:`~tscomp.graph.fusion.plan.Group` of the Plan into C
+from its expression IR (:mod:`tscomp.graph.fusion.expr`); the numpy interpreter
+(:func:`tscomp.graph.fusion.interpret.evaluate_group`) is the semantics it reproduces.
+
+* **elementwise** groups: one OpenMP loop nest per distinct output shape (outer axes collapsed
+  and split across threads in static blocks, the innermost axis a ``simd`` loop); every output
+  element is computed from the expression with common subexpressions in locals. Views and
+  numpy broadcasting are index maps (:mod:`tscomp.codegen.c_expr`), elementwise ops are their
+  registry entry's ``c_expr`` template, Gather/GatherElements/GatherND are indirect loads
+  (negative indices count from the end), Concat selects its source by index range.
+* **reduce** groups whose heavy ops reduce *trailing* axes (Softmax/LogSoftmax, LayerNormalization,
+  ReduceSum/Mean/Max/Min/Prod/SumSquare/L1/L2/LogSum/LogSumExp with or without keepdims), several
+  of them stitched over the same rows (a decomposed LayerNorm: mean, then the centred variance):
+  one parallel loop over the rows; per row, one pass per statistic over the row, evaluating the
+  fused prologue on the fly; then one pass that applies the epilogue and stores. Softmax subtracts
+  the row maximum; LayerNorm is two-pass (mean, then centred variance), as the references are;
+  accumulation is in the element type (float).
+
+Anything else (GEMM/opaque groups, reductions over leading axes, ops without a C template, views
+whose parameters need run-time data) raises :class:`UnsupportedOperatorError` naming the group and
+the op, so the runtime can fall back to another kernel. :class:`CompiledGroup` builds a kernel
+with :mod:`tscomp.codegen.build`, loads it with ctypes and runs it on numpy arrays.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import sympy
+
+from tscomp.codegen.build import build_library, load_library
+from tscomp.codegen.c_expr import (EXP_HELPER, PRELUDE, CPrinter, IndexContext, broadcast_index, c_literal,
+                                   c_symbol_name, linearize, prod, same, view_index)
+from tscomp.errors import ExecutionError, UnsupportedOperatorError
+from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
+from tscomp.graph.fusion.plan import Group, Plan
+from tscomp.graph.ops import registry
+from tscomp.graph.ops.nn import REDUCTIONS
+from tscomp.graph.ops.registry import CTypes, c_type
+from tscomp.graph.symbols import shape_str
+
+#: loop nests over fewer elements than this run on one thread (no OpenMP fork/join)
+PARALLEL_MIN_ELEMENTS = 1 << 15
+
+#: heavy ops a row kernel implements, by how they reduce
+ROW_OPS = ("Softmax", "LogSoftmax", "LayerNormalization", *REDUCTIONS)
+
+
+@dataclass
+class KernelArg:
+    role: str                 # "input" | "output" | "symbol"
+    name: str                 # tensor name (inputs/outputs) or symbol name
+    cname: str                # the C parameter
+    dtype: np.dtype | None = None
+    shape: tuple = ()         # symbolic shape (tensors)
+    symbol: sympy.Symbol | None = None
+
+
+@dataclass
+class KernelSource:
+    """Generated C for one group: the source text, its entry point and its parameters in order
+    (inputs as ``const T*``, outputs as ``T*``, then the shape symbols as ``int64_t``)."""
+    group: str
+    kind: str                 # "elementwise" | "reduce"
+    func: str
+    source: str
+    args: list[KernelArg]
+
+    @property
+    def inputs(self) -> list[KernelArg]:
+        return [a for a in self.args if a.role == "input"]
+
+    @property
+    def outputs(self) -> list[KernelArg]:
+        return [a for a in self.args if a.role == "output"]
+
+    @property
+    def symbols(self) -> list[KernelArg]:
+        return [a for a in self.args if a.role == "symbol"]
+
+
+def generate_group(plan: Plan, group: Group) -> KernelSource:
+    """C source of ``group``'s kernel; :class:`UnsupportedOperatorError` when it has no CPU
+    kernel here (the runtime falls back)."""
+    if group.kind not in ("elementwise", "reduce"):
+        raise UnsupportedOperatorError(f"group {group.name}: {group.kind} groups are not generated here "
+                                       f"(backbone {group.backbone or '-'})")
+    try:
+        return _Generator(plan, group).generate()
+    except UnsupportedOperatorError as exc:
+        msg = str(exc)
+        raise UnsupportedOperatorError(msg if msg.startswith(f"group {group.name}") else
+                                       f"group {group.name}: {msg}") from None
+
+
+# ============================================================================ generator
+@dataclass
+class _Row:
+    """The row structure of a reduce kernel: the iteration space splits into outer axes (one row
+    per outer index) and the trailing reduced axes."""
+    space: tuple
+    k: int                    # first reduced axis
+    outer: tuple              # the current row's outer index (loop variables, 0 for size-1 axes)
+
+
+class _Block:
+    """A C block under construction: its opening/closing lines and body items (lines or blocks).
+    Values are defined in the outermost open block where everything they read is defined (loop
+    invariants move out of loops); a *barrier* block (a Concat branch) keeps what it computes
+    inside, since its loads are only valid under its condition."""
+
+    def __init__(self, head=(), tail=(), barrier: bool = False):
+        self.head, self.tail = list(head), list(tail)   # (line, extra indent) pairs
+        self.items: list = []
+        self.cache: dict = {}
+        self.barrier = barrier
+        self.open: _Block | None = None
+
+    def add(self, item) -> None:
+        if self.open is not None:   # before the loop being filled, so it is defined there
+            self.items.insert(self.items.index(self.open), item)
+        else:
+            self.items.append(item)
+
+    def render(self, depth: int) -> list[str]:
+        out = ["    " * (depth + d) + line for line, d in self.head]
+        inner = depth + (max((d for _, d in self.head), default=-1) + 1 if self.head else 0)
+        for item in self.items:
+            out += item.render(inner) if isinstance(item, _Block) else ["    " * inner + item if item else ""]
+        out += ["    " * (depth + d) + line for line, d in self.tail]
+        return out
+
+
+class _Generator:
+    def __init__(self, plan: Plan, group: Group):
+        self.plan, self.group = plan, group
+        self.symtab = plan.graph.symbols
+        self.ctx = IndexContext(self.symtab)
+        self.pr = CPrinter(self.ctx)
+        self.root = _Block()
+        self.stack: list[_Block] = [self.root]
+        self.decls: list[str] = []      # function-scope declarations (symbolic constant arrays)
+        self.statics: list[str] = []    # file-scope constant arrays
+        self.arrays: dict[int, str] = {}
+        self.where: dict[str, _Block] = {}          # local -> block that defines it
+        self.var_block: dict[sympy.Symbol, _Block] = {}
+        self.counter = Counter()
+        self.canon_cache: dict = {}
+        self.in_c = {name: f"in{k}" for k, name in enumerate(group.inputs)}
+        self.out_c = {name: f"out{k}" for k, name in enumerate(group.outputs)}
+        self.row: _Row | None = None
+        self.stats: dict[str, dict[str, str]] = {}   # ONNX node of a heavy op -> its row statistics
+        self.scratch: list[tuple[str, str]] = []     # per-thread row buffers (name, C type)
+
+    # ------------------------------------------------------------------ helpers
+    def fail(self, what: str, e: Expr | None = None):
+        where = f"{e.op_type} node {e.node!r}: " if isinstance(e, Op) else ""
+        raise UnsupportedOperatorError(f"group {self.group.name}: {where}{what}")
+
+    def canon(self, d) -> sympy.Expr:
+        if d not in self.canon_cache:
+            self.canon_cache[d] = self.symtab.canon(d)
+        return self.canon_cache[d]
+
+    def shape(self, e_or_shape) -> tuple:
+        dims = e_or_shape.shape if isinstance(e_or_shape, Expr) else e_or_shape
+        return tuple(self.canon(d) for d in dims)
+
+    def ctype(self, dtype, e: Expr | None = None) -> str:
+        t = c_type(dtype)
+        if t is None:
+            self.fail(f"element type {np.dtype(dtype)} has no C kernel type", e)
+        return t
+
+    def c(self, e) -> str:
+        return self.pr(e)
+
+    def fresh(self, stem: str) -> str:
+        self.counter[stem] += 1
+        return f"{stem}{self.counter[stem] - 1}"
+
+    def emit(self, line: str = "") -> None:
+        """A statement at the current position (the innermost open block)."""
+        self.stack[-1].add(line)
+
+    def local(self, name: str) -> str:
+        """Record that ``name`` is defined in the innermost open block."""
+        self.where[name] = self.stack[-1]
+        return name
+
+    def define(self, ctype: str, expr: str, deps=(), index=(), stem: str = "t", note: str = "") -> str:
+        """``const ctype name = expr;`` in the outermost open block where the locals ``deps`` and
+        the index variables of the expressions ``index`` are all defined."""
+        level = max((k for k, b in enumerate(self.stack) if b.barrier), default=0)
+        for d in deps:
+            b = self.where.get(d)
+            if b is not None:
+                level = max(level, self.stack.index(b))
+        for e in index:
+            for s in sympy.sympify(e).free_symbols:
+                b = self.var_block.get(s)
+                if b is not None:
+                    level = max(level, self.stack.index(b))
+        name = self.fresh(stem)
+        self.stack[level].add(f"const {ctype} {name} = {expr};" + (f"  /* {note} */" if note else ""))
+        self.where[name] = self.stack[level]
+        return name
+
+    def push(self, block: _Block, variables=()) -> None:
+        self.stack[-1].add(block)
+        self.stack[-1].open = block
+        self.stack.append(block)
+        for v in variables:
+            self.var_block[v] = block
+
+    def pop(self) -> None:
+        self.stack.pop()
+        self.stack[-1].open = None
+
+    @contextlib.contextmanager
+    def branch(self, head: str):
+        self.push(_Block([(head + " {", 0)], [("}", 0)], barrier=True))
+        try:
+            yield
+        finally:
+            self.pop()
+
+    def loops(self, shape, stem: str, mode: str, *, reductions: tuple[str, ...] = (), work=None):
+        """Open a loop nest over the non-1 axes of ``shape``; returns (index tuple, closer).
+
+        ``mode`` "elements": the outer axes collapsed into one parallel loop (static blocks), the
+        innermost a simd loop; "rows": every axis collapsed into one parallel loop (the body holds
+        the row loops); "row": one simd loop nest (with ``reductions`` over the whole nest)."""
+        dims = list(shape)
+        axes = [k for k, d in enumerate(dims) if d != 1]
+        idx = [sympy.Integer(0)] * len(dims)
+        for k in axes:
+            idx[k] = self.ctx.var(f"{stem}{k}", dims[k])
+        cond = f" if(parallel: {self.c(work if work is not None else prod(dims))} > {PARALLEL_MIN_ELEMENTS})"
+        par = axes[:-1] if mode == "elements" else axes if mode == "rows" else []
+        simd = axes[len(par):] if mode != "rows" else []
+        if not axes:
+            self.push(_Block([("{", 0)], [("}", 0)]))
+            return tuple(idx), self.pop
+        nests = []   # (pragma, axes) per block: the collapsed parallel loops, then the simd loop(s)
+        if mode == "elements" and not par:
+            nests.append((f"#pragma omp parallel for simd schedule(static){cond}", simd))
+        else:
+            if par:
+                collapse = f" collapse({len(par)})" if len(par) > 1 else ""
+                nests.append((f"#pragma omp parallel for{collapse} schedule(static){cond}", par))
+            if simd:
+                collapse = f" collapse({len(simd)})" if len(simd) > 1 else ""
+                nests.append((f"#pragma omp simd{collapse}{''.join(f' reduction({r})' for r in reductions)}", simd))
+        for pragma, nest in nests:
+            head = [(pragma, 0)] + [(f"for (int64_t {idx[k]} = 0; {idx[k]} < {self.c(dims[k])}; ++{idx[k]}) {{", n)
+                                    for n, k in enumerate(nest)]
+            tail = [("}", n) for n in reversed(range(len(nest)))]
+            self.push(_Block(head, tail), [idx[k] for k in nest])
+
+        def close():
+            for _ in nests:
+                self.pop()
+        return tuple(idx), close
+
+    # ------------------------------------------------------------------ element values
+    def value(self, e: Expr, idx) -> str:
+        """A C identifier or literal holding the element of ``e`` at multi-index ``idx``."""
+        idx = tuple(self.ctx.simplify(sympy.sympify(i)) for i in idx)
+        key = (id(e), idx)
+        for block in reversed(self.stack):
+            if key in block.cache:
+                return block.cache[key]
+        out = self._value(e, idx)
+        self.where.get(out, self.root).cache[key] = out
+        return out
+
+    def _value(self, e: Expr, idx) -> str:
+        if isinstance(e, Input):
+            off = self.ctx.simplify(linearize(idx, self.shape(e)))
+            return self.define(self.ctype(e.dtype, e), f"{self.in_c[e.name]}[{self.c(off)}]", index=[off], stem="x")
+        if isinstance(e, Const):
+            return self.const_value(e, idx)
+        if isinstance(e, View):
+            op = self.canon_view(e)
+            return self.value(e.src, view_index(idx, op, self.shape(e.src), self.ctx))
+        if isinstance(e, Op):
+            if e.heavy:
+                return self.heavy_value(e, idx)
+            if e.op_type == "Gather":
+                return self.gather(e, idx)
+            if e.op_type == "Concat":
+                return self.concat(e, idx)
+            if e.op_type == "GatherND":
+                return self.gather_nd(e, idx)
+            if e.op_type == "GatherElements":
+                return self.gather_elements(e, idx)
+            return self.elementwise(e, idx)
+        self.fail(f"expression node {type(e).__name__} is not supported")
+
+    def canon_view(self, e: View):
+        op = e.op
+        return dataclasses.replace(op, shape=self.shape(op.shape),
+                                   slices=tuple((a, self.canon(s), self.canon(t), self.canon(st))
+                                                for a, s, t, st in op.slices))
+
+    def const_value(self, e: Const, idx) -> str:
+        val = np.asarray(e.value)
+        ct = self.ctype(e.dtype, e)
+        if e.symbolic:
+            flat = [self.canon(x) for x in val.reshape(-1)]
+            for x in flat:
+                if not sympy.sympify(x).is_integer:
+                    self.fail(f"symbolic constant {e.name} = {x} is not an integer expression")
+            if val.size == 1:
+                return f"(({ct})({self.c(flat[0])}))"
+            if id(e) not in self.arrays:
+                name = self.fresh("k")
+                self.arrays[id(e)] = name
+                self.decls.append(f"const {ct} {name}[{val.size}] = {{{', '.join(self.c(x) for x in flat)}}};"
+                                  f"  /* {e.name} */")
+            off = linearize(idx[len(idx) - val.ndim:], val.shape)
+            return self.define(ct, f"{self.arrays[id(e)]}[{self.c(off)}]", index=[off], stem="c")
+        if val.size == 1:
+            return c_literal(val.reshape(-1)[0], e.dtype)
+        if id(e) not in self.arrays:
+            name = self.fresh("k")
+            self.arrays[id(e)] = name
+            body = ", ".join(c_literal(v, e.dtype) for v in val.reshape(-1))
+            self.statics.append(f"static const {ct} {name}[{val.size}] = {{{body}}};  /* {e.name} */")
+        # a Const's array may carry fewer leading dims than its symbolic shape
+        off = linearize(idx[len(idx) - val.ndim:], val.shape)
+        return self.define(ct, f"{self.arrays[id(e)]}[{self.c(off)}]", index=[off], stem="c")
+
+    def elementwise(self, e: Op, idx) -> str:
+        opdef = registry.lookup(e.op_type, "", e.opset, e.node)
+        if opdef.c_expr is None:
+            self.fail(f"{opdef.fusion.value} op has no C template (OpDef.c_expr)", e)
+        if e.num_outputs != 1 or e.output_index != 0:
+            self.fail(f"output {e.output_index} of {e.num_outputs} is not supported", e)
+        out_shape = self.shape(e)
+        args = []
+        for a in e.args:
+            if a is None:
+                args.append(None)
+                continue
+            a_shape = self.shape(a)
+            if len(a_shape) > len(out_shape):
+                self.fail(f"argument of shape {shape_str(a_shape)} does not broadcast to {shape_str(out_shape)}", e)
+            args.append(self.value(a, broadcast_index(idx, out_shape, a_shape)))
+        types = CTypes(np.dtype(e.dtype), tuple(np.dtype(a.dtype) if a is not None else None for a in e.args))
+        expr = opdef.c_expr(args, dict(e.attrs), types)
+        if expr is None:
+            self.fail(f"no C form for element types {', '.join(str(t) for t in types.args)} -> {types.out}", e)
+        if expr in args:
+            return expr
+        return self.define(self.ctype(e.dtype, e), expr, deps=[a for a in args if a], note=e.op_type)
+
+    def gathered(self, e: Op, ind: Expr, ind_idx, dim):
+        """The index variable an indirect load uses: the element of ``ind`` at ``ind_idx``, counted
+        from the end of an axis of extent ``dim`` when negative (ONNX Gather semantics)."""
+        if isinstance(ind, Const) and np.asarray(ind.value).size == 1:
+            k = sympy.sympify(self.canon(np.asarray(ind.value).reshape(-1)[0]))
+            decided = bool(k < 0) if k.is_Number else self.ctx.decide(sympy.Lt(k, 0))
+            if decided is None:
+                self.fail("an index whose sign is not known at compile time", e)
+            return k + dim if decided else k
+        if np.dtype(ind.dtype).kind not in "iu":
+            self.fail(f"indices of type {ind.dtype}", e)
+        key = ("gather", id(e), tuple(ind_idx))
+        for block in reversed(self.stack):
+            if key in block.cache:
+                return block.cache[key]
+        kv = self.value(ind, ind_idx)
+        g = self.define("int64_t", f"{kv} < 0 ? (int64_t){kv} + {self.c(dim)} : (int64_t){kv}", deps=[kv],
+                        index=[dim], stem="g", note=f"{e.op_type} {e.node}")
+        pos = self.ctx.var(g, dim)
+        self.var_block[pos] = self.where[g]
+        self.where[g].cache[key] = pos
+        return pos
+
+    def gather(self, e: Op, idx) -> str:
+        data, ind = e.args
+        d_shape = self.shape(data)
+        axis = int(e.attrs.get("axis", 0)) % max(len(d_shape), 1)
+        q = len(self.shape(ind))
+        pos = self.gathered(e, ind, tuple(idx[axis:axis + q]), d_shape[axis])
+        return self.value(data, tuple(idx[:axis]) + (pos,) + tuple(idx[axis + q:]))
+
+    def gather_elements(self, e: Op, idx) -> str:
+        data, ind = e.args
+        d_shape = self.shape(data)
+        axis = int(e.attrs.get("axis", 0)) % max(len(d_shape), 1)
+        pos = self.gathered(e, ind, tuple(idx), d_shape[axis])
+        return self.value(data, tuple(idx[:axis]) + (pos,) + tuple(idx[axis + 1:]))
+
+    def gather_nd(self, e: Op, idx) -> str:
+        data, ind = e.args
+        d_shape, i_shape = self.shape(data), self.shape(ind)
+        b = int(e.attrs.get("batch_dims", 0))
+        k = i_shape[-1]
+        if not k.is_Integer:
+            self.fail("indices with a symbolic last dim", e)
+        q = len(i_shape) - 1
+        pos = tuple(self.gathered(e, ind, tuple(idx[:q]) + (sympy.Integer(j),), d_shape[b + j]) for j in range(int(k)))
+        return self.value(data, tuple(idx[:b]) + pos + tuple(idx[q:]))
+
+    def concat(self, e: Op, idx) -> str:
+        out_shape = self.shape(e)
+        axis = int(e.attrs.get("axis", 1 if e.opset < 4 else 0)) % len(out_shape)
+        parts, off = [], sympy.Integer(0)
+        for a in e.args:
+            if a is None:
+                continue
+            n = self.shape(a)[axis]
+            if n != 0:
+                parts.append((a, off, off + n))
+            off = off + n
+        i = idx[axis]
+        if len(parts) == 1:
+            a, lo, _ = parts[0]
+            return self.value(a, idx[:axis] + (self.ctx.simplify(i - lo),) + idx[axis + 1:])
+        # statically known position (an index that is a number, or ranges that decide it)
+        for a, lo, hi in parts:
+            if self.ctx.prove_le(lo, i) and self.ctx.prove_le(i + 1, hi):
+                return self.value(a, idx[:axis] + (self.ctx.simplify(i - lo),) + idx[axis + 1:])
+        t = self.local(self.fresh("t"))
+        self.emit(f"{self.ctype(e.dtype, e)} {t};  /* Concat {e.node} */")
+        for n, (a, lo, hi) in enumerate(parts):
+            last = n == len(parts) - 1
+            head = "else" if last else f"if ({self.c(i)} < {self.c(hi)})"
+            if n and not last:
+                head = "else " + head
+            with self.branch(head):
+                j = i
+                if lo != 0:  # a variable of its own, whose range [0, extent) simplifies what it indexes
+                    name = self.define("int64_t", self.c(i - lo), index=[i - lo], stem="j")
+                    j = self.ctx.var(name, hi - lo)
+                    self.var_block[j] = self.where[name]
+                v = self.value(a, idx[:axis] + (j,) + idx[axis + 1:])
+                self.emit(f"{t} = {v};")
+        return t
+
+    # ------------------------------------------------------------------ reductions
+    def row_start(self, h: Op) -> int:
+        """The first reduced axis of a heavy op whose reduction covers the trailing axes."""
+        rank = len(self.shape(h.args[0]))
+        if h.op_type in ("Softmax", "LogSoftmax"):
+            axis = int(h.attrs.get("axis", -1 if h.opset >= 13 else 1)) % max(rank, 1)
+            axes = list(range(axis, rank)) if h.opset < 13 else [axis]
+        elif h.op_type == "LayerNormalization":
+            axes = list(range(int(h.attrs.get("axis", -1)) % rank, rank))
+            if int(h.attrs.get("stash_type", 1)) != 1:
+                self.fail("stash_type other than float", h)
+        elif h.op_type in REDUCTIONS:
+            if h.opset >= REDUCTIONS[h.op_type].axes_input_since:
+                ax = h.args[1] if len(h.args) > 1 else None
+                if ax is None:
+                    axes = []
+                elif isinstance(ax, Const) and not ax.symbolic:
+                    axes = [int(a) for a in np.asarray(ax.value).reshape(-1)]
+                else:
+                    self.fail("reduction axes known only at run time", h)
+            else:
+                axes = list(h.attrs.get("axes", []))
+            if not axes:
+                if h.attrs.get("noop_with_empty_axes", 0):
+                    self.fail("noop_with_empty_axes", h)
+                axes = list(range(rank))
+            axes = sorted({a % rank for a in axes})
+        else:
+            self.fail("reduction is not implemented by the row kernel", h)
+        if axes != list(range(rank - len(axes), rank)):
+            self.fail(f"reduces axes {axes} of a rank-{rank} tensor; only trailing axes are supported", h)
+        return rank - len(axes)
+
+    def row_idx(self, idx) -> tuple:
+        return tuple(self.row.outer) + tuple(idx[self.row.k:])
+
+    def check_row(self, h: Op, idx) -> None:
+        for a, b in zip(idx[:self.row.k], self.row.outer):
+            if not same(a, b):
+                self.fail("reads a row statistic of another row (a view between the reduction and its consumer)", h)
+
+    def stat_loop(self, reductions: tuple[str, ...] = ()):
+        return self.loops(self.row.space[self.row.k:], "r", "row", reductions=reductions)
+
+    def full_idx(self, ridx) -> tuple:
+        return tuple(self.row.outer) + tuple(ridx)
+
+    def emit_stats(self, h: Op) -> None:
+        x = h.args[0]
+        dt = np.dtype(x.dtype)
+        ct = self.ctype(dt, h)
+        f = "f" if dt == np.float32 else ""
+        n = self.c(prod(self.row.space[self.row.k:]))
+        op = h.op_type
+        st: dict[str, str] = {}
+        self.emit(f"/* {op} {h.node}: row statistics */")
+        if op in ("Softmax", "LogSoftmax", "LayerNormalization") and dt.kind != "f":
+            self.fail(f"{op} of {dt}", h)
+        if op in ("Softmax", "LogSoftmax", "ReduceLogSumExp"):
+            exp = "ts_expf" if f else "exp"   # ts_expf vectorizes (PRELUDE)
+            m, s = self.fresh("mx"), self.fresh("sum")
+            self.emit(f"{ct} {m} = -INFINITY;")
+            ridx, close = self.stat_loop((f"max:{m}",))
+            xv = self.value(x, self.full_idx(ridx))
+            self.emit(f"{m} = {xv} > {m} ? {xv} : {m};")
+            close()
+            if op == "ReduceLogSumExp":  # reference: a non-finite maximum shifts by 0
+                self.emit(f"if (!isfinite({m})) {m} = 0;")
+            self.emit(f"{ct} {s} = 0;")
+            ridx, close = self.stat_loop((f"+:{s}",))
+            xv = self.value(x, self.full_idx(ridx))
+            if op == "Softmax":  # keep exp(x - max) in a per-thread row buffer for the output pass
+                st["row"] = self.scratch_row(ct)
+                ev = self.define(ct, f"{exp}({xv} - {m})", deps=[xv], stem="e")
+                self.emit(f"{st['row']}[{self.c(linearize(ridx, self.row.space[self.row.k:]))}] = {ev};")
+                self.emit(f"{s} += {ev};")
+            else:
+                self.emit(f"{s} += {exp}({xv} - {m});")
+            close()
+            st.update(max=m, sum=s)
+            if op == "Softmax":
+                st["inv"] = self.fresh("inv")
+                self.emit(f"const {ct} {st['inv']} = 1 / {s};")
+            if op == "LogSoftmax":
+                st["logsum"] = self.fresh("lse")
+                self.emit(f"const {ct} {st['logsum']} = log{f}({s});")
+            if op == "ReduceLogSumExp":
+                st["result"] = self.fresh("red")
+                self.emit(f"const {ct} {st['result']} = log{f}({s}) + {m};")
+        elif op == "LayerNormalization":
+            s, q = self.fresh("sum"), self.fresh("sq")
+            mean, inv = self.fresh("mean"), self.fresh("rstd")
+            eps = c_literal(float(h.attrs.get("epsilon", 1e-5)), dt)
+            self.emit(f"{ct} {s} = 0;")
+            ridx, close = self.stat_loop((f"+:{s}",))
+            self.emit(f"{s} += {self.value(x, self.full_idx(ridx))};")
+            close()
+            self.emit(f"const {ct} {mean} = {s} / ({ct})({n});")
+            self.emit(f"{ct} {q} = 0;")
+            ridx, close = self.stat_loop((f"+:{q}",))
+            xv = self.value(x, self.full_idx(ridx))
+            d = self.fresh("d")
+            self.emit(f"const {ct} {d} = {xv} - {mean};")
+            self.emit(f"{q} += {d} * {d};")
+            close()
+            self.emit(f"const {ct} {inv} = 1 / sqrt{f}({q} / ({ct})({n}) + {eps});")
+            st.update(mean=mean, rstd=inv)
+        else:  # Reduce*
+            if dt.kind not in "fiu":
+                self.fail(f"{op} of {dt}", h)
+            acc_t = ct if dt.kind == "f" else ("uint64_t" if dt.kind == "u" else "int64_t")
+            acc = self.fresh("acc")
+            if op in ("ReduceMax", "ReduceMin"):
+                big = {"f": "INFINITY", "i": "INT64_MAX", "u": "UINT64_MAX"}[dt.kind]
+                init = ("-" + big if dt.kind == "f" else "INT64_MIN") if op == "ReduceMax" else big
+                if op == "ReduceMax" and dt.kind == "u":
+                    init = "0"
+                kind, rel = ("max", ">") if op == "ReduceMax" else ("min", "<")
+                self.emit(f"{acc_t} {acc} = {init};")
+                reds = (f"{kind}:{acc}",)
+                nan = None
+                if dt.kind == "f":  # numpy's maximum/minimum propagate NaN
+                    nan = self.fresh("nan")
+                    self.emit(f"int {nan} = 0;")
+                    reds += (f"|:{nan}",)
+                ridx, close = self.stat_loop(reds)
+                xv = self.value(x, self.full_idx(ridx))
+                self.emit(f"{acc} = {xv} {rel} {acc} ? {xv} : {acc};")
+                if nan:
+                    self.emit(f"{nan} |= {xv} != {xv};")
+                close()
+                result = f"({nan} ? NAN : {acc})" if nan else acc
+            else:
+                init, update, red = {
+                    "ReduceSum": ("0", "{a} += {x};", "+"),
+                    "ReduceMean": ("0", "{a} += {x};", "+"),
+                    "ReduceSumSquare": ("0", "{a} += {x} * {x};", "+"),
+                    "ReduceL2": ("0", "{a} += {x} * {x};", "+"),
+                    "ReduceL1": ("0", "{a} += {x} < 0 ? -{x} : {x};", "+"),
+                    "ReduceLogSum": ("0", "{a} += {x};", "+"),
+                    "ReduceProd": ("1", "{a} *= {x};", "*"),
+                }[op]
+                self.emit(f"{acc_t} {acc} = {init};")
+                ridx, close = self.stat_loop((f"{red}:{acc}",))
+                xv = self.value(x, self.full_idx(ridx))
+                self.emit(update.format(a=acc, x=xv))
+                close()
+                result = {
+                    "ReduceMean": f"{acc} / ({acc_t})({n})",
+                    "ReduceL2": f"sqrt{f}({acc})" if dt.kind == "f" else f"(int64_t)sqrt((double){acc})",
+                    "ReduceLogSum": f"log{f}({acc})" if dt.kind == "f" else f"(int64_t)log((double){acc})",
+                }.get(op, acc)
+            st["result"] = self.fresh("red")
+            self.emit(f"const {ct} {st['result']} = {result};")
+        for key, name in st.items():
+            if key != "row":
+                self.local(name)
+        self.stats[h.node] = st
+
+    def scratch_row(self, ctype: str) -> str:
+        """A per-thread buffer holding one row (allocated around the row loop, see below)."""
+        name = self.fresh("row")
+        self.scratch.append((name, ctype))
+        return name
+
+    def allocate_scratch(self, block: _Block, row_len, work) -> None:
+        """Turn the row loop's ``parallel for`` into a parallel region that allocates each
+        thread's row buffers once, around an ``omp for`` over the rows."""
+        decls = [f"{ct} *restrict {name} = malloc(sizeof({ct}) * ({self.c(row_len)}));" for name, ct in self.scratch]
+        frees = [f"free({name});" for name, _ in self.scratch]
+        if block.head and block.head[0][0].startswith("#pragma omp parallel for"):
+            pragma = block.head[0][0]
+            cond = pragma[pragma.index(" if("):] if " if(" in pragma else ""
+            loop = pragma.replace("#pragma omp parallel for", "#pragma omp for").replace(cond, "")
+            block.head = ([(f"#pragma omp parallel{cond}", 0), ("{", 0)] + [(d, 1) for d in decls] + [(loop, 1)]
+                          + [(line, d + 1) for line, d in block.head[1:]])
+            block.tail = [(line, d + 1) for line, d in block.tail] + [(f, 1) for f in frees] + [("}", 0)]
+        else:  # a single row: no parallel loop
+            block.items[:0] = decls
+            block.tail[:0] = [(f, 1) for f in frees]
+
+    def heavy_value(self, e: Op, idx) -> str:
+        if self.row is None or e.node not in self.stats:
+            self.fail("a reduction outside the group's row structure", e)
+        self.check_row(e, idx)
+        st = self.stats[e.node]
+        op = e.op_type
+        if op in REDUCTIONS:
+            return st["result"]
+        ct = self.ctype(e.dtype, e)
+        if op == "LayerNormalization":
+            if e.output_index == 1:
+                return st["mean"]
+            if e.output_index == 2:
+                return st["rstd"]
+        if op == "Softmax":
+            off = linearize(idx[self.row.k:], self.row.space[self.row.k:])
+            return self.define(ct, f"{st['row']}[{self.c(off)}] * {st['inv']}", deps=[st["inv"]], index=[off],
+                               note=op)
+        xv = self.value(e.args[0], self.row_idx(idx))
+        deps = [xv, *st.values()]
+        if op == "LogSoftmax":
+            expr = f"{xv} - {st['max']} - {st['logsum']}"
+        else:  # LayerNormalization output 0: ((x - mean) * rstd) * scale + bias
+            shape = self.shape(e)
+            scale = self.value(e.args[1], broadcast_index(idx, shape, self.shape(e.args[1])))
+            expr = f"(({xv} - {st['mean']}) * {st['rstd']}) * {scale}"
+            deps.append(scale)
+            if len(e.args) > 2 and e.args[2] is not None:
+                bias = self.value(e.args[2], broadcast_index(idx, shape, self.shape(e.args[2])))
+                expr += f" + {bias}"
+                deps.append(bias)
+        return self.define(ct, expr, deps=deps, note=op)
+
+    # ------------------------------------------------------------------ kernels
+    def store(self, name: str, e: Expr, idx, shape) -> None:
+        v = self.value(e, idx)
+        self.emit(f"{self.out_c[name]}[{self.c(linearize(idx, shape))}] = {v};")
+
+    def gen_elementwise(self) -> list[str]:
+        heavy = [o for o in self.group.ops() if o.heavy]
+        if heavy:
+            self.fail(f"heavy op {heavy[0].op_type} in an elementwise group", heavy[0])
+        by_shape: list[tuple[tuple, list[str]]] = []
+        for name, e in self.group.outputs.items():
+            shape = self.shape(e)
+            for s, names in by_shape:
+                if len(s) == len(shape) and all(same(a, b) for a, b in zip(s, shape)):
+                    names.append(name)
+                    break
+            else:
+                by_shape.append((shape, [name]))
+        notes = []
+        for shape, names in by_shape:
+            self.emit(f"/* {', '.join(self.out_c[n] for n in names)}: one element per iteration over "
+                      f"[{', '.join(str(d) for d in shape)}] */")
+            idx, close = self.loops(shape, "i", "elements")
+            for name in names:
+                self.store(name, self.group.outputs[name], idx, shape)
+            close()
+            notes.append(f"[{', '.join(str(d) for d in shape)}] -> {', '.join(self.out_c[n] for n in names)}")
+        return notes
+
+    def gen_reduce(self) -> list[str]:
+        heavy, seen = [], set()
+        for e in walk(self.group.outputs.values()):
+            if isinstance(e, Op) and e.heavy and e.node not in seen:
+                seen.add(e.node)
+                heavy.append(e)
+        if not heavy:
+            self.fail("reduce group without a reduction")
+        for h in heavy:
+            if h.op_type not in ROW_OPS:
+                self.fail("reduction is not implemented by the row kernel", h)
+        space = self.shape(heavy[0].args[0])
+        k = self.row_start(heavy[0])
+        for h in heavy[1:]:
+            s = self.shape(h.args[0])
+            if len(s) != len(space) or not all(same(a, b) for a, b in zip(s, space)) or self.row_start(h) != k:
+                self.fail(f"stitched reduction over other rows ({shape_str(s)} vs {shape_str(space)})", h)
+        full, stat = [], []
+        stat_shapes = (space[:k] + (sympy.Integer(1),) * (len(space) - k), space[:k])
+        for name, e in self.group.outputs.items():
+            shape = self.shape(e)
+            if len(shape) == len(space) and all(same(a, b) for a, b in zip(shape, space)):
+                full.append(name)
+            elif any(len(shape) == len(s) and all(same(a, b) for a, b in zip(shape, s)) for s in stat_shapes):
+                stat.append(name)
+            else:
+                self.fail(f"output {name} of shape {shape_str(shape)} is neither a row {shape_str(space)} "
+                          f"nor a row statistic")
+        outer_shape = space[:k]
+        self.emit(f"/* one row per index of [{', '.join(str(d) for d in outer_shape)}], "
+                  f"{len(space) - k} reduced trailing axes [{', '.join(str(d) for d in space[k:])}] */")
+        oidx, close_rows = self.loops(outer_shape, "o", "rows", work=prod(space))
+        rows_block = self.stack[-1]
+        self.row = _Row(space, k, oidx)
+        for h in heavy:
+            self.emit_stats(h)
+        for name in stat:
+            e = self.group.outputs[name]
+            shape = self.shape(e)
+            sidx = tuple(oidx) + (sympy.Integer(0),) * (len(shape) - k)
+            self.store(name, e, sidx, shape)
+        if full:
+            self.emit(f"/* {', '.join(self.out_c[n] for n in full)}: the row, epilogue applied */")
+            ridx, close = self.stat_loop()
+            for name in full:
+                self.store(name, self.group.outputs[name], self.full_idx(ridx), space)
+            close()
+        close_rows()
+        if self.scratch:
+            self.allocate_scratch(rows_block, prod(space[k:]), prod(space))
+        return [f"rows [{', '.join(str(d) for d in outer_shape)}] x reduced [{', '.join(str(d) for d in space[k:])}]"
+                f" ({', '.join(f'{h.op_type}' for h in heavy)})"]
+
+    def generate(self) -> KernelSource:
+        g = self.group
+        for name, e in list(g.outputs.items()):
+            self.ctype(e.dtype)
+        notes = self.gen_reduce() if g.kind == "reduce" else self.gen_elementwise()
+        func = "tscomp_" + re.sub(r"\W", "_", g.name)
+        args: list[KernelArg] = []
+        params = []
+        inputs = {e.name: e for e in walk(g.outputs.values()) if isinstance(e, Input)}
+        for name in g.inputs:
+            e = inputs.get(name)
+            if e is None:
+                v = self.plan.graph.values[name]
+                dtype, shape = np.dtype(v.dtype), self.shape(v.shape)
+            else:
+                dtype, shape = np.dtype(e.dtype), self.shape(e)
+            args.append(KernelArg("input", name, self.in_c[name], dtype, shape))
+            params.append(f"const {self.ctype(dtype)}* restrict {self.in_c[name]}")
+        for name, e in g.outputs.items():
+            args.append(KernelArg("output", name, self.out_c[name], np.dtype(e.dtype), self.shape(e)))
+            params.append(f"{self.ctype(e.dtype)}* restrict {self.out_c[name]}")
+        syms = sorted((s for s in self.pr.used if s not in self.ctx.upper_bounds), key=lambda s: s.name)
+        for s in syms:
+            cname = c_symbol_name(s.name)
+            args.append(KernelArg("symbol", s.name, cname, symbol=s))
+            params.append(f"int64_t {cname}")
+        header = self.header(notes, args)
+        body = "\n".join(["    " + d for d in self.decls] + self.root.render(1))
+        statics = self.statics + [""] if self.statics else []
+        prelude = PRELUDE + (EXP_HELPER if "ts_expf(" in body else "")
+        source = "\n".join([header, prelude, *statics, f"void {func}({', '.join(params)})", "{", body, "}", ""])
+        return KernelSource(g.name, g.kind, func, source, args)
+
+    def header(self, notes, args) -> str:
+        g = self.group
+        pro, heavy, epi = g.prologue_epilogue()
+        ops = [o for o in g.ops()]
+        lines = [f"tscomp kernel for fused group {g.name} [{g.kind}]",
+                 f"ONNX ops: {', '.join(f'{o.op_type} ({o.node})' for o in ops) or '-'}"]
+        views = [e for e in walk(g.outputs.values()) if isinstance(e, View)]
+        if views:
+            lines.append(f"views (index maps): {', '.join(v.op.describe() for v in views)}")
+        if heavy:
+            lines.append(f"prologue: {', '.join(o.op_type for o in pro) or '-'}; "
+                         f"heavy: {', '.join(o.op_type for o in heavy)}; "
+                         f"epilogue: {', '.join(o.op_type for o in epi) or '-'}")
+        lines.append(f"iteration space: {'; '.join(notes)}")
+        for a in args:
+            if a.role == "symbol":
+                continue
+            lines.append(f"{a.role} {a.cname} = {a.name}: {a.dtype} [{', '.join(str(d) for d in a.shape)}]")
+        syms = [a.name for a in args if a.role == "symbol"]
+        lines.append(f"shape symbols (int64_t arguments): {', '.join(syms) or '-'}")
+        return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */"
+
+
+# ============================================================================ running
+_LIBS: dict[str, ctypes.CDLL] = {}
+
+
+class CompiledGroup:
+    """A generated group kernel built into a shared library and callable on numpy arrays."""
+
+    def __init__(self, source: KernelSource, *, out_dir=None):
+        self.source = source
+        path = build_library(source.source, source.func, out_dir=out_dir)
+        lib = _LIBS.get(str(path))
+        if lib is None:
+            lib = _LIBS[str(path)] = load_library(path)
+        self.fn = getattr(lib, source.func)
+        self.fn.restype = None
+        self.fn.argtypes = [ctypes.c_int64 if a.role == "symbol" else ctypes.c_void_p for a in source.args]
+
+    @classmethod
+    def build(cls, plan: Plan, group: Group, **kw) -> "CompiledGroup":
+        return cls(generate_group(plan, group), **kw)
+
+    def _bind(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[sympy.Symbol, sympy.Integer]:
+        subs = {}
+        names = dict(binding)
+        for a in self.source.inputs:  # symbols only the inputs' shapes determine
+            arr = env.get(a.name)
+            if arr is None:
+                continue
+            for d, n in zip(a.shape, np.shape(arr)):
+                if isinstance(d, sympy.Symbol):
+                    names.setdefault(d.name, int(n))
+        syms = {s for a in self.source.args for d in a.shape for s in sympy.sympify(d).free_symbols}
+        syms |= {a.symbol for a in self.source.symbols}
+        for s in syms:
+            if s.name not in names:
+                raise ExecutionError(f"group {self.source.group}: no value for shape symbol {s.name}")
+            subs[s] = sympy.Integer(names[s.name])
+        return subs
+
+    @staticmethod
+    def _dims(shape, subs) -> tuple[int, ...]:
+        return tuple(int(sympy.sympify(d).xreplace(subs)) for d in shape)
+
+    def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int],
+            out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run on ``env`` (at least the group's inputs) with the symbols of ``binding`` (those only
+        the inputs' shapes determine are read from them); outputs are allocated from their symbolic
+        shapes, or written into the C-contiguous arrays of ``out`` where given."""
+        subs = self._bind(env, binding)
+        keep, call = [], []
+        outputs = {}
+        for a in self.source.args:
+            if a.role == "input":
+                arr = np.asarray(env[a.name])
+                want = self._dims(a.shape, subs)
+                if arr.shape != want:
+                    raise ExecutionError(f"group {self.source.group}: input {a.name!r} has shape {arr.shape}, "
+                                         f"expected {want}")
+                if arr.dtype != a.dtype:
+                    raise ExecutionError(f"group {self.source.group}: input {a.name!r} has dtype {arr.dtype}, "
+                                         f"expected {a.dtype}")
+                arr = np.ascontiguousarray(arr)
+                keep.append(arr)
+                call.append(arr.ctypes.data)
+            elif a.role == "output":
+                want = self._dims(a.shape, subs)
+                arr = (out or {}).get(a.name)
+                if arr is None:
+                    arr = np.empty(want, dtype=a.dtype)
+                elif arr.shape != want or arr.dtype != a.dtype or not arr.flags.c_contiguous:
+                    raise ExecutionError(f"group {self.source.group}: output buffer {a.name!r} is "
+                                         f"{arr.dtype}{list(arr.shape)}, expected a C-contiguous {a.dtype}{list(want)}")
+                outputs[a.name] = arr
+                call.append(arr.ctypes.data)
+            else:
+                call.append(int(subs[a.symbol]))
+        self.fn(*call)
+        return outputs
+
+
+__all__ = ["CompiledGroup", "KernelArg", "KernelSource", "PARALLEL_MIN_ELEMENTS", "generate_group"]
