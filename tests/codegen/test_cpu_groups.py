@@ -16,7 +16,8 @@ from tscomp.codegen.cpu_groups import CompiledGroup, generate_group
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion import Group, fuse
 from tscomp.graph.fusion.interpret import evaluate_group
-from tscomp.graph.reference import bind_symbols, materialize
+from tscomp.graph.reference import bind_symbols
+from tests.codegen.plan_runs import close, group_env, interpreted_groups, model_plan
 
 ROWS_AND_LENGTHS = [(1, 1), (3, 7), (1, 13), (5, 97), (2, 511), (1, 512), (3, 513)]
 
@@ -38,24 +39,6 @@ def save_model(tmp_path, name, nodes, inputs, outputs, inits=(), opset=18):
 def const(name, values, dtype=np.float32):
     arr = np.asarray(values, dtype=dtype)
     return helper.make_tensor(name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape, arr.reshape(-1).tolist())
-
-
-def group_env(plan, group, env, binding):
-    out = {}
-    for name in group.inputs:
-        if name not in env:
-            env[name] = materialize(plan.graph, plan.graph.values[name], binding)
-        out[name] = env[name]
-    return out
-
-
-def close(got, want, what=""):
-    assert got.shape == want.shape and got.dtype == want.dtype, \
-        f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
-    if want.dtype.kind == "f":
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True, err_msg=what)
-    else:
-        np.testing.assert_array_equal(got, want, err_msg=what)
 
 
 class CompiledPlan:
@@ -372,22 +355,12 @@ MODELS = [pytest.param(f, e, None, id=f"{f}-{e}") for f in ("bert", "albert", "r
 MODELS += [pytest.param(f, "torchscript", 14, id=f"{f}-torchscript-opset14") for f in ("bert", "gpt2")]
 
 
-def _bindings(family, ranges):
-    if family == "vit":
-        return [{"batch": 1, "height": ranges["height"][0], "width": ranges["width"][0]},
-                {"batch": 2, "height": 37, "width": 61}]
-    return [{"batch": 2, "sequence": 1}, {"batch": 3, "sequence": 13}]
-
-
 @pytest.mark.models
 @pytest.mark.parametrize("family,exporter,opset", MODELS)
 def test_model_groups_match_the_interpreter(exported_model, record_property, family, exporter, opset):
     """Every elementwise/reduce group generate_group supports, compiled and run on the inputs the
     interpreter gives it, at sequence 1 and a prime (ViT: one patch and a prime image size)."""
-    from models.families import make_inputs, symbol_ranges
-    ranges = symbol_ranges(family)
-    path = exported_model(family, "tiny", exporter, opset)
-    plan = fuse(G.load_model(path, [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()]))
+    plan, ranges = model_plan(exported_model, family, exporter, opset)
     kernels, refused = {}, {}
     for g in plan.groups:
         if g.kind not in ("elementwise", "reduce"):
@@ -396,19 +369,11 @@ def test_model_groups_match_the_interpreter(exported_model, record_property, fam
             kernels[g.name] = CompiledGroup.build(plan, g)
         except UnsupportedOperatorError as exc:
             refused[g.name] = str(exc)
-    rng = np.random.default_rng(0)
-    for binding in _bindings(family, ranges):
-        inputs = make_inputs(family, binding, rng, size="tiny")
-        bound = bind_symbols(plan.graph, inputs)
-        env = dict(inputs)
-        for g in plan.groups:
-            genv = group_env(plan, g, env, bound)
-            want = evaluate_group(plan, g, genv, bound)
-            if g.name in kernels:
-                got = kernels[g.name].run(genv, bound)
-                for name in want:
-                    close(got[name], want[name], f"{g.name}:{name} at {binding}")
-            env.update(want)
+    for binding, g, genv, bound, want in interpreted_groups(plan, family, ranges):
+        if g.name in kernels:
+            got = kernels[g.name].run(genv, bound)
+            for name in want:
+                close(got[name], want[name], f"{g.name}:{name} at {binding}")
     candidates = [g for g in plan.groups if g.kind in ("elementwise", "reduce")]
     others = Counter(g.kind for g in plan.groups if g.kind not in ("elementwise", "reduce"))
     summary = (f"{family}-{exporter}{'-opset' + str(opset) if opset else ''}: {len(kernels)}/{len(candidates)} "

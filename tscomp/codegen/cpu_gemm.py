@@ -73,6 +73,7 @@ _RESERVED_PATTERN = re.compile(r"(c\d+_\d+|w\d+|m\d+)\Z")  # accumulators, weigh
 #: C types an epilogue argument may have, with their ctypes and (for pointers) numpy dtype.
 ARG_TYPES = {
     "const float*": (ctypes.c_void_p, np.float32),
+    "float*": (ctypes.c_void_p, np.float32),          # an extra output the epilogue stores to
     "const int64_t*": (ctypes.c_void_p, np.int64),
     "const int32_t*": (ctypes.c_void_p, np.int32),
     "float": (ctypes.c_float, None),
@@ -112,12 +113,16 @@ class Epilogue:
     """Elementwise code fused after the GEMM, applied once per output before the single store.
 
     ``expr`` is a C expression of type float over ``acc``, ``i``, ``j``, ``N``, ``K`` and the
-    ``args`` by name; math.h is available. ``label`` names it in the generated header.
+    ``args`` by name; math.h is available. ``body`` holds C statements run first for each
+    element (locals the expression uses, side stores through ``float*`` arguments), and
+    ``prelude`` file-scope helper code (static functions). ``label`` names it in the header.
     """
 
     expr: str
     args: tuple[EpilogueArg, ...] = ()
     label: str = "custom"
+    body: str = ""
+    prelude: str = ""
 
     def __post_init__(self):
         names = [a.name for a in self.args]
@@ -274,7 +279,8 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
     emit = L.append
 
     vw = VECTOR_WIDTH[isa]
-    epi_text = f"{epilogue.label}: Y = {epilogue.expr}" if epilogue else "none (Y = acc)"
+    epi_text = (f"{epilogue.label}: Y = {epilogue.expr}" if epilogue else "none (Y = acc)").replace("*/", "* /")
+    epi_text = epi_text if "\n" not in epi_text else f"{epilogue.label} (see the epilogue loop)"
     emit(f"""/*
  * tscomp CPU GEMM macro-kernel `{name}` (generated; do not edit).
  *
@@ -308,8 +314,10 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
 
 static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
 """)
-    if epilogue is not None and "tscomp_erff" in epilogue.expr:
+    if epilogue is not None and "tscomp_erff" in epilogue.expr + epilogue.body:
         emit(ERF_C)
+    if epilogue is not None and epilogue.prelude:
+        emit(epilogue.prelude)
     _emit_pack(emit, g)
     _emit_micro_kernel(emit, g, isa, epilogue, epi_params)
     _emit_macro_kernel(emit, g, name, epi_params, epi_names)
@@ -464,6 +472,10 @@ def _emit_scalar_body(emit, g: _Geometry, epilogue: Epilogue | None):
         _emit_epilogue_loop(emit, epilogue)
 
 
+def _indent(code: str, spaces: int) -> str:
+    return "".join(" " * spaces + line.strip() + "\n" for line in code.splitlines() if line.strip())
+
+
 def _emit_epilogue_loop(emit, epilogue: Epilogue):
     emit(f"""    /* fused epilogue ({epilogue.label}) on the valid part, then the single store */
     for (int64_t r = 0; r < mv; ++r) {{
@@ -473,7 +485,7 @@ def _emit_epilogue_loop(emit, epilogue: Epilogue):
         for (int64_t c = 0; c < nv; ++c) {{
             const int64_t j = j0 + c;
             const float acc = tile[r * NR + c];
-            yrow[j] = {epilogue.expr};
+{_indent(epilogue.body, 12)}            yrow[j] = {epilogue.expr};
         }}
     }}""")
 

@@ -98,7 +98,7 @@ def generate_group(plan: Plan, group: Group) -> KernelSource:
         raise UnsupportedOperatorError(f"group {group.name}: {group.kind} groups are not generated here "
                                        f"(backbone {group.backbone or '-'})")
     try:
-        return _Generator(plan, group).generate()
+        return GroupGenerator(plan, group).generate()
     except UnsupportedOperatorError as exc:
         msg = str(exc)
         raise UnsupportedOperatorError(msg if msg.startswith(f"group {group.name}") else
@@ -143,7 +143,7 @@ class _Block:
         return out
 
 
-class _Generator:
+class GroupGenerator:
     def __init__(self, plan: Plan, group: Group):
         self.plan, self.group = plan, group
         self.symtab = plan.graph.symbols
