@@ -49,7 +49,11 @@ from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.graph.ops import registry
 from tscomp.graph.ops.nn import REDUCTIONS
 from tscomp.graph.ops.registry import CTypes, c_type
+from tscomp.graph.shape_propagation import node_context
 from tscomp.graph.symbols import shape_str
+
+#: normalizing reductions the row kernel implements (besides the Reduce* family)
+ROW_KERNEL_OPS = ("Softmax", "LogSoftmax", "LayerNormalization")
 
 #: loop nests over fewer elements than this run on one thread (no OpenMP fork/join)
 PARALLEL_MIN_ELEMENTS = 1 << 15
@@ -146,6 +150,7 @@ class _Block:
 class GroupGenerator:
     def __init__(self, plan: Plan, group: Group):
         self.plan, self.group = plan, group
+        self.nodes = {n.name: n for n in plan.graph.nodes}
         self.symtab = plan.graph.symbols
         self.ctx = IndexContext(self.symtab)
         self.pr = CPrinter(self.ctx)
@@ -455,33 +460,21 @@ class GroupGenerator:
 
     # ------------------------------------------------------------------ reductions
     def row_start(self, h: Op) -> int:
-        """The first reduced axis of a heavy op whose reduction covers the trailing axes."""
+        """The first reduced axis of a heavy op whose reduction covers the trailing axes. The
+        axes are the op's registry ``reduced_axes`` (what the fusion stage stitched on)."""
         rank = len(self.shape(h.args[0]))
-        if h.op_type in ("Softmax", "LogSoftmax"):
-            axis = int(h.attrs.get("axis", -1 if h.opset >= 13 else 1)) % max(rank, 1)
-            axes = list(range(axis, rank)) if h.opset < 13 else [axis]
-        elif h.op_type == "LayerNormalization":
-            axes = list(range(int(h.attrs.get("axis", -1)) % rank, rank))
-            if int(h.attrs.get("stash_type", 1)) != 1:
-                self.fail("stash_type other than float", h)
-        elif h.op_type in REDUCTIONS:
-            if h.opset >= REDUCTIONS[h.op_type].axes_input_since:
-                ax = h.args[1] if len(h.args) > 1 else None
-                if ax is None:
-                    axes = []
-                elif isinstance(ax, Const) and not ax.symbolic:
-                    axes = [int(a) for a in np.asarray(ax.value).reshape(-1)]
-                else:
-                    self.fail("reduction axes known only at run time", h)
-            else:
-                axes = list(h.attrs.get("axes", []))
-            if not axes:
-                if h.attrs.get("noop_with_empty_axes", 0):
-                    self.fail("noop_with_empty_axes", h)
-                axes = list(range(rank))
-            axes = sorted({a % rank for a in axes})
-        else:
+        if h.op_type not in ROW_KERNEL_OPS and h.op_type not in REDUCTIONS:
             self.fail("reduction is not implemented by the row kernel", h)
+        if h.op_type == "LayerNormalization" and int(h.attrs.get("stash_type", 1)) != 1:
+            self.fail("stash_type other than float", h)
+        node = self.nodes[h.node]
+        opdef = registry.lookup(node.op_type, node.domain, self.plan.graph.opset_of(node), node.name)
+        axes = opdef.reduced_axes(node_context(self.plan.graph, node))
+        if axes is None:
+            self.fail("reduction axes known only at run time", h)
+        if not axes:
+            self.fail("noop_with_empty_axes", h)
+        axes = sorted(axes)
         if axes != list(range(rank - len(axes), rank)):
             self.fail(f"reduces axes {axes} of a rank-{rank} tensor; only trailing axes are supported", h)
         return rank - len(axes)
