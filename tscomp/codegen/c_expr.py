@@ -32,7 +32,7 @@ import numpy as np
 import sympy
 
 from tscomp.errors import UnsupportedOperatorError
-from tscomp.graph.symbols import SymbolTable
+from tscomp.graph.symbols import SymbolTable, numel, same
 from tscomp.graph.views import ViewOp
 
 Index = tuple[sympy.Expr, ...]
@@ -96,17 +96,6 @@ def c_symbol_name(name: str) -> str:
     return name
 
 
-def same(a, b) -> bool:
-    """Symbolic equality of two index/shape expressions."""
-    a, b = sympy.sympify(a), sympy.sympify(b)
-    return a == b or sympy.expand(a - b) == 0
-
-
-def prod(dims: Sequence) -> sympy.Expr:
-    out = sympy.Integer(1)
-    for d in dims:
-        out = out * d
-    return out
 
 
 def strides(shape: Sequence) -> list[sympy.Expr]:
@@ -378,7 +367,7 @@ def delinearize(flat, shape: Sequence, ctx: IndexContext) -> Index:
             out.append(sympy.Integer(0))
             continue
         q = ctx.simplify(sympy.floor(flat / s)) if s != 1 else flat
-        out.append(ctx.simplify(sympy.Mod(q, d)) if not same(s * d, prod(shape)) else q)
+        out.append(ctx.simplify(sympy.Mod(q, d)) if not same(s * d, numel(shape)) else q)
     return tuple(out)
 
 
@@ -581,5 +570,5 @@ def c_literal(value, dtype) -> str:
 
 __all__ = ["CPrinter", "EXP_HELPER", "IndexContext", "PRELUDE", "broadcast_index", "c_index", "c_literal",
            "c_symbol_name",
-           "compose", "delinearize", "index_var", "linearize", "reshape_index", "same", "slice_start", "strides",
+           "compose", "delinearize", "index_var", "linearize", "reshape_index", "slice_start", "strides",
            "view_index"]

@@ -412,18 +412,20 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None):
         emit(f"        {{ const {v.type} x = {v.set1(f'xk[{r}]')}; "
              + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
     emit("    }")
-    emit("    if (!last) {")
-    for r, row in enumerate(accs):
-        emit("        " + " ".join(v.store(f"ct + {r * NR + c * W}", a) for c, a in enumerate(row)))
-    emit("        return;")
-    emit("    }")
-    if epilogue is None:
-        emit("    float* restrict y = Y + i0 * N + j0;")
-        emit("    if (mv == MR && nv == NR) {  /* interior tile: plain vector stores */")
+
+    def store_tile(base: str, row_stride: str, comment: str) -> None:
+        """Every accumulator vector to ``base + r*row_stride + c*W``, then return."""
+        emit(f"    {comment}")
         for r, row in enumerate(accs):
-            emit("        " + " ".join(v.store(f"y + {r} * N + {c * W}", a) for c, a in enumerate(row)))
+            emit("        " + " ".join(v.store(f"{base} + {r} * {row_stride} + {c * W}", a)
+                                     for c, a in enumerate(row)))
         emit("        return;")
         emit("    }")
+
+    store_tile("ct", "NR", "if (!last) {  /* partial sums to the per-thread buffer */")
+    if epilogue is None:
+        emit("    float* restrict y = Y + i0 * N + j0;")
+        store_tile("y", "N", "if (mv == MR && nv == NR) {  /* interior tile: plain vector stores */")
         emit("    /* edge tile (local padding's writeback guard): masked columns, tested rows */")
         if v.isa == "avx512":
             for c in range(nvec):

@@ -34,14 +34,14 @@ import numpy as np
 import sympy
 
 from tscomp.codegen.build import build_library, host_isa, load_library
-from tscomp.codegen.c_expr import EXP_HELPER, PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, linearize, \
-    prod, same
+from tscomp.codegen.c_expr import EXP_HELPER, PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, linearize
 from tscomp.codegen.cpu_gemm import ARG_TYPES, Epilogue, EpilogueArg, GemmError, generate_gemm, prepack_weights
 from tscomp.codegen.cpu_groups import GroupGenerator
 from tscomp.codegen.tile_config import TileConfig, default_config
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Expr, Input, Op, View
 from tscomp.graph.fusion.plan import Group, Plan
+from tscomp.graph.symbols import numel, same
 from tscomp.graph.views import apply_view
 
 
@@ -162,7 +162,7 @@ class CompiledGemmGroup:
         if not same(ashape[-1], self.K) or not same(hshape[-1], self.N):
             self._fail(f"shapes A {ashape} / result {hshape} do not match the weight [{self.K}, {self.N}]")
         self.heavy = h
-        self.M = prod(hshape[:-1])
+        self.M = numel(hshape[:-1])
         self.a_input, self.a_chain = a_src.name, list(reversed(a_chain))   # innermost view first
         self.a_identity = self._is_identity_view(a_src, a_chain)
         self._gen_epilogue()
@@ -189,7 +189,7 @@ class CompiledGemmGroup:
         shape = tuple(symtab.canon(d) for d in e.shape)
         if np.dtype(e.dtype) != np.float32:
             self._fail(f"output {name} is {np.dtype(e.dtype)}, only float32 outputs")
-        if not shape or not same(prod(shape[:-1]), self.M):
+        if not shape or not same(numel(shape[:-1]), self.M):
             self._fail(f"output {name} of shape {list(shape)} is not in the GEMM's [M={self.M}, N={self.N}] space")
         n = shape[-1]
         if not n.is_Integer:

@@ -42,7 +42,7 @@ import sympy
 
 from tscomp.codegen.build import build_library, load_library
 from tscomp.codegen.c_expr import (EXP_HELPER, PRELUDE, CPrinter, IndexContext, broadcast_index, c_literal,
-                                   c_symbol_name, linearize, prod, same, view_index)
+                                   c_symbol_name, linearize, view_index)
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
@@ -50,7 +50,7 @@ from tscomp.graph.ops import registry
 from tscomp.graph.ops.nn import REDUCTIONS
 from tscomp.graph.ops.registry import CTypes, c_type
 from tscomp.graph.shape_propagation import node_context
-from tscomp.graph.symbols import shape_str
+from tscomp.graph.symbols import numel, same, shape_str
 
 #: normalizing reductions the row kernel implements (besides the Reduce* family)
 ROW_KERNEL_OPS = ("Softmax", "LogSoftmax", "LayerNormalization")
@@ -253,7 +253,7 @@ class GroupGenerator:
         idx = [sympy.Integer(0)] * len(dims)
         for k in axes:
             idx[k] = self.ctx.var(f"{stem}{k}", dims[k])
-        cond = f" if(parallel: {self.c(work if work is not None else prod(dims))} > {PARALLEL_MIN_ELEMENTS})"
+        cond = f" if(parallel: {self.c(work if work is not None else numel(dims))} > {PARALLEL_MIN_ELEMENTS})"
         par = axes[:-1] if mode == "elements" else axes if mode == "rows" else []
         simd = axes[len(par):] if mode != "rows" else []
         if not axes:
@@ -498,7 +498,7 @@ class GroupGenerator:
         dt = np.dtype(x.dtype)
         ct = self.ctype(dt, h)
         f = "f" if dt == np.float32 else ""
-        n = self.c(prod(self.row.space[self.row.k:]))
+        n = self.c(numel(self.row.space[self.row.k:]))
         op = h.op_type
         st: dict[str, str] = {}
         self.emit(f"/* {op} {h.node}: row statistics */")
@@ -720,7 +720,7 @@ class GroupGenerator:
         outer_shape = space[:k]
         self.emit(f"/* one row per index of [{', '.join(str(d) for d in outer_shape)}], "
                   f"{len(space) - k} reduced trailing axes [{', '.join(str(d) for d in space[k:])}] */")
-        oidx, close_rows = self.loops(outer_shape, "o", "rows", work=prod(space))
+        oidx, close_rows = self.loops(outer_shape, "o", "rows", work=numel(space))
         rows_block = self.stack[-1]
         self.row = _Row(space, k, oidx)
         for h in heavy:
@@ -738,7 +738,7 @@ class GroupGenerator:
             close()
         close_rows()
         if self.scratch:
-            self.allocate_scratch(rows_block, prod(space[k:]), prod(space))
+            self.allocate_scratch(rows_block, numel(space[k:]), numel(space))
         return [f"rows [{', '.join(str(d) for d in outer_shape)}] x reduced [{', '.join(str(d) for d in space[k:])}]"
                 f" ({', '.join(f'{h.op_type}' for h in heavy)})"]
 

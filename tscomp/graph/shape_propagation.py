@@ -23,10 +23,9 @@ import numpy as np
 import sympy
 
 from tscomp.errors import ShapeError, TscompError
-from tscomp.graph.ir import Graph, Node, Value
+from tscomp.graph.ir import Graph, Node
 from tscomp.graph.ops import registry
 from tscomp.graph.ops.registry import DATA_VIA_REFERENCE, InputFacts, OpDef, ShapeContext
-from tscomp.graph.symbols import shape_str
 
 #: Fold constants only up to this many elements per output (weights transposed at
 #: compile time are fine; a ConstantOfShape of a huge shape is not worth storing).
@@ -220,7 +219,3 @@ def unresolved_values(graph: Graph) -> list[str]:
         if v.shape is None or any(d.free_symbols & unknown for d in v.shape):
             out.append(name)
     return out
-
-
-def describe_value(v: Value) -> str:
-    return f"{v.name}: {v.dtype}{shape_str(v.shape or ())}"

@@ -346,6 +346,20 @@ def _mul_interval(a: tuple[float, float], b: tuple[float, float]) -> tuple[float
     return (min(prods), max(prods))
 
 
+def numel(shape) -> Expr:
+    """Element count of a symbolic shape."""
+    return sympy.Mul(*shape) if len(shape) else sympy.Integer(1)
+
+
+def same(a, b) -> bool:
+    """Structural equality of two expressions after expansion (no range facts; None equals
+    nothing)."""
+    if a is None or b is None:
+        return False
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    return a == b or sympy.expand(a - b) == 0
+
+
 def as_expr(v) -> Expr:
     """Coerce an int / numpy integer / SymPy object to a SymPy expression."""
     if isinstance(v, sympy.Basic):

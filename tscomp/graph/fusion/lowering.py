@@ -9,12 +9,11 @@ outputs are the values some other group (or the graph's output) needs.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View
 from tscomp.graph.fusion.partition import ComputeGraph, GroupState
 from tscomp.graph.fusion.plan import Group
 from tscomp.graph.ops import registry
+from tscomp.graph.views import reshape
 
 #: constants up to this many elements are baked into the group's expression
 MAX_INLINE_CONST = 64
@@ -99,15 +98,10 @@ def output_copy_groups(cg: ComputeGraph, start: int) -> list[Group]:
         low = GroupLowering(cg, state)
         expr = low.value(name)
         if isinstance(expr, (Const, Input)) and expr.name == name:
-            expr = View(v.shape, v.dtype, src=expr, op=_identity_view(v.shape))
+            expr = View(v.shape, v.dtype, src=expr, op=reshape(v.shape))
         groups.append(Group(name=f"g{start + k}_copy", kind="elementwise", nodes=low.view_nodes,
                             inputs=low.inputs, outputs={name: expr}, rules=["output-copy"]))
     return groups
-
-
-def _identity_view(shape):
-    from tscomp.graph.views import reshape
-    return reshape(shape)
 
 
 def lower_groups(cg: ComputeGraph, states: list[GroupState]) -> list[Group]:
@@ -115,4 +109,4 @@ def lower_groups(cg: ComputeGraph, states: list[GroupState]) -> list[Group]:
     return groups + output_copy_groups(cg, len(states))
 
 
-__all__ = ["lower_groups", "np"]
+__all__ = ["lower_groups"]

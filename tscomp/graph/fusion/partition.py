@@ -49,8 +49,9 @@ import sympy
 
 from tscomp.graph.ir import Graph, Node
 from tscomp.graph.ops import registry
-from tscomp.graph.ops.registry import FusionClass, ShapeContext
+from tscomp.graph.ops.registry import FusionClass
 from tscomp.graph.shape_propagation import node_context
+from tscomp.graph.symbols import numel, same
 
 E, I, R, B, O = (FusionClass.ELEMENTWISE, FusionClass.INJECTIVE, FusionClass.REDUCTION,
                  FusionClass.BACKBONE, FusionClass.OPAQUE)
@@ -139,17 +140,6 @@ class GroupState:
     #: the heavy op and the prologue nodes feeding it (what a new prologue node must feed)
     feeders: set[str] = field(default_factory=set)
     rules: list[str] = field(default_factory=list)
-
-
-def numel(shape) -> sympy.Expr:
-    out = sympy.Integer(1)
-    for d in shape:
-        out = out * d
-    return out
-
-
-def same(a, b) -> bool:
-    return a is not None and b is not None and sympy.expand(a - b) == 0
 
 
 class Partitioner:
@@ -361,4 +351,4 @@ def partition(graph: Graph) -> tuple[ComputeGraph, list[GroupState]]:
     return cg, Partitioner(cg).run()
 
 
-__all__ = ["ComputeGraph", "FusionRule", "GroupState", "PASSES", "RULES", "partition", "ShapeContext"]
+__all__ = ["ComputeGraph", "FusionRule", "GroupState", "PASSES", "RULES", "partition"]

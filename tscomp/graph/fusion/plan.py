@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import sympy
 
-from tscomp.graph.fusion.expr import Expr, Input, Op, split_prologue_epilogue, walk
+from tscomp.graph.fusion.expr import Expr, Op, split_prologue_epilogue, walk
 from tscomp.graph.ir import Graph
+from tscomp.graph.symbols import numel
 
 
 @dataclass
@@ -77,13 +78,6 @@ class Plan:
                  "iteration_space": [str(d) for d in g.iteration_space()]} for g in self.groups]
 
 
-def numel(shape) -> sympy.Expr:
-    out = sympy.Integer(1)
-    for d in shape:
-        out = out * d
-    return out
-
-
 def tensor_bytes(graph: Graph, name: str) -> sympy.Expr:
     v = graph.values[name]
     return numel(v.shape) * np.dtype(v.dtype).itemsize
@@ -118,4 +112,4 @@ def unfused_traffic(graph: Graph, *, weights: bool = True) -> sympy.Expr:
     return total
 
 
-__all__ = ["Group", "Plan", "Input", "numel", "plan_traffic", "unfused_traffic"]
+__all__ = ["Group", "Plan", "plan_traffic", "unfused_traffic"]

@@ -39,7 +39,7 @@ from tscomp.graph.ops.elementwise import onnx_dtype
 from tscomp.graph.ops.registry import (DATA_VIA_REFERENCE, FusionClass, OpCall, OpDef, ShapeContext,
                                        register)
 from tscomp.graph import views
-from tscomp.graph.symbols import as_expr, shape_str
+from tscomp.graph.symbols import as_expr, numel, shape_str
 
 Expr = sympy.Expr
 
@@ -57,10 +57,6 @@ def _ints(arr) -> list[int]:
 
     Raises TypeError for symbolic elements, which tells a data rule to give up."""
     return [int(v) for v in np.asarray(arr).reshape(-1).tolist()]
-
-
-def _prod(dims) -> Expr:
-    return sympy.Mul(*dims) if len(dims) else sympy.Integer(1)
 
 
 def _obj_array(values: Sequence, shape=None) -> np.ndarray:
@@ -104,7 +100,7 @@ def _param_len(ctx: ShapeContext, index: int) -> int | None:
     shape = ctx.shape(index)
     if len(shape) > 1:
         ctx.fail(f"input {index} must be 0-d or 1-d, got shape {shape_str(shape)}")
-    n = _prod(shape)
+    n = numel(shape)
     return int(n) if n.is_Integer else None
 
 
@@ -173,7 +169,7 @@ def size_shape(ctx: ShapeContext) -> None:
 
 
 def size_data(ctx: ShapeContext):
-    return [_obj_scalar(_prod(ctx.shape(0)))]
+    return [_obj_scalar(numel(ctx.shape(0)))]
 
 
 def size_ref(call: OpCall, x):
@@ -189,7 +185,7 @@ def reshape_shape(ctx: ShapeContext) -> None:
     if target is UNKNOWN:
         n = _param_len(ctx, 1)
         # a rank-1 result can only hold every element, whatever the runtime shape says
-        out = [_prod(dims)] if n == 1 else _fresh_dims(ctx, n, "reshape")
+        out = [numel(dims)] if n == 1 else _fresh_dims(ctx, n, "reshape")
     else:
         out = _reshape_dims(ctx, dims, target)
     ctx.set_output(0, ctx.dtype(0), out)
@@ -220,22 +216,22 @@ def _reshape_dims(ctx: ShapeContext, dims, target) -> list[Expr]:
             ctx.fail(f"target {[str(t) for t in target]} has the invalid dim {v}")
         else:
             out.append(v)
-    total = _prod(dims)
+    total = numel(dims)
     if infer is not None:
         out[infer] = _infer_dim(ctx, dims, out, total)
         return out
-    same = ctx.symbols.decide("==", total, _prod(out))
+    same = ctx.symbols.decide("==", total, numel(out))
     if same is False:
         ctx.fail(f"cannot reshape {shape_str(dims)} ({total} elements) into {shape_str(out)} "
-                 f"({_prod(out)} elements)")
+                 f"({numel(out)} elements)")
     if same is None:  # Reshape forces the counts equal: a fact for sibling inference
-        ctx.unify(total, _prod(out), f"element count of reshape {shape_str(dims)} -> {shape_str(out)}")
+        ctx.unify(total, numel(out), f"element count of reshape {shape_str(dims)} -> {shape_str(out)}")
     return out
 
 
 def _infer_dim(ctx: ShapeContext, dims, out, total) -> Expr:
     """The -1 dim: (product of input dims) / (product of the other target dims), kept exact."""
-    known = _prod([d for d in out if d is not None])
+    known = numel([d for d in out if d is not None])
     if _is(ctx, known, 0):
         ctx.fail(f"cannot infer the -1 dim of {['-1' if d is None else str(d) for d in out]}: "
                  "the other dims multiply to 0")
@@ -279,7 +275,7 @@ def flatten_shape(ctx: ShapeContext) -> None:
     if not -len(dims) <= axis <= len(dims):
         ctx.fail(f"axis {axis} is out of range [-{len(dims)}, {len(dims)}]")
     axis = axis + len(dims) if axis < 0 else axis
-    ctx.set_output(0, ctx.dtype(0), [_prod(dims[:axis]), _prod(dims[axis:])])
+    ctx.set_output(0, ctx.dtype(0), [numel(dims[:axis]), numel(dims[axis:])])
 
 
 def flatten_ref(call: OpCall, x):
@@ -794,7 +790,7 @@ def nonzero_shape(ctx: ShapeContext) -> None:
         count = sympy.Integer(int(np.count_nonzero(mask)))
     else:
         count = ctx.data_dependent("nonzero")
-        hi = ctx.symbols.bounds(_prod(dims))[1]
+        hi = ctx.symbols.bounds(numel(dims))[1]
         if math.isfinite(hi):
             ctx.symbols.tighten(count, 0, int(hi), f"{ctx.where()}: at most one index per element")
     ctx.set_output(0, np.int64, [len(dims), count])
