@@ -5,6 +5,7 @@ reference execution) -> schedule/ -> codegen/ -> runtime/.
 """
 from tscomp.errors import TscompError
 from tscomp.graph import Graph, load_model
+from tscomp.runtime import Runtime
 
-__all__ = ["Graph", "TscompError", "load_model"]
+__all__ = ["Graph", "Runtime", "TscompError", "load_model"]
 __version__ = "0.1.0"

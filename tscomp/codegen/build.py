@@ -70,14 +70,70 @@ def build_library(source: str, name: str, *, extra_flags: tuple[str, ...] = (),
     src.write_text(source)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
-    result = subprocess.run([compiler(), *flags, str(src), "-o", tmp, "-lm"], capture_output=True, text=True)
-    if result.returncode != 0:
-        os.unlink(tmp)
-        first = "; ".join(line for line in result.stderr.splitlines() if "error" in line)[:500]
-        raise BuildError(f"compiling {src} failed: {first or result.stderr.strip()[:500]}")
+    _run_compiler([*flags, str(src), "-o", tmp], src, tmp)
     os.replace(tmp, lib)  # atomic: concurrent builders of the same source agree
     return lib
 
 
+def build_object(source: str, name: str, *, extra_flags: tuple[str, ...] = ()) -> Path:
+    """Compile ``source`` into a position-independent object file (cached by content), for
+    :func:`link_library` to put many kernels into one shared library."""
+    flags = tuple(f for f in BASE_FLAGS if f != "-shared") + tuple(extra_flags)
+    digest = hashlib.sha256((source + "\0" + " ".join(flags) + "\0" + compiler()).encode()).hexdigest()[:20]
+    out_dir = cache_dir()
+    obj = out_dir / f"{name}-{digest}.o"
+    if obj.exists():
+        return obj
+    src = out_dir / f"{name}-{digest}.c"
+    src.write_text(source)
+    fd, tmp = tempfile.mkstemp(suffix=".o", dir=out_dir)
+    os.close(fd)
+    _run_compiler([*flags, "-c", str(src), "-o", tmp], src, tmp)
+    os.replace(tmp, obj)
+    return obj
+
+
+def link_library(objects: list[Path], out: Path) -> Path:
+    """Link object files from :func:`build_object` into the shared library ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    _run_compiler(["-shared", "-fopenmp", *map(str, objects), "-o", tmp], out, tmp)
+    os.replace(tmp, out)
+    return out
+
+
+def _run_compiler(args: list[str], what: Path, tmp: str) -> None:
+    result = subprocess.run([compiler(), *args, "-lm"], capture_output=True, text=True)
+    if result.returncode != 0:
+        os.unlink(tmp)
+        first = "; ".join(line for line in result.stderr.splitlines() if "error" in line)[:500]
+        raise BuildError(f"compiling {what} failed: {first or result.stderr.strip()[:500]}")
+
+
 def load_library(path: Path) -> ctypes.CDLL:
     return ctypes.CDLL(str(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _openmp_runtime() -> ctypes.CDLL:
+    # the kernels link the compiler's OpenMP runtime dynamically, so setting the thread count in
+    # that library (one instance per process) applies to every loaded kernel
+    probe = build_library("#include <omp.h>\nint tscomp_omp_max_threads(void) { return omp_get_max_threads(); }\n",
+                          "tscomp_omp_probe")
+    return load_library(probe)
+
+
+def set_num_threads(n: int) -> None:
+    """Thread count of every OpenMP kernel in this process."""
+    if n < 1:
+        raise ValueError(f"num_threads must be >= 1, got {n}")
+    f = _openmp_runtime().omp_set_num_threads
+    f.argtypes, f.restype = [ctypes.c_int], None
+    f(int(n))
+
+
+def get_num_threads() -> int:
+    f = _openmp_runtime().tscomp_omp_max_threads
+    f.restype = ctypes.c_int
+    return int(f())

@@ -805,75 +805,101 @@ _LIBS: dict[str, ctypes.CDLL] = {}
 class CompiledGroup:
     """A generated group kernel built into a shared library and callable on numpy arrays."""
 
+    target = "cpu"
+    cfg = None                # one loop nest per group: no tile configuration to choose
+
     def __init__(self, source: KernelSource, *, out_dir=None):
-        self.source = source
+        self.source_info = source
+        self.group = source.group
+        self.func = source.func
+        self.source = source.source
+        self._sizes: dict[tuple, tuple] = {}
         path = build_library(source.source, source.func, out_dir=out_dir)
         lib = _LIBS.get(str(path))
         if lib is None:
             lib = _LIBS[str(path)] = load_library(path)
-        self.fn = getattr(lib, source.func)
-        self.fn.restype = None
-        self.fn.argtypes = [ctypes.c_int64 if a.role == "symbol" else ctypes.c_void_p for a in source.args]
+        self._bind_function(lib)
 
     @classmethod
     def build(cls, plan: Plan, group: Group, **kw) -> "CompiledGroup":
         return cls(generate_group(plan, group), **kw)
 
+    def _bind_function(self, lib: ctypes.CDLL) -> None:
+        self.fn = getattr(lib, self.func)
+        self.fn.restype = None
+        self.fn.argtypes = [ctypes.c_int64 if a.role == "symbol" else ctypes.c_void_p for a in self.source_info.args]
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("fn", None)
+        state["_sizes"] = {}
+        return state
+
+    def tasks(self, binding: Mapping[str, int]) -> int:
+        return 1              # static OpenMP schedule over the whole space: one launch
+
     def _bind(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[sympy.Symbol, sympy.Integer]:
         subs = {}
         names = dict(binding)
-        for a in self.source.inputs:  # symbols only the inputs' shapes determine
+        for a in self.source_info.inputs:  # symbols only the inputs' shapes determine
             arr = env.get(a.name)
             if arr is None:
                 continue
             for d, n in zip(a.shape, np.shape(arr)):
                 if isinstance(d, sympy.Symbol):
                     names.setdefault(d.name, int(n))
-        syms = {s for a in self.source.args for d in a.shape for s in sympy.sympify(d).free_symbols}
-        syms |= {a.symbol for a in self.source.symbols}
+        syms = {s for a in self.source_info.args for d in a.shape for s in sympy.sympify(d).free_symbols}
+        syms |= {a.symbol for a in self.source_info.symbols}
         for s in syms:
             if s.name not in names:
-                raise ExecutionError(f"group {self.source.group}: no value for shape symbol {s.name}")
+                raise ExecutionError(f"group {self.source_info.group}: no value for shape symbol {s.name}")
             subs[s] = sympy.Integer(names[s.name])
         return subs
 
-    @staticmethod
-    def _dims(shape, subs) -> tuple[int, ...]:
-        return tuple(int(sympy.sympify(d).xreplace(subs)) for d in shape)
+    def _sizes_at(self, env, binding) -> tuple:
+        """Per argument: its concrete shape (tensors) or value (symbols); memoized per binding."""
+        key = tuple(sorted(binding.items()))
+        sizes = self._sizes.get(key)
+        if sizes is None:
+            subs = self._bind(env, binding)
+            sizes = tuple(int(subs[a.symbol]) if a.role == "symbol" else
+                          tuple(int(sympy.sympify(d).xreplace(subs)) for d in a.shape)
+                          for a in self.source_info.args)
+            if all(s.name in binding for s in subs):  # complete binding: safe to reuse
+                self._sizes[key] = sizes
+        return sizes
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int],
             out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run on ``env`` (at least the group's inputs) with the symbols of ``binding`` (those only
         the inputs' shapes determine are read from them); outputs are allocated from their symbolic
         shapes, or written into the C-contiguous arrays of ``out`` where given."""
-        subs = self._bind(env, binding)
+        sizes = self._sizes_at(env, binding)
         keep, call = [], []
         outputs = {}
-        for a in self.source.args:
+        for a, want in zip(self.source_info.args, sizes):
             if a.role == "input":
                 arr = np.asarray(env[a.name])
-                want = self._dims(a.shape, subs)
                 if arr.shape != want:
-                    raise ExecutionError(f"group {self.source.group}: input {a.name!r} has shape {arr.shape}, "
+                    raise ExecutionError(f"group {self.group}: input {a.name!r} has shape {arr.shape}, "
                                          f"expected {want}")
                 if arr.dtype != a.dtype:
-                    raise ExecutionError(f"group {self.source.group}: input {a.name!r} has dtype {arr.dtype}, "
+                    raise ExecutionError(f"group {self.group}: input {a.name!r} has dtype {arr.dtype}, "
                                          f"expected {a.dtype}")
                 arr = np.ascontiguousarray(arr)
                 keep.append(arr)
                 call.append(arr.ctypes.data)
             elif a.role == "output":
-                want = self._dims(a.shape, subs)
                 arr = (out or {}).get(a.name)
                 if arr is None:
                     arr = np.empty(want, dtype=a.dtype)
                 elif arr.shape != want or arr.dtype != a.dtype or not arr.flags.c_contiguous:
-                    raise ExecutionError(f"group {self.source.group}: output buffer {a.name!r} is "
+                    raise ExecutionError(f"group {self.group}: output buffer {a.name!r} is "
                                          f"{arr.dtype}{list(arr.shape)}, expected a C-contiguous {a.dtype}{list(want)}")
                 outputs[a.name] = arr
                 call.append(arr.ctypes.data)
             else:
-                call.append(int(subs[a.symbol]))
+                call.append(want)
         self.fn(*call)
         return outputs
 

@@ -1,0 +1,221 @@
+"""The artifact: a compiled model on disk (``model.tsc/``), written by ``tscomp compile`` and read
+by the :class:`~tscomp.runtime.Runtime` (TSCompiler §6: the runtime loader's input).
+
+Layout::
+
+    model.tsc/
+      manifest.json     format version; symbols with ranges and constraints; inputs/outputs with
+                        symbolic shapes and dtypes; groups with their kernel variants (family,
+                        target, tile config, resource use, measured single-wave time); sha256 of
+                        every other file
+      kernels.so        every generated kernel linked into one shared library
+      kernels/*.c       their sources (what a person reads to debug a kernel)
+      weights.npz       the prepacked weight panels, by kernel entry point
+      plan.pkl          the Plan and the kernel objects (how to call each entry point), pickled
+
+Loading checks the format version first, then that every file the manifest lists is present with
+the recorded hash, and only then unpickles (``plan.pkl`` is code-bearing like any pickle: load
+artifacts you trust, as with ``torch.load``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tscomp.codegen.build import build_object, link_library, load_library
+from tscomp.compiler import CompiledModel
+from tscomp.errors import TscompError
+from tscomp.graph.symbols import shape_str
+
+FORMAT = "tscomp-artifact"
+FORMAT_VERSION = 1
+
+
+class ArtifactError(TscompError):
+    """An artifact directory that cannot be loaded (missing, other format version, corrupt)."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _tensor_spec(graph, name: str) -> dict:
+    v = graph.values[name]
+    return {"name": name, "dtype": str(np.dtype(v.dtype)), "shape": [str(d) for d in v.shape]}
+
+
+def _variant_entry(kernel) -> dict:
+    entry = {"family": getattr(kernel, "family", "?"), "target": getattr(kernel, "target", "cpu"),
+             "func": kernel.func}
+    cfg = getattr(kernel, "cfg", None)
+    if cfg is not None:
+        entry["tile_config"] = {k: int(v) for k, v in vars(cfg).items() if isinstance(v, (int, np.integer))}
+        entry["tile_config_text"] = cfg.describe()
+        resources = {}
+        isa = getattr(kernel, "isa", None)
+        if isa and hasattr(cfg, "accumulators"):
+            resources["vector_accumulators"] = cfg.accumulators(isa)
+        packed = getattr(kernel, "packed", None)
+        if packed is not None:
+            resources["packed_weight_bytes"] = int(packed.nbytes)
+        entry["resources"] = resources
+    if getattr(kernel, "t_wave", None) is not None:
+        entry["single_wave_us"] = round(kernel.t_wave * 1e6, 3)
+        entry["measured_at"] = kernel.probe
+    if getattr(kernel, "reasons", None):
+        entry["why_no_native_kernel"] = kernel.reasons
+    return entry
+
+
+def manifest_of(model: CompiledModel) -> dict:
+    plan, graph = model.plan, model.plan.graph
+    symtab = graph.symbols
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "source_model": model.source_model, "dims": list(model.dims), "target": "cpu", "isa": model.isa,
+        "threads_measured": model.threads, "configs": model.config_source,
+        "compile_seconds": round(model.compile_seconds, 2),
+        "symbols": [{"name": i.name, "min": i.min, "max": i.max, "origin": i.origin}
+                    for i in symtab.live_symbols()],
+        "constraints": [str(c) for c in symtab.constraints],
+        "inputs": [_tensor_spec(graph, n) for n in graph.inputs],
+        "outputs": [_tensor_spec(graph, n) for n in graph.outputs],
+        "rewrites": list(plan.rewrites),
+        "groups": [{"name": g.name, "kind": g.kind, "backbone": g.backbone, "ops": list(g.nodes),
+                    "inputs": list(g.inputs), "outputs": list(g.outputs),
+                    "space": shape_str(g.iteration_space()),
+                    "variants": [_variant_entry(k) for k in model.kernels[g.name]]}
+                   for g in plan.groups],
+        "notes": list(model.notes),
+    }
+
+
+def write_artifact(model: CompiledModel, path: str | Path, *, progress=None) -> Path:
+    """Write ``model`` to the directory ``path`` (replaced if it is an artifact already)."""
+    path = Path(path)
+    if path.exists():
+        if not (path / "manifest.json").exists():
+            raise ArtifactError(f"{path} exists and is not a tscomp artifact; not overwriting it")
+        shutil.rmtree(path)
+    tmp = path.with_name(path.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "kernels").mkdir(parents=True)
+    natives = [k for ks in model.kernels.values() for k in ks if k.func]
+    objects = []
+    for n, k in enumerate(natives):
+        if progress:
+            progress(n, len(natives), k.func)
+        (tmp / "kernels" / f"{k.func}.c").write_text(k.source)
+        objects.append(build_object(k.source, k.func))
+    if objects:
+        link_library(objects, tmp / "kernels.so")
+    weights = {k.func: k.packed for k in natives if getattr(k, "packed", None) is not None}
+    np.savez(tmp / "weights.npz", **weights)
+    saved = {k.func: k.packed for k in natives if k.func in weights}
+    try:
+        for k in natives:
+            if k.func in weights:
+                k.packed = None
+        with open(tmp / "plan.pkl", "wb") as f:
+            pickle.dump({"plan": model.plan, "kernels": model.kernels, "isa": model.isa,
+                         "threads": model.threads, "source_model": model.source_model,
+                         "dims": list(model.dims)}, f, protocol=5)
+    finally:
+        for k in natives:
+            if k.func in saved:
+                k.packed = saved[k.func]
+    _copy_source_model(model.source_model, tmp / "model")
+    manifest = manifest_of(model)
+    manifest["files"] = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    tmp.rename(path)
+    return path
+
+
+def _copy_source_model(source: str, dest: Path) -> None:
+    """The ONNX model (and its external data files) travels with the artifact: the runtime's
+    out-of-range path re-imports it."""
+    import onnx
+
+    src = Path(source) if source else None
+    if src is None or not src.is_file():
+        return
+    dest.mkdir()
+    shutil.copy2(src, dest / src.name)
+    proto = onnx.load(str(src), load_external_data=False)
+    locations = set()
+    for t in proto.graph.initializer:
+        for entry in t.external_data:
+            if entry.key == "location":
+                locations.add(entry.value)
+    for loc in locations:
+        shutil.copy2(src.parent / loc, dest / loc)
+
+
+def read_manifest(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_dir():
+        raise ArtifactError(f"{path}: no such artifact directory (compile one with 'tscomp compile')")
+    mf = path / "manifest.json"
+    if not mf.is_file():
+        raise ArtifactError(f"{path}: not a tscomp artifact (no manifest.json)")
+    try:
+        manifest = json.loads(mf.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{mf}: corrupt manifest ({exc})") from None
+    if manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{mf}: not a tscomp artifact manifest")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ArtifactError(f"{path}: artifact format version {version}, this tscomp reads version "
+                            f"{FORMAT_VERSION}; recompile the model with this tscomp")
+    return manifest
+
+
+def verify_files(path: Path, manifest: dict) -> None:
+    for rel, digest in manifest.get("files", {}).items():
+        f = path / rel
+        if not f.is_file():
+            raise ArtifactError(f"{path}: missing file {rel} (listed in manifest.json)")
+        if _sha256(f) != digest:
+            raise ArtifactError(f"{path}: file {rel} is corrupt or was modified (sha256 differs from manifest.json)")
+
+
+def load_artifact(path: str | Path, *, verify: bool = True) -> tuple[CompiledModel, dict]:
+    path = Path(path)
+    manifest = read_manifest(path)
+    if verify:
+        verify_files(path, manifest)
+    try:
+        with open(path / "plan.pkl", "rb") as f:
+            state = pickle.load(f)
+        weights = dict(np.load(path / "weights.npz"))
+    except Exception as exc:  # a truncated pickle raises anything from EOFError to ValueError
+        raise ArtifactError(f"{path}: cannot read the compiled plan ({type(exc).__name__}: {exc})") from None
+    lib = load_library(path / "kernels.so") if (path / "kernels.so").exists() else None
+    for ks in state["kernels"].values():
+        for k in ks:
+            if k.func is None:
+                continue
+            if k.func in weights:
+                k.packed = weights[k.func]
+            if lib is None:
+                raise ArtifactError(f"{path}: kernels.so missing but kernel {k.func} needs it")
+            k._bind_function(lib)
+    model = CompiledModel(state["plan"], state["kernels"], state["isa"], state["threads"],
+                          source_model=state["source_model"], dims=state.get("dims", []))
+    return model, manifest
+
+
+__all__ = ["ArtifactError", "FORMAT_VERSION", "load_artifact", "read_manifest", "write_artifact"]

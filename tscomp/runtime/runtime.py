@@ -1,0 +1,295 @@
+"""The runtime: execute a compiled model at any shape in its declared ranges, with no compilation
+on the request path (TSCompiler §6, the runtime half of Fig. 2).
+
+Per call: validate the inputs and bind the shape symbols; then, once per concrete shape (cached),
+pick one kernel variant per group with the wave model (:mod:`tscomp.runtime.wave`), plan the
+intermediate buffers (:mod:`tscomp.runtime.buffers`) and evaluate every symbolic size; then run
+the groups in Plan order. Everything shape-dependent is decided by those cached steps, so a
+repeated shape costs only the kernel calls.
+
+Out-of-range shapes are refused unless the caller opts in (``allow_out_of_range=True``). The
+compiled kernels and every shape simplification were derived under the declared ranges, so an
+out-of-range call is answered by re-importing the artifact's copy of the ONNX model with ranges
+widened to that shape and running tscomp's reference executor: correct, slow, and said so with
+a warning.
+"""
+from __future__ import annotations
+
+import collections
+import inspect
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from tscomp.codegen.build import host_isa, set_num_threads
+from tscomp.compiler import CompiledModel, default_threads
+from tscomp.errors import ExecutionError, TscompError
+from tscomp.graph.reference import bind_symbols, materialize
+from tscomp.runtime.artifact import ArtifactError, load_artifact
+from tscomp.runtime.buffers import BufferPlan, Lifetime, plan_buffers
+from tscomp.runtime.wave import pick_variant
+
+ISA_RANK = {"scalar": 0, "avx2": 1, "avx512": 2}
+
+#: how many concrete shapes keep their decisions and arena
+SHAPE_CACHE_SIZE = 16
+
+
+@dataclass
+class Step:
+    group: str
+    kernel: object
+    takes_out: bool
+    inputs: tuple[str, ...]
+    free_after: tuple[str, ...]      # tensors no later step reads
+
+
+@dataclass
+class ShapePlan:
+    """Every decision that depends on the concrete shape, made once per shape."""
+    binding: dict[str, int]
+    steps: list[Step]
+    shapes: dict[str, tuple[int, ...]]
+    buffers: BufferPlan
+    arena: np.ndarray
+    shape_consts: dict[str, np.ndarray]   # shape-valued constants at this binding
+
+    def view(self, name: str, dtype) -> np.ndarray:
+        shape = self.shapes[name]
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        off = self.buffers.offsets[name]
+        return self.arena[off:off + n].view(dtype).reshape(shape)
+
+
+class Runtime:
+    """``Runtime(path, device="cpu", num_threads=None, allow_out_of_range=False)``; ``run(inputs)``
+    maps input names to numpy arrays and returns the model's outputs by name."""
+
+    def __init__(self, path, device: str = "cpu", num_threads: int | None = None, *,
+                 allow_out_of_range: bool = False, verify: bool = True):
+        if device != "cpu":
+            raise TscompError(f"device {device!r} is not available: this tscomp runs artifacts on 'cpu' "
+                              "(the CUDA target is not built yet)")
+        self.path = Path(path)
+        model, self.manifest = load_artifact(self.path, verify=verify)
+        self._init(model, num_threads, allow_out_of_range)
+
+    @classmethod
+    def from_compiled(cls, model: CompiledModel, num_threads: int | None = None, *,
+                      allow_out_of_range: bool = False) -> "Runtime":
+        """A runtime over an in-memory compiled model (no artifact on disk)."""
+        self = cls.__new__(cls)
+        self.path, self.manifest = None, {}
+        self._init(model, num_threads, allow_out_of_range)
+        return self
+
+    def _init(self, model: CompiledModel, num_threads, allow_out_of_range) -> None:
+        if ISA_RANK.get(model.isa, 99) > ISA_RANK[host_isa()]:
+            raise ArtifactError(f"artifact was compiled for {model.isa} but this CPU supports only {host_isa()}")
+        self.model = model
+        self.plan = model.plan
+        self.graph = model.plan.graph
+        self.num_threads = num_threads or default_threads()
+        self.allow_out_of_range = allow_out_of_range
+        self._lock = threading.Lock()
+        self._shapes: collections.OrderedDict[tuple, ShapePlan] = collections.OrderedDict()
+        self._consts = self._static_constants()
+        self._order = self._lifetimes_by_index()
+        self.last_call_overhead = None
+
+    # ------------------------------------------------------------------ public
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.graph.inputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.graph.outputs)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self._lock:
+            binding, in_range = self._bind(inputs)
+            if not in_range:
+                return self._run_out_of_range(inputs, binding)
+            set_num_threads(self.num_threads)
+            shape = self._shape_plan(binding)
+            return self._execute(shape, inputs, None)
+
+    def profile(self, inputs: Mapping[str, np.ndarray]) -> list[tuple[str, str, float]]:
+        """Run once, timing each group: ``[(group, family/target, seconds), ...]`` in Plan order."""
+        with self._lock:
+            binding, in_range = self._bind(inputs)
+            if not in_range:
+                raise ExecutionError("profile() runs compiled kernels only: the input shape is outside the "
+                                     "declared ranges")
+            set_num_threads(self.num_threads)
+            times: list = []
+            self._execute(self._shape_plan(binding), inputs, times)
+            return times
+
+    def selected_variants(self, inputs_or_binding) -> dict[str, object]:
+        """The kernel variant each group runs at this shape (inputs dict or symbol binding)."""
+        if all(isinstance(v, (int, np.integer)) for v in inputs_or_binding.values()):
+            binding = {k: int(v) for k, v in inputs_or_binding.items()}
+        else:
+            binding, _ = self._bind(inputs_or_binding)
+        return {s.group: s.kernel for s in self._shape_plan(binding).steps}
+
+    # ------------------------------------------------------------------ validation
+    def _bind(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, int], bool]:
+        if not isinstance(inputs, Mapping):
+            raise ExecutionError(f"run() takes a dict of input name -> numpy array, got {type(inputs).__name__}")
+        binding = bind_symbols(self.graph, inputs, check_ranges=False)
+        outside = []
+        for sym, val in binding.items():
+            info = self.graph.symbols.get(sym)
+            if not info.min <= val <= info.max:
+                outside.append(f"{sym} = {val} (declared {info.min}:{info.max})")
+        if outside and not self.allow_out_of_range:
+            raise ExecutionError(f"input shape outside the compiled ranges: {', '.join(outside)}; recompile "
+                                 f"with a wider --dim, or pass allow_out_of_range=True to run it on the "
+                                 f"(slow) reference executor")
+        return binding, not outside
+
+    # ------------------------------------------------------------------ per-shape decisions
+    def _static_constants(self) -> dict[str, np.ndarray]:
+        graph = self.graph
+        needed = {n for g in self.plan.groups for n in g.inputs}
+        return {n: graph.values[n].const for n in needed
+                if graph.values[n].const is not None and n not in graph.inputs}
+
+    def _lifetimes_by_index(self):
+        produced_at, last_read = {}, {}
+        for k, g in enumerate(self.plan.groups):
+            for name in g.inputs:
+                last_read[name] = k
+            for name in g.outputs:
+                produced_at[name] = k
+        return produced_at, last_read
+
+    def _shape_plan(self, binding: dict[str, int]) -> ShapePlan:
+        key = tuple(sorted(binding.items()))
+        cached = self._shapes.get(key)
+        if cached is not None:
+            self._shapes.move_to_end(key)
+            return cached
+        graph, symtab = self.graph, self.graph.symbols
+        produced_at, last_read = self._order
+        shapes = {name: tuple(int(symtab.evaluate(d, binding)) for d in graph.values[name].shape)
+                  for name in produced_at}
+        keep = set(graph.outputs) | set(graph.inputs)
+        lifetimes = [Lifetime(name, int(np.prod(shapes[name], dtype=np.int64)) * np.dtype(graph.values[name].dtype).itemsize,
+                              k, last_read.get(name, k))
+                     for name, k in produced_at.items() if name not in keep]
+        buffers = plan_buffers(lifetimes)
+        steps = []
+        for k, g in enumerate(self.plan.groups):
+            kernel = pick_variant(self.model.kernels[g.name], binding, self.num_threads)
+            free = tuple(n for n in g.inputs if last_read.get(n) == k and n not in keep)
+            steps.append(Step(g.name, kernel, _takes_out(kernel), tuple(g.inputs), free))
+        shape_consts = {n: materialize(graph, graph.values[n], binding) for g in self.plan.groups
+                        for n in g.inputs if graph.values[n].symdata is not None}
+        plan = ShapePlan(dict(binding), steps, shapes, buffers, np.empty(buffers.arena_bytes, np.uint8), shape_consts)
+        self._shapes[key] = plan
+        while len(self._shapes) > SHAPE_CACHE_SIZE:
+            self._shapes.popitem(last=False)
+        return plan
+
+    # ------------------------------------------------------------------ execution
+    def _execute(self, shape: ShapePlan, inputs, times: list | None) -> dict[str, np.ndarray]:
+        t_start = time.perf_counter()
+        kernel_time = 0.0
+        env: dict[str, np.ndarray] = dict(self._consts)
+        env.update(shape.shape_consts)
+        env.update({k: np.asarray(v) for k, v in inputs.items()})
+        offsets = shape.buffers.offsets
+        values = self.graph.values
+        binding = shape.binding
+        for step in shape.steps:
+            out = None
+            if step.takes_out:
+                out = {name: shape.view(name, values[name].dtype)
+                       for name in self.plan_group_outputs(step.group) if name in offsets}
+            t = time.perf_counter()
+            try:
+                produced = step.kernel.run(env, binding, out) if step.takes_out else step.kernel.run(env, binding)
+            except TscompError:
+                raise
+            except Exception as exc:
+                raise ExecutionError(f"group {step.group} ({_family(step.kernel)}) failed: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+            dt = time.perf_counter() - t
+            kernel_time += dt
+            if times is not None:
+                times.append((step.group, _family(step.kernel), dt))
+            env.update(produced)
+            for name in step.free_after:
+                env.pop(name, None)
+        result = {}
+        for name in self.graph.outputs:
+            arr = env[name]
+            result[name] = arr.copy() if name in inputs or name in self._consts else arr
+        self.last_call_overhead = time.perf_counter() - t_start - kernel_time
+        return result
+
+    def plan_group_outputs(self, group: str) -> list[str]:
+        return self._group_outputs[group]
+
+    @property
+    def _group_outputs(self) -> dict[str, list[str]]:
+        cache = self.__dict__.get("_group_outputs_cache")
+        if cache is None:
+            cache = self.__dict__["_group_outputs_cache"] = {g.name: list(g.outputs) for g in self.plan.groups}
+        return cache
+
+    # ------------------------------------------------------------------ outside the ranges
+    def _run_out_of_range(self, inputs, binding) -> dict[str, np.ndarray]:
+        from tscomp.graph import DimSpec, load_model
+        from tscomp.graph.reference import run_reference
+
+        model_file = self._source_model_file()
+        widened = [_widen(DimSpec.parse(text), binding) for text in self.model.dims]
+        warnings.warn(f"shape {binding} is outside the compiled ranges: running the reference executor on "
+                      f"{model_file.name} (correct but slow; recompile with wider --dim to get kernels)",
+                      RuntimeWarning, stacklevel=3)
+        graph = load_model(model_file, widened)
+        return run_reference(graph, inputs)
+
+    def _source_model_file(self) -> Path:
+        if self.path is not None:
+            copies = sorted((self.path / "model").glob("*.onnx"))
+            if copies:
+                return copies[0]
+        src = Path(self.model.source_model) if self.model.source_model else None
+        if src is None or not src.is_file():
+            raise ExecutionError("out-of-range run needs the original ONNX model, and this artifact has no copy")
+        return src
+
+
+def _widen(spec, binding: Mapping[str, int]):
+    """``spec`` with its range stretched to include the bound value of its symbol."""
+    from dataclasses import replace
+
+    v = binding.get(spec.name)
+    if v is None:
+        return spec
+    return replace(spec, min=min(spec.min, v), max=max(spec.max, v))
+
+
+def _takes_out(kernel) -> bool:
+    try:
+        return "out" in inspect.signature(kernel.run).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _family(kernel) -> str:
+    return getattr(kernel, "family", getattr(kernel, "target", "?"))
+
+
+__all__ = ["Runtime"]
