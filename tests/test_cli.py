@@ -38,7 +38,7 @@ def mlp_model():
              helper.make_node("Relu", ["hb"], ["r"], name="relu"),
              helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
     return helper.make_model(helper.make_graph(nodes, "mlp", [x], [y], inits),
-                             opset_imports=[helper.make_opsetid("", 17)])
+                             opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
 @pytest.fixture
@@ -215,3 +215,46 @@ def test_inspect_groups_on_tiny_bert(exported_model, tmp_path):
     assert report["nodes"]["after_simplification"] == (report["fusion"]["compute_nodes"]
                                                        + report["fusion"]["views_absorbed"])
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ compile / run / bench
+def test_compile_then_run_prints_shapes_and_latency(mlp_file, tmp_path):
+    out = tmp_path / "mlp.tsc"
+    result = run_cli("compile", mlp_file, "--dim", "batch=1:4", "--dim", "sequence=1:64", "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert "compiling groups [2/2]" in result.stderr          # progress
+    assert f"wrote {out}" in result.stdout and "2 groups" in result.stdout
+    assert (out / "manifest.json").is_file() and (out / "kernels.so").is_file()
+    result = run_cli("run", out, "--shape", "sequence=37", "--shape", "batch=3", "--repeat", "3")
+    assert result.returncode == 0, result.stderr
+    assert "output y: float32[3, 37, 80]" in result.stdout
+    assert "first call" in result.stdout and "steady" in result.stdout
+
+
+def test_run_errors_are_one_line(mlp_file, tmp_path):
+    out = tmp_path / "mlp.tsc"
+    assert run_cli("compile", mlp_file, "--dim", "batch=1:4", "--dim", "sequence=1:64", "-o", out).returncode == 0
+    for args, expected in ((["--shape", "seq=3"], "no dimension 'seq'"),
+                           (["--shape", "sequence=65"], "sequence = 65 (declared 1:64)"),
+                           (["--shape", "sequence"], "expected NAME=VALUE")):
+        result = run_cli("run", out, *args)
+        assert result.returncode == 1
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], result.stderr
+    result = run_cli("run", tmp_path / "missing.tsc")
+    assert result.returncode == 1 and "no such artifact" in result.stderr
+
+
+def test_bench_prints_a_ratio_table_and_writes_a_plot(mlp_file, tmp_path):
+    art, plot = tmp_path / "mlp.tsc", tmp_path / "mlp.png"
+    result = run_cli("bench", mlp_file, "--dim", "batch=1:4", "--dim", "sequence=1:64", "--samples", "3",
+                     "--fix", "batch=2", "--threads", "1", "--artifact", art, "--plot", plot)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "onnxruntime ms" in lines[0] and "ratio" in lines[0]
+    assert len([ln for ln in lines if ln.split()[:1] == ["2"]]) == 3      # one row per sample, batch fixed
+    assert "geomean" in result.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = run_cli("bench", mlp_file, "--dim", "batch=1:4", "--dim", "sequence=1:64", "--samples", "1",
+                    "--threads", "1", "--artifact", art, "--plot", plot)
+    assert again.returncode == 0 and "using the compiled artifact" in again.stderr

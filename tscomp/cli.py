@@ -34,20 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "to PATH (.png or .svg)")
     p.set_defaults(func=cmd_inspect)
 
-    for name, what in (("compile", "compile a model into an artifact"),
-                       ("run", "run a compiled artifact"),
-                       ("bench", "benchmark against onnxruntime")):
-        p = sub.add_parser(name, help=f"{what} (not implemented yet)")
-        p.add_argument("args", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_not_implemented(name))
+    from tscomp.cli_commands import add_commands
+
+    add_commands(sub, _add_dim_flag)
     return parser
-
-
-def _not_implemented(name: str):
-    def run(args) -> int:
-        raise TscompError(f"'tscomp {name}' is not implemented yet: code generation, the artifact and the "
-                          "runtime are still being built; 'tscomp inspect' works today")
-    return run
 
 
 def _check_picture(args) -> None:

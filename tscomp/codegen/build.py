@@ -12,6 +12,7 @@ predefined macros, never assumed.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -106,8 +107,9 @@ def link_library(objects: list[Path], out: Path) -> Path:
 def _run_compiler(args: list[str], what: Path, tmp: str) -> None:
     result = subprocess.run([compiler(), *args, "-lm"], capture_output=True, text=True)
     if result.returncode != 0:
-        os.unlink(tmp)
-        first = "; ".join(line for line in result.stderr.splitlines() if "error" in line)[:500]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        first = "; ".join(line for line in result.stderr.splitlines() if "error" in line or "multiple" in line)[:500]
         raise BuildError(f"compiling {what} failed: {first or result.stderr.strip()[:500]}")
 
 

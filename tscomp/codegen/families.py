@@ -104,9 +104,11 @@ def kernels_for_group(plan: Plan, group: Group, *, isa: str, max_variants: int =
         except UnsupportedOperatorError as exc:
             reasons.append(f"{fam.name}: {exc}")
             continue
-        for k in kernels:
+        unique = {}
+        for k in kernels:   # two requested configs may come out as one kernel (e.g. N blocking forced)
             k.family = fam.name
-        return kernels
+            unique.setdefault(k.func, k)
+        return list(unique.values())
     if not reasons:
         reasons.append(f"no CPU macro-kernel family for {group.kind} groups")
     return [InterpretedGroup(plan, group, reasons)]

@@ -1,0 +1,138 @@
+"""The runtime on compiled artifacts of the real tiny models: outputs match onnxruntime at random
+shapes (1, primes and the range ends included); bad inputs get specific errors."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from tscomp.errors import ExecutionError
+from tscomp.runtime import Runtime
+from tests.model_checks import binding_samples
+
+FAMILIES = ("bert", "albert", "roberta", "distilbert", "gpt2", "vit")
+MODELS = [pytest.param(f, e, id=f"{f}-{e}") for f in FAMILIES for e in ("dynamo", "torchscript")]
+
+
+def _check_against_onnxruntime(rt: Runtime, onnx_path, family, bindings, size):
+    from models.families import make_inputs
+
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    rng = np.random.default_rng(0)
+    for binding in bindings:
+        inputs = make_inputs(family, binding, rng, size=size)
+        got = rt.run(inputs)
+        want = dict(zip(names, sess.run(None, inputs)))
+        assert set(got) == set(want)
+        for name in names:
+            assert got[name].shape == want[name].shape, f"{name} at {binding}"
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{name} at {binding}")
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("family,exporter", MODELS)
+def test_compiled_tiny_model_matches_onnxruntime_at_20_shapes(compiled_artifact, family, exporter):
+    path, onnx_path, ranges = compiled_artifact(family, exporter)
+    rt = Runtime(path, num_threads=2)
+    bindings = binding_samples(ranges, n=20, seed=1)
+    assert any(all(v == lo for v, (lo, _) in zip(b.values(), ranges.values())) for b in bindings)
+    _check_against_onnxruntime(rt, onnx_path, family, bindings, "tiny")
+    # every group runs a generated kernel except opaque index arithmetic (Range) and Conv
+    fallback = {g: rt.model.kernels[g][0].reasons for g in rt.model.fallback_groups()}
+    for g, why in fallback.items():
+        kind = next(x.kind for x in rt.plan.groups if x.name == g)
+        backbone = next(x.backbone for x in rt.plan.groups if x.name == g)
+        assert kind == "opaque" or backbone == "Conv", f"{g} fell back to numpy: {why}"
+
+
+@pytest.mark.models
+@pytest.mark.base
+@pytest.mark.parametrize("family,exporter", MODELS)
+def test_compiled_base_model_matches_onnxruntime_at_5_shapes(compiled_artifact, family, exporter):
+    path, onnx_path, ranges = compiled_artifact(family, exporter, "base")
+    rt = Runtime(path, num_threads=2)
+    _check_against_onnxruntime(rt, onnx_path, family, binding_samples(ranges, n=5, seed=2), "base")
+
+
+# ------------------------------------------------------------------ run-time input errors
+@pytest.fixture(scope="module")
+def bert(compiled_artifact):
+    path, onnx_path, ranges = compiled_artifact("bert")
+    return Runtime(path, num_threads=2), onnx_path
+
+
+def _inputs(batch=2, seq=7):
+    from models.families import make_inputs
+    return make_inputs("bert", {"batch": batch, "sequence": seq}, np.random.default_rng(0), size="tiny")
+
+
+def test_unknown_input_name_is_named(bert):
+    rt, _ = bert
+    x = _inputs()
+    x["input_idz"] = x.pop("input_ids")
+    with pytest.raises(ExecutionError, match="missing input 'input_ids'"):
+        rt.run(x)
+    x["input_ids"] = x["input_idz"]
+    with pytest.raises(ExecutionError, match="unknown input 'input_idz'"):
+        rt.run(x)
+
+
+def test_wrong_dtype_names_the_input_and_both_dtypes(bert):
+    rt, _ = bert
+    x = _inputs()
+    x["attention_mask"] = x["attention_mask"].astype(np.float32)
+    with pytest.raises(ExecutionError, match="input 'attention_mask' has dtype float32, expected int64"):
+        rt.run(x)
+
+
+def test_wrong_rank_names_the_input(bert):
+    rt, _ = bert
+    x = _inputs()
+    x["token_type_ids"] = x["token_type_ids"][0]
+    with pytest.raises(ExecutionError, match="input 'token_type_ids' has rank 1, expected rank 2"):
+        rt.run(x)
+
+
+def test_inconsistent_symbol_across_inputs_names_axis_and_symbol(bert):
+    rt, _ = bert
+    x = _inputs(seq=7)
+    x["attention_mask"] = _inputs(seq=8)["attention_mask"]
+    with pytest.raises(ExecutionError, match="input 'attention_mask' axis 1 is 8, but symbol sequence is already 7"):
+        rt.run(x)
+
+
+def test_out_of_range_shape_is_refused_with_the_declared_range(bert):
+    rt, _ = bert
+    with pytest.raises(ExecutionError, match=r"batch = 9 \(declared 1:8\)"):
+        rt.run(_inputs(batch=9, seq=5))
+
+
+def test_out_of_range_opt_in_computes_the_right_answer(bert, compiled_artifact):
+    path, onnx_path, _ = compiled_artifact("bert")
+    rt = Runtime(path, num_threads=2, allow_out_of_range=True)
+    x = _inputs(batch=9, seq=5)
+    with pytest.warns(RuntimeWarning, match="outside the compiled ranges"):
+        got = rt.run(x)
+    want = ort.InferenceSession(str(onnx_path)).run(None, x)[0]
+    np.testing.assert_allclose(got["last_hidden_state"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_non_dict_inputs_and_unknown_device_are_clear_errors(bert, compiled_artifact):
+    rt, _ = bert
+    with pytest.raises(ExecutionError, match="takes a dict"):
+        rt.run([_inputs()["input_ids"]])
+    path, _, _ = compiled_artifact("bert")
+    with pytest.raises(Exception, match="device 'cuda' is not available"):
+        Runtime(path, device="cuda")
+
+
+def test_repeated_shape_reuses_its_plan_and_results_are_not_clobbered(bert):
+    rt, _ = bert
+    a, b = _inputs(seq=11), _inputs(batch=3, seq=5)
+    first = rt.run(a)["last_hidden_state"].copy()
+    keep = rt.run(a)["last_hidden_state"]
+    rt.run(b)
+    np.testing.assert_array_equal(keep, first)   # outputs are never arena views
+    assert len(rt._shapes) == 2

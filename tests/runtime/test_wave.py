@@ -1,0 +1,33 @@
+"""Variant choice by the wave model: cost = T_single_wave x ceil(tasks / threads)."""
+from __future__ import annotations
+
+from tscomp.runtime.wave import pick_variant, wave_cost
+
+
+class FakeKernel:
+    def __init__(self, name, t_wave, tasks_per_row):
+        self.name, self.t_wave, self.tasks_per_row = name, t_wave, tasks_per_row
+
+    def tasks(self, binding):
+        return -(-binding["M"] // self.tasks_per_row)
+
+
+def test_wave_cost_counts_whole_waves():
+    k = FakeKernel("k", 2.0, 10)
+    assert wave_cost(k, {"M": 10}, 2) == 2.0        # 1 task: one (partial) wave
+    assert wave_cost(k, {"M": 20}, 2) == 2.0        # 2 tasks, 2 threads: one wave
+    assert wave_cost(k, {"M": 21}, 2) == 4.0        # 3 tasks: two waves
+
+
+def test_small_shapes_pick_the_variant_with_fewer_waves_and_large_shapes_the_faster_wave():
+    big_tiles = FakeKernel("big", 1.0, 100)          # slow wave, few tasks
+    small_tiles = FakeKernel("small", 0.3, 10)       # fast wave, many tasks
+    assert pick_variant([big_tiles, small_tiles], {"M": 20}, 2) is small_tiles    # 1 wave each
+    assert pick_variant([big_tiles, small_tiles], {"M": 200}, 2) is big_tiles     # 1 wave vs 10
+
+
+def test_single_variant_and_unmeasured_variants():
+    only = FakeKernel("only", None, 1)
+    assert pick_variant([only], {"M": 5}, 2) is only
+    measured = FakeKernel("m", 1.0, 1)
+    assert pick_variant([FakeKernel("u", None, 1), measured], {"M": 5}, 2) is measured

@@ -1,0 +1,160 @@
+"""``tscomp bench``: tscomp and onnxruntime side by side, in one process, at the same random shapes
+with the same inputs and the same thread count; a table of latencies and ratios, and a plot.
+
+Per shape: onnxruntime is warmed up, then tscomp runs its *first call* at that never-seen shape
+(timed on its own: no compilation may hide there), then both are timed alternately in blocks and
+the median of each is kept. Outputs are compared at each shape (max abs error is reported), so a
+fast wrong answer cannot pass as a win.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tscomp.errors import TscompError
+from tscomp.runtime import Runtime
+from tscomp.sample_inputs import random_inputs
+
+
+@dataclass
+class ShapeResult:
+    binding: dict[str, int]
+    ort_s: float
+    tscomp_s: float
+    first_call_s: float
+    max_abs_err: float
+
+    @property
+    def ratio(self) -> float:
+        return self.tscomp_s / self.ort_s
+
+
+@dataclass
+class BenchResult:
+    model: str
+    threads: int
+    results: list[ShapeResult] = field(default_factory=list)
+
+    def geomean(self) -> float:
+        return math.exp(sum(math.log(r.ratio) for r in self.results) / len(self.results))
+
+    def worst(self) -> ShapeResult:
+        return max(self.results, key=lambda r: r.ratio)
+
+
+def sample_bindings(runtime: Runtime, samples: int, seed: int, fixed: dict[str, int]) -> list[dict[str, int]]:
+    """``samples`` random shapes (uniform per symbol over its range, fixed symbols held), sorted."""
+    rng = np.random.default_rng(seed)
+    infos = [i for i in runtime.graph.symbols.live_symbols()]
+    out = []
+    for _ in range(samples):
+        out.append({i.name: int(fixed[i.name]) if i.name in fixed else int(rng.integers(i.min, i.max + 1))
+                    for i in infos})
+    return sorted(out, key=lambda b: tuple(b[i.name] for i in infos))
+
+
+def ort_session(model_path: str, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    try:
+        return ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+        raise TscompError(f"onnxruntime cannot load {model_path}: {str(exc).splitlines()[0][:300]}") from None
+
+
+def _timed(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench(runtime: Runtime, model_path: str, bindings: list[dict[str, int]], *, threads: int,
+          seed: int = 0, budget_s: float = 0.5, progress=None) -> BenchResult:
+    sess = ort_session(model_path, threads)
+    names = [o.name for o in sess.get_outputs()]
+    result = BenchResult(model_path, threads)
+    rng = np.random.default_rng(seed + 1)
+    for n, binding in enumerate(bindings):
+        inputs = random_inputs(runtime.graph, binding, rng)
+        ort_inputs = {k: v for k, v in inputs.items()}
+        want = sess.run(None, ort_inputs)                       # warm onnxruntime at this shape
+        t = time.perf_counter()
+        got = runtime.run(inputs)                               # tscomp's first call at this shape
+        first = time.perf_counter() - t
+        err = max(float(np.max(np.abs(got[k].astype(np.float64) - w))) if w.size else 0.0
+                  for k, w in zip(names, want))
+        one = max(first, _timed(lambda: sess.run(None, ort_inputs), 1))
+        repeats = max(3, min(50, int(budget_s / max(one, 1e-6) / 2)))
+        ort_t, ts_t = [], []
+        for _ in range(3):                                      # alternate blocks: fair to both under noise
+            ort_t.append(_timed(lambda: sess.run(None, ort_inputs), repeats))
+            ts_t.append(_timed(lambda: runtime.run(inputs), repeats))
+        r = ShapeResult(dict(binding), min(ort_t), min(ts_t), first, err)
+        result.results.append(r)
+        if progress:
+            progress(n + 1, len(bindings), r)
+    return result
+
+
+def table(result: BenchResult) -> list[str]:
+    syms = list(result.results[0].binding) if result.results else []
+    head = "  ".join(f"{s:>9}" for s in syms)
+    lines = [f"{head}  {'onnxruntime ms':>14}  {'tscomp ms':>10}  {'ratio':>6}  {'first-call ms':>13}  "
+             f"{'first/steady':>12}  {'max abs err':>11}"]
+    for r in result.results:
+        vals = "  ".join(f"{r.binding[s]:>9}" for s in syms)
+        lines.append(f"{vals}  {r.ort_s * 1e3:14.3f}  {r.tscomp_s * 1e3:10.3f}  {r.ratio:6.3f}  "
+                     f"{r.first_call_s * 1e3:13.3f}  {r.first_call_s / r.tscomp_s:12.2f}  {r.max_abs_err:11.2e}")
+    w = result.worst()
+    lines.append(f"tscomp/onnxruntime latency ratio over {len(result.results)} shapes ({result.threads} threads): "
+                 f"geomean {result.geomean():.3f}, worst {w.ratio:.3f} at {w.binding}")
+    return lines
+
+
+def plot(result: BenchResult, path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rs = result.results
+    varying = [s for s in rs[0].binding if len({r.binding[s] for r in rs}) > 1]
+    if len(varying) == 1:
+        xs, xlabel = [r.binding[varying[0]] for r in rs], varying[0]
+    else:
+        xs, xlabel = [math.prod(r.binding.values()) for r in rs], " × ".join(rs[0].binding)
+    order = np.argsort(xs)
+    x = np.asarray(xs)[order]
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+    ax.plot(x, np.asarray([r.ort_s * 1e3 for r in rs])[order], "o-", label="onnxruntime")
+    ax.plot(x, np.asarray([r.tscomp_s * 1e3 for r in rs])[order], "s-", label="tscomp")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title(f"{Path(result.model).name}: latency vs {xlabel} ({result.threads} threads)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    ax2.plot(x, np.asarray([r.ratio for r in rs])[order], "d-", color="tab:red")
+    ax2.axhline(1.0, color="gray", lw=1)
+    ax2.set_ylabel("tscomp / ort")
+    ax2.set_xlabel(xlabel)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["BenchResult", "ShapeResult", "bench", "plot", "sample_bindings", "table"]

@@ -1,0 +1,204 @@
+"""``tscomp compile``, ``tscomp run`` and ``tscomp bench``: argument handling and reports around
+:mod:`tscomp.compiler`, :mod:`tscomp.runtime` and :mod:`tscomp.bench`."""
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from tscomp.errors import TscompError
+
+
+class Progress:
+    """One status line on stderr, redrawn in place on a terminal, every ~10% otherwise."""
+
+    def __init__(self, what: str, stream=None):
+        self.what, self.stream = what, stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.t0 = time.perf_counter()
+        self.last_decile = -1
+
+    def __call__(self, done: int, total: int, item: str) -> None:
+        elapsed = time.perf_counter() - self.t0
+        line = f"{self.what} [{done:>{len(str(total))}}/{total}] {elapsed:6.1f}s  {item}"
+        if self.tty:
+            self.stream.write("\r\033[K" + line[:150] + ("\n" if done == total else ""))
+        else:
+            decile = (10 * done) // max(1, total)
+            if decile == self.last_decile and done != total:
+                return
+            self.last_decile = decile
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def parse_shapes(items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        m = re.fullmatch(r"\s*([A-Za-z_][\w.]*)\s*=\s*(\d+)\s*", item)
+        if not m:
+            raise TscompError(f"--shape {item!r}: expected NAME=VALUE, e.g. --shape sequence=37")
+        out[m[1]] = int(m[2])
+    return out
+
+
+def compile_to(model: str, dims: list[str], output: str, *, variants: int, threads: int | None,
+               quiet: bool = False) -> tuple[Path, dict]:
+    from tscomp.compiler import compile_model
+    from tscomp.runtime.artifact import write_artifact
+
+    if not Path(model).is_file():
+        raise TscompError(f"{model}: no such model file")
+    compiled = compile_model(model, dims, max_variants=variants, threads=threads,
+                             progress=None if quiet else Progress("compiling groups"))
+    compiled.notes.append(f"source sha256 {_sha256(Path(model))}")
+    path = write_artifact(compiled, output, progress=None if quiet else Progress("linking kernels"))
+    return path, {"model": compiled}
+
+
+def _summary(compiled, path: Path) -> list[str]:
+    fams = Counter(getattr(ks[0], "family", "?") for ks in compiled.kernels.values())
+    n_var = sum(len(ks) for ks in compiled.kernels.values())
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    lines = [f"wrote {path} ({size / 1e6:.1f} MB): {len(compiled.plan.groups)} groups, {n_var} kernel variants, "
+             f"{compiled.compile_seconds:.1f}s; kernels by family: "
+             + ", ".join(f"{k} {v}" for k, v in sorted(fams.items()))]
+    fallback = compiled.fallback_groups()
+    if fallback:
+        lines.append(f"{len(fallback)} group(s) run on the numpy fallback (no macro-kernel family accepts them):")
+        for g in fallback:
+            why = compiled.kernels[g][0].reasons
+            lines.append(f"  {g}: {why[-1] if why else '?'}")
+    return lines
+
+
+def cmd_compile(args) -> int:
+    path, info = compile_to(args.model, args.dim, args.output, variants=args.variants, threads=args.threads)
+    print("\n".join(_summary(info["model"], path)))
+    return 0
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    from tscomp.runtime import Runtime
+    from tscomp.sample_inputs import random_inputs, shape_binding
+
+    rt = Runtime(args.artifact, num_threads=args.threads, allow_out_of_range=args.allow_out_of_range)
+    binding = shape_binding(rt.graph, parse_shapes(args.shape))
+    inputs = random_inputs(rt.graph, binding, np.random.default_rng(args.seed))
+    t = time.perf_counter()
+    outputs = rt.run(inputs)
+    first = time.perf_counter() - t
+    times = []
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        rt.run(inputs)
+        times.append(time.perf_counter() - t)
+    print("shape: " + ", ".join(f"{k}={v}" for k, v in binding.items()))
+    for name, arr in inputs.items():
+        print(f"  input  {name}: {arr.dtype}{list(arr.shape)}")
+    for name, arr in outputs.items():
+        print(f"  output {name}: {arr.dtype}{list(arr.shape)}  mean {float(np.mean(arr)):.6g}")
+    steady = sorted(times)[len(times) // 2] if times else first
+    print(f"latency: first call {first * 1e3:.3f} ms, steady {steady * 1e3:.3f} ms (median of {len(times)}), "
+          f"{rt.num_threads} threads; runtime overhead per call {rt.last_call_overhead * 1e6:.0f} us")
+    return 0
+
+
+def _artifact_for_bench(args) -> Path:
+    """The artifact to benchmark: the given one, or the model compiled (reused when the artifact at
+    the output path was compiled from the same model bytes with the same --dim)."""
+    from tscomp.runtime.artifact import ArtifactError, read_manifest
+
+    src = Path(args.model)
+    if src.is_dir():
+        return src
+    out = Path(args.artifact or src.with_suffix(".tsc"))
+    try:
+        mf = read_manifest(out)
+        if mf.get("dims") == list(args.dim) and f"source sha256 {_sha256(src)}" in mf.get("notes", []):
+            print(f"using the compiled artifact {out}", file=sys.stderr)
+            return out
+    except ArtifactError:
+        pass
+    path, info = compile_to(str(src), args.dim, str(out), variants=args.variants, threads=args.threads)
+    print("\n".join(_summary(info["model"], path)), file=sys.stderr)
+    return path
+
+
+def cmd_bench(args) -> int:
+    from tscomp.bench import bench, plot, sample_bindings, table
+    from tscomp.compiler import default_threads
+    from tscomp.runtime import Runtime
+
+    if args.against != "onnxruntime":
+        raise TscompError(f"--against {args.against}: only onnxruntime is supported")
+    threads = args.threads or default_threads()
+    artifact = _artifact_for_bench(args)
+    rt = Runtime(artifact, num_threads=threads)
+    onnx_path = args.model if not Path(args.model).is_dir() else rt.manifest.get("source_model")
+    if not onnx_path or not Path(onnx_path).is_file():
+        raise TscompError(f"bench needs the ONNX model for onnxruntime; {onnx_path!r} is not a file")
+    fixed = parse_shapes(args.fix)
+    bindings = sample_bindings(rt, args.samples, args.seed, fixed)
+
+    def show(done, total, r):
+        print(f"bench [{done}/{total}] {r.binding}: ort {r.ort_s * 1e3:.2f} ms, tscomp {r.tscomp_s * 1e3:.2f} ms",
+              file=sys.stderr)
+
+    result = bench(rt, onnx_path, bindings, threads=threads, seed=args.seed, progress=show)
+    print("\n".join(table(result)))
+    picture = Path(args.plot or Path(artifact).with_suffix(".bench.png"))
+    plot(result, picture)
+    print(f"plot: {picture}")
+    return 0
+
+
+def add_commands(sub, add_dim_flag) -> None:
+    p = sub.add_parser("compile", help="compile an ONNX model into an artifact directory")
+    p.add_argument("model")
+    add_dim_flag(p)
+    p.add_argument("-o", "--output", required=True, help="artifact directory to write (e.g. model.tsc)")
+    p.add_argument("--variants", type=int, default=3, help="tile-config variants per GEMM group (default 3)")
+    p.add_argument("--threads", type=int, default=None, help="threads for measuring single-wave times")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="run a compiled artifact on random inputs of a given shape")
+    p.add_argument("artifact")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=VALUE",
+                   help="value of a dynamic dimension (repeatable; unset ones take their minimum)")
+    p.add_argument("--repeat", type=int, default=10, help="timed repetitions after the first call")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--allow-out-of-range", action="store_true",
+                   help="run shapes outside the compiled ranges on the reference executor")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("bench", help="benchmark against onnxruntime at random shapes")
+    p.add_argument("model", help="model.onnx (compiled if needed) or an artifact directory")
+    add_dim_flag(p)
+    p.add_argument("--against", default="onnxruntime")
+    p.add_argument("--samples", type=int, default=25)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                   help="hold a dimension at a value (e.g. --fix batch=1)")
+    p.add_argument("--threads", type=int, default=None, help="threads for both systems (default: all cores)")
+    p.add_argument("--artifact", help="where to write/reuse the compiled artifact (default: MODEL.tsc)")
+    p.add_argument("--variants", type=int, default=3)
+    p.add_argument("--plot", help="PNG path for the latency plot (default: ARTIFACT.bench.png)")
+    p.set_defaults(func=cmd_bench)
+
+
+__all__ = ["add_commands"]
