@@ -259,3 +259,32 @@ def test_bad_weights_and_epilogue_definitions_are_rejected():
         EpilogueArg("bias", "double*")
     with pytest.raises(GemmError, match="duplicate"):
         Epilogue("acc", (EpilogueArg("b"), EpilogueArg("b")))
+
+
+def test_row_pass_hook_runs_over_whole_rows_and_needs_one_n_block():
+    """Epilogue.row_pass: a hand-written row pass (scale each row by its max) after the last K step."""
+    from tscomp.codegen.cpu_gemm import Epilogue, GemmError, GemmKernel, generate_gemm
+    from tscomp.codegen.tile_config import TileConfig
+    from tscomp.codegen.build import host_isa
+    isa = host_isa()
+    nr = {"avx512": 48, "avx2": 16, "scalar": 8}[isa]
+    mr = 4
+    K, N = 300, 70
+    NP = -(-N // nr) * nr
+    row = """    for (int64_t i = m0; i < m0 + mv; ++i) {
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < N; ++j) mx = Y[i * N + j] > mx ? Y[i * N + j] : mx;
+        for (int64_t j = 0; j < N; ++j) Y[i * N + j] /= mx;
+    }"""
+    epi = Epilogue("acc + bias[j]", (EpilogueArg("bias", shape=("N",)),), "bias", row_pass=row, row_label="max-scale")
+    with pytest.raises(GemmError, match="whole rows"):
+        generate_gemm(TileConfig(mr=mr, nr=nr, mc=4 * mr, nc=nr, kc=64), K, N + nr, isa, epi)
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    bias = np.abs(rng.standard_normal(N)).astype(np.float32) + 50
+    kern = GemmKernel(W, TileConfig(mr=mr, nr=nr, mc=4 * mr, nc=NP, kc=64), isa=isa, epilogue=epi)
+    assert "row_pass(Y, m0, mv" in kern.source
+    for M in (1, 17, 61):
+        X = rng.standard_normal((M, K)).astype(np.float32)
+        y = X.astype(np.float64) @ W + bias
+        np.testing.assert_allclose(kern.run(X, bias=bias), y / y.max(axis=1, keepdims=True), rtol=1e-4, atol=1e-4)

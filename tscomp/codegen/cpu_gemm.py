@@ -33,6 +33,13 @@ store, so bias/residual/arithmetic templates vectorize. Besides math.h, the prel
 ``tscomp_erff(x)``: erf as a rational approximation (|error| < 5e-7) that vectorizes, where
 libm's ``erff`` is a scalar call per element (glibc declares its vector variants only
 under -ffast-math).
+
+Two optional hooks of an :class:`Epilogue` extend the kernel around the tiles (TSCompiler §4.2's
+fusion of what surrounds the backbone): ``row_pass`` — C run by each task over its finished rows
+``[m0, m0 + mv)`` of Y after the last K step, while they are in cache (a fused LayerNorm: row
+statistics, then the normalized row; it needs a single N block, ``nc`` >= padded N, so a task owns
+whole rows) — and ``a_prologue`` — C that computes the A operand into X (a caller-provided scratch)
+before the tiles start (prologue ops fused before the GEMM).
 """
 from __future__ import annotations
 
@@ -65,7 +72,7 @@ _RESERVED = {
     "acc", "i", "j", "r", "c", "k", "x", "tile", "yrow", "acc_t", "xp", "wp", "ct", "first", "last",
     "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock",
     "kb", "k0", "jp", "wpanel", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks",
-    "min_i64", "pack_x", "micro_kernel", "tscomp_erff",
+    "min_i64", "pack_x", "micro_kernel", "row_pass", "a_prologue", "Xa", "tscomp_erff",
     "int", "float", "double", "char", "void", "const", "restrict", "return", "if", "else", "for",
     "while", "do", "static", "inline", "sizeof", "int64_t", "int32_t",
 }
@@ -123,6 +130,15 @@ class Epilogue:
     label: str = "custom"
     body: str = ""
     prelude: str = ""
+    #: C statements of ``static void row_pass(float* restrict Y, int64_t m0, int64_t mv, <args>)``:
+    #: a pass over the finished rows [m0, m0 + mv) of Y run by the task that computed them (a
+    #: fused row reduction such as LayerNorm); requires one N block (``nc`` >= padded N).
+    row_pass: str = ""
+    row_label: str = ""
+    #: C statements of ``static void a_prologue(float* restrict Xa, int64_t M, <args>)``: computes
+    #: the A operand [M, K] into the (writable, caller-allocated) X buffer before the GEMM starts
+    #: (prologue ops fused before the GEMM: one elementwise pass instead of a separate kernel).
+    a_prologue: str = ""
 
     def __post_init__(self):
         names = [a.name for a in self.args]
@@ -291,6 +307,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
  *             (TSCompiler 5.1: <T_Mb,T_Nb,T_Kb> = <{g.MC},{g.NC},{g.KC}> one OpenMP task per Mb x Nb block;
  *              <T_Mi,T_Ni> = <{g.MR},{g.NR}> accumulators held in registers over each Kb step)
  * Epilogue:   {epi_text}
+ * Row pass:   {(epilogue.row_label or 'row reduction') + ' over each task' + "'" + 's whole rows, after its last K step' if epilogue is not None and epilogue.row_pass.strip() else 'none'}
  * Padding:    local padding (DietCode 4.1): W columns zero-padded to {g.NP} when prepacked,
  *             X rows past M zero-filled while packing; only packing loads and the final
  *             store are guarded, the FMA loop never tests bounds.
@@ -320,7 +337,28 @@ static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
         emit(epilogue.prelude)
     _emit_pack(emit, g)
     _emit_micro_kernel(emit, g, isa, epilogue, epi_params)
-    _emit_macro_kernel(emit, g, name, epi_params, epi_names)
+    rows = epilogue is not None and bool(epilogue.row_pass.strip())
+    if rows:
+        if g.n_nblocks != 1:
+            raise GemmError(f"a row pass ({epilogue.row_label or 'row reduction'}) needs whole rows per task: "
+                            f"nc={cfg.nc} < padded N={g.NP}")
+        emit(f"""/* Row pass ({epilogue.row_label or 'row reduction'}): rows [m0, m0 + mv) of Y are complete (this
+ * task covers all N columns) and still in cache; statistics per row, then the normalized row. */
+static void row_pass(float* restrict Y, int64_t m0, int64_t mv{epi_params})
+{{
+{epilogue.row_pass.rstrip()}
+}}
+""")
+    pro = epilogue is not None and bool(epilogue.a_prologue.strip())
+    if pro:
+        emit(f"""/* A prologue: the GEMM's A operand [M, K] computed from the group inputs into X (the caller
+ * passes a writable scratch as X), one parallel elementwise pass before the tiles start. */
+static void a_prologue(float* restrict Xa, int64_t M{epi_params})
+{{
+{epilogue.a_prologue.rstrip()}
+}}
+""")
+    _emit_macro_kernel(emit, g, name, epi_params, epi_names, row_pass=rows, a_prologue=pro)
     return "\n".join(L)
 
 
@@ -492,13 +530,17 @@ def _emit_epilogue_loop(emit, epilogue: Epilogue):
     }}""")
 
 
-def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names: str):
+def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names: str, row_pass: bool = False,
+                       a_prologue: bool = False):
     single = g.n_kblocks == 1
+    before = f"\n    a_prologue((float*)X, M{epi_names});  /* X is the caller's scratch: A computed here */" \
+        if a_prologue else ""
+    after = f"\n            row_pass(Y, m0, mv{epi_names});  /* fused row reduction over this task's rows */" if row_pass else ""
     emit(f"""/* Macro-kernel: tasks = ceil(M / MC) x N_NBLOCKS block tiles, shared among the OpenMP
  * threads; each task walks K in N_KBLOCKS steps of KC{' (here one step: no partial sums)' if single else ''}. */
 void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y, int64_t M{epi_params})
 {{
-    if (M <= 0) return;
+    if (M <= 0) return;{before}
     const int64_t n_mblocks = (M + MC - 1) / MC;
     const int64_t n_tasks = n_mblocks * N_NBLOCKS;
     #pragma omp parallel if (n_tasks > 1)
@@ -525,7 +567,7 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
                                      Y, m0 + ip * MR, jj, min_i64(MR, mv - ip * MR), nv{epi_names});
                     }}
                 }}
-            }}
+            }}{after}
         }}
         free(xpack);
         free(cbuf);
