@@ -228,13 +228,13 @@ def test_layernorm_epilogue_variants_vs_onnxruntime(tmp_path_factory, variant, B
 
 def test_layernorm_epilogue_several_k_steps_and_configs(tmp_path_factory):
     """K = 600 takes several K steps (partial sums) before the row pass; every candidate config
-    (forced to whole rows) gives the same result."""
+    (whole rows per task, or N split with the row pass after the tiles) gives the same result."""
     K, N = 600, 200
     path, plan, group, kernel = _ln_kernel(tmp_path_factory, K, N, "ln")
     configs = candidate_configs_for(kernel)
     assert 2 <= len(configs) <= 4
+    assert configs[0].nc >= -(-N // configs[0].nr) * configs[0].nr       # the default keeps whole rows
     for cfg in configs:
-        assert cfg.nc >= -(-N // cfg.nr) * cfg.nr
         k = CompiledGemmGroup(plan, group, cfg)
         for B, S in ((1, 1), (2, 37)):
             _run_vs_ort(path, plan, group, k, B, S, K, N)

@@ -37,8 +37,9 @@ under -ffast-math).
 Two optional hooks of an :class:`Epilogue` extend the kernel around the tiles (TSCompiler §4.2's
 fusion of what surrounds the backbone): ``row_pass`` — C run by each task over its finished rows
 ``[m0, m0 + mv)`` of Y after the last K step, while they are in cache (a fused LayerNorm: row
-statistics, then the normalized row; it needs a single N block, ``nc`` >= padded N, so a task owns
-whole rows) — and ``a_prologue`` — C that computes the A operand into X (a caller-provided scratch)
+statistics, then the normalized row) when a task owns whole rows (``nc`` >= padded N); when N is
+split over tasks (more tasks for small M), it runs once all tiles are stored, in parallel over row
+chunks after the task loop's barrier — and ``a_prologue`` — C that computes the A operand into X (a caller-provided scratch)
 before the tiles start (prologue ops fused before the GEMM).
 """
 from __future__ import annotations
@@ -339,11 +340,9 @@ static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
     _emit_micro_kernel(emit, g, isa, epilogue, epi_params)
     rows = epilogue is not None and bool(epilogue.row_pass.strip())
     if rows:
-        if g.n_nblocks != 1:
-            raise GemmError(f"a row pass ({epilogue.row_label or 'row reduction'}) needs whole rows per task: "
-                            f"nc={cfg.nc} < padded N={g.NP}")
-        emit(f"""/* Row pass ({epilogue.row_label or 'row reduction'}): rows [m0, m0 + mv) of Y are complete (this
- * task covers all N columns) and still in cache; statistics per row, then the normalized row. */
+        emit(f"""/* Row pass ({epilogue.row_label or 'row reduction'}): rows [m0, m0 + mv) of Y are complete
+ * ({'this task covers all N columns, so they are still in cache' if g.n_nblocks == 1 else
+    'N is split over tasks: called after every tile is stored'}); statistics per row, then the normalized row. */
 static void row_pass(float* restrict Y, int64_t m0, int64_t mv{epi_params})
 {{
 {epilogue.row_pass.rstrip()}
@@ -535,7 +534,14 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     single = g.n_kblocks == 1
     before = f"\n    a_prologue((float*)X, M{epi_names});  /* X is the caller's scratch: A computed here */" \
         if a_prologue else ""
-    after = f"\n            row_pass(Y, m0, mv{epi_names});  /* fused row reduction over this task's rows */" if row_pass else ""
+    whole_rows = g.n_nblocks == 1
+    after = f"\n            row_pass(Y, m0, mv{epi_names});  /* fused row reduction over this task's rows */" \
+        if row_pass and whole_rows else ""
+    rows_after = f"""
+        /* N was split over tasks: the row reduction starts once every tile is stored (the loop's barrier) */
+        #pragma omp for schedule(static)
+        for (int64_t r0 = 0; r0 < M; r0 += MR)
+            row_pass(Y, r0, min_i64(MR, M - r0){epi_names});""" if row_pass and not whole_rows else ""
     emit(f"""/* Macro-kernel: tasks = ceil(M / MC) x N_NBLOCKS block tiles, shared among the OpenMP
  * threads; each task walks K in N_KBLOCKS steps of KC{' (here one step: no partial sums)' if single else ''}. */
 void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y, int64_t M{epi_params})
@@ -568,7 +574,7 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
                     }}
                 }}
             }}{after}
-        }}
+        }}{rows_after}
         free(xpack);
         free(cbuf);
     }}

@@ -19,11 +19,13 @@ reductions: the single fused kernel described below (not a GEMM kernel + separat
   before the single store (:class:`~tscomp.codegen.cpu_gemm.Epilogue`).
 * **row-reduction epilogue** (LayerNormalization, or its decomposition ReduceMean, Sub, Pow,
   ReduceMean, Add, Sqrt, Div, Mul, Add; any row op of the cpu_groups row kernel over the last
-  axis, N static and <= :data:`MAX_ROW_N`) — **one kernel**: the macro-kernel's N blocking covers
-  whole rows (T_Nb = padded N), so each parallel task owns complete rows of its M block. The
+  axis, N static and <= :data:`MAX_ROW_N`) — **one kernel**. With whole-row N blocking
+  (T_Nb = padded N) each parallel task owns complete rows of its M block; with N split over tasks
+  (the small-M variants: more tasks when M is a few rows) the row pass runs after every tile is
+  stored, in parallel over row chunks. The
   elementwise part up to the reduction's input (the *pre-reduction value* T, e.g. matmul + bias +
   residual) is computed in the tile epilogue and stored into Y; when the task has finished its last
-  K step, a generated *row pass* runs over the task's rows while they are hot in cache: the row
+  K step (whole rows) or after the task loop (split N), a generated *row pass* runs over the rows: the row
   statistics (the reduce path of :class:`~tscomp.codegen.cpu_groups.GroupGenerator`, mean then
   centred variance), then normalize + affine + whatever follows, stored once. Y is the output that
   *is* T when the group exports it (GPT-2's residual stream), else the normalized output itself
@@ -39,8 +41,7 @@ with numpy before the call (one copy of A, M·K floats; the GEMM itself is ~N/4 
 
 Tiling is TSCompiler §5.1 (block tiles ⟨T_Mb, T_Nb, T_Kb⟩ = one OpenMP task each, register tiles
 ⟨T_Mi, T_Ni⟩), imperfect tiles use DietCode §4.1 local padding (see :mod:`tscomp.codegen.cpu_gemm`).
-:func:`candidate_configs_for` lists a few tile configurations per group (forced to whole rows when
-there is a row pass) so a runtime can compile the variants and pick one per shape with the wave
+:func:`candidate_configs_for` lists a few tile configurations per group so a runtime can compile the variants and pick one per shape with the wave
 model, ``cost = T_single_wave × ceil(tasks(binding) / threads)``.
 
 Everything else raises :class:`UnsupportedOperatorError` naming the group and the reason: Conv,
@@ -50,7 +51,6 @@ or over a symbolic/too-long N, outputs outside the GEMM's space, non-float32 ten
 from __future__ import annotations
 
 import ctypes
-import math
 import re
 from typing import Mapping
 
@@ -513,11 +513,10 @@ class CompiledGemmGroup:
 
     # ------------------------------------------------------------------ build
     def _fit_config(self, cfg: TileConfig) -> TileConfig:
-        """A row pass needs whole rows per task: T_Nb = the padded N."""
-        if self.T is None:
-            return cfg
-        NP = -(-self.N // cfg.nr) * cfg.nr
-        return cfg if cfg.nc >= NP else TileConfig(mr=cfg.mr, nr=cfg.nr, mc=cfg.mc, nc=NP, kc=cfg.kc)
+        """Any configuration fits: with whole rows per task (T_Nb = padded N) the row pass runs in
+        each task on its rows while hot; with N split (more tasks at small M) it runs after all
+        tiles (see :mod:`tscomp.codegen.cpu_gemm`)."""
+        return cfg
 
     def _build(self, cfg: TileConfig | None, isa: str | None) -> None:
         self.isa = isa or host_isa()
@@ -652,8 +651,9 @@ def candidate_configs_for(kernel: CompiledGemmGroup, isa: str | None = None, lim
     """A few (<= ``limit``) tile configurations worth compiling for ``kernel``'s group, for a runtime
     to choose among per shape with the wave model: from :func:`tscomp.codegen.tile_config.candidate_configs`
     the large-M default, the same register tile over more N slices (more tasks at mid M), a 4-row
-    small-M tile and a 1-row tile over many N slices (M of a few rows). With a row pass every
-    configuration covers whole rows (T_Nb = padded N), so the variants differ in T_Mb instead."""
+    small-M tile and a 1-row tile over many N slices (M of a few rows). With a row pass the first
+    keeps whole rows per task (row pass while hot); the small-M ones split N (row pass after the
+    tiles), so M of a few rows still spreads over every core."""
     isa = isa or kernel.isa
     cands = candidate_configs(isa, kernel.K, kernel.N)
     small = [c for c in cands if c.mc <= 4 * c.mr]

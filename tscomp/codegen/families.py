@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tscomp.codegen.interpreted import InterpretedGroup
-from tscomp.codegen.tile_config import REGISTER_TILES, candidate_configs
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion.plan import Group, Plan
 
@@ -32,35 +31,11 @@ class KernelFamily:
     variants: Callable[[Plan, Group, str, int], list]        # (plan, group, isa, max_variants) -> kernels
 
 
-def _gemm_variant_configs(isa: str, K: int, N: int, max_variants: int) -> list:
-    """A spread of the hardware-aligned candidates: the large-M default, the same register tile
-    with N cut finer (more tasks for mid-size M), and the first small-M tile (M of a few rows).
-    Measuring all ~15 candidates per group is the tuner's job (schedule/), not the compiler's."""
-    cands = candidate_configs(isa, K, N)
-    small = {tuple(t) for t in REGISTER_TILES[isa]["small"]}
-    large_m = [c for c in cands if (c.mr, c.nr) not in small]
-    small_m = [c for c in cands if (c.mr, c.nr) in small]
-    picks: list = []
-
-    def add(cfg):
-        if cfg not in picks:
-            picks.append(cfg)
-
-    if large_m:
-        add(large_m[0])
-        add(min((c for c in large_m if (c.mr, c.nr) == (large_m[0].mr, large_m[0].nr)), key=lambda c: c.nc))
-    if small_m:
-        add(small_m[0])
-    for c in cands:
-        add(c)
-    return picks[:max(1, max_variants)]
-
-
 def _gemm(plan: Plan, group: Group, isa: str, max_variants: int) -> list:
-    from tscomp.codegen.cpu_gemm_group import CompiledGemmGroup
+    from tscomp.codegen.cpu_gemm_group import CompiledGemmGroup, candidate_configs_for
     first = CompiledGemmGroup(plan, group, isa=isa)
     out = [first]
-    for cfg in _gemm_variant_configs(isa, first.K, first.N, max_variants):
+    for cfg in candidate_configs_for(first, isa, limit=max_variants + 1):
         if cfg != first.cfg and len(out) < max_variants:
             out.append(CompiledGemmGroup(plan, group, cfg, isa=isa))
     return out

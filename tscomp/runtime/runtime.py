@@ -47,6 +47,7 @@ class Step:
     takes_out: bool
     inputs: tuple[str, ...]
     free_after: tuple[str, ...]      # tensors no later step reads
+    out: dict | None = None          # arena views its outputs are written into (this shape)
 
 
 @dataclass
@@ -195,6 +196,10 @@ class Runtime:
         shape_consts = {n: materialize(graph, graph.values[n], binding) for g in self.plan.groups
                         for n in g.inputs if graph.values[n].symdata is not None}
         plan = ShapePlan(dict(binding), steps, shapes, buffers, np.empty(buffers.arena_bytes, np.uint8), shape_consts)
+        for step, g in zip(steps, self.plan.groups):
+            if step.takes_out:
+                step.out = {name: plan.view(name, graph.values[name].dtype)
+                            for name in g.outputs if name in buffers.offsets}
         self._shapes[key] = plan
         while len(self._shapes) > SHAPE_CACHE_SIZE:
             self._shapes.popitem(last=False)
@@ -207,17 +212,11 @@ class Runtime:
         env: dict[str, np.ndarray] = dict(self._consts)
         env.update(shape.shape_consts)
         env.update({k: np.asarray(v) for k, v in inputs.items()})
-        offsets = shape.buffers.offsets
-        values = self.graph.values
         binding = shape.binding
         for step in shape.steps:
-            out = None
-            if step.takes_out:
-                out = {name: shape.view(name, values[name].dtype)
-                       for name in self.plan_group_outputs(step.group) if name in offsets}
             t = time.perf_counter()
             try:
-                produced = step.kernel.run(env, binding, out) if step.takes_out else step.kernel.run(env, binding)
+                produced = step.kernel.run(env, binding, step.out) if step.takes_out else step.kernel.run(env, binding)
             except TscompError:
                 raise
             except Exception as exc:
@@ -236,16 +235,6 @@ class Runtime:
             result[name] = arr.copy() if name in inputs or name in self._consts else arr
         self.last_call_overhead = time.perf_counter() - t_start - kernel_time
         return result
-
-    def plan_group_outputs(self, group: str) -> list[str]:
-        return self._group_outputs[group]
-
-    @property
-    def _group_outputs(self) -> dict[str, list[str]]:
-        cache = self.__dict__.get("_group_outputs_cache")
-        if cache is None:
-            cache = self.__dict__["_group_outputs_cache"] = {g.name: list(g.outputs) for g in self.plan.groups}
-        return cache
 
     # ------------------------------------------------------------------ outside the ranges
     def _run_out_of_range(self, inputs, binding) -> dict[str, np.ndarray]:
