@@ -248,7 +248,7 @@ def test_runtime_contract_pickle_bind_tasks_memo(tmp_path_factory):
     assert kernel.func in kernel.source and kernel.cfg is not None and kernel.fn is not None
     clone = pickle.loads(pickle.dumps(kernel))
     assert clone.fn is None and clone.packed is not None and clone.source == kernel.source
-    from tscomp.codegen.build import build_library, load_library
+    from tscomp.codegen.build import build_library
     clone._bind_function(ctypes.CDLL(str(build_library(kernel.source, kernel.func))))
     assert clone.fn is not None
     _run_vs_ort(path, plan, group, clone, 2, 9, K, N)

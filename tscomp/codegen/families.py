@@ -42,14 +42,10 @@ def _gemm(plan: Plan, group: Group, isa: str, max_variants: int) -> list:
 
 
 def _batched_gemm(plan: Plan, group: Group, isa: str, max_variants: int) -> list:
-    try:
-        from tscomp.codegen.cpu_batched_gemm import CompiledBatchedGemmGroup
-    except ImportError as exc:  # pragma: no cover - the family is optional while it is being built
-        raise UnsupportedOperatorError(f"group {group.name}: batched GEMM family unavailable ({exc})")
+    from tscomp.codegen.cpu_batched_gemm import CompiledBatchedGemmGroup
     first = CompiledBatchedGemmGroup(plan, group, isa=isa)
     out = [first]
-    configs = getattr(first, "variant_configs", lambda n: [])(max_variants)
-    for cfg in configs:
+    for cfg in CompiledBatchedGemmGroup.candidate_configs(plan, group, isa=isa):
         if cfg != first.cfg and len(out) < max_variants:
             out.append(CompiledBatchedGemmGroup(plan, group, cfg, isa=isa))
     return out
