@@ -59,19 +59,17 @@ def host_isa() -> str:
 
 def build_library(source: str, name: str, *, extra_flags: tuple[str, ...] = (),
                   out_dir: Path | None = None) -> Path:
-    """Compile ``source`` (C) into a shared library; return its path (cached by content)."""
-    flags = BASE_FLAGS + tuple(extra_flags)
-    digest = hashlib.sha256((source + "\0" + " ".join(flags) + "\0" + compiler()).encode()).hexdigest()[:20]
+    """Compile ``source`` (C) into a shared library; return its path (cached by content). The object
+    file is kept too, so linking an artifact's library later compiles nothing again."""
+    obj = build_object(source, name, extra_flags=extra_flags)
     out_dir = out_dir or cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    lib = out_dir / f"{name}-{digest}.so"
+    lib = out_dir / f"{obj.stem}.so"
     if lib.exists():
         return lib
-    src = out_dir / f"{name}-{digest}.c"
-    src.write_text(source)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
-    _run_compiler([*flags, str(src), "-o", tmp], src, tmp)
+    _run_compiler(["-shared", "-fopenmp", str(obj), "-o", tmp], lib, tmp)
     os.replace(tmp, lib)  # atomic: concurrent builders of the same source agree
     return lib
 

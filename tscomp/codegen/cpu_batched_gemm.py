@@ -54,9 +54,9 @@ import numpy as np
 import sympy
 
 from tscomp.codegen.build import build_library, host_isa, load_library
-from tscomp.codegen.c_expr import (EXP_HELPER, PRELUDE, broadcast_index, c_symbol_name, delinearize, linearize,
+from tscomp.codegen.c_expr import (PRELUDE, broadcast_index, math_helpers, c_symbol_name, delinearize, linearize,
                                    reshape_index)
-from tscomp.codegen.cpu_gemm import ERF_C, ISA_RANK, _Vec
+from tscomp.codegen.cpu_gemm import ISA_RANK, _Vec
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.tile_config import (VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError,
                                         host_caches)
@@ -387,10 +387,7 @@ class CompiledBatchedGemmGroup:
         emit(self._header(gen))
         emit(PRELUDE)
         emit("#include <omp.h>\n#include <string.h>" + ("\n#include <immintrin.h>" if isa != "scalar" else "") + "\n")
-        if "ts_expf(" in text:
-            emit(EXP_HELPER)
-        if "tscomp_erff(" in text:
-            emit(ERF_C)
+        emit(math_helpers(text))
         emit(f"#define TS_MR {cfg.mr}\n#define TS_NR {cfg.nr}\n#define TS_MC {cfg.mc}\n"
              f"#define TS_NC {cfg.nc}\n#define TS_KC {cfg.kc}\n")
         emit("static inline int64_t ts_min64(int64_t a, int64_t b) { return a < b ? a : b; }\n")

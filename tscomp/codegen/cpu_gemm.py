@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tscomp.codegen.build import build_library, host_isa, load_library
+from tscomp.codegen.c_expr import math_helpers
 from tscomp.codegen.tile_config import VECTOR_WIDTH, TileConfig, TileConfigError, default_config
 from tscomp.errors import TscompError
 
@@ -332,8 +333,8 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
 
 static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
 """)
-    if epilogue is not None and "tscomp_erff" in epilogue.expr + epilogue.body:
-        emit(ERF_C)
+    if epilogue is not None:
+        emit(math_helpers("\n".join((epilogue.expr, epilogue.body, epilogue.row_pass, epilogue.a_prologue))))
     if epilogue is not None and epilogue.prelude:
         emit(epilogue.prelude)
     _emit_pack(emit, g)
@@ -359,30 +360,6 @@ static void a_prologue(float* restrict Xa, int64_t M{epi_params})
 """)
     _emit_macro_kernel(emit, g, name, epi_params, epi_names, row_pass=rows, a_prologue=pro)
     return "\n".join(L)
-
-
-#: erf(x) for float as x·P(x²)/Q(x²) on [-4, 4] (float erf is ±1 beyond); the coefficients
-#: are those of XLA's/Eigen's ErfImpl32. Plain arithmetic, so an `omp simd` loop vectorizes it.
-ERF_C = """/* erf for float: rational approximation on [-4, 4], |error| < 5e-7; vectorizable. */
-static inline float tscomp_erff(float x)
-{
-    x = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);  /* NaN passes through */
-    const float x2 = x * x;
-    float p = -2.72614225801306e-10f;
-    p = p * x2 + 2.77068142495902e-08f;
-    p = p * x2 - 2.10102402082508e-06f;
-    p = p * x2 - 5.69250639462346e-05f;
-    p = p * x2 - 7.34990630326855e-04f;
-    p = p * x2 - 2.95459980854025e-03f;
-    p = p * x2 - 1.60960333262415e-02f;
-    float q = -1.45660718464996e-05f;
-    q = q * x2 - 2.13374055278905e-04f;
-    q = q * x2 - 1.68282697438203e-03f;
-    q = q * x2 - 7.37332916720468e-03f;
-    q = q * x2 - 1.42647390514189e-02f;
-    return x * p / q;
-}
-"""
 
 
 def _emit_pack(emit, g: _Geometry):

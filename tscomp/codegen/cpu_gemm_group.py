@@ -58,7 +58,7 @@ import numpy as np
 import sympy
 
 from tscomp.codegen.build import build_library, host_isa, load_library
-from tscomp.codegen.c_expr import EXP_HELPER, PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, linearize
+from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, linearize
 from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, generate_gemm,
                                      prepack_weights)
 from tscomp.codegen.cpu_groups import ROW_OPS, GroupGenerator, _Block, _Row
@@ -485,7 +485,7 @@ class CompiledGemmGroup:
         else:
             elementwise = [o.op_type for o in epi if not self._is_row_op(o)]
             label = " + ".join(elementwise) or "store"
-            prelude = PRELUDE + (EXP_HELPER if "ts_expf(" in all_text else "") + \
+            prelude = PRELUDE + \
                 ("\n".join(row_statics) + "\n" if row_statics else "")
             row_label = ""
             if self.T is not None:

@@ -41,7 +41,7 @@ import numpy as np
 import sympy
 
 from tscomp.codegen.build import build_library, load_library
-from tscomp.codegen.c_expr import (EXP_HELPER, PRELUDE, CPrinter, IndexContext, broadcast_index, c_literal,
+from tscomp.codegen.c_expr import (PRELUDE, CPrinter, math_helpers, IndexContext, broadcast_index, c_literal,
                                    c_symbol_name, linearize, view_index)
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
@@ -771,7 +771,7 @@ class GroupGenerator:
         header = self.header(notes, args)
         body = "\n".join(["    " + d for d in self.decls] + self.root.render(1))
         statics = self.statics + [""] if self.statics else []
-        prelude = PRELUDE + (EXP_HELPER if "ts_expf(" in body else "")
+        prelude = PRELUDE + math_helpers("\n".join(self.statics) + body)
         source = "\n".join([header, prelude, *statics, f"void {func}({', '.join(params)})", "{", body, "}", ""])
         return KernelSource(g.name, g.kind, func, source, args)
 

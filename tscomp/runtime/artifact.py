@@ -112,12 +112,9 @@ def write_artifact(model: CompiledModel, path: str | Path, *, progress=None) -> 
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "kernels").mkdir(parents=True)
     natives = [k for ks in model.kernels.values() for k in ks if k.func]
-    objects = []
-    for n, k in enumerate(natives):
-        if progress:
-            progress(n, len(natives), k.func)
+    for k in natives:
         (tmp / "kernels" / f"{k.func}.c").write_text(k.source)
-        objects.append(build_object(k.source, k.func))
+    objects = _build_objects(natives, progress)
     if objects:
         link_library(objects, tmp / "kernels.so")
     weights = {k.func: k.packed for k in natives if getattr(k, "packed", None) is not None}
@@ -161,6 +158,23 @@ def _copy_source_model(source: str, dest: Path) -> None:
                 locations.add(entry.value)
     for loc in locations:
         shutil.copy2(src.parent / loc, dest / loc)
+
+
+def _build_objects(kernels, progress) -> list[Path]:
+    """Object files of every kernel (cached: normally compiled already while compiling the model),
+    built concurrently — the compiler runs as a subprocess, so threads suffice."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tscomp.compiler import default_threads
+
+    with ThreadPoolExecutor(max_workers=default_threads()) as pool:
+        futures = [pool.submit(build_object, k.source, k.func) for k in kernels]
+        objects = []
+        for n, (k, f) in enumerate(zip(kernels, futures)):
+            objects.append(f.result())
+            if progress:
+                progress(n + 1, len(kernels), k.func)
+    return objects
 
 
 def read_manifest(path: str | Path) -> dict:
