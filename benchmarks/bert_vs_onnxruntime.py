@@ -21,6 +21,7 @@ import numpy as np
 
 from models.export import export_model
 from models.families import symbol_ranges
+from tscomp.cli_commands import Progress
 from tscomp.bench import bench, ort_session, plot, sample_bindings, table
 from tscomp.compiler import compile_model
 from tscomp.runtime import Runtime
@@ -88,7 +89,7 @@ def main() -> None:
     dims = [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()]
     artifact = CACHE / "bench" / f"{args.family}-{args.size}-{args.exporter}.tsc"
     print(f"compiling {onnx_path} {' '.join(dims)} -> {artifact}", flush=True)
-    model = compile_model(onnx_path, dims, threads=args.threads)
+    model = compile_model(onnx_path, dims, threads=args.threads, progress=Progress("compiling groups"))
     write_artifact(model, artifact)
     print(f"compiled in {model.compile_seconds:.1f}s; numpy-fallback groups: {model.fallback_groups() or 'none'}")
     rt = Runtime(artifact, num_threads=args.threads)

@@ -2,9 +2,9 @@
 
 The stages run in order and talk through their output objects only: the graph stage gives a
 :class:`~tscomp.graph.fusion.plan.Plan`; each fused group gets its macro-kernel variants from the
-family table (:mod:`tscomp.codegen.families`); each variant with a choice to make gets its
-single-wave time measured (TSCompiler §6: T_single_wave, the quantity the runtime's wave model
-scales); the result is a :class:`CompiledModel`, which :mod:`tscomp.runtime.artifact` writes to
+family table (:mod:`tscomp.codegen.families`); a group with several variants gets each timed at
+a few sample shapes (TSCompiler §6: T_single_wave, the quantity the runtime's wave model scales,
+measured at several occupancies, since a CPU task's time depends on how full its tiles are); the result is a :class:`CompiledModel`, which :mod:`tscomp.runtime.artifact` writes to
 disk and the :class:`~tscomp.runtime.Runtime` executes.
 
 Until the tuner lands (``schedule/``), variants come from the hardware-aligned heuristic of
@@ -75,8 +75,7 @@ def compile_plan(plan: Plan, *, max_variants: int = 3, threads: int | None = Non
             progress(k, total, group.name)
         variants = kernels_for_group(plan, group, isa=isa, max_variants=max_variants)
         if len(variants) > 1:
-            for v in variants:
-                measure_single_wave(plan, group, v, threads)
+            measure_variants(plan, group, variants, threads)
         kernels[group.name] = variants
     if progress:
         progress(total, total, "done")
@@ -85,20 +84,21 @@ def compile_plan(plan: Plan, *, max_variants: int = 3, threads: int | None = Non
 
 
 # ---------------------------------------------------------------------------- single-wave times
-def probe_binding(plan: Plan, kernel, threads: int) -> dict[str, int]:
-    """The smallest binding (symbols from their minimum, the group's largest symbol grown by
-    doubling) at which ``kernel`` runs at least one full wave of ``threads`` tasks."""
-    symtab = plan.graph.symbols
-    live = {i.name: i for i in symtab.live_symbols()}
-    binding = {name: max(1, info.min) for name, info in live.items()}
-    grow = sorted(live, key=lambda n: -min(live[n].max, 1 << 20))
-    for name in grow:
-        hi = live[name].max
-        while kernel.tasks(binding) < threads and binding[name] < hi:
-            binding[name] = min(hi, binding[name] * 2)
-        if kernel.tasks(binding) >= threads:
-            break
-    return binding
+#: values the largest dynamic dimension takes when variants are measured (clipped to its range)
+SAMPLE_POINTS = (1, 16, 64, 128, 256)
+
+
+def sample_bindings(plan: Plan) -> list[dict[str, int]]:
+    """Shapes at which kernel variants are timed: the widest-ranged symbol at :data:`SAMPLE_POINTS`
+    and its maximum, every other symbol at its minimum (DietCode §4.2 likewise samples the dynamic
+    axis and fits the cost model's free term)."""
+    live = plan.graph.symbols.live_symbols()
+    if not live:
+        return [{}]
+    grow = max(live, key=lambda i: (i.max - i.min, i.name))
+    base = {i.name: max(1, i.min) for i in live}
+    values = sorted({v for v in (*SAMPLE_POINTS, grow.max) if grow.min <= v <= grow.max} | {max(1, grow.min)})
+    return [{**base, grow.name: v} for v in values]
 
 
 def group_inputs_at(plan: Plan, group: Group, binding: dict[str, int], rng: np.random.Generator) -> dict:
@@ -117,19 +117,27 @@ def group_inputs_at(plan: Plan, group: Group, binding: dict[str, int], rng: np.r
     return env
 
 
-def measure_single_wave(plan: Plan, group: Group, kernel, threads: int, *, repeats: int = 5) -> None:
-    """Set ``kernel.t_wave`` (seconds per wave of ``threads`` tasks) and ``kernel.probe``."""
-    binding = probe_binding(plan, kernel, threads)
-    env = group_inputs_at(plan, group, binding, np.random.default_rng(0))
-    kernel.run(env, binding)                       # warm caches, page in the weights
-    best = math.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        kernel.run(env, binding)
-        best = min(best, time.perf_counter() - t)
-    waves = max(1, math.ceil(kernel.tasks(binding) / threads))
-    kernel.t_wave = best / waves
-    kernel.probe = dict(binding)
+def measure_variants(plan: Plan, group: Group, kernels: list, threads: int, *, repeats: int = 3) -> None:
+    """Time every variant at the :func:`sample_bindings` shapes: ``kernel.samples`` holds
+    ``(tasks, seconds)`` per shape (what the runtime's wave model scales from), ``kernel.t_wave``
+    the single-wave time at the largest sample (for the manifest)."""
+    rng = np.random.default_rng(0)
+    for k in kernels:
+        k.samples = []
+    for binding in sample_bindings(plan):
+        env = group_inputs_at(plan, group, binding, rng)
+        for k in kernels:
+            k.run(env, binding)                    # warm: page in the weights, fill the caches
+            best = math.inf
+            for _ in range(repeats):
+                t = time.perf_counter()
+                k.run(env, binding)
+                best = min(best, time.perf_counter() - t)
+            k.samples.append((int(k.tasks(binding)), best))
+    for k in kernels:
+        tasks, seconds = k.samples[-1]
+        k.t_wave = seconds / max(1, math.ceil(tasks / threads))
+        k.probe = sample_bindings(plan)[-1]
 
 
-__all__ = ["CompiledModel", "compile_model", "compile_plan", "default_threads", "measure_single_wave"]
+__all__ = ["CompiledModel", "compile_model", "compile_plan", "default_threads", "measure_variants", "sample_bindings"]

@@ -72,6 +72,8 @@ def _variant_entry(kernel) -> dict:
     if getattr(kernel, "t_wave", None) is not None:
         entry["single_wave_us"] = round(kernel.t_wave * 1e6, 3)
         entry["measured_at"] = kernel.probe
+    if getattr(kernel, "samples", None):
+        entry["samples"] = [{"tasks": t, "us": round(sec * 1e6, 3)} for t, sec in kernel.samples]
     if getattr(kernel, "reasons", None):
         entry["why_no_native_kernel"] = kernel.reasons
     return entry
