@@ -101,6 +101,11 @@ def sample_bindings(plan: Plan) -> list[dict[str, int]]:
     return [{**base, grow.name: v} for v in values]
 
 
+def shape_size(binding: dict[str, int]) -> int:
+    """One number that grows with the work of a shape: the product of its symbol values."""
+    return math.prod(int(v) for v in binding.values()) if binding else 1
+
+
 def group_inputs_at(plan: Plan, group: Group, binding: dict[str, int], rng: np.random.Generator) -> dict:
     """Inputs for running ``group`` alone: constants as they are, other tensors random of their
     shape at ``binding`` (index tensors zero, so every gather stays in bounds)."""
@@ -119,8 +124,9 @@ def group_inputs_at(plan: Plan, group: Group, binding: dict[str, int], rng: np.r
 
 def measure_variants(plan: Plan, group: Group, kernels: list, threads: int, *, repeats: int = 3) -> None:
     """Time every variant at the :func:`sample_bindings` shapes: ``kernel.samples`` holds
-    ``(tasks, seconds)`` per shape (what the runtime's wave model scales from), ``kernel.t_wave``
-    the single-wave time at the largest sample (for the manifest)."""
+    ``(size, tasks, seconds)`` per shape, size being the product of the symbol values (what the
+    runtime's wave model interpolates in), ``kernel.t_wave`` the single-wave time at the largest
+    sample (for the manifest)."""
     rng = np.random.default_rng(0)
     for k in kernels:
         k.samples = []
@@ -133,11 +139,11 @@ def measure_variants(plan: Plan, group: Group, kernels: list, threads: int, *, r
                 t = time.perf_counter()
                 k.run(env, binding)
                 best = min(best, time.perf_counter() - t)
-            k.samples.append((int(k.tasks(binding)), best))
+            k.samples.append((shape_size(binding), int(k.tasks(binding)), best))
     for k in kernels:
-        tasks, seconds = k.samples[-1]
+        _, tasks, seconds = k.samples[-1]
         k.t_wave = seconds / max(1, math.ceil(tasks / threads))
         k.probe = sample_bindings(plan)[-1]
 
 
-__all__ = ["CompiledModel", "compile_model", "compile_plan", "default_threads", "measure_variants", "sample_bindings"]
+__all__ = ["CompiledModel", "compile_model", "compile_plan", "default_threads", "measure_variants", "sample_bindings", "shape_size"]

@@ -33,19 +33,20 @@ def test_single_variant_and_unmeasured_variants():
     assert pick_variant([FakeKernel("u", None, 1), measured], {"M": 5}, 2) is measured
 
 
-def test_cost_scales_from_the_sample_nearest_in_task_count():
+def test_per_wave_time_is_interpolated_between_samples_and_scaled_by_waves():
     k = FakeKernel("k", None, 10)
-    k.samples = [(1, 1.0), (8, 3.0), (64, 20.0)]     # (tasks, seconds): partly filled tasks are cheap
-    assert wave_cost(k, {"M": 10}, 2) == 1.0          # 1 task: the 1-task sample itself
-    assert wave_cost(k, {"M": 80}, 2) == 3.0          # 8 tasks: that sample
-    assert wave_cost(k, {"M": 160}, 2) == 3.0 / 4 * 8  # 16 tasks: from the 8-task sample, 8 waves
-    assert wave_cost(k, {"M": 600}, 2) == 20.0 / 32 * 30  # 60 tasks: from the 64-task sample
+    # (size, tasks, seconds): per-wave times 1.0 at size 1, 2.0 at size 16, 2.0 at size 64
+    k.samples = [(1, 1, 1.0), (16, 2, 2.0), (64, 8, 8.0)]
+    assert wave_cost(k, {"M": 1}, 2) == 1.0
+    assert wave_cost(k, {"M": 10}, 2) == 1.0 + (2.0 - 1.0) * 9 / 15      # 1 task: one wave
+    assert wave_cost(k, {"M": 40}, 2) == 2.0 * 2                          # 4 tasks: two waves
+    assert wave_cost(k, {"M": 640}, 2) == 2.0 * 32                        # past the last sample
 
 
 def test_measured_samples_choose_per_shape():
-    few_big = FakeKernel("few", None, 64)            # few large tasks: best at large M
-    few_big.samples = [(1, 1.0), (8, 4.0)]
-    many_small = FakeKernel("many", None, 8)         # many small tasks: best at small M
-    many_small.samples = [(1, 0.4), (64, 8.0)]
+    few_big = FakeKernel("few", None, 64)            # few large tasks: slow when nearly empty
+    few_big.samples = [(1, 1, 1.0), (512, 8, 4.0)]
+    many_small = FakeKernel("many", None, 8)         # many small tasks: cheap when nearly empty
+    many_small.samples = [(1, 1, 0.4), (512, 64, 8.0)]
     assert pick_variant([few_big, many_small], {"M": 8}, 2) is many_small
     assert pick_variant([few_big, many_small], {"M": 512}, 2) is few_big

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from tscomp.codegen.build import build_object, link_library, load_library
+from tscomp.codegen.cpu_gemm import aligned_copy
 from tscomp.compiler import CompiledModel
 from tscomp.errors import TscompError
 from tscomp.graph.symbols import shape_str
@@ -225,7 +226,7 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> tuple[CompiledMod
             if k.func is None:
                 continue
             if k.func in weights:
-                k.packed = weights[k.func]
+                k.packed = aligned_copy(weights[k.func])   # npz members load at any alignment
             if lib is None:
                 raise ArtifactError(f"{path}: kernels.so missing but kernel {k.func} needs it")
             k._bind_function(lib)

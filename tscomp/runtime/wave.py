@@ -6,27 +6,38 @@ On the CPU a "block" is one parallel tile task of the macro-kernel and a wave is
 thread, so tasks_per_wave = the runtime's thread count. T_single_wave is measured at compile time
 (:func:`tscomp.compiler.measure_variants`) at a few sample shapes, because a CPU task's time depends
 on how full its tiles are (a 64-row task holding one row costs far less than a full one); the
-runtime scales from the sample nearest in task count. A group with one variant has nothing to choose.
+runtime interpolates the per-wave time between the samples around the shape. A group with one variant has nothing to choose.
 """
 from __future__ import annotations
 
 import math
 from typing import Mapping
 
+from tscomp.compiler import shape_size
+
 
 def wave_cost(kernel, binding: Mapping[str, int], threads: int) -> float:
-    """The wave model anchored at the nearest measured sample: T_single_wave is taken from the
-    sample whose task count is closest (in ratio) to this shape's, then scaled by the number of
-    waves. Without samples, the one measured ``t_wave``; unmeasured variants cost infinity."""
+    """T_single_wave × waves. T_single_wave is interpolated (linearly in the shape size) between
+    the two measured samples around this shape — per-wave time grows as tiles fill up, which a
+    single measured constant misses at small shapes — and the waves are this shape's. Without
+    samples, the one measured ``t_wave``; unmeasured variants cost infinity."""
     threads = max(1, threads)
-    tasks = kernel.tasks(binding)
-    waves = math.ceil(tasks / threads)
+    waves = math.ceil(kernel.tasks(binding) / threads)
     samples = getattr(kernel, "samples", None)
     if samples:
-        s_tasks, s_time = min(samples, key=lambda s: (abs(math.log(max(1, s[0]) / max(1, tasks))), -s[0]))
-        return s_time / math.ceil(max(1, s_tasks) / threads) * waves
+        return _per_wave_time(samples, shape_size(binding), threads) * waves
     t_wave = getattr(kernel, "t_wave", None)
     return math.inf if t_wave is None else t_wave * waves
+
+
+def _per_wave_time(samples, size: int, threads: int) -> float:
+    points = sorted((s, t / math.ceil(max(1, n) / threads)) for s, n, t in samples)
+    if size <= points[0][0]:
+        return points[0][1]
+    for (s0, w0), (s1, w1) in zip(points, points[1:]):
+        if size <= s1:
+            return w0 + (w1 - w0) * (size - s0) / max(1, s1 - s0)
+    return points[-1][1]
 
 
 def pick_variant(variants: list, binding: Mapping[str, int], threads: int):
