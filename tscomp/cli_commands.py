@@ -2,7 +2,6 @@
 :mod:`tscomp.compiler`, :mod:`tscomp.runtime` and :mod:`tscomp.bench`."""
 from __future__ import annotations
 
-import hashlib
 import re
 import sys
 import time
@@ -10,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from tscomp.errors import TscompError
+from tscomp.runtime.artifact import file_sha256
 
 
 class Progress:
@@ -35,14 +35,6 @@ class Progress:
         self.stream.flush()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def parse_shapes(items: list[str]) -> dict[str, int]:
     out = {}
     for item in items:
@@ -62,7 +54,7 @@ def compile_to(model: str, dims: list[str], output: str, *, variants: int, threa
         raise TscompError(f"{model}: no such model file")
     compiled = compile_model(model, dims, max_variants=variants, threads=threads,
                              progress=None if quiet else Progress("compiling groups"))
-    compiled.notes.append(f"source sha256 {_sha256(Path(model))}")
+    compiled.notes.append(f"source sha256 {file_sha256(Path(model))}")
     path = write_artifact(compiled, output, progress=None if quiet else Progress("linking kernels"))
     return path, {"model": compiled}
 
@@ -128,7 +120,7 @@ def _artifact_for_bench(args) -> Path:
     out = Path(args.artifact or src.with_suffix(".tsc"))
     try:
         mf = read_manifest(out)
-        if mf.get("dims") == list(args.dim) and f"source sha256 {_sha256(src)}" in mf.get("notes", []):
+        if mf.get("dims") == list(args.dim) and f"source sha256 {file_sha256(src)}" in mf.get("notes", []):
             print(f"using the compiled artifact {out}", file=sys.stderr)
             return out
     except ArtifactError:

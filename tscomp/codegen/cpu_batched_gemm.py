@@ -56,7 +56,7 @@ import sympy
 from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import (PRELUDE, broadcast_index, math_helpers, c_symbol_name, delinearize, linearize,
                                    reshape_index)
-from tscomp.codegen.cpu_gemm import ISA_RANK, _Vec
+from tscomp.codegen.cpu_gemm import ISA_RANK, _Vec, emit_accumulators
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.tile_config import (VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError,
                                         host_caches)
@@ -680,15 +680,7 @@ static inline __attribute__((always_inline)) void ts_micro_kernel(
     v = _Vec(isa)
     W = v.width
     nvec = NR // W
-    accs = [[f"c{r}_{c}" for c in range(nvec)] for r in range(MR)]
-    emit(f"    {v.type} " + ", ".join(a for row in accs for a in row) + ";")
-    emit("    if (first) {")
-    for row in accs:
-        emit("        " + " ".join(f"{a} = {v.zero()};" for a in row))
-    emit("    } else {")
-    for r, row in enumerate(accs):
-        emit("        " + " ".join(f"{a} = {v.load(f'ct + {r * NR + c * W}')};" for c, a in enumerate(row)))
-    emit("    }")
+    accs = emit_accumulators(emit, v, MR, NR)
     for r in range(MR):
         emit(f"    const float* restrict a{r} = ap + {r} * lda;")
     emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")

@@ -415,10 +415,11 @@ static inline __attribute__((always_inline)) void micro_kernel(
     emit("}\n")
 
 
-def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None):
-    MR, NR, W = g.MR, g.NR, v.width
-    nvec = NR // W
-    accs = [[f"c{r}_{c}" for c in range(nvec)] for r in range(MR)]
+def emit_accumulators(emit, v: "_Vec", MR: int, NR: int) -> list[list[str]]:
+    """Declare the MR x (NR / width) vector accumulators ``c<r>_<c>``: zero on the first K step,
+    else reloaded from the partial-sum tile ``ct``."""
+    W = v.width
+    accs = [[f"c{r}_{c}" for c in range(NR // W)] for r in range(MR)]
     emit(f"    {v.type} " + ", ".join(a for row in accs for a in row) + ";")
     emit("    if (first) {")
     for row in accs:
@@ -427,6 +428,13 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None):
     for r, row in enumerate(accs):
         emit("        " + " ".join(f"{a} = {v.load(f'ct + {r * NR + c * W}')};" for c, a in enumerate(row)))
     emit("    }")
+    return accs
+
+
+def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None):
+    MR, NR, W = g.MR, g.NR, v.width
+    nvec = NR // W
+    accs = emit_accumulators(emit, v, MR, NR)
     emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
     emit("        const float* restrict wk = wp + k * NR;")
     emit("        const float* restrict xk = xp + k * MR;")

@@ -61,7 +61,7 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, linearize
 from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, generate_gemm,
                                      prepack_weights)
-from tscomp.codegen.cpu_groups import ROW_OPS, GroupGenerator, _Block, _Row
+from tscomp.codegen.cpu_groups import GroupGenerator, _Block, _Row
 from tscomp.codegen.tile_config import TileConfig, candidate_configs, default_config
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Expr, Input, Op, View, walk
@@ -139,15 +139,7 @@ class _RowPassGenerator(GroupGenerator):
 
     def gen_rows(self, reductions: list[Op], outputs: dict[str, Expr]) -> tuple[list[str], str | None]:
         """Statements of the row pass; returns (body lines, the output stored in place into Y)."""
-        for h in reductions:
-            if h.op_type not in ROW_OPS:
-                self.fail("reduction is not implemented by the row kernel", h)
-        space = self.shape(reductions[0].args[0])
-        k = self.row_start(reductions[0])
-        for h in reductions[1:]:
-            s = self.shape(h.args[0])
-            if len(s) != len(space) or not all(same(a, b) for a, b in zip(s, space)) or self.row_start(h) != k:
-                self.fail(f"stitched reduction over other rows ({shape_str(s)} vs {shape_str(space)})", h)
+        space, k = self.common_rows(reductions)
         if k != len(space) - 1:
             self.fail(f"reduction over {len(space) - k} trailing axes of {shape_str(space)}: a fused row pass "
                       f"needs the reduced axis to be the GEMM's N axis", reductions[0])

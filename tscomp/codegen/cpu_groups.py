@@ -479,6 +479,20 @@ class GroupGenerator:
             self.fail(f"reduces axes {axes} of a rank-{rank} tensor; only trailing axes are supported", h)
         return rank - len(axes)
 
+    def common_rows(self, reductions: list[Op]) -> tuple[tuple, int]:
+        """The iteration space and first reduced axis shared by stitched row reductions (refused
+        when an op is not a row op or they reduce different rows)."""
+        for h in reductions:
+            if h.op_type not in ROW_OPS:
+                self.fail("reduction is not implemented by the row kernel", h)
+        space = self.shape(reductions[0].args[0])
+        k = self.row_start(reductions[0])
+        for h in reductions[1:]:
+            s = self.shape(h.args[0])
+            if len(s) != len(space) or not all(same(a, b) for a, b in zip(s, space)) or self.row_start(h) != k:
+                self.fail(f"stitched reduction over other rows ({shape_str(s)} vs {shape_str(space)})", h)
+        return space, k
+
     def row_idx(self, idx) -> tuple:
         return tuple(self.row.outer) + tuple(idx[self.row.k:])
 
@@ -697,15 +711,7 @@ class GroupGenerator:
                 heavy.append(e)
         if not heavy:
             self.fail("reduce group without a reduction")
-        for h in heavy:
-            if h.op_type not in ROW_OPS:
-                self.fail("reduction is not implemented by the row kernel", h)
-        space = self.shape(heavy[0].args[0])
-        k = self.row_start(heavy[0])
-        for h in heavy[1:]:
-            s = self.shape(h.args[0])
-            if len(s) != len(space) or not all(same(a, b) for a, b in zip(s, space)) or self.row_start(h) != k:
-                self.fail(f"stitched reduction over other rows ({shape_str(s)} vs {shape_str(space)})", h)
+        space, k = self.common_rows(heavy)
         full, stat = [], []
         stat_shapes = (space[:k] + (sympy.Integer(1),) * (len(space) - k), space[:k])
         for name, e in self.group.outputs.items():

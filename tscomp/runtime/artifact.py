@@ -42,7 +42,7 @@ class ArtifactError(TscompError):
     """An artifact directory that cannot be loaded (missing, other format version, corrupt)."""
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -74,7 +74,7 @@ def _variant_entry(kernel) -> dict:
         entry["single_wave_us"] = round(kernel.t_wave * 1e6, 3)
         entry["measured_at"] = kernel.probe
     if getattr(kernel, "samples", None):
-        entry["samples"] = [{"tasks": t, "us": round(sec * 1e6, 3)} for t, sec in kernel.samples]
+        entry["samples"] = [{"size": z, "tasks": t, "us": round(sec * 1e6, 3)} for z, t, sec in kernel.samples]
     if getattr(kernel, "reasons", None):
         entry["why_no_native_kernel"] = kernel.reasons
     return entry
@@ -137,7 +137,7 @@ def write_artifact(model: CompiledModel, path: str | Path, *, progress=None) -> 
                 k.packed = saved[k.func]
     _copy_source_model(model.source_model, tmp / "model")
     manifest = manifest_of(model)
-    manifest["files"] = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+    manifest["files"] = {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
     tmp.rename(path)
     return path
@@ -205,7 +205,7 @@ def verify_files(path: Path, manifest: dict) -> None:
         f = path / rel
         if not f.is_file():
             raise ArtifactError(f"{path}: missing file {rel} (listed in manifest.json)")
-        if _sha256(f) != digest:
+        if file_sha256(f) != digest:
             raise ArtifactError(f"{path}: file {rel} is corrupt or was modified (sha256 differs from manifest.json)")
 
 
@@ -235,4 +235,4 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> tuple[CompiledMod
     return model, manifest
 
 
-__all__ = ["ArtifactError", "FORMAT_VERSION", "load_artifact", "read_manifest", "write_artifact"]
+__all__ = ["ArtifactError", "FORMAT_VERSION", "file_sha256", "load_artifact", "read_manifest", "write_artifact"]
