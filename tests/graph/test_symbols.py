@@ -80,3 +80,23 @@ def test_evaluate_substitutes_a_binding_exactly():
     t, (H, W) = table(H=(16, 448), W=(16, 448))
     expr = sympy.floor(H / 16) * sympy.floor(W / 16) + 1
     assert t.evaluate(expr, {"H": 224, "W": 100}) == 14 * 6 + 1
+
+
+def test_compiled_evaluation_equals_sympy_substitution():
+    """SymbolTable.evaluate runs compiled closures; they must agree with SymPy exactly."""
+    import random
+
+    import sympy
+
+    from tscomp.graph.symbols import compile_int_expr
+    a, b = sympy.symbols("a b", integer=True, positive=True)
+    exprs = [a * b + 3, (a + 1) * (b - 2) ** 2, sympy.floor((a - 16) / 16) + 1, sympy.ceiling(a / 3) * b,
+             sympy.Mod(a * 7 - b, 5), sympy.Min(a, 512) * sympy.Max(b, 3), sympy.floor(a * b / 7) - a,
+             sympy.Rational(1, 2) * a * (a + 1), abs(a - b)]
+    rng = random.Random(0)
+    for e in exprs:
+        fn = compile_int_expr(e)
+        for _ in range(50):
+            binding = {"a": rng.randint(1, 1000), "b": rng.randint(1, 1000)}
+            want = e.xreplace({a: binding["a"], b: binding["b"]})
+            assert fn(binding) == want, (e, binding)

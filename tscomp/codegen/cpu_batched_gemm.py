@@ -604,18 +604,22 @@ void {self.func}({', '.join(params)})
         ev = lambda x: int(symtab.evaluate(x, b))   # noqa: E731
         NB, M, N, K = ev(self.NB), ev(self.M), ev(self.N), ev(self.K)
         outs = {name: tuple(ev(d) for d in shape) for name, shape in self.out_shapes.items()}
-        ins = {}
-        for role, name, dt in self.arg_roles:
-            if role == "input":
-                e = next((x for x in walk(self.group.outputs.values()) if isinstance(x, Input) and x.name == name),
-                         None)
-                shape = e.shape if e is not None else self.plan.graph.values[name].shape
-                ins[name] = tuple(ev(d) for d in shape)
+        ins = {name: tuple(ev(d) for d in shape) for name, shape in self._input_shapes().items()}
         syms = tuple(ev(s) for s in self.syms)
         cfg = self.cfg
         tasks = NB * -(-M // cfg.mc) * -(-N // cfg.nc)
         got = self._sizes[key] = (NB, M, N, K, outs, ins, syms, tasks)
         return got
+
+    def _input_shapes(self) -> dict:
+        """Symbolic shape of each input argument (found once: the expression walk is not per call)."""
+        shapes = self.__dict__.get("_in_shapes")
+        if shapes is None:
+            found = {x.name: x.shape for x in walk(self.group.outputs.values()) if isinstance(x, Input)}
+            shapes = self._in_shapes = {name: found.get(name, self.plan.graph.values[name].shape if name in
+                                                        self.plan.graph.values else ())
+                                        for role, name, _ in self.arg_roles if role == "input"}
+        return shapes
 
     def tasks(self, binding: Mapping[str, int]) -> int:
         """Parallel tile tasks the kernel runs at ``binding`` (the wave model's block count)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -85,6 +86,8 @@ class SymbolTable:
     #: symbol -> expression it was unified into (always fully resolved)
     substitution: dict[sympy.Symbol, Expr] = field(default_factory=dict)
     _fresh_counter: int = 0
+    #: canonical expression -> compiled evaluator (see :meth:`evaluate`)
+    _compiled: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ----------------------------------------------------------------- adding facts
     def new_symbol(self, name: str, *, origin: str, min: int = 1, max: int = DEFAULT_MAX,
@@ -267,14 +270,33 @@ class SymbolTable:
         return lo > 0 or hi < 0
 
     def evaluate(self, expr, binding: dict[str, int]):
-        """Value of ``expr`` at a concrete binding of symbol names to ints."""
-        expr = self.canon(expr) if not isinstance(expr, (int, float)) else expr
-        subs = {self.symbol(k): sympy.Integer(v) for k, v in binding.items() if k in self.infos}
-        val = sympy.sympify(expr).xreplace(subs)
-        if not val.is_number:
-            missing = sorted(s.name for s in val.free_symbols)
-            raise ShapeError(f"cannot evaluate {expr}: no value for symbol(s) {', '.join(missing)}")
-        return int(val) if val.is_Integer else val
+        """Value of ``expr`` at a concrete binding of symbol names to ints.
+
+        The canonical expression is compiled once into exact Python arithmetic (ints and
+        Fractions, :func:`compile_int_expr`), so the runtime's per-shape decisions cost
+        microseconds, not a SymPy substitution each."""
+        if isinstance(expr, (int, float)):
+            return expr
+        cache = self.__dict__.setdefault("_compiled", {})
+        # the table only grows (symbols, constraints, substitutions), so their counts version it
+        key = (expr, len(self.infos), len(self.constraints), len(self.substitution))
+        fn = cache.get(key)
+        if fn is None:
+            expr = self.canon(expr)
+            fn = cache.get(expr)
+            if fn is None:
+                fn = cache[expr] = compile_int_expr(expr)
+            cache[key] = fn
+        try:
+            return fn(binding)
+        except KeyError:
+            missing = sorted(s.name for s in self.canon(expr).free_symbols if s.name not in binding)
+            raise ShapeError(f"cannot evaluate {expr}: no value for symbol(s) {', '.join(missing)}") from None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_compiled"] = {}       # closures do not pickle; they are rebuilt on demand
+        return state
 
     def describe(self) -> list[str]:
         lines = []
@@ -282,6 +304,60 @@ class SymbolTable:
             lines.append(f"{info.name}: [{info.min}, {info.max}]  ({info.origin}"
                          + (f"; {info.note}" if info.note else "") + ")")
         return lines
+
+
+def compile_int_expr(expr: Expr):
+    """``expr`` as a Python function of a binding dict (symbol name -> int) with exact integer and
+    rational arithmetic: what ``int(expr.xreplace(...))`` gives, ~100x faster (one generated
+    lambda, no SymPy at call time). Node types it does not know fall back to SymPy substitution."""
+    consts: dict[str, object] = {"floor": math.floor, "ceil": math.ceil, "Fraction": Fraction}
+    try:
+        code = _py(sympy.sympify(expr), consts)
+    except NotImplementedError:
+        return _substituting(sympy.sympify(expr))
+    fn = eval(f"lambda b: {code}", consts)  # noqa: S307 - generated from a SymPy tree, names are quoted
+
+    def evaluate(binding):
+        v = fn(binding)
+        return v if isinstance(v, int) else int(v) if v == int(v) else v
+    return evaluate
+
+
+def _py(e: Expr, consts: dict) -> str:
+    """Python source for ``e`` (ints and Fractions only)."""
+    if e.is_Integer:
+        return f"({int(e)})"
+    if e.is_Rational:
+        name = f"q{len(consts)}"
+        consts[name] = Fraction(int(e.p), int(e.q))
+        return name
+    if isinstance(e, sympy.Symbol):
+        return f"b[{e.name!r}]"
+    args = [_py(a, consts) for a in e.args]
+    if e.is_Add:
+        return "(" + " + ".join(args) + ")"
+    if e.is_Mul:
+        return "(" + " * ".join(args) + ")"
+    if e.is_Pow and e.exp.is_Integer and int(e.exp) >= 0:
+        return f"({args[0]} ** {int(e.exp)})"
+    if isinstance(e, sympy.Mod):
+        return f"({args[0]} % {args[1]})"      # Python's % floors, as sympy.Mod does
+    named = {sympy.Min: "min", sympy.Max: "max", sympy.floor: "floor", sympy.ceiling: "ceil", sympy.Abs: "abs"}
+    for kind, fn in named.items():
+        if isinstance(e, kind):
+            return f"{fn}({', '.join(args)})"
+    raise NotImplementedError(type(e).__name__)
+
+
+def _substituting(e: Expr):
+    syms = sorted(e.free_symbols, key=lambda s: s.name)
+
+    def evaluate(b):
+        v = e.xreplace({s: sympy.Integer(b[s.name]) for s in syms})
+        if not v.is_number:
+            raise KeyError(str(v))
+        return int(v) if v.is_Integer else v
+    return evaluate
 
 
 def _interval(expr: Expr, symbol_range) -> tuple[float, float]:

@@ -16,6 +16,7 @@ a warning.
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import threading
 import time
@@ -69,16 +70,19 @@ class ShapePlan:
 
 class Runtime:
     """``Runtime(path, device="cpu", num_threads=None, allow_out_of_range=False)``; ``run(inputs)``
-    maps input names to numpy arrays and returns the model's outputs by name."""
+    maps input names to numpy arrays and returns the model's outputs by name. Loading verifies the
+    artifact's hashes and (``warmup=True``) runs every kernel variant once at the smallest shape."""
 
     def __init__(self, path, device: str = "cpu", num_threads: int | None = None, *,
-                 allow_out_of_range: bool = False, verify: bool = True):
+                 allow_out_of_range: bool = False, verify: bool = True, warmup: bool = True):
         if device != "cpu":
             raise TscompError(f"device {device!r} is not available: this tscomp runs artifacts on 'cpu' "
                               "(the CUDA target is not built yet)")
         self.path = Path(path)
         model, self.manifest = load_artifact(self.path, verify=verify)
         self._init(model, num_threads, allow_out_of_range)
+        if warmup:
+            self.warm_up()
 
     @classmethod
     def from_compiled(cls, model: CompiledModel, num_threads: int | None = None, *,
@@ -102,6 +106,22 @@ class Runtime:
         self._consts = self._static_constants()
         self._order = self._lifetimes_by_index()
         self.last_call_overhead = None
+
+    def warm_up(self) -> None:
+        """Run every kernel variant once at the smallest shape, so no request pays for first
+        touches (library code pages, weight pages, OpenMP thread start-up)."""
+        from tscomp.compiler import group_inputs_at
+
+        set_num_threads(self.num_threads)
+        binding = {i.name: max(1, i.min) for i in self.graph.symbols.live_symbols()}
+        rng = np.random.default_rng(0)
+        for g in self.plan.groups:
+            variants = self.model.kernels[g.name]
+            if all(getattr(k, "target", "cpu") == "numpy" for k in variants):
+                continue
+            env = group_inputs_at(self.plan, g, binding, rng)
+            for k in variants:
+                k.run(env, binding)
 
     # ------------------------------------------------------------------ public
     @property
@@ -270,11 +290,16 @@ def _widen(spec, binding: Mapping[str, int]):
     return replace(spec, min=min(spec.min, v), max=max(spec.max, v))
 
 
-def _takes_out(kernel) -> bool:
+@functools.lru_cache(maxsize=None)
+def _run_takes_out(kernel_type: type) -> bool:
     try:
-        return "out" in inspect.signature(kernel.run).parameters
+        return "out" in inspect.signature(kernel_type.run).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _takes_out(kernel) -> bool:
+    return _run_takes_out(type(kernel))
 
 
 def _family(kernel) -> str:
