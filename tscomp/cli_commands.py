@@ -140,7 +140,8 @@ def cmd_bench(args) -> int:
     threads = args.threads or default_threads()
     artifact = _artifact_for_bench(args)
     rt = Runtime(artifact, num_threads=threads)
-    onnx_path = args.model if not Path(args.model).is_dir() else rt.manifest.get("source_model")
+    # an artifact carries a copy of its ONNX model: onnxruntime runs that very file
+    onnx_path = args.model if not Path(args.model).is_dir() else str(rt.source_model_file())
     if not onnx_path or not Path(onnx_path).is_file():
         raise TscompError(f"bench needs the ONNX model for onnxruntime; {onnx_path!r} is not a file")
     fixed = parse_shapes(args.fix)

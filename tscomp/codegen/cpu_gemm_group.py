@@ -596,8 +596,9 @@ class CompiledGemmGroup:
         return hit
 
     def tasks(self, binding: Mapping[str, int]) -> int:
-        """Parallel tile tasks at ``binding``: ceil(M / T_Mb) x (N blocks)."""
-        M = self._ints(binding)[0]
+        """Parallel tile tasks at ``binding``: ceil(M / T_Mb) x (N blocks). Only M is evaluated: the
+        runtime asks every variant this when it meets a new shape."""
+        M = int(self.symtab.evaluate(self.M, dict(binding)))
         return -(-M // self.cfg.mc) * self.geometry.n_nblocks
 
     def candidate_configs(self) -> list[TileConfig]:

@@ -261,7 +261,7 @@ class Runtime:
         from tscomp.graph import DimSpec, load_model
         from tscomp.graph.reference import run_reference
 
-        model_file = self._source_model_file()
+        model_file = self.source_model_file()
         widened = [_widen(DimSpec.parse(text), binding) for text in self.model.dims]
         warnings.warn(f"shape {binding} is outside the compiled ranges: running the reference executor on "
                       f"{model_file.name} (correct but slow; recompile with wider --dim to get kernels)",
@@ -269,7 +269,8 @@ class Runtime:
         graph = load_model(model_file, widened)
         return run_reference(graph, inputs)
 
-    def _source_model_file(self) -> Path:
+    def source_model_file(self) -> Path:
+        """The ONNX model this artifact was compiled from (its copy inside the artifact first)."""
         if self.path is not None:
             copies = sorted((self.path / "model").glob("*.onnx"))
             if copies:

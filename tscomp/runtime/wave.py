@@ -25,13 +25,22 @@ def wave_cost(kernel, binding: Mapping[str, int], threads: int) -> float:
     waves = math.ceil(kernel.tasks(binding) / threads)
     samples = getattr(kernel, "samples", None)
     if samples:
-        return _per_wave_time(samples, shape_size(binding), threads) * waves
+        return _per_wave_time(_wave_points(kernel, samples, threads), shape_size(binding)) * waves
     t_wave = getattr(kernel, "t_wave", None)
     return math.inf if t_wave is None else t_wave * waves
 
 
-def _per_wave_time(samples, size: int, threads: int) -> float:
-    points = sorted((s, t / math.ceil(max(1, n) / threads)) for s, n, t in samples)
+def _wave_points(kernel, samples, threads: int) -> list[tuple[int, float]]:
+    """(size, per-wave seconds) of the samples, sorted; kept on the kernel per thread count."""
+    key = f"_wave_points_{threads}"
+    cached = kernel.__dict__.get(key)
+    if cached is None:
+        cached = sorted((s, t / math.ceil(max(1, n) / threads)) for s, n, t in samples)
+        kernel.__dict__[key] = cached
+    return cached
+
+
+def _per_wave_time(points: list[tuple[int, float]], size: int) -> float:
     if size <= points[0][0]:
         return points[0][1]
     for (s0, w0), (s1, w1) in zip(points, points[1:]):
