@@ -110,9 +110,12 @@ def group_inputs_at(plan: Plan, group: Group, binding: dict[str, int], rng: np.r
     """Inputs for running ``group`` alone: constants as they are, other tensors random of their
     shape at ``binding`` (index tensors zero, so every gather stays in bounds)."""
     graph = plan.graph
+    produced = set(plan.crossing_values()) | set(graph.inputs)
     env = {}
     for name in group.inputs:
         v = graph.values[name]
+        if v.const is None and v.symdata is None and name not in produced:
+            continue  # a weight stripped from a loaded plan: its kernels hold it prepacked
         if v.const is not None or v.symdata is not None:
             env[name] = materialize(graph, v, binding)
             continue

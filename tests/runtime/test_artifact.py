@@ -92,3 +92,12 @@ def test_loaded_artifact_gives_the_same_outputs_as_the_in_memory_compile(compile
     x = make_inputs("bert", {"batch": 2, "sequence": 13}, np.random.default_rng(3), size="tiny")
     np.testing.assert_allclose(mem.run(x)["last_hidden_state"], disk.run(x)["last_hidden_state"],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_weights_are_stored_once_prepacked_not_again_in_the_plan(compiled_artifact):
+    path, _, _ = compiled_artifact("bert")
+    rt = Runtime(path)
+    gemm_weights = {k.weight_name for ks in rt.model.kernels.values() for k in ks if hasattr(k, "weight_name")}
+    assert len(gemm_weights) >= 8                                  # 4 per layer, 2 layers
+    for name in gemm_weights:
+        assert rt.graph.values[name].const is None, name           # only weights.npz holds them

@@ -286,6 +286,7 @@ class CompiledGemmGroup:
         if W.dtype != np.float32:
             self._fail(f"weight is {W.dtype}, only float32")
         self.W = np.ascontiguousarray(W, dtype=np.float32)
+        self.weight_name = b_src.name      # the graph constant that `packed` replaces at run time
         self.K, self.N = (int(d) for d in self.W.shape)
         symtab = graph.symbols
         hshape = tuple(symtab.canon(d) for d in h.shape)

@@ -123,7 +123,10 @@ def write_artifact(model: CompiledModel, path: str | Path, *, progress=None) -> 
     weights = {k.func: k.packed for k in natives if getattr(k, "packed", None) is not None}
     np.savez(tmp / "weights.npz", **weights)
     saved = {k.func: k.packed for k in natives if k.func in weights}
+    stripped = {name: model.plan.graph.values[name].const for name in prepacked_only_constants(model)}
     try:
+        for name in stripped:
+            model.plan.graph.values[name].const = None
         for k in natives:
             if k.func in weights:
                 k.packed = None
@@ -135,12 +138,32 @@ def write_artifact(model: CompiledModel, path: str | Path, *, progress=None) -> 
         for k in natives:
             if k.func in saved:
                 k.packed = saved[k.func]
+        for name, const in stripped.items():
+            model.plan.graph.values[name].const = const
     _copy_source_model(model.source_model, tmp / "model")
     manifest = manifest_of(model)
     manifest["files"] = {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
     tmp.rename(path)
     return path
+
+
+def prepacked_only_constants(model: CompiledModel) -> list[str]:
+    """Graph constants that only GEMM kernels read, each as its prepacked weight: the plan on disk
+    leaves them out (``weights.npz`` has them in the layout the kernels stream)."""
+    readers: dict[str, list[str]] = {}
+    for g in model.plan.groups:
+        for name in g.inputs:
+            readers.setdefault(name, []).append(g.name)
+    out = []
+    for name, groups in readers.items():
+        v = model.plan.graph.values[name]
+        if v.const is None or name in model.plan.graph.outputs:
+            continue
+        if all(getattr(k, "weight_name", None) == name and getattr(k, "packed", None) is not None
+               for g in groups for k in model.kernels[g]):
+            out.append(name)
+    return out
 
 
 def _copy_source_model(source: str, dest: Path) -> None:

@@ -181,6 +181,7 @@ class Runtime:
     def _static_constants(self) -> dict[str, np.ndarray]:
         graph = self.graph
         needed = {n for g in self.plan.groups for n in g.inputs}
+        # constants only GEMM kernels read come prepacked inside them (stripped from the plan on disk)
         return {n: graph.values[n].const for n in needed
                 if graph.values[n].const is not None and n not in graph.inputs}
 
