@@ -101,3 +101,14 @@ def test_gemm_weights_are_stored_once_prepacked_not_again_in_the_plan(compiled_a
     assert len(gemm_weights) >= 8                                  # 4 per layer, 2 layers
     for name in gemm_weights:
         assert rt.graph.values[name].const is None, name           # only weights.npz holds them
+
+
+def test_shared_weights_are_stored_once(compiled_artifact):
+    """ALBERT shares one set of layer weights: identical prepacked panels are one npz member."""
+    path, _, _ = compiled_artifact("albert")
+    rt = Runtime(path)
+    packed = [k for ks in rt.model.kernels.values() for k in ks if getattr(k, "packed", None) is not None]
+    with np.load(path / "weights.npz") as npz:
+        members = len(npz.files)
+    assert members < len(packed)
+    assert len({k.packed_key for k in packed}) == members

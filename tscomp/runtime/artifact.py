@@ -120,8 +120,8 @@ def write_artifact(model: CompiledModel, path: str | Path, *, progress=None) -> 
     objects = _build_objects(natives, progress)
     if objects:
         link_library(objects, tmp / "kernels.so")
-    weights = {k.func: k.packed for k in natives if getattr(k, "packed", None) is not None}
-    np.savez(tmp / "weights.npz", **weights)
+    weights = _packed_weights(natives)
+    np.savez(tmp / "weights.npz", **{key: arr for key, arr in weights.values()})
     saved = {k.func: k.packed for k in natives if k.func in weights}
     stripped = {name: model.plan.graph.values[name].const for name in prepacked_only_constants(model)}
     try:
@@ -130,6 +130,7 @@ def write_artifact(model: CompiledModel, path: str | Path, *, progress=None) -> 
         for k in natives:
             if k.func in weights:
                 k.packed = None
+                k.packed_key = weights[k.func][0]
         with open(tmp / "plan.pkl", "wb") as f:
             pickle.dump({"plan": model.plan, "kernels": model.kernels, "isa": model.isa,
                          "threads": model.threads, "source_model": model.source_model,
@@ -146,6 +147,21 @@ def write_artifact(model: CompiledModel, path: str | Path, *, progress=None) -> 
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
     tmp.rename(path)
     return path
+
+
+def _packed_weights(kernels) -> dict[str, tuple[str, np.ndarray]]:
+    """kernel entry -> (npz key, packed panels), identical panel sets stored once: ALBERT's shared
+    layers, and variants whose tile configs pack alike, point at one array."""
+    by_digest: dict[str, str] = {}
+    out = {}
+    for k in kernels:
+        arr = getattr(k, "packed", None)
+        if arr is None:
+            continue
+        digest = hashlib.sha256(np.ascontiguousarray(arr).view(np.uint8)).hexdigest()[:24]
+        key = by_digest.setdefault(digest, f"w{len(by_digest)}_{digest}")
+        out[k.func] = (key, arr)
+    return out
 
 
 def prepacked_only_constants(model: CompiledModel) -> list[str]:
@@ -244,12 +260,16 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> tuple[CompiledMod
     except Exception as exc:  # a truncated pickle raises anything from EOFError to ValueError
         raise ArtifactError(f"{path}: cannot read the compiled plan ({type(exc).__name__}: {exc})") from None
     lib = load_library(path / "kernels.so") if (path / "kernels.so").exists() else None
+    packed: dict[str, np.ndarray] = {}
     for ks in state["kernels"].values():
         for k in ks:
             if k.func is None:
                 continue
-            if k.func in weights:
-                k.packed = aligned_copy(weights[k.func])   # npz members load at any alignment
+            key = getattr(k, "packed_key", None)
+            if key is not None:
+                if key not in packed:    # one aligned copy per distinct panel set, shared by its kernels
+                    packed[key] = aligned_copy(weights[key])   # npz members load at any alignment
+                k.packed = packed[key]
             if lib is None:
                 raise ArtifactError(f"{path}: kernels.so missing but kernel {k.func} needs it")
             k._bind_function(lib)
