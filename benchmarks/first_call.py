@@ -1,0 +1,52 @@
+"""First-call vs steady-state latency at never-seen shapes (issue 4, acceptance 4), tscomp alone.
+
+    .venv/bin/python -m benchmarks.first_call [--artifact .cache/bench/bert-base-dynamo.tsc]
+
+Loads the artifact (hash check + warm-up of every kernel variant at the smallest shape), then for
+each sequence length, never seen before by this process: the first call (which makes the shape's
+decisions: symbol binding, variant choice by the wave model, buffer plan) and the median of the
+next 5 calls. ``tscomp bench`` reports the same ratio while onnxruntime runs in the same process,
+where the first call also pays for caches onnxruntime just evicted.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from tscomp.runtime import Runtime
+from tscomp.sample_inputs import random_inputs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--artifact", default=".cache/bench/bert-base-dynamo.tsc")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lengths", default="2,9,21,39,90,139,202,287,374,498")
+    args = ap.parse_args()
+    t = time.perf_counter()
+    rt = Runtime(args.artifact, num_threads=args.threads)
+    print(f"load + verify + warm-up: {time.perf_counter() - t:.2f} s")
+    print(f"{'sequence':>8}  {'first ms':>9}  {'steady ms':>9}  {'first/steady':>12}")
+    ratios = []
+    for L in (int(x) for x in args.lengths.split(",")):
+        binding = {i.name: i.min for i in rt.graph.symbols.live_symbols()} | {"sequence": L}
+        inputs = random_inputs(rt.graph, binding, np.random.default_rng(L))
+        t = time.perf_counter()
+        rt.run(inputs)
+        first = time.perf_counter() - t
+        steady = []
+        for _ in range(5):
+            t = time.perf_counter()
+            rt.run(inputs)
+            steady.append(time.perf_counter() - t)
+        s = statistics.median(steady)
+        ratios.append(first / s)
+        print(f"{L:>8}  {first * 1e3:9.2f}  {s * 1e3:9.2f}  {first / s:12.2f}")
+    print(f"first/steady: max {max(ratios):.2f}, median {statistics.median(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()
