@@ -50,6 +50,23 @@ def interpreted_groups(plan, family, ranges):
             env.update(want)
 
 
+def compile_gemm_groups(plan, build):
+    """``build(plan, group)`` on every gemm group: ({name: kernel}, {name: refusal}); a refusal
+    must name its group."""
+    from tscomp.errors import UnsupportedOperatorError
+
+    kernels, refused = {}, {}
+    for g in plan.groups:
+        if g.kind != "gemm":
+            continue
+        try:
+            kernels[g.name] = build(plan, g)
+        except UnsupportedOperatorError as exc:
+            assert str(exc).startswith(f"group {g.name}: "), str(exc)
+            refused[g.name] = str(exc)
+    return kernels, refused
+
+
 def close(got, want, what=""):
     assert got.shape == want.shape and got.dtype == want.dtype, \
         f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"

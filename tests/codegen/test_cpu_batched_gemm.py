@@ -20,7 +20,7 @@ from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.expr import Input, View
 from tscomp.graph.reference import bind_symbols, materialize
-from tests.codegen.plan_runs import close, interpreted_groups, model_plan
+from tests.codegen.plan_runs import compile_gemm_groups, close, interpreted_groups, model_plan
 
 FAMILIES = ("bert", "albert", "roberta", "distilbert", "gpt2", "vit")
 MODELS = [pytest.param(f, e, id=f"{f}-{e}") for f in FAMILIES for e in ("dynamo", "torchscript")]
@@ -51,15 +51,7 @@ def _activation_matmuls(plan):
 def test_model_batched_gemm_groups_match_the_interpreter(exported_model, record_property, family, exporter):
     plan, ranges = model_plan(exported_model, family, exporter)
     batched = _activation_matmuls(plan)
-    kernels, refused = {}, {}
-    for g in plan.groups:
-        if g.kind != "gemm":
-            continue
-        try:
-            kernels[g.name] = CompiledBatchedGemmGroup(plan, g)
-        except UnsupportedOperatorError as exc:
-            assert str(exc).startswith(f"group {g.name}: "), str(exc)
-            refused[g.name] = str(exc)
+    kernels, refused = compile_gemm_groups(plan, CompiledBatchedGemmGroup)
     # constant-weight GEMMs are CompiledGemmGroup's: never taken here
     assert set(kernels) <= set(batched), sorted(set(kernels) - set(batched))
     checked = 0

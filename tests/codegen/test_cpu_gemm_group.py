@@ -14,7 +14,7 @@ from tscomp.codegen.cpu_gemm_group import CompiledGemmGroup, candidate_configs_f
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion import fuse
 from tscomp.graph.reference import bind_symbols, materialize
-from tests.codegen.plan_runs import close, interpreted_groups, model_plan
+from tests.codegen.plan_runs import compile_gemm_groups, close, interpreted_groups, model_plan
 
 
 #: why a gemm group may legitimately be refused here (another kernel family handles it)
@@ -32,15 +32,7 @@ MODELS += [pytest.param(f, "torchscript", 14, id=f"{f}-torchscript-opset14") for
 @pytest.mark.parametrize("family,exporter,opset", MODELS)
 def test_model_gemm_groups_match_the_interpreter(exported_model, record_property, family, exporter, opset):
     plan, ranges = model_plan(exported_model, family, exporter, opset)
-    kernels, refused = {}, {}
-    for g in plan.groups:
-        if g.kind != "gemm":
-            continue
-        try:
-            kernels[g.name] = CompiledGemmGroup(plan, g)
-        except UnsupportedOperatorError as exc:
-            assert g.name in str(exc)
-            refused[g.name] = str(exc)
+    kernels, refused = compile_gemm_groups(plan, CompiledGemmGroup)
     for binding, g, genv, bound, want in interpreted_groups(plan, family, ranges):
         if g.name in kernels:
             got = kernels[g.name].run(genv, bound)

@@ -57,6 +57,7 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import (PRELUDE, broadcast_index, math_helpers, c_symbol_name, delinearize, linearize,
                                    reshape_index)
 from tscomp.codegen.cpu_gemm import ISA_RANK, _Vec, emit_accumulators
+from tscomp.codegen.native import PicklableKernel, binding_key
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.tile_config import (VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError,
                                         host_caches)
@@ -206,12 +207,14 @@ def _unit_stride(loads, var) -> bool:
 _LIBS: dict[str, ctypes.CDLL] = {}
 
 
-class CompiledBatchedGemmGroup:
+class CompiledBatchedGemmGroup(PicklableKernel):
     """A gemm group with two activation operands compiled to the batched CPU macro-kernel.
 
     ``run(env, binding)`` has :meth:`tscomp.codegen.cpu_groups.CompiledGroup.run`'s contract: ``env``
     holds (at least) the group's inputs, ``binding`` the shape symbols by name; it returns every
     output of the group."""
+
+    TRANSIENT = {"fn": None, "_sizes": dict}
 
     def __init__(self, plan: Plan, group: Group, cfg: TileConfig | None = None, *, isa: str | None = None):
         self.plan, self.group = plan, group
@@ -584,18 +587,9 @@ void {self.func}({', '.join(params)})
         fn.argtypes = argtypes
         self.fn = fn
 
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["fn"] = None
-        state["_sizes"] = {}
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-
     # ------------------------------------------------------------------ run
     def _evaluate(self, binding: Mapping[str, int]):
-        key = tuple(sorted(binding.items()))
+        key = binding_key(binding)
         got = self._sizes.get(key)
         if got is not None:
             return got

@@ -61,6 +61,7 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, linearize
 from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, generate_gemm,
                                      prepack_weights)
+from tscomp.codegen.native import PicklableKernel, binding_key
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block, _Row
 from tscomp.codegen.tile_config import TileConfig, candidate_configs, default_config
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
@@ -209,7 +210,7 @@ def _strip_views(e: Expr):
 _LIBS: dict[str, ctypes.CDLL] = {}
 
 
-class CompiledGemmGroup:
+class CompiledGemmGroup(PicklableKernel):
     """A gemm group compiled to the CPU macro-kernel with its generated epilogue (and row pass).
 
     ``run(env, binding)`` has :meth:`tscomp.codegen.cpu_groups.CompiledGroup.run`'s contract:
@@ -217,6 +218,10 @@ class CompiledGemmGroup:
     every group output. ``source`` is the C text, ``func`` its exported entry point, ``fn`` the
     bound ctypes function (dropped when pickled; :meth:`_bind_function` binds it from any library
     that exports ``func``), ``tasks(binding)`` the number of parallel tile tasks at a binding."""
+
+    # ctypes entry points do not pickle (rebound with _bind_function); the whole graph (weights
+    # included) is not needed to run; `packed` holds the weight
+    TRANSIENT = {"fn": None, "plan": None, "W": None, "_memo": dict}
 
     def __init__(self, plan: Plan, group: Group, cfg: TileConfig | None = None, *, isa: str | None = None):
         self.plan, self.group = plan, group
@@ -554,21 +559,10 @@ class CompiledGemmGroup:
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, *extra_types]
         self.fn = fn
 
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["fn"] = None          # ctypes functions do not pickle; rebind with _bind_function
-        state["plan"] = None        # the whole graph (weights included) is not needed to run
-        state["W"] = None           # `packed` holds the weight
-        state["_memo"] = {}
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-
     # ------------------------------------------------------------------ run
     def _ints(self, binding: Mapping[str, int]):
         """Every size the call needs at ``binding``, evaluated once per binding (memoized)."""
-        key = tuple(sorted(binding.items()))
+        key = binding_key(binding)
         hit = self._memo.get(key)
         if hit is not None:
             return hit

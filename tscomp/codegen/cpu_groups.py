@@ -41,6 +41,7 @@ import numpy as np
 import sympy
 
 from tscomp.codegen.build import build_library, load_library
+from tscomp.codegen.native import PicklableKernel, binding_key
 from tscomp.codegen.c_expr import (PRELUDE, CPrinter, math_helpers, IndexContext, broadcast_index, c_literal,
                                    c_symbol_name, linearize, view_index)
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
@@ -808,9 +809,10 @@ class GroupGenerator:
 _LIBS: dict[str, ctypes.CDLL] = {}
 
 
-class CompiledGroup:
+class CompiledGroup(PicklableKernel):
     """A generated group kernel built into a shared library and callable on numpy arrays."""
 
+    TRANSIENT = {"fn": None, "_sizes": dict}
     target = "cpu"
     cfg = None                # one loop nest per group: no tile configuration to choose
 
@@ -835,12 +837,6 @@ class CompiledGroup:
         self.fn.restype = None
         self.fn.argtypes = [ctypes.c_int64 if a.role == "symbol" else ctypes.c_void_p for a in self.source_info.args]
 
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state.pop("fn", None)
-        state["_sizes"] = {}
-        return state
-
     def tasks(self, binding: Mapping[str, int]) -> int:
         return 1              # static OpenMP schedule over the whole space: one launch
 
@@ -864,7 +860,7 @@ class CompiledGroup:
 
     def _sizes_at(self, env, binding) -> tuple:
         """Per argument: its concrete shape (tensors) or value (symbols); memoized per binding."""
-        key = tuple(sorted(binding.items()))
+        key = binding_key(binding)
         sizes = self._sizes.get(key)
         if sizes is None:
             subs = self._bind(env, binding)
