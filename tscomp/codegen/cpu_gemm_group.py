@@ -147,19 +147,10 @@ class _RowPassGenerator(GroupGenerator):
         if not (space[-1].is_Integer and int(space[-1]) == self.N) or not same(numel(space[:-1]), self.M):
             self.fail(f"reduction space {shape_str(space)} is not the GEMM's [M={self.M}, N={self.N}] rows",
                       reductions[0])
-        full, stat = [], []
-        stat_shapes = (space[:k] + (sympy.Integer(1),) * (len(space) - k), space[:k])
         for name, e in outputs.items():
-            shape = self.shape(e)
             if np.dtype(e.dtype) != np.float32:
                 self.fail(f"output {name} is {np.dtype(e.dtype)}, only float32 outputs")
-            if len(shape) == len(space) and all(same(a, b) for a, b in zip(shape, space)):
-                full.append(name)
-            elif any(len(shape) == len(s) and all(same(a, b) for a, b in zip(shape, s)) for s in stat_shapes):
-                stat.append(name)
-            else:
-                self.fail(f"output {name} of shape {shape_str(shape)} is neither a row {shape_str(space)} "
-                          f"nor a row statistic")
+        full, stat = self.split_row_outputs(outputs, space, k)
         block = _Block([("for (int64_t i = m0; i < m0 + mv; ++i) {  /* one row of Y per iteration */", 0)],
                        [("}", 0)])
         self.push(block, [self.i])

@@ -494,6 +494,22 @@ class GroupGenerator:
                 self.fail(f"stitched reduction over other rows ({shape_str(s)} vs {shape_str(space)})", h)
         return space, k
 
+    def split_row_outputs(self, outputs, space, k) -> tuple[list[str], list[str]]:
+        """Outputs of a row kernel: full rows (shape ``space``) and row statistics (``space``
+        with the reduced axes dropped or kept as 1); anything else is refused."""
+        full, stat = [], []
+        stat_shapes = (space[:k] + (sympy.Integer(1),) * (len(space) - k), space[:k])
+        for name, e in outputs.items():
+            shape = self.shape(e)
+            if len(shape) == len(space) and all(same(a, b) for a, b in zip(shape, space)):
+                full.append(name)
+            elif any(len(shape) == len(s) and all(same(a, b) for a, b in zip(shape, s)) for s in stat_shapes):
+                stat.append(name)
+            else:
+                self.fail(f"output {name} of shape {shape_str(shape)} is neither a row {shape_str(space)} "
+                          f"nor a row statistic")
+        return full, stat
+
     def row_idx(self, idx) -> tuple:
         return tuple(self.row.outer) + tuple(idx[self.row.k:])
 
@@ -713,17 +729,7 @@ class GroupGenerator:
         if not heavy:
             self.fail("reduce group without a reduction")
         space, k = self.common_rows(heavy)
-        full, stat = [], []
-        stat_shapes = (space[:k] + (sympy.Integer(1),) * (len(space) - k), space[:k])
-        for name, e in self.group.outputs.items():
-            shape = self.shape(e)
-            if len(shape) == len(space) and all(same(a, b) for a, b in zip(shape, space)):
-                full.append(name)
-            elif any(len(shape) == len(s) and all(same(a, b) for a, b in zip(shape, s)) for s in stat_shapes):
-                stat.append(name)
-            else:
-                self.fail(f"output {name} of shape {shape_str(shape)} is neither a row {shape_str(space)} "
-                          f"nor a row statistic")
+        full, stat = self.split_row_outputs(self.group.outputs, space, k)
         outer_shape = space[:k]
         self.emit(f"/* one row per index of [{', '.join(str(d) for d in outer_shape)}], "
                   f"{len(space) - k} reduced trailing axes [{', '.join(str(d) for d in space[k:])}] */")
