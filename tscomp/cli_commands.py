@@ -46,7 +46,8 @@ def parse_shapes(items: list[str]) -> dict[str, int]:
 
 
 def compile_to(model: str, dims: list[str], output: str, *, variants: int, threads: int | None,
-               quiet: bool = False) -> tuple[Path, dict]:
+               quiet: bool = False):
+    """Compile ``model`` and write the artifact; returns (artifact path, CompiledModel)."""
     from tscomp.compiler import compile_model
     from tscomp.runtime.artifact import write_artifact
 
@@ -56,7 +57,7 @@ def compile_to(model: str, dims: list[str], output: str, *, variants: int, threa
                              progress=None if quiet else Progress("compiling groups"))
     compiled.notes.append(f"source sha256 {file_sha256(Path(model))}")
     path = write_artifact(compiled, output, progress=None if quiet else Progress("linking kernels"))
-    return path, {"model": compiled}
+    return path, compiled
 
 
 def _summary(compiled, path: Path) -> list[str]:
@@ -76,8 +77,8 @@ def _summary(compiled, path: Path) -> list[str]:
 
 
 def cmd_compile(args) -> int:
-    path, info = compile_to(args.model, args.dim, args.output, variants=args.variants, threads=args.threads)
-    print("\n".join(_summary(info["model"], path)))
+    path, compiled = compile_to(args.model, args.dim, args.output, variants=args.variants, threads=args.threads)
+    print("\n".join(_summary(compiled, path)))
     return 0
 
 
@@ -125,8 +126,8 @@ def _artifact_for_bench(args) -> Path:
             return out
     except ArtifactError:
         pass
-    path, info = compile_to(str(src), args.dim, str(out), variants=args.variants, threads=args.threads)
-    print("\n".join(_summary(info["model"], path)), file=sys.stderr)
+    path, compiled = compile_to(str(src), args.dim, str(out), variants=args.variants, threads=args.threads)
+    print("\n".join(_summary(compiled, path)), file=sys.stderr)
     return path
 
 
