@@ -159,3 +159,17 @@ def test_compiled_model_at_awkward_sizes_of_each_dynamic_dim(compiled_artifact, 
             if lo <= v <= hi:
                 bindings.append({k: (v if k == name else r[0]) for k, r in ranges.items()})
     _check_against_onnxruntime(rt, onnx_path, family, bindings, "tiny")
+
+
+def test_groups_that_read_only_constants_and_shapes_run_once_per_shape(bert):
+    """Range/position-id groups depend on the shape alone: planned once per shape, not per call."""
+    rt, onnx_path = bert
+    opaque = {g.name for g in rt.plan.groups if g.kind == "opaque"}
+    assert opaque and opaque <= rt._shape_only
+    x = _inputs(batch=2, seq=19)
+    first = rt.run(x)["last_hidden_state"].copy()
+    plan = rt._shape_plan({"batch": 2, "sequence": 19})
+    assert not {s.group for s in plan.steps} & rt._shape_only
+    np.testing.assert_array_equal(rt.run(x)["last_hidden_state"], first)
+    want = ort.InferenceSession(str(onnx_path)).run(None, x)[0]
+    np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-4)

@@ -104,6 +104,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._shapes: collections.OrderedDict[tuple, ShapePlan] = collections.OrderedDict()
         self._consts = self._static_constants()
+        self._shape_only = self._shape_only_groups()
         self._order = self._lifetimes_by_index()
         self.last_call_overhead = None
 
@@ -185,9 +186,24 @@ class Runtime:
         return {n: graph.values[n].const for n in needed
                 if graph.values[n].const is not None and n not in graph.inputs}
 
+    def _shape_only_groups(self) -> set[str]:
+        """Groups that read no run-time tensor, only constants and shape values (position ids,
+        Range, a position table resized to the image): their outputs are a function of the shape
+        alone, so they run once per shape, when the shape is planned, not on every call."""
+        graph, static, out = self.graph, set(), set()
+        for g in self.plan.groups:
+            if all(n in static or (n not in graph.inputs and (graph.values[n].const is not None
+                                                               or graph.values[n].symdata is not None))
+                   for n in g.inputs):
+                out.add(g.name)
+                static.update(g.outputs)
+        return out
+
     def _lifetimes_by_index(self):
         produced_at, last_read = {}, {}
         for k, g in enumerate(self.plan.groups):
+            if g.name in self._shape_only:
+                continue
             for name in g.inputs:
                 last_read[name] = k
             for name in g.outputs:
@@ -209,15 +225,19 @@ class Runtime:
                               k, last_read.get(name, k))
                      for name, k in produced_at.items() if name not in keep]
         buffers = plan_buffers(lifetimes)
-        steps = []
-        for k, g in enumerate(self.plan.groups):
-            kernel = pick_variant(self.model.kernels[g.name], binding, self.num_threads)
-            free = tuple(n for n in g.inputs if last_read.get(n) == k and n not in keep)
-            steps.append(Step(g.name, kernel, _takes_out(kernel), tuple(g.inputs), free))
         shape_consts = {n: materialize(graph, graph.values[n], binding) for g in self.plan.groups
                         for n in g.inputs if graph.values[n].symdata is not None}
+        steps, groups = [], []
+        for k, g in enumerate(self.plan.groups):
+            kernel = pick_variant(self.model.kernels[g.name], binding, self.num_threads)
+            if g.name in self._shape_only:
+                shape_consts.update(kernel.run({**self._consts, **shape_consts}, binding))
+                continue
+            free = tuple(n for n in g.inputs if last_read.get(n) == k and n not in keep)
+            steps.append(Step(g.name, kernel, _takes_out(kernel), tuple(g.inputs), free))
+            groups.append(g)
         plan = ShapePlan(dict(binding), steps, shapes, buffers, np.empty(buffers.arena_bytes, np.uint8), shape_consts)
-        for step, g in zip(steps, self.plan.groups):
+        for step, g in zip(steps, groups):
             if step.takes_out:
                 step.out = {name: plan.view(name, graph.values[name].dtype)
                             for name in g.outputs if name in buffers.offsets}
@@ -253,7 +273,8 @@ class Runtime:
         result = {}
         for name in self.graph.outputs:
             arr = env[name]
-            result[name] = arr.copy() if name in inputs or name in self._consts else arr
+            shared = name in inputs or name in self._consts or name in shape.shape_consts
+            result[name] = arr.copy() if shared else arr
         self.last_call_overhead = time.perf_counter() - t_start - kernel_time
         return result
 
