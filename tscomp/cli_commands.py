@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from tscomp.codegen.families import DEFAULT_VARIANTS
 from tscomp.errors import TscompError
 from tscomp.runtime.artifact import file_sha256
 
@@ -165,7 +166,8 @@ def add_commands(sub, add_dim_flag) -> None:
     p.add_argument("model")
     add_dim_flag(p)
     p.add_argument("-o", "--output", required=True, help="artifact directory to write (e.g. model.tsc)")
-    p.add_argument("--variants", type=int, default=3, help="tile-config variants per GEMM group (default 3)")
+    p.add_argument("--variants", type=int, default=DEFAULT_VARIANTS,
+                   help=f"tile-config variants per GEMM group (default {DEFAULT_VARIANTS})")
     p.add_argument("--threads", type=int, default=None, help="threads for measuring single-wave times")
     p.set_defaults(func=cmd_compile)
 
@@ -190,7 +192,7 @@ def add_commands(sub, add_dim_flag) -> None:
                    help="hold a dimension at a value (e.g. --fix batch=1)")
     p.add_argument("--threads", type=int, default=None, help="threads for both systems (default: all cores)")
     p.add_argument("--artifact", help="where to write/reuse the compiled artifact (default: MODEL.tsc)")
-    p.add_argument("--variants", type=int, default=3)
+    p.add_argument("--variants", type=int, default=DEFAULT_VARIANTS)
     p.add_argument("--plot", help="PNG path for the latency plot (default: ARTIFACT.bench.png)")
     p.set_defaults(func=cmd_bench)
 

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tscomp.codegen.build import host_isa, set_num_threads
-from tscomp.codegen.families import kernels_for_group
+from tscomp.codegen.families import DEFAULT_VARIANTS, kernels_for_group
 from tscomp.graph import DimSpec, load_model
 from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.plan import Group, Plan
@@ -51,7 +51,7 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def compile_model(model_path: str, dims: Sequence[DimSpec | str] = (), *, max_variants: int = 3,
+def compile_model(model_path: str, dims: Sequence[DimSpec | str] = (), *, max_variants: int = DEFAULT_VARIANTS,
                   threads: int | None = None, progress: Progress | None = None) -> CompiledModel:
     t0 = time.perf_counter()
     graph = load_model(model_path, dims)
@@ -62,7 +62,7 @@ def compile_model(model_path: str, dims: Sequence[DimSpec | str] = (), *, max_va
     return model
 
 
-def compile_plan(plan: Plan, *, max_variants: int = 3, threads: int | None = None,
+def compile_plan(plan: Plan, *, max_variants: int = DEFAULT_VARIANTS, threads: int | None = None,
                  progress: Progress | None = None, source_model: str = "", t0: float | None = None) -> CompiledModel:
     t0 = time.perf_counter() if t0 is None else t0
     isa = host_isa()
