@@ -109,8 +109,9 @@ class Runtime:
         self.last_call_overhead = None
 
     def warm_up(self) -> None:
-        """Run every kernel variant once at the smallest shape, so no request pays for first
-        touches (library code pages, weight pages, OpenMP thread start-up)."""
+        """Run every kernel variant once at the smallest shape and plan that shape, so no request
+        pays for first touches (library code pages, weight pages, OpenMP thread start-up) or for
+        compiling shape expressions."""
         from tscomp.compiler import group_inputs_at
 
         set_num_threads(self.num_threads)
@@ -123,7 +124,7 @@ class Runtime:
             env = group_inputs_at(self.plan, g, binding, rng)
             for k in variants:
                 k.run(env, binding)
-
+        self._shape_plan(binding)   # compiles every shape expression the planning evaluates
     # ------------------------------------------------------------------ public
     @property
     def input_names(self) -> list[str]:
