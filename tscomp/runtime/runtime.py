@@ -46,7 +46,6 @@ class Step:
     group: str
     kernel: object
     takes_out: bool
-    inputs: tuple[str, ...]
     free_after: tuple[str, ...]      # tensors no later step reads
     out: dict | None = None          # arena views its outputs are written into (this shape)
 
@@ -235,7 +234,7 @@ class Runtime:
                 shape_consts.update(kernel.run({**self._consts, **shape_consts}, binding))
                 continue
             free = tuple(n for n in g.inputs if last_read.get(n) == k and n not in keep)
-            steps.append(Step(g.name, kernel, _takes_out(kernel), tuple(g.inputs), free))
+            steps.append(Step(g.name, kernel, _takes_out(kernel), free))
             groups.append(g)
         plan = ShapePlan(dict(binding), steps, shapes, buffers, np.empty(buffers.arena_bytes, np.uint8), shape_consts)
         for step, g in zip(steps, groups):
