@@ -67,6 +67,20 @@ def compile_gemm_groups(plan, build):
     return kernels, refused
 
 
+def check_against_interpreter(plan, family, ranges, kernels) -> int:
+    """Run every compiled group kernel on the interpreter's inputs at each kernel binding and
+    compare with the interpreter's outputs; returns how many (group, binding) pairs were checked."""
+    checked = 0
+    for binding, g, genv, bound, want in interpreted_groups(plan, family, ranges):
+        if g.name in kernels:
+            got = kernels[g.name].run(genv, bound)
+            assert set(got) == set(want)
+            for name in want:
+                close(got[name], want[name], f"{g.name}:{name} at {binding}")
+            checked += 1
+    return checked
+
+
 def close(got, want, what=""):
     assert got.shape == want.shape and got.dtype == want.dtype, \
         f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"

@@ -20,7 +20,7 @@ from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.expr import Input, View
 from tscomp.graph.reference import bind_symbols, materialize
-from tests.codegen.plan_runs import compile_gemm_groups, close, interpreted_groups, model_plan
+from tests.codegen.plan_runs import check_against_interpreter, compile_gemm_groups, close, model_plan
 
 FAMILIES = ("bert", "albert", "roberta", "distilbert", "gpt2", "vit")
 MODELS = [pytest.param(f, e, id=f"{f}-{e}") for f in FAMILIES for e in ("dynamo", "torchscript")]
@@ -54,14 +54,7 @@ def test_model_batched_gemm_groups_match_the_interpreter(exported_model, record_
     kernels, refused = compile_gemm_groups(plan, CompiledBatchedGemmGroup)
     # constant-weight GEMMs are CompiledGemmGroup's: never taken here
     assert set(kernels) <= set(batched), sorted(set(kernels) - set(batched))
-    checked = 0
-    for binding, g, genv, bound, want in interpreted_groups(plan, family, ranges):
-        if g.name in kernels:
-            got = kernels[g.name].run(genv, bound)
-            assert set(got) == set(want)
-            for name in want:
-                close(got[name], want[name], f"{g.name}:{name} at {binding}")
-            checked += 1
+    checked = check_against_interpreter(plan, family, ranges, kernels)
     not_taken = {n: refused[n] for n in batched if n in refused}
     summary = (f"{family}-{exporter}: {len(kernels)}/{len(batched)} batched gemm groups compiled "
                f"({', '.join(kernels) or '-'}); refused: " + ("; ".join(not_taken.values()) or "-"))

@@ -14,7 +14,7 @@ from tscomp.codegen.cpu_gemm_group import CompiledGemmGroup, candidate_configs_f
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion import fuse
 from tscomp.graph.reference import bind_symbols, materialize
-from tests.codegen.plan_runs import compile_gemm_groups, close, interpreted_groups, model_plan
+from tests.codegen.plan_runs import check_against_interpreter, compile_gemm_groups, close, model_plan
 
 
 #: why a gemm group may legitimately be refused here (another kernel family handles it)
@@ -33,12 +33,7 @@ MODELS += [pytest.param(f, "torchscript", 14, id=f"{f}-torchscript-opset14") for
 def test_model_gemm_groups_match_the_interpreter(exported_model, record_property, family, exporter, opset):
     plan, ranges = model_plan(exported_model, family, exporter, opset)
     kernels, refused = compile_gemm_groups(plan, CompiledGemmGroup)
-    for binding, g, genv, bound, want in interpreted_groups(plan, family, ranges):
-        if g.name in kernels:
-            got = kernels[g.name].run(genv, bound)
-            assert set(got) == set(want)
-            for name in want:
-                close(got[name], want[name], f"{g.name}:{name} at {binding}")
+    check_against_interpreter(plan, family, ranges, kernels)
     summary = (f"{family}-{exporter}{f'-opset{opset}' if opset else ''}: {len(kernels)}/{len(kernels) + len(refused)} gemm groups compiled "
                f"({', '.join(kernels)}); refused: " + ("; ".join(refused.values()) or "-"))
     record_property("gemm_coverage", summary)

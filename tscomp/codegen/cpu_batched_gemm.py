@@ -57,7 +57,7 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import (PRELUDE, broadcast_index, math_helpers, c_symbol_name, delinearize, linearize,
                                    reshape_index)
 from tscomp.codegen.cpu_gemm import ISA_RANK, _Vec, emit_accumulators
-from tscomp.codegen.native import PicklableKernel, binding_key
+from tscomp.codegen.native import PicklableKernel, binding_key, gemm_parts, refusals_name_group
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.tile_config import (VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError,
                                         host_caches)
@@ -220,7 +220,7 @@ class CompiledBatchedGemmGroup(PicklableKernel):
         self.plan, self.group = plan, group
         self.fn = None
         self._sizes: dict = {}
-        with self._named():
+        with refusals_name_group(self.group.name):
             self._analyze()
             self.isa = isa or host_isa()
             if self.isa not in ISA_RANK:
@@ -237,36 +237,17 @@ class CompiledBatchedGemmGroup(PicklableKernel):
         """The tile configurations worth trying for ``group`` (analysis only, nothing is compiled)."""
         self = cls.__new__(cls)
         self.plan, self.group = plan, group
-        with self._named():
+        with refusals_name_group(self.group.name):
             self._analyze()
         return candidate_configs(isa or host_isa(), *self.hints)
 
     # ------------------------------------------------------------------ analysis
-    def _named(self):
-        group = self.group
-
-        class _Ctx:
-            def __enter__(self_):
-                return self_
-
-            def __exit__(self_, typ, exc, tb):
-                if isinstance(exc, UnsupportedOperatorError):
-                    msg = str(exc)
-                    if not msg.startswith(f"group {group.name}:"):
-                        raise UnsupportedOperatorError(f"group {group.name}: {msg}") from None
-                return False
-        return _Ctx()
-
     def _fail(self, why: str):
         raise UnsupportedOperatorError(f"group {self.group.name}: {why}")
 
     def _analyze(self) -> None:
         g, graph = self.group, self.plan.graph
-        if g.kind != "gemm":
-            self._fail(f"{g.kind} group is not a GEMM group")
-        pro, heavy, epi = g.prologue_epilogue()
-        if not heavy:
-            self._fail("no heavy op")
+        pro, heavy, epi = gemm_parts(g)
         h = heavy[0]
         if h.op_type != "MatMul":
             self._fail(f"backbone {h.op_type} is not a MatMul (the batched kernel implements MatMul only)")

@@ -61,7 +61,7 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, linearize
 from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, generate_gemm,
                                      prepack_weights)
-from tscomp.codegen.native import PicklableKernel, binding_key
+from tscomp.codegen.native import PicklableKernel, binding_key, gemm_parts, refusals_name_group
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block, _Row
 from tscomp.codegen.tile_config import TileConfig, candidate_configs, default_config
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
@@ -219,15 +219,9 @@ class CompiledGemmGroup(PicklableKernel):
         self.symtab = plan.graph.symbols
         self._memo: dict[tuple, tuple] = {}
         self.fn = None
-        try:
+        with refusals_name_group(group.name, also=(GemmError,)):
             self._analyze()
             self._build(cfg, isa)
-        except UnsupportedOperatorError as exc:
-            msg = str(exc)
-            raise UnsupportedOperatorError(msg if msg.startswith(f"group {group.name}") else
-                                           f"group {group.name}: {msg}") from None
-        except GemmError as exc:
-            raise UnsupportedOperatorError(f"group {group.name}: {exc}") from None
 
     # ------------------------------------------------------------------ analysis
     def _fail(self, why: str):
@@ -235,11 +229,7 @@ class CompiledGemmGroup(PicklableKernel):
 
     def _analyze(self) -> None:
         g, graph = self.group, self.plan.graph
-        if g.kind != "gemm":
-            self._fail(f"{g.kind} group is not a GEMM group")
-        pro, heavy, epi = g.prologue_epilogue()
-        if not heavy:
-            self._fail("no heavy op")
+        pro, heavy, epi = gemm_parts(g)
         h = next((o for o in heavy if o.fusion.value == "backbone"), heavy[0])
         if h.op_type not in ("MatMul", "Gemm"):
             self._fail(f"backbone {h.op_type} is not a MatMul/Gemm (no CPU GEMM lowering for it yet)")

@@ -41,7 +41,7 @@ import numpy as np
 import sympy
 
 from tscomp.codegen.build import build_library, load_library
-from tscomp.codegen.native import PicklableKernel, binding_key
+from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group
 from tscomp.codegen.c_expr import (PRELUDE, CPrinter, math_helpers, IndexContext, broadcast_index, c_literal,
                                    c_symbol_name, linearize, view_index)
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
@@ -102,12 +102,8 @@ def generate_group(plan: Plan, group: Group) -> KernelSource:
     if group.kind not in ("elementwise", "reduce"):
         raise UnsupportedOperatorError(f"group {group.name}: {group.kind} groups are not generated here "
                                        f"(backbone {group.backbone or '-'})")
-    try:
+    with refusals_name_group(group.name):
         return GroupGenerator(plan, group).generate()
-    except UnsupportedOperatorError as exc:
-        msg = str(exc)
-        raise UnsupportedOperatorError(msg if msg.startswith(f"group {group.name}") else
-                                       f"group {group.name}: {msg}") from None
 
 
 # ============================================================================ generator
