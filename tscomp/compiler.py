@@ -22,7 +22,7 @@ import numpy as np
 
 from tscomp.codegen.build import host_isa, set_num_threads
 from tscomp.codegen.families import DEFAULT_VARIANTS, kernels_for_group
-from tscomp.graph import DimSpec, load_model
+from tscomp.graph import DimSpec, load_model, require_resolved_shapes
 from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.graph.reference import materialize
@@ -55,6 +55,7 @@ def compile_model(model_path: str, dims: Sequence[DimSpec | str] = (), *, max_va
                   threads: int | None = None, progress: Progress | None = None) -> CompiledModel:
     t0 = time.perf_counter()
     graph = load_model(model_path, dims)
+    require_resolved_shapes(graph)
     plan = fuse(graph)
     model = compile_plan(plan, max_variants=max_variants, threads=threads, progress=progress,
                          source_model=str(model_path), t0=t0)

@@ -9,6 +9,7 @@ from tscomp.graph.ir import Graph, Node, Value
 from tscomp.graph import ops  # noqa: F401  (registers operators)
 from tscomp.graph.onnx_import import import_model, read_model
 from tscomp.graph.shape_propagation import propagate_shapes, unresolved_values
+from tscomp.graph.resolution import UnresolvedShapeError, require_resolved_shapes
 from tscomp.graph.simplify import simplify
 
 
@@ -24,4 +25,5 @@ def load_model(path: str | os.PathLike, dims: Sequence[DimSpec | str] = (), *,
 
 
 __all__ = ["DimSpec", "Graph", "Node", "Value", "load_model", "import_model", "read_model",
-           "propagate_shapes", "simplify", "unresolved_values"]
+           "propagate_shapes", "simplify", "unresolved_values", "require_resolved_shapes",
+           "UnresolvedShapeError"]
