@@ -209,10 +209,34 @@ class SymbolTable:
         return self.simplify(expr)
 
     def simplify(self, expr: Expr) -> Expr:
-        """Resolve Min/Max whose outcome the symbol ranges decide."""
+        """Resolve Min/Max whose outcome the symbol ranges decide, and put integer ``Mod`` in the form
+        that lets padding arithmetic cancel (:meth:`_resolve_mod`)."""
+        if expr.has(sympy.Mod):
+            expr = expr.replace(lambda e: isinstance(e, sympy.Mod), self._resolve_mod)
         if not expr.has(sympy.Min, sympy.Max):
             return expr
         return expr.replace(lambda e: isinstance(e, (sympy.Min, sympy.Max)), self._resolve_min_max)
+
+    def _resolve_mod(self, e: Expr) -> Expr:
+        """``Mod(a, m)`` for a positive integer ``m`` (floored, as ONNX integer Mod and SymPy):
+
+        * ``a`` when the ranges prove ``0 <= a < m``;
+        * ``m*ceiling(b/m) - b`` when ``a`` is ``-b`` up to multiples of ``m`` -- the pad amount
+          ``(m - H % m) % m`` that exporters emit (SymPy writes it ``Mod(6*H, 7)``) becomes
+          ``7*ceiling(H/7) - H``, so the padded extent ``H + pad`` is ``7*ceiling(H/7)`` and the
+          window count ``(H + pad) // 7`` is ``ceiling(H/7)`` exactly;
+        * else unchanged (``Mod(H, 7)``; :func:`_interval` knows it lies in [0, 6]).
+        """
+        a, m = e.args
+        if not (m.is_Integer and int(m) > 0 and a.is_integer):
+            return e
+        lo, hi = self.bounds(a)
+        if lo >= 0 and hi < int(m):
+            return a
+        centred = _centred_residue(a, int(m))
+        if centred is not None and centred.could_extract_minus_sign():
+            return m * sympy.ceiling(-centred / m) + centred
+        return e
 
     def _resolve_min_max(self, e: Expr) -> Expr:
         # y "beats" x when it is provably the Min (or Max) of the two everywhere.
@@ -360,6 +384,52 @@ def _substituting(e: Expr):
     return evaluate
 
 
+def _centred_residue(a: Expr, m: int) -> Expr | None:
+    """``a`` with every integer coefficient (and the constant) moved into (-m/2, m/2] by adding
+    multiples of ``m`` -- the same residue mod ``m``; None when ``a`` is not a sum of integer
+    multiples of integer-valued terms."""
+    terms = []
+    for term in sympy.Add.make_args(sympy.expand(a)):
+        c, rest = term.as_coeff_Mul()
+        if not c.is_Integer or not rest.is_integer:
+            return None
+        c = int(c) % m
+        if c > m // 2:
+            c -= m
+        terms.append(c * rest)
+    return sympy.Add(*terms)
+
+
+def _rounding_gap(u: Expr) -> float:
+    """Sup of ``ceiling(u) - u`` (and of ``u - floor(u)``): ``(q-1)/q`` when ``u`` is an integer-valued
+    expression over the integer ``q``, else 1."""
+    num, den = sympy.fraction(sympy.together(u))
+    if den.is_Integer and int(den) > 0 and num.is_integer:
+        return (int(den) - 1) / int(den)
+    return 1.0
+
+
+def _rounding_pair_interval(expr: Expr, symbol_range) -> tuple[float, float] | None:
+    """An Add with a term ``c*floor(u)`` (or ``c*ceiling(u)``): bound it as ``c*(floor(u) - u)``,
+    which lies in ``c*[-gap, 0]``, plus the rest ``expr - c*floor(u) + c*u``. Interval arithmetic
+    alone loses the correlation in ``7*ceiling(H/7) - H`` (it would say [7 - max H, 7*ceiling(max H/7)
+    - 1]); this keeps it exact: [0, 6]."""
+    for term in expr.args:
+        c, r = term.as_coeff_Mul()
+        if not isinstance(r, (sympy.floor, sympy.ceiling)):
+            continue
+        u = r.args[0]
+        rest = sympy.expand(expr - term + c * u)
+        if rest.has(r):
+            continue
+        gap = _rounding_gap(u)
+        frac = (0.0, gap) if isinstance(r, sympy.ceiling) else (-gap, 0.0)
+        lo, hi = _mul_interval((float(c), float(c)), frac)
+        rlo, rhi = _interval(rest, symbol_range)
+        return (lo + rlo, hi + rhi)
+    return None
+
+
 def _interval(expr: Expr, symbol_range) -> tuple[float, float]:
     """Interval arithmetic over a SymPy expression tree (conservative)."""
     if expr.is_Number:
@@ -369,7 +439,12 @@ def _interval(expr: Expr, symbol_range) -> tuple[float, float]:
         return symbol_range(expr)
     args = [_interval(a, symbol_range) for a in expr.args]
     if expr.is_Add:
-        return (sum(a[0] for a in args), sum(a[1] for a in args))
+        lo, hi = (sum(a[0] for a in args), sum(a[1] for a in args))
+        if expr.has(sympy.floor, sympy.ceiling):
+            pair = _rounding_pair_interval(expr, symbol_range)
+            if pair is not None:
+                lo, hi = max(lo, pair[0]), min(hi, pair[1])
+        return (lo, hi)
     if expr.is_Mul:
         lo, hi = args[0]
         for a in args[1:]:
@@ -392,10 +467,12 @@ def _interval(expr: Expr, symbol_range) -> tuple[float, float]:
         if hi <= 0:
             return (-hi, -lo)
         return (0.0, max(-lo, hi))
-    if isinstance(expr, sympy.Mod):
-        (_, _), (mlo, mhi) = args
+    if isinstance(expr, sympy.Mod):  # floored: the sign of the divisor
+        (alo, ahi), (mlo, mhi) = args
         if mlo > 0:
-            return (0.0, mhi - 1)
+            return (0.0, min(mhi - 1, ahi) if alo >= 0 else mhi - 1)
+        if mhi < 0:
+            return (mlo + 1, 0.0)
         return (-math.inf, math.inf)
     if expr.is_Pow:
         (blo, bhi), (elo, ehi) = args

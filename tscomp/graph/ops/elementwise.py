@@ -164,13 +164,36 @@ def _elementwise_data(fn: Callable, n: int | None = None):
 
 
 def _div_data(ctx, a, b):
+    """Integer Div truncates toward zero: floor for a >= 0, ceiling for a <= 0 (b >= 1 proven by the
+    ranges); a sign the ranges do not decide keeps the value unknown."""
     if ctx.out_dtypes[0].kind in "iu":
         if a.is_number and b.is_number:
             return sympy.Integer(int(a / b)) if b != 0 else None
-        if ctx.symbols.prove_le(0, a) and ctx.symbols.prove_le(1, b):
-            return sympy.floor(a / b)
+        if ctx.symbols.prove_le(1, b):
+            if ctx.symbols.prove_le(0, a):
+                return sympy.floor(a / b)
+            if ctx.symbols.prove_le(a, 0):
+                return sympy.ceiling(a / b)
         return None
     return a / b
+
+
+def _mod_data(ctx, a, b):
+    """Integer Mod: ``fmod=0`` (the default) takes the divisor's sign, as ``sympy.Mod`` (floored) does,
+    so any provably nonzero divisor is exact; ``fmod=1`` truncates, which is the same for a >= 0 and
+    b >= 1. Range facts and padding identities come from :meth:`SymbolTable._resolve_mod`."""
+    if a.is_number and b.is_number:
+        if b == 0:
+            return None
+        if ctx.attr("fmod", 0):
+            return sympy.sympify(math.fmod(a, b)) if not (a.is_Integer and b.is_Integer) else \
+                sympy.Integer(int(math.copysign(abs(int(a)) % abs(int(b)), int(a))))
+        return sympy.Mod(a, b)
+    if ctx.out_dtypes[0].kind not in "iu":
+        return None
+    if ctx.attr("fmod", 0):
+        return sympy.Mod(a, b) if ctx.symbols.prove_le(0, a) and ctx.symbols.prove_le(1, b) else None
+    return sympy.Mod(a, b) if ctx.symbols.decide("!=", b, 0) else None
 
 
 def _compare(rel: str):
@@ -444,7 +467,7 @@ BINARY: dict[str, tuple[Callable, Callable | None, Callable | None]] = {
             _c("({a} * {b})", "fiu")),
     "Div": (div_ref, _div_data, _c_div),
     "Pow": (pow_ref, _sym(lambda a, b: a ** b), _c_pow),
-    "Mod": (mod_ref, None, _c_mod),
+    "Mod": (mod_ref, _mod_data, _c_mod),
     "PRelu": (lambda call, x, s: np.where(x >= 0, x, x * s).astype(x.dtype), None,
               _c("({a} >= 0 ? {a} : {a} * {b})", "fi")),
     "BitShift": (lambda call, a, b: np.left_shift(a, b) if call.attr("direction") == "LEFT"

@@ -1,0 +1,202 @@
+"""Dynamic padding to a multiple of the window size (Swin-style window attention, issue 11).
+
+Exporters compute the pad amounts of a window-attention block as shape arithmetic,
+``Shape -> Gather -> Mod -> Sub -> Mod -> Concat -> Pad``, then reshape the padded image into
+``[1, C, Hp/7, 7, Wp/7, 7]`` windows and finally Slice the padding off. TSCompiler §4.1's symbolic
+propagation must carry those amounts exactly (``(7 - H % 7) % 7 == 7*ceiling(H/7) - H``) so that
+every value resolves over ``H`` and ``W``; a model whose shapes stay unresolved is refused at
+compile time with one line naming the value, the node and the op.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import sympy
+from onnx import TensorProto, helper, numpy_helper
+
+from tscomp.graph import load_model, require_resolved_shapes, unresolved_values
+from tscomp.graph.reference import run_reference
+from tscomp.graph.resolution import UnresolvedShapeError
+from tscomp.graph.symbols import SymbolTable
+
+C, WINDOW, MAX_SIDE = 4, 7, 64
+DIMS = [f"H=1:{MAX_SIDE}", f"W=1:{MAX_SIDE}"]
+# 1, primes, multiples of the window, one past a multiple, and the range ends
+SIDES = [(1, 1), (1, 64), (64, 1), (2, 3), (7, 7), (13, 29), (14, 8), (49, 50), (61, 63), (64, 64)]
+
+
+def _i64(name: str, values) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
+
+
+def window_attention_model(path) -> None:
+    """Pad H and W up to a multiple of 7 (amounts as exporters emit them), window-partition, a
+    per-window channel MatMul, window-reverse, crop."""
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    nodes = [
+        n("Shape", ["x"], ["shape"]),
+        n("Gather", ["shape", "two"], ["h"], axis=0),
+        n("Gather", ["shape", "three"], ["w"], axis=0),
+    ]
+    for side in ("h", "w"):  # pad = (7 - side % 7) % 7; padded = side + pad; windows = padded / 7
+        nodes += [n("Mod", [side, "seven"], [f"{side}_mod"]),
+                  n("Sub", ["seven", f"{side}_mod"], [f"{side}_rest"]),
+                  n("Mod", [f"{side}_rest", "seven"], [f"{side}_pad"]),
+                  n("Add", [side, f"{side}_pad"], [f"{side}_padded"]),
+                  n("Div", [f"{side}_padded", "seven"], [f"{side}_windows"]),
+                  n("Mul", [f"{side}_windows", "seven"], [f"{side}_full"]),
+                  n("Unsqueeze", [f"{side}_pad", "zero_axis"], [f"{side}_pad1"]),
+                  n("Unsqueeze", [f"{side}_windows", "zero_axis"], [f"{side}_windows1"]),
+                  n("Unsqueeze", [f"{side}_full", "zero_axis"], [f"{side}_full1"]),
+                  n("Unsqueeze", [side, "zero_axis"], [f"{side}1"])]
+    nodes += [
+        n("Concat", ["zeros6", "h_pad1", "w_pad1"], ["pads"], axis=0),
+        n("Pad", ["x", "pads", "pad_value"], ["padded"], mode="constant"),
+        n("Concat", ["one", "c", "h_windows1", "seven1", "w_windows1", "seven1"], ["win_shape"], axis=0),
+        n("Reshape", ["padded", "win_shape"], ["windows"]),
+        n("Transpose", ["windows"], ["windows_t"], perm=[0, 2, 4, 3, 5, 1]),
+        n("Reshape", ["windows_t", "tokens_shape"], ["tokens"]),
+        n("MatMul", ["tokens", "weight"], ["mixed"]),
+        n("Concat", ["one", "h_windows1", "w_windows1", "seven1", "seven1", "c"], ["back_shape"], axis=0),
+        n("Reshape", ["mixed", "back_shape"], ["back"]),
+        n("Transpose", ["back"], ["back_t"], perm=[0, 5, 1, 3, 2, 4]),
+        n("Concat", ["one", "c", "h_full1", "w_full1"], ["image_shape"], axis=0),
+        n("Reshape", ["back_t", "image_shape"], ["image"]),
+        n("Concat", ["h1", "w1"], ["ends"], axis=0),
+        n("Slice", ["image", "zeros2", "ends", "axes23"], ["y"]),
+    ]
+    inits = [_i64("two", 2), _i64("three", 3), _i64("seven", WINDOW), _i64("zero_axis", [0]),
+             _i64("zeros6", [0] * 6), _i64("one", [1]), _i64("c", [C]), _i64("seven1", [WINDOW]),
+             _i64("tokens_shape", [-1, WINDOW * WINDOW, C]), _i64("zeros2", [0, 0]), _i64("axes23", [2, 3]),
+             numpy_helper.from_array(np.zeros((), np.float32), "pad_value"),
+             numpy_helper.from_array(rng.standard_normal((C, C)).astype(np.float32), "weight")]
+    graph = helper.make_graph(
+        nodes, "window_attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C, "H", "W"])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+@pytest.fixture(scope="module")
+def window_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("window") / "window_attention.onnx"
+    window_attention_model(path)
+    return path
+
+
+def _inputs(h: int, w: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(h * 100 + w).standard_normal((1, C, h, w)).astype(np.float32)}
+
+
+# ------------------------------------------------------------------ symbolic integer arithmetic
+def test_pad_amount_to_a_window_multiple_is_exact_with_range_zero_to_six():
+    table = SymbolTable()
+    h = table.new_symbol("H", origin="user", min=1, max=MAX_SIDE)
+    pad = table.canon(sympy.Mod(WINDOW - sympy.Mod(h, WINDOW), WINDOW))
+    assert pad == WINDOW * sympy.ceiling(h / WINDOW) - h
+    assert table.bounds(pad) == (0, WINDOW - 1)
+    assert table.canon(h + pad) == WINDOW * sympy.ceiling(h / WINDOW)
+    assert table.canon(sympy.floor((h + pad) / WINDOW)) == sympy.ceiling(h / WINDOW)
+    for v in range(1, MAX_SIDE + 1):
+        assert table.evaluate(pad, {"H": v}) == (WINDOW - v % WINDOW) % WINDOW
+
+
+def test_mod_of_a_side_has_range_below_the_divisor_and_vanishes_when_the_range_is_smaller():
+    table = SymbolTable()
+    h = table.new_symbol("H", origin="user", min=1, max=MAX_SIDE)
+    small = table.new_symbol("small", origin="user", min=1, max=6)
+    assert table.bounds(sympy.Mod(h, WINDOW)) == (0, WINDOW - 1)
+    assert table.bounds(h - WINDOW * sympy.floor(h / WINDOW)) == (0, WINDOW - 1)
+    assert table.canon(sympy.Mod(small, WINDOW)) == small
+    assert table.canon(sympy.Mod(h, WINDOW)) == sympy.Mod(h, WINDOW)
+
+
+# ------------------------------------------------------------------ the window-attention model
+def test_window_padding_model_resolves_every_shape(window_model):
+    graph = load_model(window_model, DIMS)
+    assert unresolved_values(graph) == []
+    require_resolved_shapes(graph)
+    h, w = (graph.symbols.symbol(s) for s in ("H", "W"))
+    assert graph.values["padded"].shape[2:] == (WINDOW * sympy.ceiling(h / WINDOW),
+                                               WINDOW * sympy.ceiling(w / WINDOW))
+    assert graph.values["tokens"].shape[0] == sympy.ceiling(h / WINDOW) * sympy.ceiling(w / WINDOW)
+    assert graph.values["y"].shape == (1, C, h, w)
+
+
+def test_window_padding_model_inspect_json_reports_zero_unresolved(window_model):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "tscomp.cli", "inspect", str(window_model),
+                          "--dim", DIMS[0], "--dim", DIMS[1], "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)["unresolved"] == []
+
+
+@pytest.mark.parametrize("h,w", SIDES)
+def test_window_padding_reference_matches_onnxruntime(window_model, h, w):
+    graph = load_model(window_model, DIMS)
+    sess = ort.InferenceSession(str(window_model), providers=["CPUExecutionProvider"])
+    feeds = _inputs(h, w)
+    (want,) = sess.run(None, feeds)
+    got = run_reference(graph, feeds)["y"]
+    assert got.shape == want.shape == (1, C, h, w)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_window_padding_model_compiles_and_runs_like_onnxruntime(window_model):
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+
+    rt = Runtime.from_compiled(compile_model(str(window_model), DIMS, max_variants=1), num_threads=1)
+    sess = ort.InferenceSession(str(window_model), providers=["CPUExecutionProvider"])
+    for h, w in SIDES:
+        feeds = _inputs(h, w)
+        (want,) = sess.run(None, feeds)
+        got = rt.run(feeds)["y"]
+        assert got.shape == want.shape, (h, w)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"H={h} W={w}")
+
+
+# ------------------------------------------------------------------ refusing unresolved shapes
+def _data_dependent_reshape_model(path) -> None:
+    """Reshape's target comes from an int64 input tensor: no input dim binds the output's dims."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "target"], ["r"], name="reshape_by_data"),
+         helper.make_node("Relu", ["r"], ["y"], name="relu")],
+        "data_dependent_reshape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"]),
+         helper.make_tensor_value_info("target", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+
+
+def test_unresolved_shape_is_refused_at_compile_time_naming_value_node_and_op(tmp_path):
+    from tscomp.compiler import compile_model
+
+    path = tmp_path / "data_dependent_reshape.onnx"
+    _data_dependent_reshape_model(path)
+    with pytest.raises(UnresolvedShapeError) as info:
+        compile_model(str(path), ["n=1:64"])
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert "'r'" in msg and "Reshape" in msg and "'reshape_by_data'" in msg
+
+
+def test_unresolved_shape_is_a_one_line_cli_error(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "data_dependent_reshape.onnx"
+    _data_dependent_reshape_model(path)
+    proc = subprocess.run([sys.executable, "-m", "tscomp.cli", "compile", str(path), "--dim", "n=1:64",
+                           "-o", str(tmp_path / "out.tsc")], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    assert "reshape_by_data" in proc.stderr.strip().splitlines()[-1]
