@@ -29,3 +29,19 @@ class DimSpecError(TscompError):
 
 class ExecutionError(TscompError):
     """The reference executor was given inputs it cannot run with."""
+
+
+class IndexOutOfRangeError(ExecutionError):
+    """A data-dependent index (Gather*, an embedding lookup) lies outside its axis: the message
+    names the node, the index input, the value, where it is and the valid range ``[-d, d-1]``."""
+
+    def __init__(self, message: str, *, node: str = "", input: str = "", value: int = 0, extent: int = 0):
+        super().__init__(message)
+        self.node, self.input, self.value, self.extent = node, input, value, extent
+
+    def __reduce__(self):
+        return (_index_error, (self.args[0], self.node, self.input, self.value, self.extent))
+
+
+def _index_error(message, node, input, value, extent):
+    return IndexOutOfRangeError(message, node=node, input=input, value=value, extent=extent)

@@ -27,6 +27,20 @@ from tscomp.errors import TscompError
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-Wall",
               "-Wno-unused-function", "-Wno-unused-variable")
 
+#: ``TSCOMP_SANITIZE=address`` builds every kernel with AddressSanitizer (``make test-asan``);
+#: the flags are part of the cache key, so sanitized and plain objects never mix
+SANITIZERS = {"address": ("-fsanitize=address", "-fno-omit-frame-pointer")}
+
+
+def sanitize_flags() -> tuple[str, ...]:
+    """Extra compile and link flags the ``TSCOMP_SANITIZE`` environment variable asks for."""
+    name = os.environ.get("TSCOMP_SANITIZE", "").strip()
+    if not name:
+        return ()
+    if name not in SANITIZERS:
+        raise BuildError(f"TSCOMP_SANITIZE={name!r}: expected one of {', '.join(sorted(SANITIZERS))}")
+    return SANITIZERS[name]
+
 
 class BuildError(TscompError):
     """The C compiler rejected a generated source (a tscomp bug: the source is kept)."""
@@ -69,7 +83,7 @@ def build_library(source: str, name: str, *, extra_flags: tuple[str, ...] = (),
         return lib
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
-    _run_compiler(["-shared", "-fopenmp", str(obj), "-o", tmp], lib, tmp)
+    _run_compiler(["-shared", "-fopenmp", *sanitize_flags(), str(obj), "-o", tmp], lib, tmp)
     os.replace(tmp, lib)  # atomic: concurrent builders of the same source agree
     return lib
 
@@ -77,7 +91,7 @@ def build_library(source: str, name: str, *, extra_flags: tuple[str, ...] = (),
 def build_object(source: str, name: str, *, extra_flags: tuple[str, ...] = ()) -> Path:
     """Compile ``source`` into a position-independent object file (cached by content), for
     :func:`link_library` to put many kernels into one shared library."""
-    flags = tuple(f for f in BASE_FLAGS if f != "-shared") + tuple(extra_flags)
+    flags = tuple(f for f in BASE_FLAGS if f != "-shared") + tuple(extra_flags) + sanitize_flags()
     digest = hashlib.sha256((source + "\0" + " ".join(flags) + "\0" + compiler()).encode()).hexdigest()[:20]
     out_dir = cache_dir()
     obj = out_dir / f"{name}-{digest}.o"
@@ -97,7 +111,7 @@ def link_library(objects: list[Path], out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    _run_compiler(["-shared", "-fopenmp", *map(str, objects), "-o", tmp], out, tmp)
+    _run_compiler(["-shared", "-fopenmp", *sanitize_flags(), *map(str, objects), "-o", tmp], out, tmp)
     os.replace(tmp, out)
     return out
 

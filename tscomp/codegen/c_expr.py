@@ -50,6 +50,31 @@ static inline int64_t ts_mod(int64_t a, int64_t b)
 { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t ts_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t ts_max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Data-dependent indices (Gather*, embedding lookups) are range-checked. A kernel with an error
+ * record (int64_t[4]: check id + 1, value, flat position, extent) defines TSCOMP_ERR_RECORD as
+ * its parameter before this prelude; the first failing thread records itself there and the
+ * lookup reads element 0 instead, so nothing is read out of bounds and the kernel returns 1.
+ * A kernel without a record traps (a clean abort, never an out-of-bounds read). */
+#ifndef TSCOMP_ERR_RECORD
+#define TSCOMP_ERR_RECORD ((int64_t *)0)
+#endif
+__attribute__((noinline, cold))
+static void ts_index_fail(int64_t *err, int64_t check, int64_t value, int64_t pos, int64_t extent)
+{
+    if (!err) __builtin_trap();
+    int64_t none = 0;
+    if (__atomic_compare_exchange_n(&err[0], &none, check + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+        err[1] = value; err[2] = pos; err[3] = extent;
+    }
+}
+/* ``v`` counted from the end when negative (ONNX Gather semantics), checked against [0, extent) */
+static inline int64_t ts_index(int64_t v, int64_t extent, int64_t check, int64_t pos, int64_t *err)
+{
+    const int64_t g = v < 0 ? v + extent : v;
+    if (__builtin_expect((uint64_t)g >= (uint64_t)extent, 0)) { ts_index_fail(err, check, v, pos, extent); return 0; }
+    return g;
+}
 """
 
 #: erf(x) for float as x·P(x²)/Q(x²) on [-4, 4] (float erf is ±1 beyond); the coefficients

@@ -14,6 +14,15 @@ from its expression IR (:mod:`tscomp.graph.fusion.expr`); the numpy interpreter
   numpy broadcasting are index maps (:mod:`tscomp.codegen.c_expr`), elementwise ops are their
   registry entry's ``c_expr`` template, Gather/GatherElements/GatherND are indirect loads
   (negative indices count from the end), Concat selects its source by index range.
+* **index checks**: every data-dependent index is range-checked where it is loaded (``ts_index``
+  of the prelude: the check sits with the index's definition, so an embedding row's index is
+  checked once per row, outside the vector loop over the row). A kernel with checks returns
+  ``int`` and takes an error record (``int64_t[4]``: check id + 1, value, flat position, extent)
+  the first failing thread fills; the failing lookup reads element 0 instead, so no input
+  reaches an out-of-bounds read. :class:`CompiledGroup` turns a failure into
+  :class:`~tscomp.errors.IndexOutOfRangeError` naming the node, the index input, the value, its
+  position and the valid range, as onnxruntime does. :attr:`GroupGenerator.index_checks` lists
+  what a generator emitted, so the GEMM families built on it can see them.
 * **reduce** groups whose heavy ops reduce *trailing* axes (Softmax/LogSoftmax, LayerNormalization,
   ReduceSum/Mean/Max/Min/Prod/SumSquare/L1/L2/LogSum/LogSumExp with or without keepdims), several
   of them stitched over the same rows (a decomposed LayerNorm: mean, then the centred variance):
@@ -44,7 +53,7 @@ from tscomp.codegen.build import build_library, load_library
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group
 from tscomp.codegen.c_expr import (PRELUDE, CPrinter, math_helpers, IndexContext, broadcast_index, c_literal,
                                    c_symbol_name, linearize, view_index)
-from tscomp.errors import ExecutionError, UnsupportedOperatorError
+from tscomp.errors import ExecutionError, IndexOutOfRangeError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.graph.ops import registry
@@ -73,6 +82,24 @@ class KernelArg:
     symbol: sympy.Symbol | None = None
 
 
+@dataclass(frozen=True)
+class IndexCheck:
+    """One data-dependent index a kernel range-checks: the ONNX node and its index input, and the
+    index tensor's symbolic shape (to turn a flat position back into a multi-index)."""
+    node: str
+    op_type: str
+    input: str
+    shape: tuple
+
+    def error(self, value: int, pos: int, extent: int, shape: tuple[int, ...] | None = None) -> IndexOutOfRangeError:
+        where = f"at {tuple(int(i) for i in np.unravel_index(pos, shape))} " if shape and 0 <= pos < int(np.prod(shape)) \
+            else f"at flat position {pos} "
+        return IndexOutOfRangeError(
+            f"{self.op_type} node {self.node!r}: index input {self.input!r} has value {value} {where}"
+            f"outside the valid range [{-extent}, {extent - 1}] (indices element out of data bounds)",
+            node=self.node, input=self.input, value=value, extent=extent)
+
+
 @dataclass
 class KernelSource:
     """Generated C for one group: the source text, its entry point and its parameters in order
@@ -82,6 +109,12 @@ class KernelSource:
     func: str
     source: str
     args: list[KernelArg]
+    index_checks: list[IndexCheck] = dataclasses.field(default_factory=list)   # error record if any
+
+    @property
+    def checks_indices(self) -> bool:
+        """Whether the kernel takes an error record (last argument) and returns a status."""
+        return bool(self.index_checks)
 
     @property
     def inputs(self) -> list[KernelArg]:
@@ -165,6 +198,10 @@ class GroupGenerator:
         self.row: _Row | None = None
         self.stats: dict[str, dict[str, str]] = {}   # ONNX node of a heavy op -> its row statistics
         self.scratch: list[tuple[str, str]] = []     # per-thread row buffers (name, C type)
+        #: every data-dependent index emitted, in check-id order: the C calls ``ts_index`` with the
+        #: error record ``TSCOMP_ERR_RECORD`` (the ``tscomp_err`` parameter where the kernel defines
+        #: it before the prelude, as :meth:`generate` does; a null pointer, so a trap, otherwise)
+        self.index_checks: list[IndexCheck] = []
 
     # ------------------------------------------------------------------ helpers
     def fail(self, what: str, e: Expr | None = None):
@@ -386,8 +423,12 @@ class GroupGenerator:
             if key in block.cache:
                 return block.cache[key]
         kv = self.value(ind, ind_idx)
-        g = self.define("int64_t", f"{kv} < 0 ? (int64_t){kv} + {self.c(dim)} : (int64_t){kv}", deps=[kv],
-                        index=[dim], stem="g", note=f"{e.op_type} {e.node}")
+        node = self.nodes.get(e.node)
+        check = len(self.index_checks)
+        self.index_checks.append(IndexCheck(e.node, e.op_type, node.inputs[1] if node else ind.name, self.shape(ind)))
+        pos = self.ctx.simplify(linearize(ind_idx, self.shape(ind)))
+        g = self.define("int64_t", f"ts_index((int64_t){kv}, {self.c(dim)}, {check}, {self.c(pos)}, TSCOMP_ERR_RECORD)",
+                        deps=[kv], index=[dim, pos], stem="g", note=f"{e.op_type} {e.node}, checked")
         pos = self.ctx.var(g, dim)
         self.var_block[pos] = self.where[g]
         self.where[g].cache[key] = pos
@@ -781,8 +822,14 @@ class GroupGenerator:
         body = "\n".join(["    " + d for d in self.decls] + self.root.render(1))
         statics = self.statics + [""] if self.statics else []
         prelude = PRELUDE + math_helpers("\n".join(self.statics) + body)
-        source = "\n".join([header, prelude, *statics, f"void {func}({', '.join(params)})", "{", body, "}", ""])
-        return KernelSource(g.name, g.kind, func, source, args)
+        if self.index_checks:   # an error record, and a status: 0 ok, 1 an index out of range
+            prelude = "#define TSCOMP_ERR_RECORD tscomp_err\n" + prelude
+            params.append("int64_t* restrict tscomp_err")
+            signature, ret = f"int {func}({', '.join(params)})", ["    return tscomp_err[0] != 0;"]
+        else:
+            signature, ret = f"void {func}({', '.join(params)})", []
+        source = "\n".join([header, prelude, *statics, signature, "{", body, *ret, "}", ""])
+        return KernelSource(g.name, g.kind, func, source, args, list(self.index_checks))
 
     def header(self, notes, args) -> str:
         g = self.group
@@ -804,6 +851,10 @@ class GroupGenerator:
             lines.append(f"{a.role} {a.cname} = {a.name}: {a.dtype} [{', '.join(str(d) for d in a.shape)}]")
         syms = [a.name for a in args if a.role == "symbol"]
         lines.append(f"shape symbols (int64_t arguments): {', '.join(syms) or '-'}")
+        for k, chk in enumerate(self.index_checks):
+            lines.append(f"index check {k}: {chk.op_type} {chk.node}, input {chk.input}")
+        if self.index_checks:
+            lines.append("error record (last argument): int64_t[4]; returns 1 when an index is out of range")
         return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */"
 
 
@@ -815,7 +866,8 @@ class CompiledGroup(PicklableKernel):
     """A generated group kernel built into a shared library and callable on numpy arrays."""
 
     TRANSIENT = {"fn": None, "_sizes": dict}
-    target = "cpu"
+    family = "row-or-elementwise"
+    takes_out = True          # writes into the runtime's arena views when given
     cfg = None                # one loop nest per group: no tile configuration to choose
 
     def __init__(self, source: KernelSource, *, out_dir=None):
@@ -836,8 +888,10 @@ class CompiledGroup(PicklableKernel):
 
     def _bind_function(self, lib: ctypes.CDLL) -> None:
         self.fn = getattr(lib, self.func)
-        self.fn.restype = None
-        self.fn.argtypes = [ctypes.c_int64 if a.role == "symbol" else ctypes.c_void_p for a in self.source_info.args]
+        checked = getattr(self.source_info, "checks_indices", False)
+        self.fn.restype = ctypes.c_int if checked else None
+        self.fn.argtypes = [ctypes.c_int64 if a.role == "symbol" else ctypes.c_void_p for a in self.source_info.args] \
+            + [ctypes.c_void_p] * checked   # the error record
 
     def tasks(self, binding: Mapping[str, int]) -> int:
         return 1              # static OpenMP schedule over the whole space: one launch
@@ -904,8 +958,27 @@ class CompiledGroup(PicklableKernel):
                 call.append(arr.ctypes.data)
             else:
                 call.append(want)
-        self.fn(*call)
+        if not getattr(self.source_info, "checks_indices", False):
+            self.fn(*call)
+            return outputs
+        err = np.zeros(4, dtype=np.int64)     # per call: concurrent calls never share a record
+        if self.fn(*call, err.ctypes.data):
+            raise self.index_error(err, sizes)
         return outputs
 
+    def index_error(self, err: np.ndarray, sizes: tuple) -> IndexOutOfRangeError:
+        """The exception for a failed call's error record (check id + 1, value, position, extent)."""
+        check = self.source_info.index_checks[int(err[0]) - 1]
+        shape = None
+        with contextlib.suppress(Exception):
+            subs = {a.symbol: sympy.Integer(v) for a, v in zip(self.source_info.args, sizes) if a.role == "symbol"}
+            for a, v in zip(self.source_info.args, sizes):
+                if a.role != "symbol":
+                    for d, n in zip(a.shape, v):
+                        if isinstance(d, sympy.Symbol):
+                            subs.setdefault(d, sympy.Integer(n))
+            shape = tuple(int(sympy.sympify(d).xreplace(subs)) for d in check.shape)
+        return check.error(int(err[1]), int(err[2]), int(err[3]), shape)
 
-__all__ = ["CompiledGroup", "KernelArg", "KernelSource", "PARALLEL_MIN_ELEMENTS", "generate_group"]
+
+__all__ = ["CompiledGroup", "IndexCheck", "KernelArg", "KernelSource", "PARALLEL_MIN_ELEMENTS", "generate_group"]

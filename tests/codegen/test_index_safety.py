@@ -1,0 +1,125 @@
+"""Data-dependent indices are range-checked in generated kernels: an out-of-range Gather index
+(an embedding id, a token type, a GatherElements index) raises IndexOutOfRangeError naming the
+node, the index input, the value and the valid range — as onnxruntime refuses them — instead of
+reading outside the table; the Runtime stays usable afterwards, and negative in-range indices
+still count from the end (issue 12, item 1)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tscomp.compiler import compile_model
+from tscomp.errors import ExecutionError, IndexOutOfRangeError
+from tscomp.runtime import Runtime
+
+ort = pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def bert(exported_model, tmp_path_factory):
+    """(onnx path, Runtime, onnxruntime session, vocab size, type vocab size) of tiny BERT."""
+    path = exported_model("bert", "tiny", "dynamo")
+    rt = Runtime.from_compiled(compile_model(path, ["batch=1:8", "sequence=1:64"]))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    model = onnx.load(str(path))
+    sizes = {}
+    for node in model.graph.node:
+        if node.op_type == "Gather":
+            for init in model.graph.initializer:
+                if init.name == node.input[0]:
+                    sizes.setdefault(node.input[1], init.dims[0])
+    vocab = next(v for k, v in sizes.items() if "input_ids" in k or v > 100)
+    types = sizes.get("token_type_ids", 2)
+    return path, rt, sess, vocab, types
+
+
+def feeds(seq: int = 9, **override) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    f = {"input_ids": rng.integers(0, 100, (1, seq)).astype(np.int64),
+         "attention_mask": np.ones((1, seq), np.int64),
+         "token_type_ids": np.zeros((1, seq), np.int64)}
+    f.update(override)
+    return f
+
+
+def with_value(name: str, value: int, at=(0, 3)) -> dict[str, np.ndarray]:
+    f = feeds()
+    f[name] = f[name].copy()
+    f[name][at] = value
+    return f
+
+
+def assert_matches_onnxruntime(rt, sess, f) -> None:
+    got = rt.run(f)
+    want = sess.run(None, {i.name: f[i.name] for i in sess.get_inputs()})
+    for name, w in zip([o.name for o in sess.get_outputs()], want):
+        np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("value", ["1e6", "1500", "-100000", "vocab", "-vocab-1"])
+def test_out_of_range_input_id_raises_naming_node_and_value_then_runtime_still_works(bert, value):
+    path, rt, sess, vocab, _ = bert
+    v = {"1e6": 10 ** 6, "1500": 1500, "-100000": -100000, "vocab": vocab, "-vocab-1": -vocab - 1}[value]
+    with pytest.raises(IndexOutOfRangeError) as info:
+        rt.run(with_value("input_ids", v))
+    msg = str(info.value)
+    assert f"has value {v} " in msg and f"[{-vocab}, {vocab - 1}]" in msg, msg
+    assert "Gather node" in msg and "input_ids" in msg and "(0, 3)" in msg, msg
+    assert isinstance(info.value, ExecutionError) and info.value.value == v
+    assert_matches_onnxruntime(rt, sess, feeds())
+
+
+def test_out_of_range_token_type_raises_naming_token_type_input(bert):
+    _, rt, sess, _, types = bert
+    with pytest.raises(IndexOutOfRangeError, match=rf"token_type_ids.*value 7 .*\[{-types}, {types - 1}\]"):
+        rt.run(with_value("token_type_ids", 7))
+    assert_matches_onnxruntime(rt, sess, feeds())
+
+
+def test_negative_in_range_indices_count_from_the_end(bert):
+    _, rt, sess, vocab, _ = bert
+    from_end, explicit = rt.run(with_value("input_ids", -1)), rt.run(with_value("input_ids", vocab - 1))
+    for name in explicit:
+        np.testing.assert_array_equal(from_end[name], explicit[name])
+    assert_matches_onnxruntime(rt, sess, with_value("input_ids", vocab - 1))
+
+
+def test_reference_executor_raises_on_out_of_range_index(bert):
+    from tscomp.graph.reference import run_reference
+    import tscomp
+    path = bert[0]
+    graph = tscomp.load_model(str(path), ["batch=1:8", "sequence=1:64"])
+    with pytest.raises(Exception, match="(?i)index|bounds|range"):
+        run_reference(graph, with_value("input_ids", 10 ** 6))
+
+
+# ------------------------------------------------------------------ GatherElements, small graph
+def gather_elements_model(path, axis: int = 1) -> str:
+    data = helper.make_tensor_value_info("data", TensorProto.FLOAT, ["n", 5])
+    ind = helper.make_tensor_value_info("idx", TensorProto.INT64, ["n", 3])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])
+    node = helper.make_node("GatherElements", ["data", "idx"], ["g"], name="pick", axis=axis)
+    relu = helper.make_node("Relu", ["g"], ["y"], name="relu")
+    graph = helper.make_graph([node, relu], "ge", [data, ind], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def test_gather_elements_out_of_range_raises_and_negative_indices_work(tmp_path):
+    path = gather_elements_model(tmp_path / "ge.onnx")
+    rt = Runtime.from_compiled(compile_model(path, ["n=1:17"]))
+    data = np.arange(20, dtype=np.float32).reshape(4, 5)
+    good = np.array([[0, -1, 4]] * 4, dtype=np.int64)
+    np.testing.assert_array_equal(rt.run({"data": data, "idx": good})["y"],
+                                  np.take_along_axis(data, good % 5, axis=1))
+    for bad in (5, -6, 1 << 40):
+        idx = good.copy()
+        idx[2, 1] = bad
+        with pytest.raises(IndexOutOfRangeError, match=rf"GatherElements node 'pick'.*'idx' has value {bad} "
+                                                       rf"at \(2, 1\).*\[-5, 4\]"):
+            rt.run({"data": data, "idx": idx})
+    np.testing.assert_array_equal(rt.run({"data": data, "idx": good})["y"],
+                                  np.take_along_axis(data, good % 5, axis=1))
