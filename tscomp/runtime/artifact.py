@@ -19,11 +19,16 @@ artifacts you trust, as with ``torch.load``).
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
+import os
 import pickle
 import shutil
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -105,14 +110,86 @@ def manifest_of(model: CompiledModel) -> dict:
 
 
 def write_artifact(model: CompiledModel, path: str | Path, *, progress=None) -> Path:
-    """Write ``model`` to the directory ``path`` (replaced if it is an artifact already)."""
+    """Write ``model`` to the directory ``path``, atomically: everything is written into a unique
+    temporary directory beside ``path`` and swapped in by rename only once complete, so a failed
+    or interrupted write (an exception, Ctrl-C) leaves the previous artifact as it was and no
+    temporary directory behind, and concurrent writers to one path end with one complete
+    artifact (the last to swap). ``path`` may only replace an existing tscomp artifact."""
     path = Path(path)
-    if path.exists():
-        if not (path / "manifest.json").exists():
-            raise ArtifactError(f"{path} exists and is not a tscomp artifact; not overwriting it")
-        shutil.rmtree(path)
-    tmp = path.with_name(path.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
+    if path.exists() and not (path / "manifest.json").exists():
+        raise ArtifactError(f"{path} exists and is not a tscomp artifact; not overwriting it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + ".tmp-"))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())       # mkdtemp makes it private; an artifact is not
+        _write_contents(model, tmp, progress)
+        _swap_in(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: renameat2 flag: exchange the two paths atomically (Linux ≥ 3.15)
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap the directories ``a`` and ``b`` (Linux ``renameat2``); False where the
+    system cannot, or ``b`` does not exist."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd = -100
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def _swap_in(tmp: Path, path: Path, attempts: int = 50) -> None:
+    """Move the complete artifact ``tmp`` to ``path``. A reader sees the old artifact or the new
+    one, never a mix: where ``renameat2`` exchanges directories, the swap is one atomic step;
+    otherwise the old artifact is renamed aside, the new one renamed in, and the old removed
+    (between the two renames ``path`` is briefly absent, never half written). ``tmp`` is gone
+    on return (it holds the old artifact after an exchange, and is removed)."""
+    for _ in range(attempts):
+        try:
+            os.rename(tmp, path)                # no artifact there yet (or an empty directory)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        if _exchange(tmp, path):
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        aside = path.with_name(f"{path.name}.old-{uuid.uuid4().hex[:12]}")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:               # a concurrent writer moved it first: retry
+            continue
+        try:
+            os.rename(tmp, path)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                os.rename(aside, path)          # put the old one back
+                raise
+            shutil.rmtree(aside, ignore_errors=True)
+            continue                            # another writer swapped in between: retry
+        shutil.rmtree(aside, ignore_errors=True)
+        return
+    raise ArtifactError(f"{path}: could not swap the new artifact in after {attempts} attempts "
+                        "(other compiles keep replacing it)")
+
+
+def _write_contents(model: CompiledModel, tmp: Path, progress) -> None:
+    """Every file of the artifact, written into the (empty) directory ``tmp``."""
     (tmp / "kernels").mkdir(parents=True)
     natives = [k for ks in model.kernels.values() for k in ks if k.func]
     for k in natives:
@@ -145,8 +222,6 @@ def write_artifact(model: CompiledModel, path: str | Path, *, progress=None) -> 
     manifest = manifest_of(model)
     manifest["files"] = {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    tmp.rename(path)
-    return path
 
 
 def _packed_weights(kernels) -> dict[str, tuple[str, np.ndarray]]:
