@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-asan venv clean
 
 venv: $(STAMP)
 
@@ -16,6 +16,12 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 tests
+
+# The C-kernel tests with every generated kernel built under AddressSanitizer (TSCOMP_SANITIZE is
+# part of the kernel cache key). Python is not instrumented, so libasan is preloaded.
+test-asan: $(STAMP)
+	TSCOMP_SANITIZE=address ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$$($${CC:-cc} -print-file-name=libasan.so) \
+		$(PY) -m pytest -p no:xdist -q tests/codegen
 
 demo: $(STAMP)
 	$(VENV)/bin/python -m models.export bert --size tiny --exporter dynamo -o .cache/models

@@ -8,6 +8,15 @@ value nor a name become fresh symbols. Intermediate ``value_info`` from the
 exporter is deliberately ignored: exporters fill it with junk dim names and
 rank-only shapes (EXPORT-NOTES.md), so every shape is recomputed by
 propagation.
+
+Import also validates what onnxruntime validates, with one-line errors naming the node and the
+value: every value has one producer (SSA: two nodes writing one name, or a node overwriting a
+graph input or initializer, is refused), every node input is produced by something (dangling
+references), and an ``If`` whose condition is a constant (an initializer or a ``Constant``) is
+folded into its taken branch's nodes (other control flow is refused).
+:func:`refuse_data_dependent_shapes` refuses, after shape propagation, an op whose output shape
+depends on tensor data (NonZero, Unique, NonMaxSuppression, Compress of run-time data): the
+reference executor runs them, the compiled kernels cannot.
 """
 from __future__ import annotations
 
@@ -15,6 +24,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import onnx
 import sympy
 from onnx import helper, numpy_helper
@@ -27,6 +37,8 @@ from tscomp.graph.symbols import SymbolTable, sanitize_symbol_name
 
 def read_model(path: str | os.PathLike) -> onnx.ModelProto:
     path = Path(path)
+    if path.is_dir():
+        raise ModelLoadError(f"{path}: is a directory, expected an .onnx file")
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file")
     try:
@@ -68,13 +80,20 @@ def import_model(model: onnx.ModelProto, dims: Sequence[DimSpec] = (), source: s
     for vi in runtime_inputs:
         values[vi.name] = _input_value(vi, symbols, param_syms, axis_syms, source)
 
+    onnx_nodes, branch_inits = _fold_constant_ifs(g, source)
+    for init in branch_inits:
+        arr = numpy_helper.to_array(init)
+        values[init.name] = Value(init.name, arr.dtype, tuple(sympy.Integer(d) for d in arr.shape), const=arr)
     nodes = []
-    for idx, n in enumerate(g.node):
-        name = n.name or f"{n.op_type}_{idx}"
+    producer: dict[str, str] = {}
+    for idx, (n, default_name) in enumerate(onnx_nodes):
+        name = n.name or default_name or f"{n.op_type}_{idx}"
         attrs = {a.name: _attr_value(a, name, source) for a in n.attribute}
-        nodes.append(Node(name, n.op_type, list(n.input), list(n.output), attrs, n.domain))
+        node = Node(name, n.op_type, list(n.input), list(n.output), attrs, n.domain)
+        nodes.append(node)
         for out in n.output:
             if out:
+                _check_single_producer(out, node, producer, values, source)
                 values.setdefault(out, Value(out))
     for n in nodes:
         for i in n.inputs:
@@ -217,6 +236,99 @@ def _attr_value(a: onnx.AttributeProto, node_name: str, source: str):
     if isinstance(v, onnx.SparseTensorProto):
         raise UnsupportedOperatorError(f"{source}: node {node_name!r}: sparse tensor attribute {a.name!r}")
     return v
+
+
+# ---------------------------------------------------------------- validation
+def _check_single_producer(out: str, node: Node, producer: dict[str, str], values: dict, source: str) -> None:
+    """SSA: ``out`` is written by ``node`` only (not a second node, graph input or initializer)."""
+    if out in producer:
+        raise ModelLoadError(f"{source}: value {out!r} is written by two nodes, {producer[out]!r} and "
+                             f"{node.name!r} ({node.op_type}): an ONNX graph assigns each name once (SSA)")
+    if out in values:
+        what = "an initializer" if values[out].const is not None else "a graph input"
+        raise ModelLoadError(f"{source}: {node.describe()} writes {out!r}, which is already {what} "
+                             "(an ONNX graph assigns each name once)")
+    producer[out] = node.name
+
+
+def _constant_values(g: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """Values of ``g`` known without running it: initializers and ``Constant`` node outputs."""
+    known = {init.name: init for init in g.initializer}
+    for n in g.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1:
+            for a in n.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    known[n.output[0]] = a.t
+                elif a.name in ("value_int", "value_ints", "value_float", "value_floats"):
+                    known[n.output[0]] = numpy_helper.from_array(np.asarray(helper.get_attribute_value(a)))
+    return known
+
+
+def _fold_constant_ifs(g: onnx.GraphProto, source: str, known=None, prefix: str = ""):
+    """The nodes of ``g`` with every ``If`` whose condition is constant replaced by its taken
+    branch's nodes (recursively) and Identity nodes binding the branch outputs to the ``If``'s
+    outputs; plus the branches' initializers. Returns ``([(node, default name)], initializers)``.
+    An ``If`` on a run-time condition is refused, naming the node and the condition."""
+    known = dict(_constant_values(g) if known is None else known)
+    out, inits = [], []
+    for idx, n in enumerate(g.node):
+        name = n.name or f"{prefix}{n.op_type}_{idx}"
+        if n.op_type != "If" or n.domain not in ("", "ai.onnx"):
+            out.append((n, f"{prefix}{n.op_type}_{idx}"))
+            continue
+        cond = n.input[0] if n.input else ""
+        if cond not in known:
+            raise UnsupportedOperatorError(
+                f"{source}: If node {name!r}: its condition {cond!r} is computed at run time; tscomp "
+                "folds an If only when the condition is a constant (initializer or Constant)")
+        flag = numpy_helper.to_array(known[cond])
+        if flag.size != 1:
+            raise ModelLoadError(f"{source}: If node {name!r}: condition {cond!r} has {flag.size} elements, expected 1")
+        branch_name = "then_branch" if bool(flag.reshape(-1)[0]) else "else_branch"
+        branch = next((a.g for a in n.attribute if a.name == branch_name), None)
+        if branch is None:
+            raise ModelLoadError(f"{source}: If node {name!r} has no {branch_name}")
+        if len(branch.output) != len(n.output):
+            raise ModelLoadError(f"{source}: If node {name!r}: {branch_name} has {len(branch.output)} outputs, "
+                                 f"the node {len(n.output)}")
+        inner_known = {**known, **_constant_values(branch)}
+        inner, inner_inits = _fold_constant_ifs(branch, source, inner_known, prefix=f"{name}/{branch_name}/")
+        out += inner
+        inits += list(branch.initializer) + inner_inits
+        for k, (b_out, n_out) in enumerate(zip(branch.output, n.output)):
+            if n_out:
+                ident = helper.make_node("Identity", [b_out.name], [n_out], name=f"{name}/{branch_name}/output{k}")
+                out.append((ident, ident.name))
+        known.update({o: known[b.name] for b, o in zip(branch.output, n.output) if b.name in known})
+    return out, inits
+
+
+def refuse_data_dependent_shapes(graph: Graph) -> None:
+    """After shape propagation: refuse the first node whose output shape depends on tensor data
+    (a ``data-dependent`` symbol no input of the node carries: NonZero, Unique,
+    NonMaxSuppression, Compress of run-time data) — compiled kernels cannot size their outputs
+    from data, so such a model would fail every run; better to say so at compile time."""
+    def data_symbols(name: str) -> set:
+        v = graph.values.get(name)
+        if v is None or v.shape is None or v.const is not None:
+            return set()
+        syms = set()
+        for d in v.shape:
+            for s in sympy.sympify(d).free_symbols:
+                info = graph.symbols.infos.get(s.name)
+                if info is not None and info.origin == "data-dependent":
+                    syms.add(s)
+        return syms
+
+    for node in graph.nodes:
+        seen = set().union(*(data_symbols(i) for i in node.inputs if i))
+        for o in node.outputs:
+            new = data_symbols(o) - seen if o else set()
+            if new:
+                raise UnsupportedOperatorError(
+                    f"{graph.source}: {node.op_type} node {node.name!r}: data-dependent output shape is not "
+                    f"supported (output {o!r} has {', '.join(sorted(s.name for s in new))} elements decided "
+                    "by the input data at run time)")
 
 
 def _one_line(e: BaseException) -> str:
