@@ -46,28 +46,64 @@ def parse_shapes(items: list[str]) -> dict[str, int]:
     return out
 
 
+def parse_budget(text: str | None):
+    """``--budget``: ``N`` trials per distinct tunable group, ``Ns``/``Nm`` seconds for the whole
+    compile, or both as ``N,Ss``. Returns (trials, seconds) with defaults filled in."""
+    from tscomp.schedule.schedules import DEFAULT_SECONDS, DEFAULT_TRIALS
+
+    if text is None:
+        return DEFAULT_TRIALS, DEFAULT_SECONDS
+    trials, seconds = None, None
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min)?\s*", part)
+        if not m:
+            raise TscompError(f"--budget {text!r}: expected N (trials per group), Ns or Nm (time), or N,Ss")
+        if m[2]:
+            seconds = float(m[1]) * (60 if m[2] in ("m", "min") else 1)
+        else:
+            trials = int(float(m[1]))
+    return trials, seconds
+
+
+def tuning_options(args, quiet: bool = False):
+    """TuningOptions from the compile/bench flags (None: heuristic configurations, no tuning)."""
+    from tscomp.schedule.records import RecordStore
+    from tscomp.schedule.schedules import TuningOptions
+
+    if getattr(args, "no_tune", False):
+        return None
+    trials, seconds = parse_budget(getattr(args, "budget", None))
+    records = RecordStore.load(args.records) if getattr(args, "records", None) else None
+    return TuningOptions(tune=True, trials=trials, seconds=seconds, records=records, progress=not quiet)
+
+
 def compile_to(model: str, dims: list[str], output: str, *, variants: int, threads: int | None,
-               quiet: bool = False):
+               quiet: bool = False, tuning=None):
     """Compile ``model`` and write the artifact; returns (artifact path, CompiledModel)."""
     from tscomp.compiler import compile_model
     from tscomp.runtime.artifact import write_artifact
 
     if not Path(model).is_file():
         raise TscompError(f"{model}: no such model file")
-    compiled = compile_model(model, dims, max_variants=variants, threads=threads,
+    log = None if quiet else (lambda line: print(f"tuned {line}", file=sys.stderr))
+    compiled = compile_model(model, dims, max_variants=variants, threads=threads, tuning=tuning, log=log,
                              progress=None if quiet else Progress("compiling groups"))
+    if tuning is not None and tuning.records is not None and tuning.records.path is not None:
+        tuning.records.save()
     compiled.notes.append(f"source sha256 {file_sha256(Path(model))}")
     path = write_artifact(compiled, output, progress=None if quiet else Progress("linking kernels"))
     return path, compiled
 
 
 def _summary(compiled, path: Path) -> list[str]:
-    fams = Counter(getattr(ks[0], "family", "?") for ks in compiled.kernels.values())
+    fams = Counter(ks[0].family for ks in compiled.kernels.values())
     n_var = sum(len(ks) for ks in compiled.kernels.values())
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     lines = [f"wrote {path} ({size / 1e6:.1f} MB): {len(compiled.plan.groups)} groups, {n_var} kernel variants, "
              f"{compiled.compile_seconds:.1f}s; kernels by family: "
-             + ", ".join(f"{k} {v}" for k, v in sorted(fams.items()))]
+             + ", ".join(f"{k} {v}" for k, v in sorted(fams.items())),
+             f"schedules ({compiled.target.describe()}): {compiled.config_source}"
+             + (f", {compiled.schedules.seconds:.0f}s" if compiled.schedules is not None else "")]
     fallback = compiled.fallback_groups()
     if fallback:
         lines.append(f"{len(fallback)} group(s) run on the numpy fallback (no macro-kernel family accepts them):")
@@ -78,7 +114,8 @@ def _summary(compiled, path: Path) -> list[str]:
 
 
 def cmd_compile(args) -> int:
-    path, compiled = compile_to(args.model, args.dim, args.output, variants=args.variants, threads=args.threads)
+    path, compiled = compile_to(args.model, args.dim, args.output, variants=args.variants, threads=args.threads,
+                                tuning=tuning_options(args))
     print("\n".join(_summary(compiled, path)))
     return 0
 
@@ -127,7 +164,8 @@ def _artifact_for_bench(args) -> Path:
             return out
     except ArtifactError:
         pass
-    path, compiled = compile_to(str(src), args.dim, str(out), variants=args.variants, threads=args.threads)
+    path, compiled = compile_to(str(src), args.dim, str(out), variants=args.variants, threads=args.threads,
+                                tuning=tuning_options(args))
     print("\n".join(_summary(compiled, path)), file=sys.stderr)
     return path
 
@@ -169,6 +207,7 @@ def add_commands(sub, add_dim_flag) -> None:
     p.add_argument("--variants", type=int, default=DEFAULT_VARIANTS,
                    help=f"tile-config variants per GEMM group (default {DEFAULT_VARIANTS})")
     p.add_argument("--threads", type=int, default=None, help="threads for measuring single-wave times")
+    _add_tuning_flags(p)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="run a compiled artifact on random inputs of a given shape")
@@ -194,7 +233,20 @@ def add_commands(sub, add_dim_flag) -> None:
     p.add_argument("--artifact", help="where to write/reuse the compiled artifact (default: MODEL.tsc)")
     p.add_argument("--variants", type=int, default=DEFAULT_VARIANTS)
     p.add_argument("--plot", help="PNG path for the latency plot (default: ARTIFACT.bench.png)")
+    _add_tuning_flags(p)
     p.set_defaults(func=cmd_bench)
+
+
+def _add_tuning_flags(p) -> None:
+    from tscomp.schedule.schedules import DEFAULT_SECONDS, DEFAULT_TRIALS
+
+    p.add_argument("--no-tune", action="store_true",
+                   help="skip the tile search: the families' hardware-aligned heuristic configurations")
+    p.add_argument("--budget", metavar="N|Ns|N,Ss",
+                   help=f"tuning budget: trials per distinct GEMM group and/or seconds for the whole compile "
+                        f"(default {DEFAULT_TRIALS},{DEFAULT_SECONDS:.0f}s)")
+    p.add_argument("--records", metavar="FILE.json",
+                   help="tuning records to reuse and extend (a group tuned before on this target is not tuned again)")
 
 
 __all__ = ["add_commands"]

@@ -1,31 +1,38 @@
 """``tscomp compile``: ONNX model → compiled model (TSCompiler Fig. 2, offline half).
 
-The stages run in order and talk through their output objects only: the graph stage gives a
-:class:`~tscomp.graph.fusion.plan.Plan`; each fused group gets its macro-kernel variants from the
-family table (:mod:`tscomp.codegen.families`); a group with several variants gets each timed at
-a few sample shapes (TSCompiler §6: T_single_wave, the quantity the runtime's wave model scales,
-measured at several occupancies, since a CPU task's time depends on how full its tiles are); the result is a :class:`CompiledModel`, which :mod:`tscomp.runtime.artifact` writes to
-disk and the :class:`~tscomp.runtime.Runtime` executes.
+The stages run in order and talk through their output objects only:
 
-Until the tuner lands (``schedule/``), variants come from the hardware-aligned heuristic of
-:mod:`tscomp.codegen.tile_config`; the manifest says so.
+1. graph    — import, symbolic shapes, fusion → :class:`~tscomp.graph.fusion.plan.Plan`;
+2. families — per group, the kernel family that accepts it and its analysis
+   (:func:`tscomp.codegen.families.choose_family`; a group nobody accepts falls back to numpy);
+3. schedule — per group and :class:`~tscomp.schedule.target.Target`, the tile configurations to keep
+   (:func:`tscomp.schedule.schedules.schedule_plan`: tuned, from a record, or the heuristic);
+4. codegen  — every kept configuration's source generated, compiled in parallel, bound;
+5. timing   — variants the schedule stage did not measure (heuristic, record) are timed at the
+   sample shapes (TSCompiler §6: T_single_wave, the quantity the runtime's wave model scales,
+   measured at several occupancies, since a CPU task's time depends on how full its tiles are).
+
+The result is a :class:`CompiledModel`, which :mod:`tscomp.runtime.artifact` writes to disk and the
+:class:`~tscomp.runtime.Runtime` executes.
 """
 from __future__ import annotations
 
 import math
-import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
-from tscomp.codegen.build import host_isa, set_num_threads
-from tscomp.codegen.families import DEFAULT_VARIANTS, kernels_for_group
+from tscomp.codegen.build import build_object, set_num_threads
+from tscomp.codegen.families import DEFAULT_VARIANTS, choose_family, fallback_kernel
 from tscomp.graph import DimSpec, load_model, require_resolved_shapes
 from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.plan import Group, Plan
-from tscomp.graph.reference import materialize
+from tscomp.schedule.samples import group_inputs_at, sample_bindings, shape_size
+from tscomp.schedule.schedules import Schedules, TuningOptions, schedule_plan
+from tscomp.schedule.target import Target, host_cpu, host_threads
 
 Progress = Callable[[int, int, str], None]
 
@@ -35,102 +42,116 @@ class CompiledModel:
     """Everything the runtime needs: the Plan and, per group (same order), its kernel variants."""
     plan: Plan
     kernels: dict[str, list]                  # group name -> kernel variants (>= 1)
-    isa: str
-    threads: int                              # thread count the single-wave times were measured with
+    target: Target
+    schedules: Schedules | None = None
     source_model: str = ""
     dims: list[str] = field(default_factory=list)   # the --dim specs it was compiled with
-    config_source: str = "heuristic (tile_config.candidate_configs; no tuner yet)"
     compile_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def isa(self) -> str:
+        return self.target.isa
+
+    @property
+    def threads(self) -> int:
+        """Thread count the single-wave times were measured with."""
+        return self.target.threads
+
+    @property
+    def config_source(self) -> str:
+        if self.schedules is None:
+            return "unknown"
+        methods = self.schedules.summary()
+        return ", ".join(f"{n} groups {m}" for m, n in sorted(methods.items()))
+
     def fallback_groups(self) -> list[str]:
-        return [g for g, ks in self.kernels.items() if getattr(ks[0], "target", "cpu") == "numpy"]
+        return [g for g, ks in self.kernels.items() if ks[0].target == "numpy"]
 
 
 def default_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return host_threads()
 
 
-def compile_model(model_path: str, dims: Sequence[DimSpec | str] = (), *, max_variants: int = DEFAULT_VARIANTS,
-                  threads: int | None = None, progress: Progress | None = None) -> CompiledModel:
+def compile_model(model_path: str, dims: Sequence[DimSpec | str] = (), *, tuning: TuningOptions | None = None,
+                  max_variants: int = DEFAULT_VARIANTS, threads: int | None = None, target: Target | None = None,
+                  progress: Progress | None = None, log: Callable[[str], None] | None = None) -> CompiledModel:
+    """Compile an ONNX model. ``tuning`` None: the families' heuristic configurations (no tuning);
+    pass :class:`~tscomp.schedule.schedules.TuningOptions` to tune."""
     t0 = time.perf_counter()
     graph = load_model(model_path, dims)
     require_resolved_shapes(graph)
     plan = fuse(graph)
-    model = compile_plan(plan, max_variants=max_variants, threads=threads, progress=progress,
-                         source_model=str(model_path), t0=t0)
+    model = compile_plan(plan, tuning=tuning, max_variants=max_variants, threads=threads, target=target,
+                         progress=progress, log=log, source_model=str(model_path), t0=t0)
     model.dims = [d.text if isinstance(d, DimSpec) else str(d) for d in dims]
     return model
 
 
-def compile_plan(plan: Plan, *, max_variants: int = DEFAULT_VARIANTS, threads: int | None = None,
-                 progress: Progress | None = None, source_model: str = "", t0: float | None = None) -> CompiledModel:
+def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variants: int = DEFAULT_VARIANTS,
+                 threads: int | None = None, target: Target | None = None, progress: Progress | None = None,
+                 log: Callable[[str], None] | None = None, source_model: str = "",
+                 t0: float | None = None) -> CompiledModel:
     t0 = time.perf_counter() if t0 is None else t0
-    isa = host_isa()
-    threads = threads or default_threads()
-    set_num_threads(threads)
+    target = target or host_cpu(threads)
+    if target.name != "cpu":
+        from tscomp.errors import TscompError
+        raise TscompError(f"target {target.key()}: only the cpu target compiles kernels in this tscomp "
+                          "(the CUDA target is not built yet)")
+    set_num_threads(target.threads)
+    choices = {g.name: choose_family(plan, g) for g in plan.groups}
+    options = tuning or TuningOptions(tune=False)
+    options.max_variants = max_variants
+    schedules = schedule_plan(plan, choices, target, options, log=log)
+    kernels = build_kernels(plan, choices, schedules, target, progress)
+    for g in plan.groups:
+        variants = kernels[g.name]
+        if len(variants) > 1 and any(not k.samples for k in variants):
+            measure_variants(plan, g, variants, target.threads)
+    if progress:
+        progress(len(plan.groups), len(plan.groups), "done")
+    return CompiledModel(plan, kernels, target, schedules, source_model=source_model,
+                         compile_seconds=time.perf_counter() - t0)
+
+
+def build_kernels(plan: Plan, choices: dict, schedules: Schedules, target: Target,
+                  progress: Progress | None = None) -> dict[str, list]:
+    """The codegen stage: every scheduled configuration's source, compiled in parallel (the C
+    compiler runs as a subprocess, so threads suffice), then built and bound per group."""
+    unbuilt = {}
+    for choice in choices.values():
+        if choice.family is not None:
+            unbuilt[choice.group.name] = [(v, choice.family.executor(choice.analysis, v.config, target))
+                                          for v in schedules.groups[choice.group.name].variants]
+    todo = {k.func: k.source for pairs in unbuilt.values() for _, k in pairs}
+    with ThreadPoolExecutor(max_workers=max(1, target.threads)) as pool:
+        list(pool.map(lambda item: build_object(item[1], item[0]), todo.items()))
     kernels: dict[str, list] = {}
     total = len(plan.groups)
     for k, group in enumerate(plan.groups):
         if progress:
             progress(k, total, group.name)
-        variants = kernels_for_group(plan, group, isa=isa, max_variants=max_variants)
-        if len(variants) > 1:
-            measure_variants(plan, group, variants, threads)
-        kernels[group.name] = variants
-    if progress:
-        progress(total, total, "done")
-    return CompiledModel(plan, kernels, isa, threads, source_model=source_model,
-                         compile_seconds=time.perf_counter() - t0)
-
-
-# ---------------------------------------------------------------------------- single-wave times
-#: values the largest dynamic dimension takes when variants are measured (clipped to its range)
-SAMPLE_POINTS = (1, 16, 64, 128, 256)
-
-
-def sample_bindings(plan: Plan) -> list[dict[str, int]]:
-    """Shapes at which kernel variants are timed: the widest-ranged symbol at :data:`SAMPLE_POINTS`
-    and its maximum, every other symbol at its minimum (DietCode §4.2 likewise samples the dynamic
-    axis and fits the cost model's free term)."""
-    live = plan.graph.symbols.live_symbols()
-    if not live:
-        return [{}]
-    grow = max(live, key=lambda i: (i.max - i.min, i.name))
-    base = {i.name: max(1, i.min) for i in live}
-    values = sorted({v for v in (*SAMPLE_POINTS, grow.max) if grow.min <= v <= grow.max} | {max(1, grow.min)})
-    return [{**base, grow.name: v} for v in values]
-
-
-def shape_size(binding: dict[str, int]) -> int:
-    """One number that grows with the work of a shape: the product of its symbol values."""
-    return math.prod(int(v) for v in binding.values()) if binding else 1
-
-
-def group_inputs_at(plan: Plan, group: Group, binding: dict[str, int], rng: np.random.Generator) -> dict:
-    """Inputs for running ``group`` alone: constants as they are, other tensors random of their
-    shape at ``binding`` (index tensors zero, so every gather stays in bounds)."""
-    graph = plan.graph
-    produced = set(plan.crossing_values()) | set(graph.inputs)
-    env = {}
-    for name in group.inputs:
-        v = graph.values[name]
-        if v.const is None and v.symdata is None and name not in produced:
-            continue  # a weight stripped from a loaded plan: its kernels hold it prepacked
-        if v.const is not None or v.symdata is not None:
-            env[name] = materialize(graph, v, binding)
+        choice, sched = choices[group.name], schedules.groups[group.name]
+        if choice.family is None:
+            kernels[group.name] = [fallback_kernel(plan, choice)]
             continue
-        shape = tuple(int(graph.symbols.evaluate(d, binding)) for d in v.shape)
-        dt = np.dtype(v.dtype)
-        env[name] = (rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.zeros(shape, dt))
-    return env
+        unique: dict = {}
+        for v, kernel in unbuilt[group.name]:
+            kernel = choice.family.link(kernel)
+            kernel.tuning = sched.provenance()
+            if v.samples:
+                kernel.samples = list(v.samples)
+                _set_wave_time(kernel, target.threads)
+            unique.setdefault(kernel.func, kernel)     # two configurations may come out as one kernel
+        kernels[group.name] = list(unique.values())
+    return kernels
 
 
 def measure_variants(plan: Plan, group: Group, kernels: list, threads: int, *, repeats: int = 3) -> None:
-    """Time every variant at the :func:`sample_bindings` shapes: ``kernel.samples`` holds
-    ``(size, tasks, seconds)`` per shape, size being the product of the symbol values (what the
-    runtime's wave model interpolates in), ``kernel.t_wave`` the single-wave time at the largest
-    sample (for the manifest)."""
+    """Time every variant at the :func:`~tscomp.schedule.samples.sample_bindings` shapes:
+    ``kernel.samples`` holds ``(size, tasks, seconds)`` per shape, size being the product of the
+    symbol values (what the runtime's wave model interpolates in), ``kernel.t_wave`` the
+    single-wave time at the largest sample (for the manifest)."""
     rng = np.random.default_rng(0)
     for k in kernels:
         k.samples = []
@@ -145,9 +166,14 @@ def measure_variants(plan: Plan, group: Group, kernels: list, threads: int, *, r
                 best = min(best, time.perf_counter() - t)
             k.samples.append((shape_size(binding), int(k.tasks(binding)), best))
     for k in kernels:
-        _, tasks, seconds = k.samples[-1]
-        k.t_wave = seconds / max(1, math.ceil(tasks / threads))
-        k.probe = sample_bindings(plan)[-1]
+        _set_wave_time(k, threads)
 
 
-__all__ = ["CompiledModel", "compile_model", "compile_plan", "default_threads", "measure_variants", "sample_bindings", "shape_size"]
+def _set_wave_time(kernel, threads: int) -> None:
+    size, tasks, seconds = max(kernel.samples)
+    kernel.t_wave = seconds / max(1, math.ceil(tasks / threads))
+    kernel.probe = {"size": size}
+
+
+__all__ = ["CompiledModel", "build_kernels", "compile_model", "compile_plan", "default_threads", "group_inputs_at",
+           "measure_variants", "sample_bindings", "shape_size"]

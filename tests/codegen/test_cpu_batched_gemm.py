@@ -15,7 +15,7 @@ from onnx import helper
 
 import tscomp.graph as G
 from tscomp.codegen.build import host_isa
-from tscomp.codegen.cpu_batched_gemm import CompiledBatchedGemmGroup, candidate_configs
+from tscomp.codegen.cpu_batched_gemm import BatchedGemmAnalysis, compile_batched_gemm_group, candidate_configs
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.expr import Input, View
@@ -51,7 +51,7 @@ def _activation_matmuls(plan):
 def test_model_batched_gemm_groups_match_the_interpreter(exported_model, record_property, family, exporter):
     plan, ranges = model_plan(exported_model, family, exporter)
     batched = _activation_matmuls(plan)
-    kernels, refused = compile_gemm_groups(plan, CompiledBatchedGemmGroup)
+    kernels, refused = compile_gemm_groups(plan, compile_batched_gemm_group)
     # constant-weight GEMMs are CompiledGemmGroup's: never taken here
     assert set(kernels) <= set(batched), sorted(set(kernels) - set(batched))
     checked = check_against_interpreter(plan, family, ranges, kernels)
@@ -128,7 +128,7 @@ def _ort_check(path, plan, kernel, M, N, K, batch=2, seed=0):
 @pytest.mark.parametrize("M,N,K", SIZES)
 def test_scaled_masked_batched_matmul_vs_onnxruntime(attention, M, N, K):
     path, plan, g = attention
-    kernel = CompiledBatchedGemmGroup(plan, g)
+    kernel = compile_batched_gemm_group(plan, g)
     _ort_check(path, plan, kernel, M, N, K)
 
 
@@ -136,17 +136,17 @@ def test_every_candidate_config_is_correct(attention):
     """Each tile configuration the runtime may pick computes the same thing (edge tiles, several
     K steps, N split in blocks)."""
     path, plan, g = attention
-    cfgs = CompiledBatchedGemmGroup.candidate_configs(plan, g)
+    cfgs = BatchedGemmAnalysis(plan, g).heuristic_configs(host_isa())
     assert len(cfgs) >= 2
     for cfg in cfgs:
-        kernel = CompiledBatchedGemmGroup(plan, g, cfg)
+        kernel = compile_batched_gemm_group(plan, g, cfg)
         assert kernel.cfg == cfg and cfg.slug() in kernel.func
         _ort_check(path, plan, kernel, 97, 300, 400, batch=1, seed=3)
 
 
 def test_kernel_contract(attention):
     path, plan, g = attention
-    kernel = CompiledBatchedGemmGroup(plan, g)
+    kernel = compile_batched_gemm_group(plan, g)
     src = kernel.source
     assert src.startswith("/*") and g.name in src.split("*/")[0]
     for word in ("prologue A: Mul", "prologue B: Mul", "epilogue:   Add", "T_Mi x T_Ni", "DietCode 4.1"):
@@ -187,7 +187,7 @@ def test_constant_weight_is_refused(tmp_path):
                        [helper.make_tensor_value_info("a", TP.FLOAT, ["S", 8])],
                        [helper.make_tensor_value_info("y", TP.FLOAT, ["S", 4])], [W])
     with pytest.raises(UnsupportedOperatorError, match=rf"^group {g.name}: .*constant weight"):
-        CompiledBatchedGemmGroup(plan, g)
+        compile_batched_gemm_group(plan, g)
 
 
 def test_epilogue_reading_a_transposed_result_is_refused(tmp_path):
@@ -201,7 +201,7 @@ def test_epilogue_reading_a_transposed_result_is_refused(tmp_path):
     if not any(o.op_type == "Relu" for o in g.prologue_epilogue()[2]):
         pytest.skip(f"fusion did not put the transposed epilogue into the gemm group: {plan.describe()}")
     with pytest.raises(UnsupportedOperatorError, match=rf"^group {g.name}: .*reads the MatMul at"):
-        CompiledBatchedGemmGroup(plan, g)
+        compile_batched_gemm_group(plan, g)
 
 
 @pytest.mark.parametrize("isa", ["avx2", "scalar"])
@@ -210,6 +210,6 @@ def test_narrower_isas(attention, isa):
     if ISA_RANK[host_isa()] < ISA_RANK[isa]:
         pytest.skip(f"host ISA {host_isa()}")
     path, plan, g = attention
-    kernel = CompiledBatchedGemmGroup(plan, g, isa=isa)
+    kernel = compile_batched_gemm_group(plan, g, isa=isa)
     assert f"_{isa}_" in kernel.func
     _ort_check(path, plan, kernel, 97, 13, 61)

@@ -10,7 +10,7 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 import tscomp.graph as G
-from tscomp.codegen.cpu_gemm_group import CompiledGemmGroup, candidate_configs_for
+from tscomp.codegen.cpu_gemm_group import compile_gemm_group, candidate_configs_for
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion import fuse
 from tscomp.graph.reference import bind_symbols, materialize
@@ -32,7 +32,7 @@ MODELS += [pytest.param(f, "torchscript", 14, id=f"{f}-torchscript-opset14") for
 @pytest.mark.parametrize("family,exporter,opset", MODELS)
 def test_model_gemm_groups_match_the_interpreter(exported_model, record_property, family, exporter, opset):
     plan, ranges = model_plan(exported_model, family, exporter, opset)
-    kernels, refused = compile_gemm_groups(plan, CompiledGemmGroup)
+    kernels, refused = compile_gemm_groups(plan, compile_gemm_group)
     check_against_interpreter(plan, family, ranges, kernels)
     summary = (f"{family}-{exporter}{f'-opset{opset}' if opset else ''}: {len(kernels)}/{len(kernels) + len(refused)} gemm groups compiled "
                f"({', '.join(kernels)}); refused: " + ("; ".join(refused.values()) or "-"))
@@ -43,7 +43,7 @@ def test_model_gemm_groups_match_the_interpreter(exported_model, record_property
     for name, why in refused.items():
         assert any(reason in why for reason in OUT_OF_SCOPE), f"{name} refused in scope: {why}"
     by_name = {g.name: g for g in plan.groups}
-    row_groups = [n for n in kernels if kernels[n].T is not None]
+    row_groups = [n for n in kernels if kernels[n].has_row_pass]
     assert len(row_groups) >= 4, f"LayerNorm-epilogue groups not fused: {summary}"
     for n in row_groups:
         assert "row_pass(Y, m0, mv" in kernels[n].source
@@ -87,7 +87,7 @@ def test_matmul_bias_relu_residual_vs_onnxruntime(tmp_path, M):
     plan = fuse(G.load_model(path, ["B=1:4", "S=1:1024"]))
     gemm = [g for g in plan.groups if g.kind == "gemm"]
     assert len(gemm) == 1 and len(plan.groups) == 1, plan.describe()
-    kernel = CompiledGemmGroup(plan, gemm[0])
+    kernel = compile_gemm_group(plan, gemm[0])
     rng = np.random.default_rng(M)
     B, S = (1, M)
     feeds = {"x": rng.standard_normal((B, S, K)).astype(np.float32),
@@ -114,7 +114,7 @@ def test_unsupported_groups_are_refused_with_the_group_name(tmp_path):
     plan = fuse(G.load_model(path, ["S=1:64"]))
     g = next(g for g in plan.groups if g.kind == "gemm")
     with pytest.raises(UnsupportedOperatorError, match=rf"group {g.name}: .*not a constant weight"):
-        CompiledGemmGroup(plan, g)
+        compile_gemm_group(plan, g)
 
 
 # ------------------------------------------------------------------ row-reduction (LayerNorm) epilogues
@@ -173,7 +173,7 @@ def _ln_kernel(tmp_path_factory, K, N, variant, cfg=None):
         plan = fuse(G.load_model(path, ["B=1:4", "S=1:1024"]))
         gemm = [g for g in plan.groups if g.kind == "gemm"]
         assert len(gemm) == 1 and len(plan.groups) == 1, plan.describe()
-        _LN_KERNELS[key] = (path, plan, gemm[0], CompiledGemmGroup(plan, gemm[0], cfg))
+        _LN_KERNELS[key] = (path, plan, gemm[0], compile_gemm_group(plan, gemm[0], cfg))
     return _LN_KERNELS[key]
 
 
@@ -198,7 +198,7 @@ def _run_vs_ort(path, plan, group, kernel, B, S, K, N):
 def test_layernorm_epilogue_vs_onnxruntime(tmp_path_factory, M):
     K, N = 40, 72                       # N not a multiple of the register tile: padded columns
     path, plan, group, kernel = _ln_kernel(tmp_path_factory, K, N, "ln")
-    assert kernel.T is not None and kernel.y_inplace and "row_pass(Y, m0, mv" in kernel.source
+    assert kernel.has_row_pass and kernel.analysis.y_inplace and "row_pass(Y, m0, mv" in kernel.source
     _run_vs_ort(path, plan, group, kernel, 1, M, K, N)
 
 
@@ -207,9 +207,9 @@ def test_layernorm_epilogue_vs_onnxruntime(tmp_path_factory, M):
 def test_layernorm_epilogue_variants_vs_onnxruntime(tmp_path_factory, variant, B, S):
     K, N = 40, 72
     path, plan, group, kernel = _ln_kernel(tmp_path_factory, K, N, variant)
-    assert kernel.T is not None and "row_pass(Y, m0, mv" in kernel.source
+    assert kernel.has_row_pass and "row_pass(Y, m0, mv" in kernel.source
     if variant == "ln_sum":
-        assert kernel.y_output == "h" and not kernel.y_inplace      # Y is the exported residual sum
+        assert kernel.y_output == "h" and not kernel.analysis.y_inplace      # Y is the exported residual sum
     _run_vs_ort(path, plan, group, kernel, B, S, K, N)
 
 
@@ -222,7 +222,7 @@ def test_layernorm_epilogue_several_k_steps_and_configs(tmp_path_factory):
     assert 2 <= len(configs) <= 4
     assert configs[0].nc >= -(-N // configs[0].nr) * configs[0].nr       # the default keeps whole rows
     for cfg in configs:
-        k = CompiledGemmGroup(plan, group, cfg)
+        k = compile_gemm_group(plan, group, cfg)
         for B, S in ((1, 1), (2, 37)):
             _run_vs_ort(path, plan, group, k, B, S, K, N)
 
@@ -255,7 +255,7 @@ def test_runtime_contract_pickle_bind_tasks_memo(tmp_path_factory):
     assert not calls, calls
     # variants for a group without a row pass: N may be split across tasks
     plain_plan = fuse(G.load_model(_save(tmp_path_factory.mktemp("plain"), 768, 768), ["B=1:4", "S=1:1024"]))
-    plain = CompiledGemmGroup(plain_plan, plain_plan.groups[0])
+    plain = compile_gemm_group(plain_plan, plain_plan.groups[0])
     cfgs = candidate_configs_for(plain)
     assert 3 <= len(cfgs) <= 4 and len(set(cfgs)) == len(cfgs)
     assert plain.tasks(bind_symbols(plain_plan.graph, {"x": np.zeros((1, 1, 768), np.float32),

@@ -1,10 +1,14 @@
 """Variant choice by the wave model: cost = T_single_wave x ceil(tasks / threads)."""
 from __future__ import annotations
 
+from tscomp.codegen.kernel import KernelBase
 from tscomp.runtime.wave import pick_variant, wave_cost
+from tscomp.schedule.target import CUDA_SPECS, cuda, host_cpu
+
+CPU2 = host_cpu(2)
 
 
-class FakeKernel:
+class FakeKernel(KernelBase):
     def __init__(self, name, t_wave, tasks_per_row):
         self.name, self.t_wave, self.tasks_per_row = name, t_wave, tasks_per_row
 
@@ -14,33 +18,33 @@ class FakeKernel:
 
 def test_wave_cost_counts_whole_waves():
     k = FakeKernel("k", 2.0, 10)
-    assert wave_cost(k, {"M": 10}, 2) == 2.0        # 1 task: one (partial) wave
-    assert wave_cost(k, {"M": 20}, 2) == 2.0        # 2 tasks, 2 threads: one wave
-    assert wave_cost(k, {"M": 21}, 2) == 4.0        # 3 tasks: two waves
+    assert wave_cost(k, {"M": 10}, CPU2) == 2.0        # 1 task: one (partial) wave
+    assert wave_cost(k, {"M": 20}, CPU2) == 2.0        # 2 tasks, 2 threads: one wave
+    assert wave_cost(k, {"M": 21}, CPU2) == 4.0        # 3 tasks: two waves
 
 
 def test_small_shapes_pick_the_variant_with_fewer_waves_and_large_shapes_the_faster_wave():
     big_tiles = FakeKernel("big", 1.0, 100)          # slow wave, few tasks
     small_tiles = FakeKernel("small", 0.3, 10)       # fast wave, many tasks
-    assert pick_variant([big_tiles, small_tiles], {"M": 20}, 2) is small_tiles    # 1 wave each
-    assert pick_variant([big_tiles, small_tiles], {"M": 200}, 2) is big_tiles     # 1 wave vs 10
+    assert pick_variant([big_tiles, small_tiles], {"M": 20}, CPU2) is small_tiles    # 1 wave each
+    assert pick_variant([big_tiles, small_tiles], {"M": 200}, CPU2) is big_tiles     # 1 wave vs 10
 
 
 def test_single_variant_and_unmeasured_variants():
     only = FakeKernel("only", None, 1)
-    assert pick_variant([only], {"M": 5}, 2) is only
+    assert pick_variant([only], {"M": 5}, CPU2) is only
     measured = FakeKernel("m", 1.0, 1)
-    assert pick_variant([FakeKernel("u", None, 1), measured], {"M": 5}, 2) is measured
+    assert pick_variant([FakeKernel("u", None, 1), measured], {"M": 5}, CPU2) is measured
 
 
 def test_per_wave_time_is_interpolated_between_samples_and_scaled_by_waves():
     k = FakeKernel("k", None, 10)
     # (size, tasks, seconds): per-wave times 1.0 at size 1, 2.0 at size 16, 2.0 at size 64
     k.samples = [(1, 1, 1.0), (16, 2, 2.0), (64, 8, 8.0)]
-    assert wave_cost(k, {"M": 1}, 2) == 1.0
-    assert wave_cost(k, {"M": 10}, 2) == 1.0 + (2.0 - 1.0) * 9 / 15      # 1 task: one wave
-    assert wave_cost(k, {"M": 40}, 2) == 2.0 * 2                          # 4 tasks: two waves
-    assert wave_cost(k, {"M": 640}, 2) == 2.0 * 32                        # past the last sample
+    assert wave_cost(k, {"M": 1}, CPU2) == 1.0
+    assert wave_cost(k, {"M": 10}, CPU2) == 1.0 + (2.0 - 1.0) * 9 / 15      # 1 task: one wave
+    assert wave_cost(k, {"M": 40}, CPU2) == 2.0 * 2                          # 4 tasks: two waves
+    assert wave_cost(k, {"M": 640}, CPU2) == 2.0 * 32                        # past the last sample
 
 
 def test_measured_samples_choose_per_shape():
@@ -48,5 +52,33 @@ def test_measured_samples_choose_per_shape():
     few_big.samples = [(1, 1, 1.0), (512, 8, 4.0)]
     many_small = FakeKernel("many", None, 8)         # many small tasks: cheap when nearly empty
     many_small.samples = [(1, 1, 0.4), (512, 64, 8.0)]
-    assert pick_variant([few_big, many_small], {"M": 8}, 2) is many_small
-    assert pick_variant([few_big, many_small], {"M": 512}, 2) is few_big
+    assert pick_variant([few_big, many_small], {"M": 8}, CPU2) is many_small
+    assert pick_variant([few_big, many_small], {"M": 512}, CPU2) is few_big
+
+
+def test_blocks_per_wave_come_from_the_target_thread_count():
+    k = FakeKernel("k", 1.0, 1)
+    assert wave_cost(k, {"M": 8}, host_cpu(2)) == 4.0     # 8 tasks / 2 threads
+    assert wave_cost(k, {"M": 8}, host_cpu(8)) == 1.0     # one wave on 8 threads
+
+
+class GpuKernel(FakeKernel):
+    def __init__(self, t_wave, tasks_per_row, resources):
+        super().__init__("g", t_wave, tasks_per_row)
+        self._resources = resources
+
+    def resources(self):
+        return self._resources
+
+
+def test_gpu_blocks_per_wave_follow_the_occupancy_formula():
+    a100 = cuda("sm_80")
+    light = GpuKernel(1.0, 1, {"threads": 128, "registers": 32, "shared_bytes": 16 * 1024})
+    heavy = GpuKernel(1.0, 1, {"threads": 256, "registers": 128, "shared_bytes": 96 * 1024})
+    spec = CUDA_SPECS["sm_80"]
+    # light: shared memory allows 10 blocks/SM (164 KiB / 16 KiB), threads 16, registers 16
+    assert a100.blocks_per_wave(light.resources()) == 10 * spec.sms
+    # heavy: one 96 KiB block per SM; 128 regs x 256 threads = half the register file
+    assert a100.blocks_per_wave(heavy.resources()) == 1 * spec.sms
+    assert wave_cost(light, {"M": 10 * spec.sms}, a100) == 1.0
+    assert wave_cost(heavy, {"M": 10 * spec.sms}, a100) == 10.0

@@ -57,7 +57,8 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import (PRELUDE, broadcast_index, math_helpers, c_symbol_name, delinearize, linearize,
                                    reshape_index)
 from tscomp.codegen.cpu_gemm import ISA_RANK, _Vec, emit_accumulators
-from tscomp.codegen.native import PicklableKernel, binding_key, gemm_parts, refusals_name_group
+from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
+                                   structural_signature)
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.tile_config import (VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError,
                                         host_caches)
@@ -207,41 +208,34 @@ def _unit_stride(loads, var) -> bool:
 _LIBS: dict[str, ctypes.CDLL] = {}
 
 
-class CompiledBatchedGemmGroup(PicklableKernel):
-    """A gemm group with two activation operands compiled to the batched CPU macro-kernel.
+class BatchedGemmAnalysis:
+    """The analysis step of the batched-gemm family: the MatMul's batch count NB and M, N, K
+    (symbolic), its operand expressions (views and prologue ops), epilogue ops and output shapes —
+    independent of tile configuration and target. Raises :class:`UnsupportedOperatorError`
+    ("group <name>: <why>") when the group is not the family's."""
 
-    ``run(env, binding)`` has :meth:`tscomp.codegen.cpu_groups.CompiledGroup.run`'s contract: ``env``
-    holds (at least) the group's inputs, ``binding`` the shape symbols by name; it returns every
-    output of the group."""
+    family = "batched-gemm"
 
-    TRANSIENT = {"fn": None, "_sizes": dict}
-
-    def __init__(self, plan: Plan, group: Group, cfg: TileConfig | None = None, *, isa: str | None = None):
-        self.plan, self.group = plan, group
-        self.fn = None
-        self._sizes: dict = {}
-        with refusals_name_group(self.group.name):
-            self._analyze()
-            self.isa = isa or host_isa()
-            if self.isa not in ISA_RANK:
-                self._fail(f"unknown ISA {self.isa!r}")
-            if ISA_RANK[self.isa] > ISA_RANK[host_isa()]:
-                self._fail(f"ISA {self.isa} requested but this host only supports {host_isa()}")
-            self.cfg = (cfg or default_config(self.isa, *self.hints)).validate(self.isa)
-            self.func = "tscomp_" + re.sub(r"\W", "_", group.name) + f"_{self.isa}_{self.cfg.slug()}"
-            self.source = self._generate()
-        self._build()
-
-    @classmethod
-    def candidate_configs(cls, plan: Plan, group: Group, *, isa: str | None = None) -> list[TileConfig]:
-        """The tile configurations worth trying for ``group`` (analysis only, nothing is compiled)."""
-        self = cls.__new__(cls)
+    def __init__(self, plan: Plan, group: Group):
         self.plan, self.group = plan, group
         with refusals_name_group(self.group.name):
             self._analyze()
-        return candidate_configs(isa or host_isa(), *self.hints)
 
-    # ------------------------------------------------------------------ analysis
+    def signature(self) -> str:
+        """Identity for tuning records (see :func:`~tscomp.codegen.native.structural_signature`)."""
+        return sha256_text(f"batched-gemm NB={self.NB} M={self.M} N={self.N} K={self.K} "
+                           f"{structural_signature(self.group)}")[:16]
+
+    def extents(self) -> dict:
+        return {"NB": str(self.NB), "M": str(self.M), "N": str(self.N), "K": str(self.K)}
+
+    def static_extents(self) -> tuple[int | None, int | None, int | None]:
+        """M, N, K as ints where static, None where dynamic (the search space's view)."""
+        return tuple(int(x) if sympy.sympify(x).is_Integer else None for x in (self.M, self.N, self.K))
+
+    def heuristic_configs(self, isa: str) -> list[TileConfig]:
+        return candidate_configs(isa, *self.hints)
+
     def _fail(self, why: str):
         raise UnsupportedOperatorError(f"group {self.group.name}: {why}")
 
@@ -295,6 +289,45 @@ class CompiledBatchedGemmGroup(PicklableKernel):
                 self._fail(f"output {name} of shape [{', '.join(map(str, shape))}] is not the MatMul's element "
                            f"space [{', '.join(map(str, self.hshape))}] up to a reshape of its leading dims")
             self.out_shapes[name] = shape
+
+    def shape_of(self, e: Expr) -> tuple:
+        symtab = self.plan.graph.symbols
+        return tuple(symtab.canon(d) for d in e.shape)
+
+    def pro_of(self, k: int) -> list[Op]:
+        feeds = {id(x) for x in walk([self.heavy.args[k]])}
+        return [o for o in self.pro if id(o) in feeds]
+
+
+class CompiledBatchedGemmGroup(BatchedGemmAnalysis, PicklableKernel):
+    """The source and executor steps of the batched-gemm family: an analysis extended with one tile
+    configuration and ISA; constructing it generates the C text (pure: nothing is compiled),
+    :func:`build_batched_gemm_group` builds and binds it.
+
+    ``run(env, binding)`` has :meth:`tscomp.codegen.cpu_groups.CompiledGroup.run`'s contract: ``env``
+    holds (at least) the group's inputs, ``binding`` the shape symbols by name; it returns every
+    output of the group."""
+
+    # the graph (weights included) is not needed to run: sizes come from the symbol table
+    TRANSIENT = {"fn": None, "_sizes": dict, "plan": None}
+    family = "batched-gemm"
+
+    def __init__(self, analysis: BatchedGemmAnalysis, cfg: TileConfig, isa: str):
+        self.__dict__.update(analysis.__dict__)      # the analysis' facts, shared (not copied deeply)
+        self.fn = None
+        self._sizes: dict = {}
+        self.symtab = self.plan.graph.symbols
+        with refusals_name_group(self.group.name):
+            self.isa = isa
+            if self.isa not in ISA_RANK:
+                self._fail(f"unknown ISA {self.isa!r}")
+            self.cfg = cfg.validate(self.isa)
+            self.func = "tscomp_" + re.sub(r"\W", "_", self.group.name) + f"_{self.isa}_{self.cfg.slug()}"
+            self.source = self._generate()
+        self._input_shapes()
+
+    def resources(self) -> dict[str, int]:
+        return {"vector_accumulators": self.cfg.accumulators(self.isa)}
 
     # ------------------------------------------------------------------ code generation
     def _generate(self) -> str:
@@ -505,14 +538,6 @@ void {self.func}({', '.join(params)})
 """)
         return "\n".join(L)
 
-    def shape_of(self, e: Expr) -> tuple:
-        symtab = self.plan.graph.symbols
-        return tuple(symtab.canon(d) for d in e.shape)
-
-    def pro_of(self, k: int) -> list[Op]:
-        feeds = {id(x) for x in walk([self.heavy.args[k]])}
-        return [o for o in self.pro if id(o) in feeds]
-
     def _header(self, gen: _Generator) -> str:
         g, cfg = self.group, self.cfg
         h = self.heavy
@@ -574,7 +599,7 @@ void {self.func}({', '.join(params)})
         got = self._sizes.get(key)
         if got is not None:
             return got
-        symtab = self.plan.graph.symbols
+        symtab = self.symtab
         b = dict(binding)
         ev = lambda x: int(symtab.evaluate(x, b))   # noqa: E731
         NB, M, N, K = ev(self.NB), ev(self.M), ev(self.N), ev(self.K)
@@ -599,7 +624,7 @@ void {self.func}({', '.join(params)})
     def tasks(self, binding: Mapping[str, int]) -> int:
         """Parallel tile tasks the kernel runs at ``binding`` (the wave model's block count); only
         the three extents it needs are evaluated (the runtime asks every variant at a new shape)."""
-        symtab, b = self.plan.graph.symbols, dict(binding)
+        symtab, b = self.symtab, dict(binding)
         NB, M, N = (int(symtab.evaluate(x, b)) for x in (self.NB, self.M, self.N))
         return NB * -(-M // self.cfg.mc) * -(-N // self.cfg.nc)
 
@@ -628,6 +653,24 @@ void {self.func}({', '.join(params)})
         return outputs
 
     __call__ = run
+
+
+def build_batched_gemm_group(analysis: BatchedGemmAnalysis, cfg: TileConfig, isa: str) -> CompiledBatchedGemmGroup:
+    """The build step: source → shared library (cached by content) → bound executor."""
+    if ISA_RANK.get(isa, 99) > ISA_RANK[host_isa()]:
+        raise UnsupportedOperatorError(f"group {analysis.group.name}: ISA {isa} requested but this host only "
+                                       f"supports {host_isa()}")
+    kernel = CompiledBatchedGemmGroup(analysis, cfg, isa)
+    kernel._build()
+    return kernel
+
+
+def compile_batched_gemm_group(plan: Plan, group: Group, cfg: TileConfig | None = None, *,
+                               isa: str | None = None) -> CompiledBatchedGemmGroup:
+    """Analysis, source and build in one call (the heuristic's first configuration if no ``cfg``)."""
+    isa = isa or host_isa()
+    analysis = BatchedGemmAnalysis(plan, group)
+    return build_batched_gemm_group(analysis, cfg or default_config(isa, *analysis.hints), isa)
 
 
 # ============================================================================ micro-kernel
@@ -679,4 +722,5 @@ static inline __attribute__((always_inline)) void ts_micro_kernel(
     emit("}\n")
 
 
-__all__ = ["BATCHED_TILES", "CompiledBatchedGemmGroup", "candidate_configs", "default_config"]
+__all__ = ["BATCHED_TILES", "BatchedGemmAnalysis", "CompiledBatchedGemmGroup", "build_batched_gemm_group",
+           "candidate_configs", "compile_batched_gemm_group", "default_config"]

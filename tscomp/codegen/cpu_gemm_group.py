@@ -61,7 +61,8 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, linearize
 from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, generate_gemm,
                                      prepack_weights)
-from tscomp.codegen.native import PicklableKernel, binding_key, gemm_parts, refusals_name_group
+from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
+                                   structural_signature)
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block, _Row
 from tscomp.codegen.tile_config import TileConfig, candidate_configs, default_config
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
@@ -201,27 +202,25 @@ def _strip_views(e: Expr):
 _LIBS: dict[str, ctypes.CDLL] = {}
 
 
-class CompiledGemmGroup(PicklableKernel):
-    """A gemm group compiled to the CPU macro-kernel with its generated epilogue (and row pass).
+class GemmGroupAnalysis:
+    """The analysis step of the gemm family: what a gemm group computes, independent of any tile
+    configuration or target — M (symbolic), K and N, the constant weight, A's source and views, the
+    pre-reduction value of a fused row pass, every output's mode, and the fused prologue/epilogue
+    lowered from the expression IR to C statements over ``acc``/``i``/``j`` (config-independent, so
+    every configuration the tuner tries shares them). Raises :class:`UnsupportedOperatorError`
+    ("group <name>: <why>") when the group is not the family's."""
 
-    ``run(env, binding)`` has :meth:`tscomp.codegen.cpu_groups.CompiledGroup.run`'s contract:
-    ``env`` holds (at least) the group's inputs, ``binding`` the shape symbols by name; it returns
-    every group output. ``source`` is the C text, ``func`` its exported entry point, ``fn`` the
-    bound ctypes function (dropped when pickled; :meth:`_bind_function` binds it from any library
-    that exports ``func``), ``tasks(binding)`` the number of parallel tile tasks at a binding."""
+    family = "gemm"
 
-    # ctypes entry points do not pickle (rebound with _bind_function); the whole graph (weights
-    # included) is not needed to run; `packed` holds the weight
-    TRANSIENT = {"fn": None, "plan": None, "W": None, "_memo": dict}
-
-    def __init__(self, plan: Plan, group: Group, cfg: TileConfig | None = None, *, isa: str | None = None):
+    def __init__(self, plan: Plan, group: Group):
         self.plan, self.group = plan, group
         self.symtab = plan.graph.symbols
-        self._memo: dict[tuple, tuple] = {}
-        self.fn = None
         with refusals_name_group(group.name, also=(GemmError,)):
             self._analyze()
-            self._build(cfg, isa)
+
+    def __getstate__(self):
+        # the whole graph (weights included) is not needed once analysed; W is prepacked per kernel
+        return {k: v for k, v in self.__dict__.items() if k not in ("plan", "W")}
 
     # ------------------------------------------------------------------ analysis
     def _fail(self, why: str):
@@ -490,28 +489,21 @@ class CompiledGemmGroup(PicklableKernel):
             return e.dtype
         return self.plan.graph.values[name].dtype
 
-    # ------------------------------------------------------------------ build
-    def _fit_config(self, cfg: TileConfig) -> TileConfig:
-        """Any configuration fits: with whole rows per task (T_Nb = padded N) the row pass runs in
-        each task on its rows while hot; with N split (more tasks at small M) it runs after all
-        tiles (see :mod:`tscomp.codegen.cpu_gemm`)."""
-        return cfg
+    # ------------------------------------------------------------------ what the schedule stage reads
+    def signature(self) -> str:
+        """Identity for tuning records and for tuning identical groups once: the group's structure
+        (:func:`~tscomp.codegen.native.structural_signature`: ops, shapes, dtypes; not names or
+        weight values) and the GEMM extents (BERT's 12 FFN-up groups share one signature)."""
+        return sha256_text(f"gemm K={self.K} N={self.N} M={self.M} {structural_signature(self.group)}")[:16]
 
-    def _build(self, cfg: TileConfig | None, isa: str | None) -> None:
-        self.isa = isa or host_isa()
-        self.cfg = self._fit_config(cfg or default_config(self.isa, self.K, self.N)).validate(self.isa)
-        self.geometry = _Geometry.of(self.cfg, self.K, self.N)
-        self.func = "tscomp_" + re.sub(r"\W", "_", self.group.name) + f"_{self.isa}_{self.cfg.slug()}"
-        self.source = self._header() + generate_gemm(self.cfg, self.K, self.N, self.isa, self.epilogue,
-                                                     name=self.func)
-        self.packed = prepack_weights(self.W, self.cfg)
-        path = build_library(self.source, self.func)
-        lib = _LIBS.get(str(path))
-        if lib is None:
-            lib = _LIBS[str(path)] = load_library(path)
-        self._bind_function(lib)
+    def extents(self) -> dict:
+        return {"M": str(self.M), "K": self.K, "N": self.N}
 
-    def _header(self) -> str:
+    @property
+    def has_row_pass(self) -> bool:
+        return self.T is not None
+
+    def header(self, cfg: TileConfig) -> str:
         g = self.group
         pro, heavy, epi = g.prologue_epilogue()
         lines = [f"tscomp fused GEMM group {g.name}",
@@ -526,17 +518,68 @@ class CompiledGemmGroup(PicklableKernel):
                  + ("the exported pre-reduction value" if self.T is not None and self.y_output and not self.y_inplace
                     else "the normalized output (in place)" if self.y_inplace else "a scratch")
                  if self.T is not None else "row pass: none",
-                 f"tile config: {self.cfg.describe()}"]
+                 f"tile config: {cfg.describe()}"]
         for role, name, _ in self.arg_roles:
             if role != "symbol":
                 lines.append(f"{role} {name}")
         return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */\n"
 
+
+def gemm_func_name(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str) -> str:
+    return "tscomp_" + re.sub(r"\W", "_", analysis.group.name) + f"_{isa}_{cfg.slug()}"
+
+
+def gemm_group_source(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str) -> str:
+    """The source step (pure: no compiling, no side effects): C text of the macro-kernel for
+    ``analysis`` under ``cfg`` on ``isa``, with the header naming group, fused ops and tiles."""
+    cfg = cfg.validate(isa)
+    with refusals_name_group(analysis.group.name, also=(GemmError,)):
+        return analysis.header(cfg) + generate_gemm(cfg, analysis.K, analysis.N, isa, analysis.epilogue,
+                                                    name=gemm_func_name(analysis, cfg, isa))
+
+
+
+
+class CompiledGemmGroup(PicklableKernel):
+    """The executor step: a built gemm-group macro-kernel under one tile configuration.
+
+    ``run(env, binding)`` has :meth:`tscomp.codegen.cpu_groups.CompiledGroup.run`'s contract:
+    ``env`` holds (at least) the group's inputs, ``binding`` the shape symbols by name; it returns
+    every group output. ``source`` is the C text, ``func`` its exported entry point, ``fn`` the
+    bound ctypes function (dropped when pickled; :meth:`_bind_function` binds it from any library
+    that exports ``func``), ``tasks(binding)`` the number of parallel tile tasks at a binding.
+    Constructing one compiles nothing: :func:`build_gemm_group` builds and binds."""
+
+    TRANSIENT = {"fn": None, "_memo": dict}
+    family = "gemm"
+
+    def __init__(self, analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str, source: str):
+        self.analysis = analysis             # pickles without the graph and the unpacked weight
+        self.group = analysis.group
+        self.symtab = analysis.symtab
+        self.isa = isa
+        self.cfg = cfg.validate(isa)
+        self.func = gemm_func_name(analysis, self.cfg, isa)
+        self.source = source
+        self.geometry = _Geometry.of(self.cfg, analysis.K, analysis.N)
+        self.K, self.N, self.M = analysis.K, analysis.N, analysis.M
+        self.weight_name = analysis.weight_name
+        self.a_prologue, self.a_input, self.a_chain = analysis.a_prologue, analysis.a_input, analysis.a_chain
+        self.y_output, self.out_shapes, self.arg_roles = analysis.y_output, analysis.out_shapes, analysis.arg_roles
+        self.epilogue_args = tuple(analysis.epilogue.args) if analysis.epilogue else ()
+        self.has_row_pass = analysis.has_row_pass
+        self.packed = prepack_weights(analysis.W, self.cfg)
+        self._memo: dict[tuple, tuple] = {}
+        self.fn = None
+
+    def resources(self) -> dict[str, int]:
+        return {"vector_accumulators": self.cfg.accumulators(self.isa), "packed_weight_bytes": int(self.packed.nbytes)}
+
     def _bind_function(self, lib: ctypes.CDLL) -> None:
         """Look ``func`` up in ``lib`` (this kernel's library, or one linking many kernels) and set ``fn``."""
         fn = getattr(lib, self.func)
         fn.restype = None
-        extra_types = [ARG_TYPES[a.ctype][0] for a in (self.epilogue.args if self.epilogue else ())]
+        extra_types = [ARG_TYPES[a.ctype][0] for a in self.epilogue_args]
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, *extra_types]
         self.fn = fn
 
@@ -577,9 +620,6 @@ class CompiledGemmGroup(PicklableKernel):
         M = int(self.symtab.evaluate(self.M, dict(binding)))
         return -(-M // self.cfg.mc) * self.geometry.n_nblocks
 
-    def candidate_configs(self) -> list[TileConfig]:
-        return candidate_configs_for(self)
-
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
         if self.fn is None:   # unpickled without a library: the kernel's own (cached by content)
             self._bind_function(load_library(build_library(self.source, self.func)))
@@ -616,23 +656,42 @@ class CompiledGemmGroup(PicklableKernel):
     __call__ = run
 
 
-def candidate_configs_for(kernel: CompiledGemmGroup, isa: str | None = None, limit: int = 4) -> list[TileConfig]:
+def build_gemm_group(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str) -> CompiledGemmGroup:
+    """The build step: source → shared library (cached by content) → bound executor."""
+    kernel = CompiledGemmGroup(analysis, cfg, isa, gemm_group_source(analysis, cfg, isa))
+    path = build_library(kernel.source, kernel.func)
+    lib = _LIBS.get(str(path))
+    if lib is None:
+        lib = _LIBS[str(path)] = load_library(path)
+    kernel._bind_function(lib)
+    return kernel
+
+
+def compile_gemm_group(plan: Plan, group: Group, cfg: TileConfig | None = None, *,
+                       isa: str | None = None) -> CompiledGemmGroup:
+    """Analysis, source and build in one call (the heuristic's default configuration if no ``cfg``)."""
+    isa = isa or host_isa()
+    analysis = GemmGroupAnalysis(plan, group)
+    return build_gemm_group(analysis, cfg or default_config(isa, analysis.K, analysis.N), isa)
+
+
+def candidate_configs_for(kernel: GemmGroupAnalysis | CompiledGemmGroup, isa: str | None = None,
+                          limit: int = 4) -> list[TileConfig]:
     """A few (<= ``limit``) tile configurations worth compiling for ``kernel``'s group, for a runtime
     to choose among per shape with the wave model: from :func:`tscomp.codegen.tile_config.candidate_configs`
     the large-M default, the same register tile over more N slices (more tasks at mid M), a 4-row
     small-M tile and a 1-row tile over many N slices (M of a few rows). With a row pass the first
     keeps whole rows per task (row pass while hot); the small-M ones split N (row pass after the
     tiles), so M of a few rows still spreads over every core."""
-    isa = isa or kernel.isa
+    isa = isa or getattr(kernel, "isa", None) or host_isa()
     cands = candidate_configs(isa, kernel.K, kernel.N)
     small = [c for c in cands if c.mc <= 4 * c.mr]
     large = [c for c in cands if c not in small]
     picks = large[:2] + [c for c in small if c.mr == 4][:1] + small[-1:]
-    if kernel.T is not None:
+    if kernel.has_row_pass:
         picks = large[:1] + [c for c in small if c.mr == 4][:1] + [c for c in small if c.mr == 2][:1] + small[-1:]
     out: list[TileConfig] = []
     for c in picks + cands:
-        c = kernel._fit_config(c)
         if c not in out:
             out.append(c)
         if len(out) >= limit:
@@ -640,4 +699,5 @@ def candidate_configs_for(kernel: CompiledGemmGroup, isa: str | None = None, lim
     return out
 
 
-__all__ = ["CompiledGemmGroup", "MAX_ROW_N", "candidate_configs_for"]
+__all__ = ["CompiledGemmGroup", "GemmGroupAnalysis", "MAX_ROW_N", "build_gemm_group", "candidate_configs_for",
+           "compile_gemm_group", "gemm_group_source"]

@@ -1,30 +1,28 @@
-"""Macro-kernel families for the CPU target, as data: which family compiles which fused group,
-and which tile-configuration variants it builds (TSCompiler §5: one parameterized macro-kernel
+"""Macro-kernel families, as data: which family compiles which fused group, and the four steps
+each family is made of (DESIGN.md, "Kernel family"; TSCompiler §5: one parameterized macro-kernel
 per group and configuration; §6: the runtime picks among the variants per shape).
 
-A family is tried on a group when the group's kind is one it serves; it either returns built
-kernel variants or raises :class:`~tscomp.errors.UnsupportedOperatorError` saying why it does
-not apply (the TVM dlight idea: a rule answers "here is a schedule" or "not mine"). The first
-family that accepts wins; a group no family accepts runs on the numpy fallback
-(:class:`~tscomp.codegen.interpreted.InterpretedGroup`) carrying every family's reason.
+    analysis   (plan, group) -> analysis            target-neutral facts; raises "not mine, because ..."
+    space      (analysis, target) -> DiscreteSpace   the configurations worth searching (None: none)
+    source     (analysis, config, target) -> kernel  the executor with its C text, nothing compiled
+    link       (kernel) -> kernel                    compile (cached by content), load, bind
 
-Every kernel object, whatever its family, offers the same small contract to the runtime:
-``run(env, binding) -> outputs``, ``tasks(binding)`` (parallel tile tasks, for the wave model),
-``func``/``source`` (entry point and C text; ``None`` for the fallback), ``cfg`` (tile config or
-``None``), ``_bind_function(lib)`` (re-attach the entry point from the artifact's library after
-unpickling).
+A family is tried on a group when the group's kind is one it serves; the first whose analysis
+accepts wins (the TVM dlight idea: a rule answers "here is a schedule" or "not mine"). A group no
+family accepts runs on the numpy fallback (:class:`~tscomp.codegen.interpreted.InterpretedGroup`)
+carrying every family's reason. Every executor satisfies :class:`~tscomp.codegen.kernel.Kernel`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from tscomp.codegen.interpreted import InterpretedGroup
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion.plan import Group, Plan
+from tscomp.schedule.target import Target
 
-
-#: tile-configuration variants compiled per GEMM group. On BERT-base, 4 ran 2-10% faster than 3 at
+#: tile-configuration variants kept per GEMM group. On BERT-base, 4 ran 2-10% faster than 3 at
 #: L = 39..300 in one side-by-side comparison (the two sets were timed at different moments, so part
 #: of that is measurement noise); compile time grows by about a third
 DEFAULT_VARIANTS = 4
@@ -33,62 +31,166 @@ DEFAULT_VARIANTS = 4
 @dataclass(frozen=True)
 class KernelFamily:
     name: str
-    kinds: tuple[str, ...]                                   # group kinds it may accept
-    variants: Callable[[Plan, Group, str, int], list]        # (plan, group, isa, max_variants) -> kernels
+    kinds: tuple[str, ...]                                      # group kinds it may accept
+    analyze: Callable[[Plan, Group], Any]
+    executor: Callable[[Any, Any, Target], Any]                 # unbuilt kernel: .func, .source
+    link: Callable[[Any], Any]                                  # build and bind it
+    heuristic: Callable[[Any, Target, int], list]               # configurations without tuning
+    space: Callable[[Any, Target], Any] | None = None           # None: nothing to tune
+
+    @property
+    def tunable(self) -> bool:
+        return self.space is not None
+
+    def source(self, analysis, config, target: Target) -> str:
+        """C text of ``analysis`` under ``config`` (pure: nothing is compiled)."""
+        return self.executor(analysis, config, target).source
+
+    def build(self, analysis, config, target: Target):
+        return self.link(self.executor(analysis, config, target))
 
 
-def _gemm(plan: Plan, group: Group, isa: str, max_variants: int) -> list:
-    from tscomp.codegen.cpu_gemm_group import CompiledGemmGroup, candidate_configs_for
-    first = CompiledGemmGroup(plan, group, isa=isa)
-    out = [first]
-    for cfg in candidate_configs_for(first, isa, limit=max_variants + 1):
-        if cfg != first.cfg and len(out) < max_variants:
-            out.append(CompiledGemmGroup(plan, group, cfg, isa=isa))
-    return out
+def link_native(kernel):
+    """Compile a kernel's source (object cache by content), load it, bind its entry point."""
+    from tscomp.codegen.build import build_library, load_library
+
+    path = str(build_library(kernel.source, kernel.func))
+    lib = _LIBS.get(path)
+    if lib is None:
+        lib = _LIBS[path] = load_library(path)
+    kernel._bind_function(lib)
+    return kernel
 
 
-def _batched_gemm(plan: Plan, group: Group, isa: str, max_variants: int) -> list:
+_LIBS: dict = {}
+
+
+# ---------------------------------------------------------------------------- gemm (constant weight)
+def _gemm_analyze(plan, group):
+    from tscomp.codegen.cpu_gemm_group import GemmGroupAnalysis
+    return GemmGroupAnalysis(plan, group)
+
+
+def _gemm_executor(analysis, cfg, target: Target):
+    from tscomp.codegen.cpu_gemm_group import CompiledGemmGroup, gemm_group_source
+    return CompiledGemmGroup(analysis, cfg, target.isa, gemm_group_source(analysis, cfg, target.isa))
+
+
+def _gemm_heuristic(analysis, target: Target, limit: int) -> list:
+    from tscomp.codegen.cpu_gemm_group import candidate_configs_for
+    return candidate_configs_for(analysis, target.isa, limit=limit)
+
+
+def _gemm_space(analysis, target: Target):
+    from tscomp.schedule.gemm_space import GemmSpace
+    return GemmSpace(analysis.K, analysis.N, target, m_max=_upper(analysis.symtab, analysis.M))
+
+
+# ---------------------------------------------------------------------------- batched gemm (attention)
+def _batched_analyze(plan, group):
+    from tscomp.codegen.cpu_batched_gemm import BatchedGemmAnalysis
+    return BatchedGemmAnalysis(plan, group)
+
+
+def _batched_executor(analysis, cfg, target: Target):
     from tscomp.codegen.cpu_batched_gemm import CompiledBatchedGemmGroup
-    first = CompiledBatchedGemmGroup(plan, group, isa=isa)
-    out = [first]
-    for cfg in CompiledBatchedGemmGroup.candidate_configs(plan, group, isa=isa):
-        if cfg != first.cfg and len(out) < max_variants:
-            out.append(CompiledBatchedGemmGroup(plan, group, cfg, isa=isa))
-    return out
+    return CompiledBatchedGemmGroup(analysis, cfg, target.isa)
 
 
-def _row_or_elementwise(plan: Plan, group: Group, isa: str, max_variants: int) -> list:
+def _batched_heuristic(analysis, target: Target, limit: int) -> list:
+    return analysis.heuristic_configs(target.isa)[:limit]
+
+
+def _batched_space(analysis, target: Target):
+    from tscomp.schedule.gemm_space import BatchedGemmSpace
+    return BatchedGemmSpace(*analysis.static_extents(), target)
+
+
+# ---------------------------------------------------------------------------- row / elementwise
+def _rows_analyze(plan, group):
+    from tscomp.codegen.cpu_groups import generate_group
+    return generate_group(plan, group)      # one loop nest per group: analysis and source at once
+
+
+def _rows_executor(analysis, cfg, target: Target):
+    return analysis          # the generated KernelSource: .func, .source
+
+
+def _rows_link(source):
     from tscomp.codegen.cpu_groups import CompiledGroup
-    return [CompiledGroup.build(plan, group)]
+    return CompiledGroup(source)
+
+
+def _no_configs(analysis, target: Target, limit: int) -> list:
+    return [None]
+
+
+def _upper(symtab, expr) -> int | None:
+    """An expression's upper bound under the symbol ranges, or None if unbounded."""
+    import math
+    hi = symtab.bounds(expr)[1]
+    return int(hi) if math.isfinite(hi) else None
 
 
 FAMILIES: tuple[KernelFamily, ...] = (
-    KernelFamily("gemm", ("gemm",), _gemm),
-    KernelFamily("batched-gemm", ("gemm",), _batched_gemm),
-    KernelFamily("row-or-elementwise", ("elementwise", "reduce"), _row_or_elementwise),
+    KernelFamily("gemm", ("gemm",), _gemm_analyze, _gemm_executor, link_native, _gemm_heuristic, _gemm_space),
+    KernelFamily("batched-gemm", ("gemm",), _batched_analyze, _batched_executor, link_native, _batched_heuristic,
+                 _batched_space),
+    KernelFamily("row-or-elementwise", ("elementwise", "reduce"), _rows_analyze, _rows_executor, _rows_link,
+                 _no_configs),
 )
 
 
-def kernels_for_group(plan: Plan, group: Group, *, isa: str, max_variants: int = DEFAULT_VARIANTS) -> list:
-    """Built kernel variants for ``group`` from the first family that accepts it, else the numpy
-    fallback with the reasons."""
+@dataclass
+class FamilyChoice:
+    """Which family took a group and its analysis, or why none did."""
+    group: Group
+    family: KernelFamily | None
+    analysis: Any = None
+    reasons: tuple[str, ...] = ()
+
+
+def choose_family(plan: Plan, group: Group) -> FamilyChoice:
+    """The first family whose analysis accepts ``group``; else every family's reason."""
     reasons = []
     for fam in FAMILIES:
         if group.kind not in fam.kinds:
             continue
         try:
-            kernels = fam.variants(plan, group, isa, max_variants)
+            return FamilyChoice(group, fam, fam.analyze(plan, group))
         except UnsupportedOperatorError as exc:
             reasons.append(f"{fam.name}: {exc}")
-            continue
-        unique = {}
-        for k in kernels:   # two requested configs may come out as one kernel (e.g. N blocking forced)
-            k.family = fam.name
-            unique.setdefault(k.func, k)
-        return list(unique.values())
     if not reasons:
         reasons.append(f"no CPU macro-kernel family for {group.kind} groups")
-    return [InterpretedGroup(plan, group, reasons)]
+    return FamilyChoice(group, None, None, tuple(reasons))
 
 
-__all__ = ["DEFAULT_VARIANTS", "FAMILIES", "KernelFamily", "kernels_for_group"]
+def fallback_kernel(plan: Plan, choice: FamilyChoice) -> InterpretedGroup:
+    return InterpretedGroup(plan, choice.group, list(choice.reasons))
+
+
+def kernels_for_group(plan: Plan, group: Group, *, target: Target | None = None, isa: str | None = None,
+                      max_variants: int = DEFAULT_VARIANTS) -> list:
+    """Built kernel variants for ``group`` from its family's heuristic configurations (no tuning),
+    else the numpy fallback with the reasons."""
+    from tscomp.schedule.target import host_cpu
+
+    target = target or host_cpu(isa=isa)
+    choice = choose_family(plan, group)
+    if choice.family is None:
+        return [fallback_kernel(plan, choice)]
+    fam = choice.family
+    unique: dict = {}
+    for cfg in fam.heuristic(choice.analysis, target, max_variants):
+        try:
+            k = fam.build(choice.analysis, cfg, target)
+        except UnsupportedOperatorError:
+            if not unique:
+                raise
+            continue
+        unique.setdefault(k.func, k)   # two configs may come out as one kernel
+    return list(unique.values())
+
+
+__all__ = ["DEFAULT_VARIANTS", "FAMILIES", "FamilyChoice", "KernelFamily", "choose_family", "fallback_kernel",
+           "kernels_for_group", "link_native"]

@@ -13,16 +13,14 @@ from typing import Mapping
 
 import numpy as np
 
+from tscomp.codegen.kernel import KernelBase
 from tscomp.graph.fusion.interpret import evaluate_group
 from tscomp.graph.fusion.plan import Group, Plan
 
 
-class InterpretedGroup:
+class InterpretedGroup(KernelBase):
     family = "numpy"
     target = "numpy"
-    func = None
-    source = None
-    cfg = None
 
     def __init__(self, plan: Plan, group: Group, reasons: list[str] | None = None):
         self.plan, self.group = plan, group
@@ -31,10 +29,7 @@ class InterpretedGroup:
     def tasks(self, binding: Mapping[str, int]) -> int:
         return 1
 
-    def _bind_function(self, lib) -> None:
-        pass  # nothing native to bind
-
-    def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int], out=None) -> dict[str, np.ndarray]:
+    def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
         genv = {name: env[name] for name in self.group.inputs}
         return evaluate_group(self.plan, self.group, genv, dict(binding))
 

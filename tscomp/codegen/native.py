@@ -5,7 +5,10 @@ group (so the runtime's fallback reasons say which group and why)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from typing import Mapping
+
+from tscomp.codegen.kernel import KernelBase
 
 from tscomp.errors import UnsupportedOperatorError
 
@@ -39,7 +42,38 @@ def binding_key(binding: Mapping[str, int]) -> tuple:
     return tuple(sorted(binding.items()))
 
 
-class PicklableKernel:
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def structural_signature(group) -> str:
+    """A hash of what a fused group computes, blind to what it is called: the expression DAG of its
+    outputs in walk order, each node by kind, op type, attributes, shape and dtype, inputs by first
+    appearance (not by name), constants by shape and dtype (not by value). Identical layers of a
+    model (BERT's 12 FFN-up groups) share it, so the schedule stage tunes them once."""
+    from tscomp.graph.fusion.expr import Const, Input, Op, View, walk
+
+    ids: dict[int, int] = {}
+    inputs: dict[str, int] = {}
+    parts = []
+    for e in walk(list(group.outputs.values())):
+        ids[id(e)] = len(ids)
+        ref = lambda c: "-" if c is None else str(ids[id(c)])   # noqa: E731
+        head = f"{[str(d) for d in e.shape]}:{e.dtype}"
+        if isinstance(e, Input):
+            parts.append(f"in{inputs.setdefault(e.name, len(inputs))}:{head}")
+        elif isinstance(e, Const):
+            parts.append(f"const:{head}")
+        elif isinstance(e, View):
+            parts.append(f"view({e.op.describe()}):{ref(e.src)}:{head}")
+        elif isinstance(e, Op):
+            attrs = ",".join(f"{k}={v!r}" for k, v in sorted(e.attrs.items()) if not isinstance(v, (bytes,)))
+            parts.append(f"{e.op_type}[{attrs}]#{e.output_index}({','.join(ref(c) for c in e.args)}):{head}")
+    parts.append("outputs:" + ",".join(ids.get(id(e), "?").__str__() for e in group.outputs.values()))
+    return sha256_text("\n".join(parts))[:16]
+
+
+class PicklableKernel(KernelBase):
     #: attribute -> value it takes in the pickled state (entry points, caches, build-time data)
     TRANSIENT: dict = {"fn": None}
 
@@ -53,4 +87,5 @@ class PicklableKernel:
         self.__dict__.update(state)
 
 
-__all__ = ["PicklableKernel", "binding_key", "gemm_parts", "refusals_name_group"]
+__all__ = ["PicklableKernel", "binding_key", "gemm_parts", "refusals_name_group", "sha256_text",
+           "structural_signature"]

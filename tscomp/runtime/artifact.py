@@ -38,9 +38,10 @@ from tscomp.codegen.cpu_gemm import aligned_copy
 from tscomp.compiler import CompiledModel
 from tscomp.errors import TscompError
 from tscomp.graph.symbols import shape_str
+from tscomp.schedule.target import Target
 
 FORMAT = "tscomp-artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2     # 2: the target as data, per-variant schedule provenance
 
 
 class ArtifactError(TscompError):
@@ -61,27 +62,23 @@ def _tensor_spec(graph, name: str) -> dict:
 
 
 def _variant_entry(kernel) -> dict:
-    entry = {"family": getattr(kernel, "family", "?"), "target": getattr(kernel, "target", "cpu"),
-             "func": kernel.func}
-    cfg = getattr(kernel, "cfg", None)
+    entry = {"family": kernel.family, "target": kernel.target, "func": kernel.func}
+    cfg = kernel.cfg
     if cfg is not None:
         entry["tile_config"] = {k: int(v) for k, v in vars(cfg).items() if isinstance(v, (int, np.integer))}
         entry["tile_config_text"] = cfg.describe()
-        resources = {}
-        isa = getattr(kernel, "isa", None)
-        if isa and hasattr(cfg, "accumulators"):
-            resources["vector_accumulators"] = cfg.accumulators(isa)
-        packed = getattr(kernel, "packed", None)
-        if packed is not None:
-            resources["packed_weight_bytes"] = int(packed.nbytes)
+    resources = kernel.resources()
+    if resources:
         entry["resources"] = resources
-    if getattr(kernel, "t_wave", None) is not None:
+    if kernel.tuning:
+        entry["schedule"] = dict(kernel.tuning)
+    if kernel.t_wave is not None:
         entry["single_wave_us"] = round(kernel.t_wave * 1e6, 3)
         entry["measured_at"] = kernel.probe
-    if getattr(kernel, "samples", None):
+    if kernel.samples:
         entry["samples"] = [{"size": z, "tasks": t, "us": round(sec * 1e6, 3)} for z, t, sec in kernel.samples]
-    if getattr(kernel, "reasons", None):
-        entry["why_no_native_kernel"] = kernel.reasons
+    if kernel.reasons:
+        entry["why_no_native_kernel"] = list(kernel.reasons)
     return entry
 
 
@@ -91,8 +88,9 @@ def manifest_of(model: CompiledModel) -> dict:
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "source_model": model.source_model, "dims": list(model.dims), "target": "cpu", "isa": model.isa,
-        "threads_measured": model.threads, "configs": model.config_source,
+        "source_model": model.source_model, "dims": list(model.dims), "target": model.target.to_json(),
+        "isa": model.isa, "threads_measured": model.threads, "configs": model.config_source,
+        "schedule": model.schedules.to_json() if model.schedules is not None else None,
         "compile_seconds": round(model.compile_seconds, 2),
         "symbols": [{"name": i.name, "min": i.min, "max": i.max, "origin": i.origin}
                     for i in symtab.live_symbols()],
@@ -209,8 +207,8 @@ def _write_contents(model: CompiledModel, tmp: Path, progress) -> None:
                 k.packed = None
                 k.packed_key = weights[k.func][0]
         with open(tmp / "plan.pkl", "wb") as f:
-            pickle.dump({"plan": model.plan, "kernels": model.kernels, "isa": model.isa,
-                         "threads": model.threads, "source_model": model.source_model,
+            pickle.dump({"plan": model.plan, "kernels": model.kernels, "target": model.target.to_json(),
+                         "source_model": model.source_model,
                          "dims": list(model.dims)}, f, protocol=5)
     finally:
         for k in natives:
@@ -230,7 +228,7 @@ def _packed_weights(kernels) -> dict[str, tuple[str, np.ndarray]]:
     by_digest: dict[str, str] = {}
     out = {}
     for k in kernels:
-        arr = getattr(k, "packed", None)
+        arr = k.packed
         if arr is None:
             continue
         digest = hashlib.sha256(np.ascontiguousarray(arr).view(np.uint8)).hexdigest()[:24]
@@ -251,7 +249,7 @@ def prepacked_only_constants(model: CompiledModel) -> list[str]:
         v = model.plan.graph.values[name]
         if v.const is None or name in model.plan.graph.outputs:
             continue
-        if all(getattr(k, "weight_name", None) == name and getattr(k, "packed", None) is not None
+        if all(k.weight_name == name and k.packed is not None
                for g in groups for k in model.kernels[g]):
             out.append(name)
     return out
@@ -340,7 +338,7 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> tuple[CompiledMod
         for k in ks:
             if k.func is None:
                 continue
-            key = getattr(k, "packed_key", None)
+            key = k.packed_key
             if key is not None:
                 if key not in packed:    # one aligned copy per distinct panel set, shared by its kernels
                     packed[key] = aligned_copy(weights[key])   # npz members load at any alignment
@@ -348,7 +346,7 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> tuple[CompiledMod
             if lib is None:
                 raise ArtifactError(f"{path}: kernels.so missing but kernel {k.func} needs it")
             k._bind_function(lib)
-    model = CompiledModel(state["plan"], state["kernels"], state["isa"], state["threads"],
+    model = CompiledModel(state["plan"], state["kernels"], Target.from_json(state["target"]),
                           source_model=state["source_model"], dims=state.get("dims", []))
     return model, manifest
 

@@ -16,8 +16,6 @@ a warning.
 from __future__ import annotations
 
 import collections
-import functools
-import inspect
 import threading
 import time
 import warnings
@@ -99,6 +97,7 @@ class Runtime:
         self.plan = model.plan
         self.graph = model.plan.graph
         self.num_threads = num_threads or default_threads()
+        self.target = model.target.with_threads(self.num_threads)
         self.allow_out_of_range = allow_out_of_range
         self._lock = threading.Lock()
         self._shapes: collections.OrderedDict[tuple, ShapePlan] = collections.OrderedDict()
@@ -111,14 +110,14 @@ class Runtime:
         """Run every kernel variant once at the smallest shape and plan that shape, so no request
         pays for first touches (library code pages, weight pages, OpenMP thread start-up) or for
         compiling shape expressions."""
-        from tscomp.compiler import group_inputs_at
+        from tscomp.schedule.samples import group_inputs_at
 
         set_num_threads(self.num_threads)
         binding = {i.name: max(1, i.min) for i in self.graph.symbols.live_symbols()}
         rng = np.random.default_rng(0)
         for g in self.plan.groups:
             variants = self.model.kernels[g.name]
-            if all(getattr(k, "target", "cpu") == "numpy" for k in variants):
+            if all(k.target == "numpy" for k in variants):
                 continue
             env = group_inputs_at(self.plan, g, binding, rng)
             for k in variants:
@@ -229,12 +228,12 @@ class Runtime:
                         for n in g.inputs if graph.values[n].symdata is not None}
         steps, groups = [], []
         for k, g in enumerate(self.plan.groups):
-            kernel = pick_variant(self.model.kernels[g.name], binding, self.num_threads)
+            kernel = pick_variant(self.model.kernels[g.name], binding, self.target)
             if g.name in self._shape_only:
                 shape_consts.update(kernel.run({**self._consts, **shape_consts}, binding))
                 continue
             free = tuple(n for n in g.inputs if last_read.get(n) == k and n not in keep)
-            steps.append(Step(g.name, kernel, _takes_out(kernel), free))
+            steps.append(Step(g.name, kernel, kernel.takes_out, free))
             groups.append(g)
         plan = ShapePlan(dict(binding), steps, shapes, buffers, np.empty(buffers.arena_bytes, np.uint8), shape_consts)
         for step, g in zip(steps, groups):
@@ -313,20 +312,8 @@ def _widen(spec, binding: Mapping[str, int]):
     return replace(spec, min=min(spec.min, v), max=max(spec.max, v))
 
 
-@functools.lru_cache(maxsize=None)
-def _run_takes_out(kernel_type: type) -> bool:
-    try:
-        return "out" in inspect.signature(kernel_type.run).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _takes_out(kernel) -> bool:
-    return _run_takes_out(type(kernel))
-
-
 def _family(kernel) -> str:
-    return getattr(kernel, "family", getattr(kernel, "target", "?"))
+    return kernel.family
 
 
 __all__ = ["Runtime"]

@@ -2,9 +2,11 @@
 
 cost(variant, shape) = T_single_wave(variant) × ⌈tasks(variant, shape) / tasks_per_wave⌉
 
-On the CPU a "block" is one parallel tile task of the macro-kernel and a wave is one task per
-thread, so tasks_per_wave = the runtime's thread count. T_single_wave is measured at compile time
-(:func:`tscomp.compiler.measure_variants`) at a few sample shapes, because a CPU task's time depends
+Blocks per wave come from the :class:`~tscomp.schedule.target.Target` and the kernel's resource use
+(``target.blocks_per_wave(kernel.resources())``): on the CPU a "block" is one parallel tile task of
+the macro-kernel and a wave is one task per worker thread; on a GPU it is §6's occupancy formula.
+T_single_wave is measured at compile time (by the tuner, or
+:func:`tscomp.compiler.measure_variants`) at a few sample shapes, because a CPU task's time depends
 on how full its tiles are (a 64-row task holding one row costs far less than a full one); the
 runtime interpolates the per-wave time between the samples around the shape. A group with one variant has nothing to choose.
 """
@@ -13,21 +15,20 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from tscomp.compiler import shape_size
+from tscomp.schedule.samples import shape_size
+from tscomp.schedule.target import Target
 
 
-def wave_cost(kernel, binding: Mapping[str, int], threads: int) -> float:
+def wave_cost(kernel, binding: Mapping[str, int], target: Target) -> float:
     """T_single_wave × waves. T_single_wave is interpolated (linearly in the shape size) between
     the two measured samples around this shape — per-wave time grows as tiles fill up, which a
     single measured constant misses at small shapes — and the waves are this shape's. Without
     samples, the one measured ``t_wave``; unmeasured variants cost infinity."""
-    threads = max(1, threads)
-    waves = math.ceil(kernel.tasks(binding) / threads)
-    samples = getattr(kernel, "samples", None)
-    if samples:
-        return _per_wave_time(_wave_points(kernel, samples, threads), shape_size(binding)) * waves
-    t_wave = getattr(kernel, "t_wave", None)
-    return math.inf if t_wave is None else t_wave * waves
+    per_wave = max(1, target.blocks_per_wave(kernel.resources()))
+    waves = math.ceil(kernel.tasks(binding) / per_wave)
+    if kernel.samples:
+        return _per_wave_time(_wave_points(kernel, kernel.samples, per_wave), shape_size(binding)) * waves
+    return math.inf if kernel.t_wave is None else kernel.t_wave * waves
 
 
 def _wave_points(kernel, samples, threads: int) -> list[tuple[int, float]]:
@@ -49,11 +50,11 @@ def _per_wave_time(points: list[tuple[int, float]], size: int) -> float:
     return points[-1][1]
 
 
-def pick_variant(variants: list, binding: Mapping[str, int], threads: int):
+def pick_variant(variants: list, binding: Mapping[str, int], target: Target):
     if len(variants) == 1:
         return variants[0]
-    # ties (equal cost) go to the earlier variant: the family lists its default first
-    return min(variants, key=lambda k: wave_cost(k, binding, threads))
+    # ties (equal cost) go to the earlier variant: the schedule lists its best-objective one first
+    return min(variants, key=lambda k: wave_cost(k, binding, target))
 
 
 __all__ = ["pick_variant", "wave_cost"]

@@ -1,0 +1,61 @@
+"""The one contract every kernel object satisfies for the runtime, the artifact and the wave model.
+
+A kernel family's *executor* step produces objects of this shape (DESIGN.md, "Kernel family");
+the runtime calls ``run``/``tasks``, the wave model reads ``samples``/``t_wave`` and ``tasks``,
+the artifact writer reads ``func``/``source``/``cfg``/``resources()`` and the weight fields, the
+loader calls ``bind``. :class:`KernelBase` gives every field its default so no consumer probes
+attributes with ``getattr`` or inspects signatures.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Kernel(Protocol):
+    family: str                      # the family that built it ("gemm", "batched-gemm", ..., "numpy")
+    target: str                      # "cpu" for native kernels, "numpy" for the fallback
+    func: str | None                 # exported entry point in the artifact's library
+    source: str | None               # generated C text
+    cfg: Any                         # tile configuration (None: nothing to configure)
+    takes_out: bool                  # run() accepts ``out=`` (arena views for its outputs)
+    samples: list                    # [(shape size, tasks, seconds)] measured at compile time
+    t_wave: float | None             # single-wave time at the largest sample
+    tuning: dict | None              # where its configuration came from (method, trials, record)
+
+    def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]: ...
+    def tasks(self, binding: Mapping[str, int]) -> int: ...
+    def resources(self) -> dict[str, int]: ...
+    def bind(self, lib) -> None: ...
+
+
+class KernelBase:
+    """Defaults of the :class:`Kernel` contract (class attributes; instances override)."""
+    family = "?"
+    target = "cpu"
+    func: str | None = None
+    source: str | None = None
+    cfg = None
+    takes_out = False
+    samples: list = []
+    t_wave: float | None = None
+    probe: dict | None = None
+    tuning: dict | None = None
+    reasons: tuple = ()
+    packed: np.ndarray | None = None       # prepacked constant weight (GEMM families)
+    weight_name: str | None = None         # the graph constant ``packed`` replaces
+    packed_key: str | None = None          # its key in weights.npz (set by the artifact writer)
+
+    def resources(self) -> dict[str, int]:
+        return {}
+
+    def bind(self, lib) -> None:
+        """Attach the entry point from ``lib`` (a library exporting ``func``)."""
+        bind = getattr(self, "_bind_function", None)
+        if bind is not None and self.func is not None:
+            bind(lib)
+
+
+__all__ = ["Kernel", "KernelBase"]

@@ -1,0 +1,99 @@
+"""The sample shapes at which kernels are measured, and the inputs for measuring a group alone.
+
+DietCode §4.2 makes the tuning objective *shape-generic*: a configuration is judged over a few
+samples of the dynamic axis, not at one static shape, and the runtime's cost model interpolates
+between those same samples (TSCompiler §6: T_single_wave measured offline). The samples are the
+widest-ranged symbol at :data:`SAMPLE_POINTS` and its maximum, every other symbol at its minimum.
+
+The samples are capped by a memory budget, never by the declared maximum alone: a range such as
+``batch=1:1000000`` would otherwise make the compiler allocate inputs for a million-row batch. A
+sample whose tensors would exceed the budget is dropped with a warning naming the symbol and the
+largest value that was sampled.
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+
+import numpy as np
+
+from tscomp.graph.fusion.plan import Group, Plan
+from tscomp.graph.reference import materialize
+
+#: values the widest dynamic symbol takes when kernels are measured (clipped to its range)
+SAMPLE_POINTS = (1, 4, 16, 64, 128, 256)
+
+
+def memory_budget() -> int:
+    """Bytes the live tensors of one sample shape may take: 1 GiB, or 1/8 of physical memory if
+    that is less."""
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        phys = 8 << 30
+    return int(min(1 << 30, phys // 8))
+
+
+def shape_size(binding: dict[str, int]) -> int:
+    """One number that grows with the work of a shape: the product of its symbol values."""
+    return math.prod(int(v) for v in binding.values()) if binding else 1
+
+
+def footprint(plan: Plan, binding: dict[str, int]) -> int:
+    """Bytes of the largest group's non-constant inputs and outputs at ``binding``."""
+    graph = plan.graph
+    best = 0
+    for g in plan.groups:
+        total = 0
+        for name in (*g.inputs, *g.outputs):
+            v = graph.values[name]
+            if v.const is not None:
+                continue
+            n = math.prod(int(graph.symbols.evaluate(d, binding)) for d in v.shape)
+            total += n * np.dtype(v.dtype).itemsize
+        best = max(best, total)
+    return best
+
+
+def sample_bindings(plan: Plan, *, budget: int | None = None) -> list[dict[str, int]]:
+    """Shapes at which kernels are timed (see the module docstring)."""
+    live = plan.graph.symbols.live_symbols()
+    if not live:
+        return [{}]
+    grow = max(live, key=lambda i: (i.max - i.min, i.name))
+    base = {i.name: max(1, i.min) for i in live}
+    values = sorted({v for v in (*SAMPLE_POINTS, grow.max) if grow.min <= v <= grow.max} | {max(1, grow.min)})
+    budget = memory_budget() if budget is None else budget
+    kept = []
+    for v in values:
+        binding = {**base, grow.name: v}
+        if kept and footprint(plan, binding) > budget:
+            warnings.warn(f"measuring kernels at {grow.name}={v} needs more than the {budget >> 20} MiB sample "
+                          f"budget: timing stops at {grow.name}={kept[-1][grow.name]} (declared up to {grow.max}); "
+                          f"larger shapes are dispatched by extrapolation", RuntimeWarning, stacklevel=2)
+            break
+        kept.append(binding)
+    return kept
+
+
+def group_inputs_at(plan: Plan, group: Group, binding: dict[str, int], rng: np.random.Generator) -> dict:
+    """Inputs for running ``group`` alone: constants as they are, other tensors random of their
+    shape at ``binding`` (index tensors zero, so every gather stays in bounds)."""
+    graph = plan.graph
+    produced = set(plan.crossing_values()) | set(graph.inputs)
+    env = {}
+    for name in group.inputs:
+        v = graph.values[name]
+        if v.const is None and v.symdata is None and name not in produced:
+            continue  # a weight stripped from a loaded plan: its kernels hold it prepacked
+        if v.const is not None or v.symdata is not None:
+            env[name] = materialize(graph, v, binding)
+            continue
+        shape = tuple(int(graph.symbols.evaluate(d, binding)) for d in v.shape)
+        dt = np.dtype(v.dtype)
+        env[name] = (rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.zeros(shape, dt))
+    return env
+
+
+__all__ = ["SAMPLE_POINTS", "footprint", "group_inputs_at", "memory_budget", "sample_bindings", "shape_size"]

@@ -1,0 +1,283 @@
+"""The schedule stage: per fused group and target, which tile configurations the artifact keeps
+(TSCompiler §5.1 "replay the exploration ... to gather a collection of high-performance tile size
+configurations", §6 the single-wave times the runtime's cost model scales).
+
+Input: the Plan and, per group, the kernel family that accepted it with its analysis
+(:func:`tscomp.codegen.families.choose_family`). Output: :class:`Schedules` — per group the chosen
+configurations, each with its times at the sample shapes, and where they came from:
+
+* ``turbo``     — tuned here: trust-region Bayesian search (:func:`tscomp.schedule.tuner.tune`) over
+  the family's search space, each candidate built and measured in a child process at the sample
+  shapes (:mod:`tscomp.schedule.samples`); the objective is the geometric mean of those times
+  (DietCode §4.2's shape-generic objective; the geometric mean weighs a 2x loss at L=4 like one at
+  L=512);
+* ``record``    — reused from a tuning record (same family, group signature and target);
+* ``heuristic`` — the family's hardware-aligned candidates, untuned (``--no-tune``);
+* ``single``    — the family has nothing to configure (row and elementwise loop nests).
+
+Groups with the same signature (BERT's 12 identical layers) are tuned once and share the result.
+The kept set is *diverse*: greedily, the configuration that most reduces the summed log-loss against
+the best time seen at each sample shape, so each kept variant is the best somewhere in the range.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from tscomp.codegen.tile_config import TileConfig
+from tscomp.errors import TscompError
+from tscomp.graph.fusion.plan import Plan
+from tscomp.schedule.samples import group_inputs_at, sample_bindings, shape_size
+from tscomp.schedule.target import Target
+
+#: trials per distinct tunable group when no budget is given (the heuristic's ~8 candidates, then
+#: TuRBO); with ~7 distinct GEMM groups in BERT-base that is ~170 builds and measurements
+DEFAULT_TRIALS = 24
+#: wall-clock seconds a compile may spend tuning when no budget is given
+DEFAULT_SECONDS = 420.0
+
+Sample = tuple[int, int, float]            # (shape size, tasks, seconds)
+
+
+@dataclass
+class ScheduledVariant:
+    config: TileConfig | None
+    samples: list[Sample] | None = None    # measured while tuning; None: measure before dispatch
+    value: float | None = None             # the objective (geometric mean seconds) if tuned
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"config": None if self.config is None else vars(self.config).copy()}
+        if self.value is not None:
+            out["objective_us"] = round(self.value * 1e6, 3)
+        return out
+
+
+@dataclass
+class GroupSchedule:
+    group: str
+    family: str
+    signature: str
+    method: str                            # turbo | record | heuristic | single | fallback
+    variants: list[ScheduledVariant]
+    trials: int = 0
+    space_size: int = 0
+    seconds: float = 0.0
+    shared_with: str | None = None         # the group whose tuning this one reuses
+
+    def provenance(self) -> dict:
+        out = {"method": self.method, "signature": self.signature, "trials": self.trials}
+        if self.space_size:
+            out["space_size"] = self.space_size
+        if self.shared_with:
+            out["tuned_on"] = self.shared_with
+        return out
+
+
+@dataclass
+class Schedules:
+    target: Target
+    groups: dict[str, GroupSchedule]
+    objective: str = ""
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.groups.values():
+            out[s.method] = out.get(s.method, 0) + 1
+        return out
+
+    def to_json(self) -> dict:
+        return {"target": self.target.to_json(), "objective": self.objective, "seconds": round(self.seconds, 2),
+                "methods": self.summary()}
+
+
+@dataclass
+class TuningOptions:
+    """How the schedule stage chooses configurations."""
+    tune: bool = True
+    trials: int | None = DEFAULT_TRIALS          # per distinct tunable group
+    seconds: float | None = DEFAULT_SECONDS      # for the whole compile
+    max_variants: int = 4
+    records: Any = None                          # a RecordStore to reuse and extend
+    isolate: bool = True                         # measure candidates in a child process
+    timeout_s: float = 60.0
+    seed: int = 0
+    progress: bool | Callable = False
+
+
+class ScheduleError(TscompError):
+    """The schedule stage could not produce a configuration for a group."""
+
+
+# ---------------------------------------------------------------------------- the stage
+def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOptions | None = None,
+                  log: Callable[[str], None] | None = None) -> Schedules:
+    """Schedules for every group of ``plan`` (``choices``: group name -> FamilyChoice)."""
+    options = options or TuningOptions(tune=False)
+    t0 = time.perf_counter()
+    bindings = sample_bindings(plan)
+    objective = "geometric mean over " + ", ".join(
+        "{" + ", ".join(f"{k}={v}" for k, v in b.items()) + "}" for b in bindings)
+    out: dict[str, GroupSchedule] = {}
+    tuned: dict[str, GroupSchedule] = {}         # signature -> schedule tuned on its first group
+    tunable = [c for c in choices.values() if c.family is not None and c.family.tunable]
+    distinct = len({_signature(c) for c in tunable})
+    measurer = None
+    try:
+        for name, choice in choices.items():
+            fam = choice.family
+            if fam is None:
+                out[name] = GroupSchedule(name, "numpy", "-", "fallback", [ScheduledVariant(None)])
+                continue
+            if not fam.tunable:
+                out[name] = GroupSchedule(name, fam.name, "-", "single", [ScheduledVariant(None)])
+                continue
+            sig = _signature(choice)
+            if sig in tuned:
+                first = tuned[sig]
+                out[name] = GroupSchedule(name, fam.name, sig, first.method, first.variants, first.trials,
+                                          first.space_size, 0.0, shared_with=first.group)
+                continue
+            if not options.tune:
+                cfgs = fam.heuristic(choice.analysis, target, options.max_variants)
+                sched = GroupSchedule(name, fam.name, sig, "heuristic", [ScheduledVariant(c) for c in cfgs])
+            else:
+                sched = _from_record(options.records, choice, sig, target)
+                if sched is None:
+                    if measurer is None:
+                        measurer = _measurer(options, target)
+                    left = None if options.seconds is None else \
+                        max(0.0, options.seconds - (time.perf_counter() - t0))
+                    per_group = None if left is None else left / max(1, distinct - len(tuned))
+                    sched = _tune_group(plan, choice, sig, target, bindings, options, measurer, per_group, log)
+                    _remember(options.records, sched, target, objective)
+            tuned[sig] = sched
+            out[name] = sched
+    finally:
+        if measurer is not None:
+            measurer.close()
+    return Schedules(target, out, objective, time.perf_counter() - t0)
+
+
+def _signature(choice) -> str:
+    return f"{choice.family.name}:{choice.analysis.signature()}"
+
+
+def _measurer(options: TuningOptions, target: Target):
+    from tscomp.schedule.measure import Measurer, measure_inline
+
+    if options.isolate:
+        return Measurer(threads=target.threads, timeout_s=options.timeout_s)
+    return _InlineMeasurer(measure_inline)
+
+
+class _InlineMeasurer:
+    """The in-process path (no isolation): for tests and for hosts where spawning is not wanted."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def measure(self, candidate, workload):
+        return self.fn(candidate, workload)
+
+    def close(self):
+        pass
+
+
+def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options: TuningOptions, measurer,
+                seconds: float | None, log) -> GroupSchedule:
+    from tscomp.schedule.measure import Workload
+    from tscomp.schedule.tuner import Budget, tune
+
+    fam, analysis, group = choice.family, choice.analysis, choice.group
+    space = fam.space(analysis, target)
+    if len(space) == 0:
+        raise ScheduleError(f"group {group.name}: the {fam.name} search space is empty on {target.key()}")
+    rng = np.random.default_rng(options.seed)
+    workload = Workload(sig, [(b, group_inputs_at(plan, group, b, rng)) for b in bindings])
+    per_sample: dict[tuple, list[Sample]] = {}
+    errors: list[str] = []
+
+    def objective(point: dict) -> float:
+        try:
+            cfg = space.config(point)
+            kernel = fam.build(analysis, cfg, target)
+        except TscompError as exc:          # a build that fails costs one trial
+            errors.append(f"{point}: {exc}")
+            return math.inf
+        m = measurer.measure(kernel, workload)
+        if not m.ok:
+            errors.append(f"{point}: {m.error}")
+            return math.inf
+        per_sample[space.key(point)] = [(shape_size(b), int(kernel.tasks(b)), float(t))
+                                        for b, t in zip(bindings, m.seconds)]
+        return float(np.exp(np.mean(np.log(np.maximum(m.seconds, 1e-9)))))
+
+    t0 = time.perf_counter()
+    budget = Budget(trials=options.trials, seconds=seconds)
+    progress = options.progress
+    if progress is True:
+        progress = True
+    result = tune(space, objective, budget=budget, seed=options.seed, progress=progress)
+    ok = [t for t in result.trials if math.isfinite(t.value) and space.key(t.point) in per_sample]
+    if not ok:
+        raise ScheduleError(f"group {group.name}: every one of {len(result.trials)} candidates failed "
+                            f"({'; '.join(errors[:3])})")
+    keep = diverse_set([(t.point, per_sample[space.key(t.point)], t.value) for t in ok], options.max_variants)
+    variants = [ScheduledVariant(space.config(p), samples, value) for p, samples, value in keep]
+    if log:
+        best = keep[0]
+        log(f"{group.name} ({fam.name}, {len(space)} configurations): {len(result.trials)} trials in "
+            f"{time.perf_counter() - t0:.0f}s, best {space.config(best[0]).describe()} "
+            f"{best[2] * 1e6:.0f} us; kept {len(keep)}" + (f"; {len(errors)} failed" if errors else ""))
+    return GroupSchedule(group.name, fam.name, sig, "turbo", variants, len(result.trials), len(space),
+                         time.perf_counter() - t0)
+
+
+def diverse_set(trials: list[tuple[dict, list[Sample], float]], k: int) -> list[tuple[dict, list[Sample], float]]:
+    """Up to ``k`` trials, best objective first, then greedily the one that most reduces
+    Σ_shapes log(min time in the set / best time seen at that shape); stops when no trial helps."""
+    if not trials:
+        return []
+    times = np.array([[s[2] for s in samples] for _, samples, _ in trials])
+    best = times.min(axis=0)
+    chosen = [int(np.argmin([v for _, _, v in trials]))]
+    while len(chosen) < k:
+        current = times[chosen].min(axis=0)
+        loss = np.log(np.minimum(times, current) / best).sum(axis=1)
+        j = int(np.argmin(loss))
+        if loss[j] >= np.log(current / best).sum() - 1e-3 or j in chosen:
+            break
+        chosen.append(j)
+    return [trials[j] for j in chosen]
+
+
+# ---------------------------------------------------------------------------- records
+def _from_record(records, choice, sig: str, target: Target) -> GroupSchedule | None:
+    if records is None:
+        return None
+    rec = records.get(choice.family.name, sig, target.key())
+    if rec is None:
+        return None
+    variants = [ScheduledVariant(TileConfig(**c), None, v) for c, v in zip(rec.configs, rec.values)]
+    return GroupSchedule(choice.group.name, choice.family.name, sig, "record", variants, rec.trials)
+
+
+def _remember(records, sched: GroupSchedule, target: Target, objective: str) -> None:
+    if records is None:
+        return
+    from tscomp.schedule.records import TuningRecord
+
+    records.put(TuningRecord(family=sched.family, signature=sched.signature, target=target.key(),
+                             configs=[vars(v.config).copy() for v in sched.variants],
+                             values=[float(v.value) for v in sched.variants], trials=sched.trials,
+                             method=sched.method, objective=objective,
+                             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
+
+
+__all__ = ["DEFAULT_SECONDS", "DEFAULT_TRIALS", "GroupSchedule", "ScheduleError", "ScheduledVariant", "Schedules",
+           "TuningOptions", "diverse_set", "schedule_plan"]

@@ -1,0 +1,254 @@
+"""Targets: the hardware a kernel is generated, tuned and dispatched for, as a value.
+
+A :class:`Target` names a target (``cpu``, ``cuda``), its code dialect (``c``, ``cuda``) and its
+hardware spec as plain data. Kernel families, search spaces, the tuner, the wave model and the
+manifest read the spec from the Target they are handed; nothing else asks the host directly
+(DESIGN.md, "The seams"). The host CPU's spec is *detected* (SIMD level from the compiler's
+predefined macros, cache sizes from sysfs, cores from the affinity mask); CUDA specs come from a
+table of the architectures the CUDA target knows (TSCompiler §5.1's GPU hierarchy, §6's wave model).
+
+Blocks per wave (TSCompiler §6)::
+
+    N_blocks_per_wave = min(smem_per_SM / smem_per_block, regs_per_SM / regs_per_block,
+                            threads_per_SM / threads_per_block, max_blocks_per_SM) × N_SM
+
+On the CPU a "block" is one parallel tile task of a macro-kernel and a wave is one task per
+worker thread, so blocks per wave is the thread count.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import asdict, dataclass, field, replace
+from typing import Mapping
+
+from tscomp.errors import TscompError
+
+#: floats per SIMD vector, vector registers, per ISA the CPU backend generates
+VECTOR_WIDTH = {"avx512": 16, "avx2": 8, "scalar": 1}
+VECTOR_REGISTERS = {"avx512": 32, "avx2": 16, "scalar": 16}
+
+
+class TargetError(TscompError):
+    """An unknown target or architecture, or a target this machine cannot run."""
+
+
+@dataclass(frozen=True)
+class CpuSpec:
+    """A CPU as the CPU kernel families see it: worker threads, SIMD level, register file, caches
+    (bytes per core for L1/L2, the whole shared L3)."""
+    cores: int
+    isa: str
+    vector_width: int
+    vector_registers: int
+    l1: int
+    l2: int
+    l3: int
+    bf16: bool = False
+
+    def blocks_per_wave(self, resources: Mapping[str, int] | None = None) -> int:
+        return max(1, self.cores)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """An NVIDIA GPU architecture: the per-SM and per-block limits the occupancy formula uses."""
+    arch: str                      # sm_80
+    model: str                     # the card the numbers are from
+    sms: int
+    regs_per_sm: int
+    regs_per_block: int
+    max_regs_per_thread: int
+    smem_per_sm: int               # bytes
+    smem_per_block: int            # bytes (opt-in maximum for one block)
+    max_threads_per_sm: int
+    max_threads_per_block: int
+    max_blocks_per_sm: int
+    warp_size: int = 32
+    cp_async: bool = False         # sm_80+: asynchronous global->shared copies
+    mma_shapes: tuple[tuple[int, int, int], ...] = ((16, 8, 8),)   # tf32 mma.sync m16n8k8
+
+    def blocks_per_sm(self, resources: Mapping[str, int]) -> int:
+        """Resident blocks per SM for a kernel using ``resources`` (``threads``, ``registers`` per
+        thread, ``shared_bytes`` per block); 0 if one block does not fit."""
+        threads = int(resources.get("threads", 128))
+        regs = int(resources.get("registers", 32))
+        smem = int(resources.get("shared_bytes", 0))
+        if threads > self.max_threads_per_block or regs > self.max_regs_per_thread or smem > self.smem_per_block \
+                or regs * threads > self.regs_per_block:
+            return 0
+        # registers are allocated per warp in units of 256
+        warp_regs = -(-regs * self.warp_size // 256) * 256
+        warps = -(-threads // self.warp_size)
+        limits = [self.max_blocks_per_sm, self.max_threads_per_sm // threads,
+                  self.regs_per_sm // max(1, warp_regs * warps)]
+        if smem:
+            limits.append(self.smem_per_sm // smem)
+        return max(0, min(limits))
+
+    def blocks_per_wave(self, resources: Mapping[str, int] | None = None) -> int:
+        return self.blocks_per_sm(resources or {}) * self.sms
+
+    def occupancy(self, resources: Mapping[str, int]) -> float:
+        """Resident warps / the SM's maximum warps (the occupancy the analytic model reports)."""
+        threads = int(resources.get("threads", 128))
+        warps = self.blocks_per_sm(resources) * -(-threads // self.warp_size)
+        return warps / (self.max_threads_per_sm // self.warp_size)
+
+
+#: the CUDA architectures the CUDA target knows (NVIDIA's published limits for the named card)
+CUDA_SPECS: dict[str, GpuSpec] = {
+    "sm_80": GpuSpec("sm_80", "A100-SXM4", sms=108, regs_per_sm=65536, regs_per_block=65536,
+                     max_regs_per_thread=255, smem_per_sm=164 * 1024, smem_per_block=163 * 1024,
+                     max_threads_per_sm=2048, max_threads_per_block=1024, max_blocks_per_sm=32,
+                     cp_async=True),
+    "sm_86": GpuSpec("sm_86", "RTX 3090", sms=82, regs_per_sm=65536, regs_per_block=65536,
+                     max_regs_per_thread=255, smem_per_sm=100 * 1024, smem_per_block=99 * 1024,
+                     max_threads_per_sm=1536, max_threads_per_block=1024, max_blocks_per_sm=16,
+                     cp_async=True),
+    "sm_89": GpuSpec("sm_89", "RTX 4090", sms=128, regs_per_sm=65536, regs_per_block=65536,
+                     max_regs_per_thread=255, smem_per_sm=100 * 1024, smem_per_block=99 * 1024,
+                     max_threads_per_sm=1536, max_threads_per_block=1024, max_blocks_per_sm=24,
+                     cp_async=True),
+    "sm_90": GpuSpec("sm_90", "H100-SXM5", sms=132, regs_per_sm=65536, regs_per_block=65536,
+                     max_regs_per_thread=255, smem_per_sm=228 * 1024, smem_per_block=227 * 1024,
+                     max_threads_per_sm=2048, max_threads_per_block=1024, max_blocks_per_sm=32,
+                     cp_async=True),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What kernels are generated for: ``name`` (``cpu`` | ``cuda``), ``dialect`` (``c`` | ``cuda``),
+    the hardware ``spec``, and whether candidates can be measured here (``measurable``: the CPU
+    target on its own host) or must be ranked analytically (a GPU that is not present)."""
+    name: str
+    dialect: str
+    spec: CpuSpec | GpuSpec
+    measurable: bool = True
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def isa(self) -> str:
+        return self.spec.isa if isinstance(self.spec, CpuSpec) else self.spec.arch
+
+    @property
+    def threads(self) -> int:
+        """Worker threads of a CPU target (blocks per wave); the SM count of a GPU."""
+        return self.spec.cores if isinstance(self.spec, CpuSpec) else self.spec.sms
+
+    def blocks_per_wave(self, resources: Mapping[str, int] | None = None) -> int:
+        return self.spec.blocks_per_wave(resources)
+
+    def with_threads(self, threads: int) -> "Target":
+        """The same CPU target run with another worker-thread count (the runtime's choice)."""
+        if not isinstance(self.spec, CpuSpec):
+            raise TargetError(f"{self.key()}: a GPU target has no thread count to set")
+        if threads < 1:
+            raise TargetError(f"thread count must be >= 1, got {threads}")
+        return replace(self, spec=replace(self.spec, cores=int(threads)))
+
+    def key(self) -> str:
+        """Stable identity for tuning records: everything that changes which configuration wins."""
+        s = self.spec
+        if isinstance(s, CpuSpec):
+            return f"cpu-{s.isa}-{s.cores}t-l1_{s.l1 // 1024}k-l2_{s.l2 // 1024}k-l3_{s.l3 // 1024}k"
+        return f"cuda-{s.arch}"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dialect": self.dialect, "measurable": self.measurable,
+                "spec_kind": type(self.spec).__name__, "spec": _plain(asdict(self.spec)), "key": self.key()}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Target":
+        kinds = {"CpuSpec": CpuSpec, "GpuSpec": GpuSpec}
+        try:
+            kind = kinds[data["spec_kind"]]
+            spec = dict(data["spec"])
+            if kind is GpuSpec:
+                spec["mma_shapes"] = tuple(tuple(m) for m in spec.get("mma_shapes", ()))
+            return cls(data["name"], data["dialect"], kind(**spec), bool(data.get("measurable", True)))
+        except (KeyError, TypeError) as exc:
+            raise TargetError(f"malformed target description {dict(data)!r}: {exc}") from None
+
+    def describe(self) -> str:
+        s = self.spec
+        if isinstance(s, CpuSpec):
+            return (f"cpu ({s.isa}, {s.cores} threads, {s.vector_registers} x {s.vector_width * 32}-bit registers, "
+                    f"L1 {s.l1 // 1024} KiB, L2 {s.l2 // 1024} KiB, L3 {s.l3 // 1024} KiB)")
+        return f"cuda {s.arch} ({s.model}: {s.sms} SMs, {s.smem_per_sm // 1024} KiB shared/SM)"
+
+
+def _plain(d):
+    if isinstance(d, dict):
+        return {k: _plain(v) for k, v in d.items()}
+    if isinstance(d, (tuple, list)):
+        return [_plain(v) for v in d]
+    return d
+
+
+# ---------------------------------------------------------------------------- host detection
+def _cache_sizes() -> dict[int, int]:
+    """Per-level data/unified cache sizes in bytes from sysfs (Linux); {} elsewhere."""
+    from pathlib import Path
+
+    sizes: dict[int, int] = {}
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for index in sorted(root.glob("index*")):
+            if (index / "type").read_text().strip() not in ("Data", "Unified"):
+                continue
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip().upper()
+            scale = {"K": 1024, "M": 1024 ** 2}.get(text[-1:], 1)
+            sizes[level] = int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        return {}
+    return sizes
+
+
+def _has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any("avx512_bf16" in line for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+def host_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _host_spec() -> CpuSpec:
+    from tscomp.codegen.build import host_isa
+
+    isa = host_isa()
+    caches = _cache_sizes()
+    return CpuSpec(cores=host_threads(), isa=isa, vector_width=VECTOR_WIDTH[isa],
+                   vector_registers=VECTOR_REGISTERS[isa], l1=caches.get(1, 32 * 1024),
+                   l2=caches.get(2, 1024 * 1024), l3=caches.get(3, 16 * 1024 * 1024), bf16=_has_bf16())
+
+
+def host_cpu(threads: int | None = None, *, isa: str | None = None) -> Target:
+    """The CPU this process runs on (detected), optionally with another thread count or a lower ISA."""
+    spec = _host_spec()
+    if threads is not None:
+        spec = replace(spec, cores=int(threads))
+    if isa is not None and isa != spec.isa:
+        if isa not in VECTOR_WIDTH:
+            raise TargetError(f"unknown CPU ISA {isa!r}; expected one of {sorted(VECTOR_WIDTH)}")
+        spec = replace(spec, isa=isa, vector_width=VECTOR_WIDTH[isa], vector_registers=VECTOR_REGISTERS[isa])
+    return Target("cpu", "c", spec, measurable=True)
+
+
+def cuda(arch: str = "sm_80") -> Target:
+    """A CUDA target for ``arch``; tuned analytically (no GPU is assumed present)."""
+    spec = CUDA_SPECS.get(arch)
+    if spec is None:
+        raise TargetError(f"unknown CUDA architecture {arch!r}; known: {', '.join(sorted(CUDA_SPECS))}")
+    return Target("cuda", "cuda", spec, measurable=False)
+
+
+__all__ = ["CUDA_SPECS", "CpuSpec", "GpuSpec", "Target", "TargetError", "VECTOR_REGISTERS", "VECTOR_WIDTH",
+           "cuda", "host_cpu", "host_threads"]
