@@ -96,6 +96,8 @@ def wrap_model(spec: FamilySpec, size: str):
 def example_bindings(spec: FamilySpec, size: str) -> dict[str, int]:
     """Symbol values of the tracing example. Every value differs from the other dims and from 1; a ViT
     image is non-square and its patch count is not the configured one (no shortcut gets baked in)."""
+    if spec.image_sides is not None:  # a CNN: odd sides, so no stride-2 stage divides evenly
+        return {"batch": 2, "height": 45, "width": 61}
     if spec.is_vision:
         patch = make_config(spec, size).patch_size
         return {"batch": 2, "height": 5 * patch, "width": 7 * patch}
@@ -175,10 +177,19 @@ def output_dims(spec: FamilySpec, size: str) -> list[str | int]:
     """Shape of last_hidden_state. ViT's token count is written as the dynamo exporter writes it,
     ``((height//P))*((width//P)) + 1``, for both exporters."""
     config = make_config(spec, size)
+    if spec.image_sides is not None:
+        return ["batch", config.hidden_sizes[-1], *_cnn_output_sides(config)]
     if spec.is_vision:
         patch = config.patch_size
         return ["batch", f"((height//{patch}))*((width//{patch})) + 1", config.hidden_size]
     return ["batch", "sequence", config.hidden_size]  # hidden_size aliases dim / n_embd
+
+
+def _cnn_output_sides(config) -> list[str]:
+    """ResNet's output height and width as the dynamo exporter writes them: the stem's stride-2 Conv
+    and MaxPool and one stride-2 stage per stage after the first each round up, ``ceil(x / 2**k)``."""
+    stride = 2 ** (2 + len(config.hidden_sizes) - 1)
+    return [f"((({name} - 1)//{stride})) + 1" for name in ("height", "width")]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -336,8 +347,13 @@ def max_difference(path: str | os.PathLike, family: str, size: str) -> float:
 
 def check_bindings(family: str, size: str) -> list[dict[str, int]]:
     """Two shapes a check runs at (different from the export example)."""
-    if get_family(family).is_vision:
-        patch = make_config(get_family(family), size).patch_size
+    spec = get_family(family)
+    if spec.image_sides is not None:
+        low, high = spec.image_sides[size]
+        return [{"batch": 1, "height": max(low, 32), "width": max(low, 32)},
+                {"batch": 2, "height": min(high, 67), "width": max(low, 40)}]
+    if spec.is_vision:
+        patch = make_config(spec, size).patch_size
         return [{"batch": 1, "height": 4 * patch, "width": 4 * patch},
                 {"batch": 2, "height": 3 * patch, "width": 6 * patch + patch // 2}]
     return [{"batch": 1, "sequence": 7}, {"batch": 2, "sequence": 13}]

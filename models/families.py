@@ -1,9 +1,11 @@
 """Model families exported by ``models.export``: one table of specs, no per-family code.
 
-Each family (BERT, ALBERT, RoBERTa, DistilBERT, GPT-2, ViT) comes in two sizes:
+Each family (BERT, ALBERT, RoBERTa, DistilBERT, GPT-2, ViT, Llama, ResNet) comes in two sizes:
 
-* ``tiny``: 2 layers, hidden 128, 4 heads, FFN 4*hidden, vocab 1000 -- fast enough for unit tests;
-* ``base``: the standard published base geometry (DistilBERT base has 6 layers, as distilbert-base).
+* ``tiny``: 2 layers, hidden 128, 4 heads, FFN 4*hidden, vocab 1000 -- fast enough for unit tests
+  (Llama: hidden 64, 2 key/value heads; ResNet: two basic-block stages of 8 and 16 channels);
+* ``base``: the standard published base geometry (DistilBERT base has 6 layers, as distilbert-base;
+  Llama base is a 12-layer 768-wide decoder with a 2048 SwiGLU FFN; ResNet base is ResNet-50).
 
 Models are built from ``transformers`` config classes with random weights under a fixed seed, in eval
 mode and fp32, so two builds (and two exports) of the same spec are identical.
@@ -13,9 +15,11 @@ dimension symbol:
 
 * text models: ``batch`` in 1..8 and ``sequence`` in 1..max positions;
 * ViT: ``batch`` in 1..8, ``height`` and ``width`` from one patch to 2x (base) or 4x (tiny) the
-  configured image size, with ``interpolate_pos_encoding=True``.
+  configured image size, with ``interpolate_pos_encoding=True``;
+* ResNet (a CNN, issue 11): ``batch`` in 1..8, ``height`` and ``width`` in ``FamilySpec.image_sides``
+  (1 pixel upwards: every stride-2 stage rounds up, so any side gives a non-empty feature map).
 
-The only output is ``last_hidden_state``.
+The only output is ``last_hidden_state`` (ResNet: the last stage's feature map, NCHW).
 
 ``make_inputs`` draws valid random inputs for given symbol bindings.
 """
@@ -81,10 +85,20 @@ class FamilySpec:
     forward_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # Smallest ordinary token id: ids below it (special tokens, pad) are only placed on purpose.
     first_token_id: int = 1
+    # Vision families without patches (CNNs): inclusive (min, max) of height and width per size.
+    # None: the side ranges follow the config's patch and image size (ViT).
+    image_sides: Mapping[str, tuple[int, int]] | None = None
+    # Exporters this family is not exported with, and exactly why (EXPORT-NOTES style).
+    unsupported_exporters: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def is_vision(self) -> bool:
         return any(i.name == "pixel_values" for i in self.inputs)
+
+    @property
+    def has_attention(self) -> bool:
+        """CNNs have none (transformers refuses an sdpa setting on them)."""
+        return self.image_sides is None
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -109,6 +123,15 @@ def _distilbert_like(layers: int, hidden: int, heads: int, ffn: int, **extra: An
 
 def _gpt2_like(layers: int, hidden: int, heads: int, ffn: int, **extra: Any) -> dict[str, Any]:
     return dict(n_layer=layers, n_embd=hidden, n_head=heads, n_inner=ffn, use_cache=False, **extra)
+
+
+def _llama_like(layers: int, hidden: int, heads: int, ffn: int, **extra: Any) -> dict[str, Any]:
+    return dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=ffn,
+                use_cache=False, **extra)
+
+
+def _resnet_like(**extra: Any) -> dict[str, Any]:
+    return dict(num_channels=3, **extra)
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -158,6 +181,26 @@ FAMILIES: dict[str, FamilySpec] = {
             model_init_kwargs={"add_pooling_layer": False},
             forward_kwargs={"interpolate_pos_encoding": True},
         ),
+        FamilySpec(
+            # Decoder LLM (issue 11): RMSNorm, rotary embeddings, SiLU-gated MLP, grouped-query attention in
+            # tiny (2 key/value heads for 4 query heads); no KV cache.
+            "llama", "LlamaConfig", "LlamaModel", (_IDS, _MASK),
+            sizes={"tiny": _llama_like(layers=2, hidden=64, heads=4, ffn=172, num_key_value_heads=2,
+                                       vocab_size=TINY_VOCAB, max_position_embeddings=512,
+                                       bos_token_id=1, eos_token_id=2),
+                   "base": _llama_like(**(BASE | {"ffn": 2048}), vocab_size=32000,
+                                       max_position_embeddings=1024, bos_token_id=1, eos_token_id=2)},
+            forward_kwargs={"use_cache": False},
+            first_token_id=3,  # 0 <unk>, 1 <s>, 2 </s>
+        ),
+        FamilySpec(
+            # CNN (issue 11): Conv / BatchNorm (folded by both exporters) / ReLU / MaxPool stem, residual stages.
+            "resnet", "ResNetConfig", "ResNetModel", (_PIXELS,),
+            sizes={"tiny": _resnet_like(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                                        layer_type="basic"),
+                   "base": _resnet_like()},  # ResNetConfig() is ResNet-50
+            image_sides={"tiny": (1, 96), "base": (32, 448)},
+        ),
     )
 }
 
@@ -166,7 +209,7 @@ _VIT_MAX_SCALE = {"tiny": 4, "base": 2}
 
 
 def get_family(family: str | FamilySpec) -> FamilySpec:
-    """The spec of a family given by name (bert, albert, roberta, distilbert, gpt2, vit)."""
+    """The spec of a family given by name (bert, albert, roberta, distilbert, gpt2, vit, llama, resnet)."""
     if isinstance(family, FamilySpec):
         return family
     try:
@@ -188,7 +231,8 @@ def make_config(family: str | FamilySpec, size: str):
     _check_size(size)
     config_class = getattr(transformers, spec.config_class)
     config = config_class(**spec.sizes[size])
-    config._attn_implementation = ATTN_IMPLEMENTATION
+    if spec.has_attention:
+        config._attn_implementation = ATTN_IMPLEMENTATION
     return config
 
 
@@ -217,6 +261,9 @@ def _max_positions(config) -> int:
 def symbol_ranges(family: str | FamilySpec, size: str = "tiny") -> dict[str, tuple[int, int]]:
     """Inclusive (min, max) range of each dimension symbol of ``family`` at ``size``."""
     spec = get_family(family)
+    if spec.image_sides is not None:
+        side = tuple(spec.image_sides[size])
+        return {"batch": BATCH_RANGE, "height": side, "width": side}
     config = make_config(spec, size)
     if spec.is_vision:
         side = (config.patch_size, _VIT_MAX_SCALE[size] * config.image_size)

@@ -11,7 +11,16 @@ import pytest
 from models.families import make_inputs, symbol_ranges
 from tests import model_checks
 
-FAMILIES = ["bert", "albert", "roberta", "distilbert", "gpt2", "vit"]
+FAMILIES = ["bert", "albert", "roberta", "distilbert", "gpt2", "vit", "llama", "resnet"]
+# The opset sweep stays on the six transformer encoders/GPT-2: the operator forms it covers are the same
+# in Llama and ResNet, and their extra dynamo exports would add ~2 minutes to a fresh `make test`.
+OPSET_SWEEP_FAMILIES = ["bert", "albert", "roberta", "distilbert", "gpt2", "vit"]
+# Reference-vs-onnxruntime bindings per tiny model: the issue-11 families run at fewer here (the runtime
+# tests compare their compiled outputs at 20 shapes), which keeps `make test` within its budget.
+TINY_BINDINGS = {"llama": 8, "resnet": 20}
+# Fused groups allowed to touch one layer (post-LN encoders: <= 8). Llama (issue 11): two RMSNorm row
+# passes and the rotary embedding of q and k are separate groups until RMSNorm fuses into the GEMMs.
+GROUPS_PER_LAYER = {"llama": 13}
 EXPORTERS = ["dynamo", "torchscript"]
 CASES = [pytest.param(f, "tiny", e, id=f"{f}-tiny-{e}") for f in FAMILIES for e in EXPORTERS] + \
         [pytest.param(f, "base", e, id=f"{f}-base-{e}", marks=pytest.mark.base) for f in FAMILIES for e in EXPORTERS]
@@ -68,12 +77,13 @@ def test_every_value_has_a_resolved_symbolic_shape(loaded_models, family, size, 
 @pytest.mark.parametrize("family,size,exporter", CASES)
 def test_shapes_and_reference_outputs_match_onnxruntime(loaded_models, family, size, exporter):
     loaded = loaded_models(family, size, exporter)
-    failures = mismatches_against_onnxruntime(loaded, family, size, 20 if size == "tiny" else 3)
+    failures = mismatches_against_onnxruntime(loaded, family, size,
+                                              TINY_BINDINGS.get(family, 20) if size == "tiny" else 3)
     assert not failures, "\n".join(failures)
 
 
 @pytest.mark.parametrize("exporter,opset", OTHER_OPSETS, ids=[f"{e}-opset{o}" for e, o in OTHER_OPSETS])
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", OPSET_SWEEP_FAMILIES)
 def test_other_opsets_resolve_and_match_onnxruntime(loaded_models, family, exporter, opset):
     loaded = loaded_models(family, "tiny", exporter, opset)
     resolved, total = model_checks.tscomp_coverage(loaded)
@@ -90,13 +100,13 @@ def test_fusion_needs_fewer_kernels_and_less_traffic_than_unfused(loaded_models,
     loaded = loaded_models(family, size, exporter)
     plan = loaded.plan
     ort_nodes = model_checks.ort_optimized_node_count(loaded.path)
-    layers = make_config(family, size).num_hidden_layers
-    per_layer = model_checks.groups_per_layer(plan, layers // 2)
+    layers = getattr(make_config(family, size), "num_hidden_layers", None)  # a CNN has stages, not layers
+    per_layer = model_checks.groups_per_layer(plan, layers // 2) if layers else None
     print(f"{family}-{size}-{exporter}: {len(plan.groups)} groups, onnxruntime optimized graph "
-          f"{ort_nodes} nodes, {per_layer} groups touch layer {layers // 2}")
+          f"{ort_nodes} nodes, {per_layer} groups touch layer {(layers or 0) // 2}")
     assert len(plan.groups) < ort_nodes
     if per_layer is not None and family != "gpt2":  # GPT-2 is pre-LN: its layers share boundary groups
-        assert per_layer <= 8
+        assert per_layer <= GROUPS_PER_LAYER.get(family, 8)
     binding = {s: min(hi, 64) for s, (lo, hi) in symbol_ranges(family, size).items()}
     fused = plan.graph.symbols.evaluate(plan_traffic(plan, weights=False), binding)
     unfused = loaded.graph.symbols.evaluate(unfused_traffic(loaded.graph, weights=False), binding)

@@ -7,7 +7,7 @@ import pytest
 
 pytestmark = pytest.mark.models
 
-FAMILIES = ("bert", "albert", "roberta", "distilbert", "gpt2", "vit")
+FAMILIES = ("bert", "albert", "roberta", "distilbert", "gpt2", "vit", "llama", "resnet")
 EXPORTERS = ("dynamo", "torchscript")
 
 
@@ -49,7 +49,8 @@ def test_export_matches_torch(exported_model, family, exporter, size):
 @pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tiny_export_at_range_edges(exported_model, family, exporter):
-    """Smallest shape (sequence 1, one ViT patch) and largest (max positions, 4x the image side)."""
+    """Smallest shape (sequence 1, one ViT patch, a 1x1 ResNet image) and largest (max positions, 4x the
+    ViT image side, the ResNet side range's end)."""
     from models.families import symbol_ranges
 
     ranges = symbol_ranges(family, "tiny")

@@ -10,7 +10,13 @@ from tscomp.errors import ExecutionError
 from tscomp.runtime import Runtime
 from tests.model_checks import binding_samples
 
-FAMILIES = ("bert", "albert", "roberta", "distilbert", "gpt2", "vit")
+FAMILIES = ("bert", "albert", "roberta", "distilbert", "gpt2", "vit", "llama", "resnet")
+# Issue 11: numpy fallbacks accepted per new family until their kernels land (one reason substring each),
+# on top of the opaque index groups and Conv backbones accepted for every family.
+KNOWN_FALLBACKS = {
+    "llama": ("the row pass reads the GEMM through 2 different values",),  # RMSNorm fused after a GEMM
+    "resnet": (),  # its Conv groups and the stem's MaxPool (opaque) fall under the general rule
+}
 MODELS = [pytest.param(f, e, id=f"{f}-{e}") for f in FAMILIES for e in ("dynamo", "torchscript")]
 
 
@@ -44,7 +50,8 @@ def test_compiled_tiny_model_matches_onnxruntime_at_20_shapes(compiled_artifact,
     for g, why in fallback.items():
         kind = next(x.kind for x in rt.plan.groups if x.name == g)
         backbone = next(x.backbone for x in rt.plan.groups if x.name == g)
-        assert kind == "opaque" or backbone == "Conv", f"{g} fell back to numpy: {why}"
+        known = any(r in w for r in KNOWN_FALLBACKS.get(family, ()) for w in why)
+        assert kind == "opaque" or backbone == "Conv" or known, f"{g} fell back to numpy: {why}"
 
 
 @pytest.mark.models
@@ -150,7 +157,7 @@ AWKWARD = (1, 7, 13, 97, 511, 512)
 
 
 @pytest.mark.models
-@pytest.mark.parametrize("family", ["bert", "gpt2", "vit"])
+@pytest.mark.parametrize("family", ["bert", "gpt2", "vit", "resnet"])
 def test_compiled_model_at_awkward_sizes_of_each_dynamic_dim(compiled_artifact, family):
     """1, primes and the range end on each dynamic dim in turn (the others at their minimum);
     513 lies outside these models' ranges, so kernels are checked there alone (tests/codegen)."""
