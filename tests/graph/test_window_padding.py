@@ -200,3 +200,80 @@ def test_unresolved_shape_is_a_one_line_cli_error(tmp_path):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
     assert "reshape_by_data" in proc.stderr.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------ a real Swin (transformers)
+SWIN_DIMS = ["batch=1:8", "height=8:224", "width=8:224"]
+# 8 (one 2x2-patch stage-2 map), primes, multiples of 4*7, the range end, non-square
+SWIN_SIDES = [(8, 8), (29, 101), (56, 56), (60, 92), (97, 13), (224, 224)]
+
+
+@pytest.fixture(scope="module")
+def swin_model(tmp_path_factory):
+    """A tiny random-weight Swin (two stages, window 7, patch 4) exported by the TorchScript exporter
+    with dynamic batch, height and width. (The dynamo exporter also exports it and tscomp resolves and
+    matches that file too, but the export takes ~70 s here: too slow for the suite.)"""
+    pytest.importorskip("transformers")
+    import torch
+    import transformers
+
+    config = transformers.SwinConfig(image_size=56, patch_size=4, embed_dim=16, depths=[1, 1],
+                                     num_heads=[2, 2], window_size=7)
+    torch.manual_seed(0)
+    model = transformers.SwinModel(config, add_pooling_layer=False).eval()
+
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values):
+            return self.model(pixel_values=pixel_values).last_hidden_state
+
+    path = tmp_path_factory.mktemp("swin") / "swin-tiny-torchscript.onnx"
+    import warnings
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(LastHiddenState().eval(), (torch.randn(2, 3, 60, 92),), str(path), dynamo=False,
+                          input_names=["pixel_values"], output_names=["last_hidden_state"], opset_version=17,
+                          dynamic_axes={"pixel_values": {0: "batch", 2: "height", 3: "width"}})
+    return path
+
+
+@pytest.mark.models
+def test_swin_pads_through_mod_and_resolves_every_shape(swin_model):
+    ops = {n.op_type for n in onnx.load(str(swin_model)).graph.node}
+    assert {"Mod", "Pad"} <= ops
+    graph = load_model(swin_model, SWIN_DIMS)
+    assert unresolved_values(graph) == []
+
+
+def _swin_feeds(h: int, w: int) -> dict[str, np.ndarray]:
+    return {"pixel_values": np.random.default_rng(h * w).standard_normal((1, 3, h, w)).astype(np.float32)}
+
+
+@pytest.mark.models
+def test_swin_reference_matches_onnxruntime_at_awkward_sides(swin_model):
+    graph = load_model(swin_model, SWIN_DIMS)
+    sess = ort.InferenceSession(str(swin_model), providers=["CPUExecutionProvider"])
+    for h, w in SWIN_SIDES:
+        (want,) = sess.run(None, _swin_feeds(h, w))
+        got = run_reference(graph, _swin_feeds(h, w))["last_hidden_state"]
+        assert got.shape == want.shape, (h, w)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"H={h} W={w}")
+
+
+@pytest.mark.models
+@pytest.mark.base  # opt-in with the slow checks: compiling Swin's ~30 groups takes ~60 s on 2 cores (the
+#                    window model above covers the compile path in the default suite)
+def test_compiled_swin_matches_onnxruntime_at_awkward_sides(swin_model):
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+
+    rt = Runtime.from_compiled(compile_model(str(swin_model), SWIN_DIMS, max_variants=1), num_threads=1)
+    sess = ort.InferenceSession(str(swin_model), providers=["CPUExecutionProvider"])
+    for h, w in SWIN_SIDES:
+        (want,) = sess.run(None, _swin_feeds(h, w))
+        got = rt.run(_swin_feeds(h, w))["last_hidden_state"]
+        assert got.shape == want.shape, (h, w)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"H={h} W={w}")
