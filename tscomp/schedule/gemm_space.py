@@ -33,9 +33,11 @@ from tscomp.codegen.tile_config import MAX_ACCUMULATORS, CacheSizes, TileConfig,
 from tscomp.schedule.space import Axis, Constraint, DiscreteSpace
 from tscomp.schedule.target import CpuSpec, Target, TargetError
 
-MR_VALUES = (1, 2, 3, 4, 6, 8, 12, 14)
-NR_VEC_VALUES = (1, 2, 3, 4, 6)
-MC_TILES = (1, 2, 4, 8, 16)
+MR_VALUES = (1, 2, 3, 4, 6, 8, 12)
+NR_VEC_VALUES = (1, 2, 3, 4)
+#: independent FMA chains a register tile needs: fewer leaves the FMA pipes idle for the latency
+MIN_CHAINS = 4
+MC_TILES = (1, 2, 4, 8)
 N_PARTS = (1, 2, 4, 8)
 NC_PANELS = (1, 2, 4, 8)
 K_STEPS = (1, 2, 4)
@@ -78,6 +80,8 @@ class GemmSpace(DiscreteSpace):
         constraints = [
             Constraint("registers", lambda p: p["mr"] * p["nr_vec"] <= max_acc,
                        f"the mr x nr accumulator tile fits the register file ({max_acc} {spec.isa} accumulators)"),
+            Constraint("fma-chains", lambda p: p["mr"] * p["nr_vec"] >= MIN_CHAINS,
+                       f"at least {MIN_CHAINS} accumulators (independent FMA chains)"),
             Constraint("n-blocks", lambda p: p["n_parts"] * p["nr_vec"] * W <= _round_up(self.N, p["nr_vec"] * W),
                        "N is not cut finer than one register tile per block"),
             Constraint("k-depth", lambda p: p["k_steps"] == 1 or self.K / p["k_steps"] >= 8,
@@ -90,6 +94,7 @@ class GemmSpace(DiscreteSpace):
         if m_max is not None:
             constraints.append(Constraint("m-block", lambda p: p["mr"] * p["mc_tiles"] <= _round_up(m_max, p["mr"]),
                                           f"a block is not taller than the largest M ({m_max})"))
+        self.axes = tuple(axes)              # point_of snaps to them before the base class is set up
         initial = [self.point_of(c) for c in self._heuristic()]
         super().__init__(axes, constraints, [p for p in initial if p is not None],
                          name=f"{name}[K={K},N={N}]@{target.key()}")
@@ -143,6 +148,8 @@ class BatchedGemmSpace(DiscreteSpace):
         constraints = [
             Constraint("registers", lambda p: p["mr"] * p["nr_vec"] <= max_acc,
                        f"the mr x nr accumulator tile fits the register file ({max_acc} {spec.isa} accumulators)"),
+            Constraint("fma-chains", lambda p: p["mr"] * p["nr_vec"] >= MIN_CHAINS,
+                       f"at least {MIN_CHAINS} accumulators (independent FMA chains)"),
             Constraint("l2-blocks", lambda p: 4 * (self.tile(p).mc + self.tile(p).nc) * self.tile(p).kc <= l2,
                        "the packed A block (mc x kc) and B block (kc x nc) fit L2"),
         ]
@@ -157,6 +164,7 @@ class BatchedGemmSpace(DiscreteSpace):
             constraints.append(Constraint("m-block", lambda p: p["mc_tiles"] == 1 or
                                           p["mr"] * p["mc_tiles"] <= _round_up(M, p["mr"]),
                                           "a row block is not taller than the padded M"))
+        self.axes = tuple(axes)
         initial = [self.point_of(c) for c in self._heuristic()]
         dims = ",".join(f"{n}={'?' if v is None else v}" for n, v in (("M", M), ("N", N), ("K", K)))
         super().__init__(axes, constraints, [p for p in initial if p is not None],

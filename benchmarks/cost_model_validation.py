@@ -1,0 +1,110 @@
+"""Cost-model validation as TSCompiler §7.3 does it (issue 8, acceptance 2).
+
+For every distinct GEMM and batched-GEMM group of a compiled BERT-base artifact (one group per
+schedule signature: identical layers share their variants), at 62 random sequence lengths in
+[1, 512] (batch 1, seed 0): every kernel variant in the artifact is timed at that shape (median of
+repeats, in this process), and the variant the runtime's wave model picks
+(:func:`tscomp.runtime.wave.pick_variant`) is compared with the fastest one. Printed per group:
+mean and minimum of (fastest time / picked time), i.e. the fraction of the best throughput the
+cost model achieves (the paper reports 97.9% mean, 92.6% worst on BERT-large Dense layers).
+
+    .venv/bin/python -m benchmarks.cost_model_validation .cache/bench/bert-base-tuned.tsc \\
+        .cache/bench/bert-base-heuristic.tsc
+
+Nothing else may run on the machine meanwhile.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def distinct_groups(rt) -> list:
+    seen, out = set(), []
+    for g in rt.plan.groups:
+        ks = rt.model.kernels[g.name]
+        if ks[0].family not in ("gemm", "batched-gemm") or len(ks) < 2:
+            continue
+        sig = (ks[0].tuning or {}).get("signature") or tuple(k.func.split("_", 2)[-1] for k in ks)
+        if sig in seen:
+            continue
+        seen.add(sig)
+        out.append(g)
+    return out
+
+
+def time_variant(k, env, binding, repeats: int) -> float:
+    k.run(env, binding)
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        k.run(env, binding)
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+def validate(path: Path, lengths: list[int], repeats: int, threads: int) -> dict:
+    from tscomp.codegen.build import set_num_threads
+    from tscomp.runtime import Runtime
+    from tscomp.runtime.wave import pick_variant
+    from tscomp.schedule.samples import group_inputs_at
+
+    rt = Runtime(path, num_threads=threads)
+    set_num_threads(threads)
+    rng = np.random.default_rng(0)
+    base = {i.name: max(1, i.min) for i in rt.graph.symbols.live_symbols()}
+    out = {}
+    for g in distinct_groups(rt):
+        ks = rt.model.kernels[g.name]
+        fractions, picks = [], []
+        for L in lengths:
+            binding = {**base, "sequence": L}
+            env = group_inputs_at(rt.plan, g, binding, rng)
+            times = [time_variant(k, env, binding, repeats) for k in ks]
+            chosen = pick_variant(ks, binding, rt.target)
+            t_pick = times[ks.index(chosen)]
+            fractions.append(min(times) / t_pick)
+            picks.append(ks.index(chosen))
+        fam = ks[0].family
+        out[g.name] = {"family": fam, "variants": [k.cfg.slug() for k in ks], "mean": float(np.mean(fractions)),
+                       "min": float(np.min(fractions)), "worst_at": int(lengths[int(np.argmin(fractions))]),
+                       "method": (ks[0].tuning or {}).get("method", "?")}
+        print(f"  {g.name:<14} {fam:<13} {len(ks)} variants  mean {np.mean(fractions):.3f}  "
+              f"min {np.min(fractions):.3f} (L={out[g.name]['worst_at']})", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artifacts", nargs="+")
+    ap.add_argument("--lengths", type=int, default=62)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+    lengths = sorted(int(x) for x in rng.integers(1, 513, size=args.lengths))
+    summary = {"lengths": lengths}
+    for a in args.artifacts:
+        print(f"{a}:")
+        res = validate(Path(a), lengths, args.repeats, args.threads)
+        means = [r["mean"] for r in res.values()]
+        mins = [r["min"] for r in res.values()]
+        print(f"  over {len(res)} groups: mean of means {np.mean(means):.3f}, worst {np.min(mins):.3f}")
+        summary[a] = res
+    out = ROOT / "benchmarks" / "results" / "cost_model_validation.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=1))
+    print(f"summary: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

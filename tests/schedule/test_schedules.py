@@ -1,0 +1,115 @@
+"""The schedule stage end to end on small models: identical groups are tuned once, tuning records
+are reused, tuned artifacts stay correct, the manifest says where each configuration came from."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+from tscomp.compiler import compile_model
+from tscomp.runtime import Runtime
+from tscomp.schedule.records import RecordStore
+from tscomp.schedule.schedules import TuningOptions, diverse_set
+
+
+def two_layer_mlp(path, hidden=32, inner=64, layers=2):
+    """x[B, L, hidden] -> layers x (MatMul+bias -> Relu -> MatMul+bias + residual); weights differ
+    per layer, structure does not."""
+    rng = np.random.default_rng(0)
+    nodes, inits, cur = [], [], "x"
+    for k in range(layers):
+        for name, shape in ((f"w1_{k}", (hidden, inner)), (f"b1_{k}", (inner,)), (f"w2_{k}", (inner, hidden)),
+                            (f"b2_{k}", (hidden,))):
+            inits.append(helper.make_tensor(name, TP.FLOAT, shape, rng.standard_normal(shape).astype(np.float32)
+                                            .ravel() * 0.2))
+        nodes += [helper.make_node("MatMul", [cur, f"w1_{k}"], [f"h{k}"]),
+                  helper.make_node("Add", [f"h{k}", f"b1_{k}"], [f"hb{k}"]),
+                  helper.make_node("Relu", [f"hb{k}"], [f"r{k}"]),
+                  helper.make_node("MatMul", [f"r{k}", f"w2_{k}"], [f"o{k}"]),
+                  helper.make_node("Add", [f"o{k}", f"b2_{k}"], [f"ob{k}"]),
+                  helper.make_node("Add", [f"ob{k}", cur], [f"y{k}"])]
+        cur = f"y{k}"
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TP.FLOAT, ["B", "L", hidden])],
+                          [helper.make_tensor_value_info(cur, TP.FLOAT, ["B", "L", hidden])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return str(path)
+
+
+DIMS = ["B=1:2", "L=1:33"]
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    return two_layer_mlp(tmp_path_factory.mktemp("mlp") / "mlp.onnx")
+
+
+def tiny_tuning(**kw) -> TuningOptions:
+    return TuningOptions(tune=True, trials=kw.pop("trials", 4), seconds=None, timeout_s=30, **kw)
+
+
+def check_matches_onnxruntime(model, path):
+    rt = Runtime.from_compiled(model)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for B, L in ((1, 1), (2, 7), (1, 33), (2, 13)):
+        x = rng.standard_normal((B, L, 32)).astype(np.float32)
+        got = rt.run({"x": x})
+        want = sess.run(None, {"x": x})[0]
+        np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4)
+
+
+def test_identical_layers_are_tuned_once_and_share_the_result(mlp):
+    model = compile_model(mlp, DIMS, tuning=tiny_tuning())
+    gemm = {n: s for n, s in model.schedules.groups.items() if s.family == "gemm"}
+    assert len(gemm) == 4
+    tuned = [s for s in gemm.values() if s.shared_with is None]
+    shared = [s for s in gemm.values() if s.shared_with is not None]
+    assert len(tuned) == 2 and len(shared) == 2, {n: (s.method, s.shared_with) for n, s in gemm.items()}
+    assert all(s.method == "turbo" and 1 <= s.trials <= 4 for s in tuned)
+    by_group = {s.group: s for s in tuned}
+    for s in shared:
+        first = by_group[s.shared_with]
+        assert s.signature == first.signature and s.variants is first.variants
+    # the kept variants carry their measured samples, so nothing is timed again
+    for name, ks in model.kernels.items():
+        if ks[0].family == "gemm":
+            assert all(k.samples and k.tuning["method"] == "turbo" for k in ks)
+    check_matches_onnxruntime(model, mlp)
+
+
+def test_records_are_reused_by_a_later_compile(mlp, tmp_path):
+    store = RecordStore(tmp_path / "records.json")
+    first = compile_model(mlp, DIMS, tuning=tiny_tuning(records=store, trials=3))
+    store.save()
+    assert len(RecordStore.load(tmp_path / "records.json")) == 2
+    again = compile_model(mlp, DIMS, tuning=tiny_tuning(records=RecordStore.load(tmp_path / "records.json")))
+    methods = {s.method for s in again.schedules.groups.values() if s.family == "gemm"}
+    assert methods == {"record"}
+    for name, s in again.schedules.groups.items():
+        if s.family == "gemm":
+            assert [v.config for v in s.variants] == [v.config for v in first.schedules.groups[name].variants]
+    check_matches_onnxruntime(again, mlp)
+
+
+def test_untuned_compile_keeps_the_heuristic_and_says_so(mlp, tmp_path):
+    from tscomp.runtime.artifact import read_manifest, write_artifact
+
+    model = compile_model(mlp, DIMS)
+    assert {s.method for s in model.schedules.groups.values() if s.family == "gemm"} == {"heuristic"}
+    path = write_artifact(model, tmp_path / "m.tsc")
+    manifest = read_manifest(path)
+    assert manifest["target"]["key"] == model.target.key()
+    variants = [v for g in manifest["groups"] for v in g["variants"] if v["family"] == "gemm"]
+    assert variants and all(v["schedule"]["method"] == "heuristic" for v in variants)
+
+
+def test_diverse_set_keeps_a_variant_only_where_it_is_best_somewhere():
+    a = ({"c": 1}, [(1, 1, 1.0), (2, 1, 4.0)], 2.0)     # best at the small shape
+    b = ({"c": 2}, [(1, 1, 2.0), (2, 1, 2.0)], 2.0)     # best at the large shape
+    c = ({"c": 3}, [(1, 1, 3.0), (2, 1, 3.0)], 3.0)     # never best
+    kept = diverse_set([a, b, c], 3)
+    assert [t[0]["c"] for t in kept] == [1, 2]
+    assert [t[0]["c"] for t in diverse_set([a, b, c], 1)] == [1]
