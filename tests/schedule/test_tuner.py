@@ -179,3 +179,10 @@ def test_turbo_finds_near_optimum_with_a_tenth_of_the_space_and_beats_random():
     rand = [random_search(space, f, budget=budget, seed=s).best().value / optimum for s in range(3)]
     assert sum(r <= 1.05 for r in turbo) >= 2, (turbo, rand)
     assert np.mean(turbo) < np.mean(rand), (turbo, rand)
+
+
+def test_progress_bar_shows_best_so_far(capsys):
+    space = gemm_like_space()
+    tune(space, multimodal(space), budget=Budget(trials=5), progress=True)
+    err = capsys.readouterr().err
+    assert "5/5" in err and "best" in err and " ms" in err

@@ -429,12 +429,13 @@ class _Turbo:
         """Trials in the region's box (or, too few there, the nearest ones to its centre)."""
         idx = np.fromiter(self.run.values, dtype=np.int64)
         X = self.enc[idx]
-        y = np.array([self.run.values[int(i)] for i in idx])
+        # targets over all trials, so a failure's stand-in value is the same in every region
+        y = _log_targets(np.array([self.run.values[int(i)] for i in idx]))
         inside = region.contains(X, self.step)
         order = np.argsort(np.linalg.norm(X - region.center, axis=1), kind="stable")
         n = max(int(inside.sum()), MIN_TRAIN)
         keep = order[:min(n, MAX_TRAIN)]
-        return X[keep], _log_targets(y[keep])
+        return X[keep], y[keep]
 
     def propose(self, slots: int) -> list[tuple[int, int, str]]:
         """``slots`` (region, point index, source) proposals: a restarted region's unmeasured
