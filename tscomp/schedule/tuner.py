@@ -138,8 +138,10 @@ class TrustRegion:
     best_value: float = math.inf
     #: True while the centre was chosen by a restart and has not been measured yet
     pending_center: bool = False
-    #: the local GP's last fitted kernel (warm start for the next fit; not part of the TR logic)
+    #: the local GP's last fitted kernel (warm start for the next fit) and the fitted model with
+    #: the trials it saw (reused while they do not change); not part of the trust-region logic
     kernel: object = field(default=None, repr=False, compare=False)
+    model: tuple | None = field(default=None, repr=False, compare=False)
 
     def record(self, improved: bool) -> None:
         """Count one measurement of this region's proposal; grow or shrink the box."""
@@ -425,8 +427,21 @@ class _Turbo:
             cands = self.rng.choice(cands, size=MAX_CANDIDATES, replace=False)
         return cands
 
-    def training_set(self, region: TrustRegion) -> tuple[np.ndarray, np.ndarray]:
-        """Trials in the region's box (or, too few there, the nearest ones to its centre)."""
+    def local_gp(self, region: TrustRegion):
+        """The region's GP on its current training set; refitted only when that set changed
+        (with one measurement per round, the other regions' data usually did not)."""
+        X, y, key = self.training_set(region)
+        if region.model is not None and region.model[0] == key:
+            return region.model[1]
+        gp = _fit_gp(X, y, self.seed, region.kernel)
+        if gp is not None:
+            region.kernel = gp.kernel_
+        region.model = (key, gp)
+        return gp
+
+    def training_set(self, region: TrustRegion) -> tuple[np.ndarray, np.ndarray, tuple]:
+        """Trials in the region's box (or, too few there, the nearest ones to its centre), and a
+        key that changes when they (or the failures' stand-in value) do."""
         idx = np.fromiter(self.run.values, dtype=np.int64)
         X = self.enc[idx]
         # targets over all trials, so a failure's stand-in value is the same in every region
@@ -435,7 +450,7 @@ class _Turbo:
         order = np.argsort(np.linalg.norm(X - region.center, axis=1), kind="stable")
         n = max(int(inside.sum()), MIN_TRAIN)
         keep = order[:min(n, MAX_TRAIN)]
-        return X[keep], y[keep]
+        return X[keep], y[keep], (tuple(idx[keep].tolist()), float(y.max()) if y.size else 0.0)
 
     def propose(self, slots: int) -> list[tuple[int, int, str]]:
         """``slots`` (region, point index, source) proposals: a restarted region's unmeasured
@@ -455,10 +470,7 @@ class _Turbo:
             cands = self.candidates(region)
             if cands.size == 0:
                 continue
-            X, y = self.training_set(region)
-            gp = _fit_gp(X, y, self.seed, region.kernel)
-            if gp is not None:
-                region.kernel = gp.kernel_
+            gp = self.local_gp(region)
             scored.append((k, cands, _thompson(gp, self.enc[cands], n, self.rng)))
         for j in range(n):
             best = None
