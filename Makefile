@@ -26,7 +26,8 @@ test-asan: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/python -m models.export bert --size tiny --exporter dynamo -o .cache/models
 	$(VENV)/bin/tscomp inspect .cache/models/bert-tiny-dynamo.onnx --dim batch=1:8 --dim sequence=1:512 --groups --picture .cache/bert-tiny-plan.png
-	$(VENV)/bin/tscomp compile .cache/models/bert-tiny-dynamo.onnx --dim batch=1:8 --dim sequence=1:512 -o .cache/bert-tiny.tsc
+	$(VENV)/bin/tscomp compile .cache/models/bert-tiny-dynamo.onnx --dim batch=1:8 --dim sequence=1:512 -o .cache/bert-tiny.tsc \
+		--budget 8 --records .cache/tuning-records.json
 	$(VENV)/bin/tscomp run .cache/bert-tiny.tsc --shape batch=2 --shape sequence=37
 	$(VENV)/bin/tscomp bench .cache/bert-tiny.tsc --fix batch=1 --samples 8 --plot .cache/bert-tiny-bench.png
 
