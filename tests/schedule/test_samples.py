@@ -1,0 +1,54 @@
+"""Sample shapes for measuring kernels are bounded by memory, never by the declared maximum alone."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from tscomp.schedule.samples import footprint, memory_budget, sample_bindings
+
+
+@pytest.fixture(scope="module")
+def bert_plan(exported_model):
+    from tscomp.graph import load_model
+    from tscomp.graph.fusion import fuse
+
+    path = exported_model("bert", "tiny", "dynamo")
+    return path, lambda dims: fuse(load_model(str(path), dims))
+
+
+def test_samples_grow_the_widest_symbol_and_hold_the_others_at_their_minimum(bert_plan):
+    _, plan_of = bert_plan
+    bindings = sample_bindings(plan_of(["batch=2:8", "sequence=1:512"]))
+    assert [b["sequence"] for b in bindings] == [1, 4, 16, 64, 128, 256, 512]
+    assert all(b["batch"] == 2 for b in bindings)
+
+
+def test_a_huge_declared_range_is_sampled_within_the_memory_budget(bert_plan):
+    _, plan_of = bert_plan
+    plan = plan_of(["batch=1:1000000", "sequence=1:64"])
+    budget = 64 << 20
+    with pytest.warns(RuntimeWarning, match="sample budget"):
+        bindings = sample_bindings(plan, budget=budget)
+    assert max(b["batch"] for b in bindings) < 1000000
+    assert all(footprint(plan, b) <= budget for b in bindings)
+
+
+def test_compiling_a_huge_batch_range_takes_ordinary_memory(bert_plan):
+    import resource
+
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+
+    path, _ = bert_plan
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        model = compile_model(str(path), ["batch=1:1000000", "sequence=1:64"])
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 2 * memory_budget() / 2**20 + 512, f"compile grew the process by {grown_mib:.0f} MiB"
+    rt = Runtime.from_compiled(model)
+    ids = np.ones((3, 5), np.int64)
+    out = rt.run({"input_ids": ids, "attention_mask": ids, "token_type_ids": np.zeros_like(ids)})
+    assert all(np.isfinite(v).all() for v in out.values())
