@@ -182,10 +182,9 @@ FAMILIES: dict[str, FamilySpec] = {
         # Export notes for the issue-11 families (torch 2.13, transformers 5.23, measured here): both exporters
         # work for Llama and ResNet, tiny and base, and match torch to ~1e-6 (tiny). Tiny export times: Llama
         # dynamo ~40 s, TorchScript ~2 s; ResNet dynamo ~18 s, TorchScript <1 s. Llama's graph adds Range
-        # (positions, causal mask), Cos/Sin (rotary), Pow/ReduceMean/Sqrt and Reciprocal (dynamo) or Div
-        # (TorchScript) for RMSNorm, with a Cast
-        # to fp32 in the TorchScript form) and Expand/Reshape (repeat_kv). ResNet's BatchNorm is folded into
-        # the Conv weights by both exporters; dynamo writes the output side as ``((height - 1)//8) + 1``.
+        # (positions, causal mask), Cos/Sin (rotary), RMSNorm as Pow/ReduceMean/Sqrt with Reciprocal (dynamo) or
+        # Cast to fp32 and Div (TorchScript), and Expand/Reshape (repeat_kv). ResNet's BatchNorm is folded into
+        # the Conv weights by both exporters; dynamo writes the output side as ``((height - 1)//8) + 1`` (tiny).
         # transformers refuses ``_attn_implementation = "sdpa"`` on ResNet ("does not support an attention
         # implementation"): `make_config` sets it only for families with attention.
         # (Swin, not a family: both exporters export a tiny SwinModel with dynamic H/W -- dynamo ~70 s -- and

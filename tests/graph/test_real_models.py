@@ -21,6 +21,10 @@ TINY_BINDINGS = {"llama": 8, "resnet": 20}
 # Fused groups allowed to touch one layer (post-LN encoders: <= 8). Llama (issue 11): two RMSNorm row
 # passes and the rotary embedding of q and k are separate groups until RMSNorm fuses into the GEMMs.
 GROUPS_PER_LAYER = {"llama": 13}
+# Output tolerances other than compare_with_onnxruntime's (rtol = atol = 1e-4). ResNet-50 with random weights
+# (issue 11): features reach ~230 (mean ~28), and fp32 sums over 3x3x512 taps in numpy and onnxruntime differ
+# by up to ~4e-4 absolute (~1e-5 relative to the mean) -- summation order, not a bug.
+TOLERANCES = {("resnet", "base"): dict(rtol=1e-4, atol=1e-3)}
 EXPORTERS = ["dynamo", "torchscript"]
 CASES = [pytest.param(f, "tiny", e, id=f"{f}-tiny-{e}") for f in FAMILIES for e in EXPORTERS] + \
         [pytest.param(f, "base", e, id=f"{f}-base-{e}", marks=pytest.mark.base) for f in FAMILIES for e in EXPORTERS]
@@ -52,7 +56,8 @@ def mismatches_against_onnxruntime(loaded, family, size, n_bindings) -> list[str
     caps = {"batch": 2} if size == "base" else None
     for binding in model_checks.binding_samples(ranges, n=n_bindings, seed=zlib.crc32(family.encode()), caps=caps):
         inputs = make_inputs(family, binding, rng, size=size)
-        result = model_checks.compare_with_onnxruntime(loaded, session, inputs, binding)
+        result = model_checks.compare_with_onnxruntime(loaded, session, inputs, binding,
+                                                       **TOLERANCES.get((family, size), {}))
         if result.shape_mismatches:
             failures.append(f"{binding}: {len(result.shape_mismatches)} shape mismatches, first: "
                             f"{result.shape_mismatches[0]}")
