@@ -277,3 +277,31 @@ def test_compiled_swin_matches_onnxruntime_at_awkward_sides(swin_model):
         got = rt.run(_swin_feeds(h, w))["last_hidden_state"]
         assert got.shape == want.shape, (h, w)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"H={h} W={w}")
+
+
+# ------------------------------------------------------------------ integer Mod / Div data rules
+def test_shape_arithmetic_mod_and_div_keep_onnx_integer_semantics_for_every_sign(tmp_path):
+    """Mod (fmod=0 takes the divisor's sign, fmod=1 the dividend's) and Div (truncates toward zero) on
+    shape values stay symbolic and agree with numpy's ONNX semantics at every binding."""
+    n = helper.make_node
+    nodes = [n("Shape", ["x"], ["shape"]), n("Gather", ["shape", "zero"], ["s"], axis=0),
+             n("Neg", ["s"], ["neg"]),
+             n("Mod", ["s", "seven"], ["mod7"]), n("Mod", ["s", "minus3"], ["mod_m3"]),
+             n("Mod", ["neg", "seven"], ["neg_mod7"]), n("Mod", ["s", "five"], ["fmod5"], fmod=1),
+             n("Div", ["neg", "four"], ["neg_div4"]), n("Div", ["s", "four"], ["div4"])]
+    outs = ["mod7", "mod_m3", "neg_mod7", "fmod5", "neg_div4", "div4"]
+    graph = helper.make_graph(
+        nodes, "shape_arithmetic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info(o, TensorProto.INT64, []) for o in outs],
+        [_i64("zero", 0), _i64("seven", 7), _i64("minus3", -3), _i64("five", 5), _i64("four", 4)])
+    path = tmp_path / "shape_arithmetic.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    loaded = load_model(path, ["n=1:40"], simplify_graph=False)
+    symbolic = {o: loaded.values[o].symdata for o in outs}
+    assert all(v is not None for v in symbolic.values()), symbolic
+    assert loaded.symbols.bounds(symbolic["mod7"][()]) == (0, 6)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for value in range(1, 41):
+        want = dict(zip(outs, sess.run(outs, {"x": np.zeros(value, np.float32)})))
+        for o in outs:
+            assert loaded.symbols.evaluate(symbolic[o][()], {"n": value}) == int(want[o]), (o, value)
