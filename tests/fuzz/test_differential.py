@@ -79,3 +79,29 @@ if FUZZ_SEED is not None:
 
 def teardown_module(module):
     print(f"\nfuzz: {STATS['graphs']} graphs compiled, {STATS['bindings']} bindings compared with onnxruntime")
+
+
+# ---------------------------------------------------------------------------------------------
+# Regressions: each bug the fuzzer found, as the graph it shrank to.
+def regression_case(nodes, inputs: dict, inits: dict, outputs: list[str], bindings) -> GraphCase:
+    from onnx import TensorProto, helper, numpy_helper
+    vis = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs.items()]
+    graph = helper.make_graph(nodes, "regression", vis,
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+                              initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return GraphCase(model, {n: (np.float32, s) for n, s in inputs.items()}, {}, bindings, 0)
+
+
+def test_softmax_over_a_one_element_row_keeps_its_exp_inside_the_row():
+    """Softmax of a [1] slice of a reduction: the row has no loop, and exp(x - max) was hoisted
+    above the declaration of the row maximum (C compile error 'mx0' undeclared)."""
+    from onnx import helper
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+             helper.make_node("Slice", ["s", "st", "en", "ax", "sp"], ["sl"]),
+             helper.make_node("Softmax", ["sl"], ["y"], axis=0)]
+    inits = {"axes": np.array([1], np.int64), "st": np.array([0], np.int64), "en": np.array([1], np.int64),
+             "ax": np.array([-1], np.int64), "sp": np.array([1], np.int64)}
+    check_against_onnxruntime(regression_case(nodes, {"x": (3, "n")}, inits, ["s", "sl", "y"],
+                                              [{"n": 1}, {"n": 7}]))

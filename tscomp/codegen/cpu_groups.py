@@ -576,6 +576,7 @@ class GroupGenerator:
             exp = "ts_expf" if f else "exp"   # ts_expf vectorizes (PRELUDE)
             m, s = self.fresh("mx"), self.fresh("sum")
             self.emit(f"{ct} {m} = -INFINITY;")
+            self.local(m)   # values computed from the maximum stay in this row (a 1-element row has no loop to pin them)
             ridx, close = self.stat_loop((f"max:{m}",))
             xv = self.value(x, self.full_idx(ridx))
             self.emit(f"{m} = {xv} > {m} ? {xv} : {m};")
@@ -587,7 +588,7 @@ class GroupGenerator:
             xv = self.value(x, self.full_idx(ridx))
             if op == "Softmax":  # keep exp(x - max) in a per-thread row buffer for the output pass
                 st["row"] = self.scratch_row(ct)
-                ev = self.define(ct, f"{exp}({xv} - {m})", deps=[xv], stem="e")
+                ev = self.define(ct, f"{exp}({xv} - {m})", deps=[xv, m], stem="e")
                 self.emit(f"{st['row']}[{self.c(linearize(ridx, self.row.space[self.row.k:]))}] = {ev};")
                 self.emit(f"{s} += {ev};")
             else:
