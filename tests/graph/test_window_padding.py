@@ -240,12 +240,16 @@ def swin_model(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def swin_graph(swin_model):
+    return load_model(swin_model, SWIN_DIMS)
+
+
 @pytest.mark.models
-def test_swin_pads_through_mod_and_resolves_every_shape(swin_model):
+def test_swin_pads_through_mod_and_resolves_every_shape(swin_model, swin_graph):
     ops = {n.op_type for n in onnx.load(str(swin_model)).graph.node}
     assert {"Mod", "Pad"} <= ops
-    graph = load_model(swin_model, SWIN_DIMS)
-    assert unresolved_values(graph) == []
+    assert unresolved_values(swin_graph) == []
 
 
 def _swin_feeds(h: int, w: int) -> dict[str, np.ndarray]:
@@ -253,12 +257,11 @@ def _swin_feeds(h: int, w: int) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.models
-def test_swin_reference_matches_onnxruntime_at_awkward_sides(swin_model):
-    graph = load_model(swin_model, SWIN_DIMS)
+def test_swin_reference_matches_onnxruntime_at_awkward_sides(swin_model, swin_graph):
     sess = ort.InferenceSession(str(swin_model), providers=["CPUExecutionProvider"])
     for h, w in SWIN_SIDES:
         (want,) = sess.run(None, _swin_feeds(h, w))
-        got = run_reference(graph, _swin_feeds(h, w))["last_hidden_state"]
+        got = run_reference(swin_graph, _swin_feeds(h, w))["last_hidden_state"]
         assert got.shape == want.shape, (h, w)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"H={h} W={w}")
 
