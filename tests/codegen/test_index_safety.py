@@ -123,3 +123,17 @@ def test_gather_elements_out_of_range_raises_and_negative_indices_work(tmp_path)
             rt.run({"data": data, "idx": idx})
     np.testing.assert_array_equal(rt.run({"data": data, "idx": good})["y"],
                                   np.take_along_axis(data, good % 5, axis=1))
+
+
+def test_generator_lists_its_index_checks_for_the_families_built_on_it(tmp_path):
+    """GroupGenerator.index_checks names every data-dependent index it emitted (the GEMM
+    families subclassing it read this to refuse or support such groups)."""
+    import tscomp
+    from tscomp.codegen.cpu_groups import GroupGenerator
+    from tscomp.graph.fusion import fuse
+    plan = fuse(tscomp.load_model(gather_elements_model(tmp_path / "ge.onnx"), ["n=1:17"]))
+    group = next(g for g in plan.groups if "pick" in g.nodes)
+    gen = GroupGenerator(plan, group)
+    source = gen.generate()
+    assert [(c.node, c.op_type, c.input) for c in gen.index_checks] == [("pick", "GatherElements", "idx")]
+    assert source.checks_indices and "ts_index(" in source.source and "int64_t* restrict tscomp_err" in source.source

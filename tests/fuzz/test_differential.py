@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from tests.fuzz.graphs import GraphCase, graph_cases
 
@@ -61,7 +61,10 @@ def check_against_onnxruntime(case: GraphCase) -> None:
                     f"{case.describe()}\n")
 
 
-_settings = settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_SEED is None,
+#: ``TSCOMP_FUZZ_SHRINK=0`` reports a failing graph as drawn (shrinking a compiled graph can take minutes)
+PHASES = [p for p in Phase if os.environ.get("TSCOMP_FUZZ_SHRINK", "1") != "0" or p is not Phase.shrink]
+
+_settings = settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_SEED is None, phases=PHASES,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                             HealthCheck.filter_too_much], database=None, print_blob=True)
 
