@@ -124,14 +124,16 @@ class SymbolTable:
         Raises ShapeError when the two provably differ.
         """
         a, b = self.canon(a), self.canon(b)
-        if a == b or sympy.simplify(a - b) == 0:
+        if a == b or sympy.expand(a - b) == 0:
             return a
         if a.is_Integer and b.is_Integer:
             raise ShapeError(f"{reason}: dimension {a} != {b}")
-        for x, y in ((a, b), (b, a)):
+        for x, y in ((a, b), (b, a)):  # (an identity's interval always holds 0: safe before simplify)
             if self._bounds_exclude_equal(x, y):
                 raise ShapeError(f"{reason}: dimension {x} can never equal {y} "
                                  f"(ranges {self.bounds(x)} vs {self.bounds(y)})")
+        if sympy.simplify(a - b) == 0:
+            return a
         merged = self._unify_symbol(a, b, reason) or self._unify_min_max(a, b, reason)
         if merged is not None:
             return merged
