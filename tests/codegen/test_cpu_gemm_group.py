@@ -260,3 +260,30 @@ def test_runtime_contract_pickle_bind_tasks_memo(tmp_path_factory):
     assert 3 <= len(cfgs) <= 4 and len(set(cfgs)) == len(cfgs)
     assert plain.tasks(bind_symbols(plain_plan.graph, {"x": np.zeros((1, 1, 768), np.float32),
                                                        "res": np.zeros((1, 1, 768), np.float32)})) >= 1
+
+
+def test_a_constant_weight_read_through_views_is_prepacked_not_refused(tmp_path):
+    """MatMul(x, Reshape(Transpose(W))) with W an initializer: the gemm family evaluates the views on
+    the constant once (neither family may refuse it for the other's reason)."""
+    import onnxruntime as ort
+
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 2, 8)).astype(np.float32)
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[2, 1, 0]),
+             helper.make_node("Reshape", ["wt", "shape"], ["w2"]),
+             helper.make_node("MatMul", ["x", "w2"], ["y"]), helper.make_node("Relu", ["y"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["B", 3, 8])],
+                          [helper.make_tensor_value_info("z", TP.FLOAT, ["B", 3, 8])],
+                          [helper.make_tensor("w", TP.FLOAT, w.shape, w.ravel()),
+                           helper.make_tensor("shape", TP.INT64, (2,), [8, 8])])
+    path = tmp_path / "viewed_weight.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    model = compile_model(str(path), ["B=1:9"])
+    assert model.fallback_groups() == []
+    rt, sess = Runtime.from_compiled(model), ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for B in (1, 4, 9):
+        x = rng.standard_normal((B, 3, 8)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["z"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

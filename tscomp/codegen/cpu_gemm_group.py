@@ -66,7 +66,7 @@ from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, ref
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block, _Row
 from tscomp.codegen.tile_config import TileConfig, candidate_configs, default_config
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
-from tscomp.graph.fusion.expr import Expr, Input, Op, View, walk
+from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.graph.symbols import numel, same, shape_str
 from tscomp.graph.views import apply_view
@@ -249,11 +249,13 @@ class GemmGroupAnalysis:
         a_src, a_chain = _strip_views(a)
         b_src, b_chain = _strip_views(b)
         const = graph.values[b_src.name].const if isinstance(b_src, Input) and b_src.name in graph.values else None
-        if b_chain or const is None:
+        if isinstance(b_src, Const) and not b_src.symbolic:
+            const = b_src.value               # a weight the graph stage folded (e.g. a reshaped initializer)
+        if const is None:
             self._fail(f"{h.op_type} {h.node!r}: B operand is not a constant weight (a batched GEMM with two "
                        f"activation operands)")
         self.a_prologue = bool(pro)   # A computed in the group: generated into a scratch X first
-        W = np.asarray(const)
+        W = self._constant_through_views(np.asarray(const), b_chain, h)
         if W.ndim > 2 and all(d == 1 for d in W.shape[:-2]):
             W = W.reshape(W.shape[-2:])           # [1, .., 1, K, N] broadcast weight: really 2-D
         if W.ndim != 2:
@@ -290,6 +292,18 @@ class GemmGroupAnalysis:
         if self.T is not None and self.N > MAX_ROW_N:
             self._fail(f"row reduction over N={self.N} > {MAX_ROW_N} columns (a task would hold too long rows)")
         self._gen_epilogue()
+
+    def _constant_through_views(self, W: np.ndarray, chain: list, h: Op) -> np.ndarray:
+        """A constant weight read through views (a transposed or reshaped initializer) is evaluated
+        once here, so it is prepacked like any weight; views with symbolic sizes are refused."""
+        def static(d) -> int:
+            d = sympy.sympify(d)
+            if not d.is_Integer:
+                self._fail(f"{h.op_type} {h.node!r}: the constant B operand is viewed with the symbolic size {d}")
+            return int(d)
+        for v in reversed(chain):        # innermost view first
+            W = apply_view(W, v.op, static)
+        return np.ascontiguousarray(W)
 
     def _pre_reduction_value(self) -> Expr:
         """The one expression the row pass reads the GEMM through: computed from the GEMM without a
