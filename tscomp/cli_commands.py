@@ -108,8 +108,8 @@ def _summary(compiled, path: Path) -> list[str]:
     if fallback:
         lines.append(f"{len(fallback)} group(s) run on the numpy fallback (no macro-kernel family accepts them):")
         for g in fallback:
-            why = compiled.kernels[g][0].reasons
-            lines.append(f"  {g}: {why[-1] if why else '?'}")
+            why = compiled.kernels[g][0].reasons    # every family that looked at it, and why it declined
+            lines.append(f"  {g}: " + (" | ".join(why) if why else "?"))
     return lines
 
 
