@@ -28,6 +28,7 @@ import numpy as np
 from tscomp.codegen.build import build_object, set_num_threads
 from tscomp.codegen.families import DEFAULT_VARIANTS, choose_family, fallback_kernel
 from tscomp.graph import DimSpec, load_model, require_resolved_shapes
+from tscomp.graph.onnx_import import refuse_data_dependent_shapes
 from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.schedule.samples import group_inputs_at, sample_bindings, shape_size
@@ -81,6 +82,7 @@ def compile_model(model_path: str, dims: Sequence[DimSpec | str] = (), *, tuning
     t0 = time.perf_counter()
     graph = load_model(model_path, dims)
     require_resolved_shapes(graph)
+    refuse_data_dependent_shapes(graph)
     plan = fuse(graph)
     model = compile_plan(plan, tuning=tuning, max_variants=max_variants, threads=threads, target=target,
                          progress=progress, log=log, source_model=str(model_path), t0=t0)

@@ -104,8 +104,6 @@ def test_nonzero_of_a_constant_is_not_refused():
     refuse_data_dependent_shapes(graph)
 
 
-@pytest.mark.xfail(reason="compile_model (tscomp/compiler.py, the lead's) does not call "
-                          "refuse_data_dependent_shapes(graph) after require_resolved_shapes yet", strict=False)
 def test_compile_refuses_nonzero_of_run_time_data(tmp_path):
     from tscomp.compiler import compile_model
     path = tmp_path / "nz.onnx"
