@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def bert_base_plan(path: Path):
+def bert_base_plan(path: Path, dims: list[str]):
     from tscomp.graph import load_model
     from tscomp.graph.fusion import fuse
 
-    return fuse(load_model(str(path), ["batch=1:8", "sequence=1:512"]))
+    return fuse(load_model(str(path), dims))
 
 
 def pick_groups(plan) -> dict:
@@ -109,6 +109,8 @@ def replay(space, table: dict, method: str, budget: int, seed: int) -> list[floa
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="BERT-base ONNX (default: exported into .cache/models)")
+    ap.add_argument("--dim", action="append", default=None,
+                    help="dynamic ranges (default batch=1:1 sequence=1:512: one request at any length)")
     ap.add_argument("--budget-fraction", type=float, default=0.10)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--plot", default=str(RESULTS / "tuner_convergence.png"))
@@ -116,6 +118,7 @@ def main(argv=None) -> int:
                     help="only build every configuration into the kernel cache (no timing: may run while busy)")
     args = ap.parse_args(argv)
 
+    from tscomp.codegen.native import sha256_text
     from tscomp.schedule.target import host_cpu
 
     log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
@@ -125,12 +128,14 @@ def main(argv=None) -> int:
     else:
         path = Path(args.model)
     target = host_cpu()
-    plan = bert_base_plan(path)
+    dims = args.dim or ["batch=1:1", "sequence=1:512"]
+    plan = bert_base_plan(path, dims)
     groups = pick_groups(plan)
-    summary = {"target": target.key(), "budget_fraction": args.budget_fraction, "groups": {}}
+    summary = {"target": target.key(), "dims": dims, "budget_fraction": args.budget_fraction, "groups": {}}
     curves = {}
     for label, choice in groups.items():
-        cache = ROOT / ".cache" / "bench" / f"exhaustive-{label}-{choice.analysis.signature()}-{target.key()}.json"
+        cache = ROOT / ".cache" / "bench" / (f"exhaustive-{label}-{choice.analysis.signature()}-{target.key()}-"
+                                             f"{sha256_text(' '.join(dims))[:8]}.json")
         cache.parent.mkdir(parents=True, exist_ok=True)
         ex = exhaustive(plan, choice, target, cache, log, args.compile_only)
         if args.compile_only:
