@@ -24,7 +24,9 @@ reductions: the single fused kernel described below (not a GEMM kernel + separat
   (the small-M variants: more tasks when M is a few rows) the row pass runs after every tile is
   stored, in parallel over row chunks. The
   elementwise part up to the reduction's input (the *pre-reduction value* T, e.g. matmul + bias +
-  residual) is computed in the tile epilogue and stored into Y; when the task has finished its last
+  residual) is computed in the tile epilogue and stored into Y (when the row pass reads the GEMM
+  through several values -- RMSNorm's ``Pow(h, 2)`` and ``h`` -- T is the nearest value they all read
+  it through and the row pass recomputes the others from it, element by element); when the task has finished its last
   K step (whole rows) or after the task loop (split N), a generated *row pass* runs over the rows: the row
   statistics (the reduce path of :class:`~tscomp.codegen.cpu_groups.GroupGenerator`, mean then
   centred variance), then normalize + affine + whatever follows, stored once. Y is the output that
@@ -125,6 +127,9 @@ class _RowPassGenerator(GroupGenerator):
     def _value(self, e: Expr, idx) -> str:
         if e is self.T:
             off = _collapse(self.ctx.simplify(linearize(tuple(idx), self.shape(e))))
+            if self.i in sympy.expand(off - self.i * self.N).free_symbols:
+                self.fail(f"the row pass reads the pre-reduction value at {off}, not in its own row i (another "
+                          f"task may not have stored it yet)")
             if self.final_reads is not None:
                 self.final_reads.append(off)
             return self.define("float", f"Y[{self.c(off)}]", index=[off], stem="v", note="pre-reduction value")
@@ -306,8 +311,15 @@ class GemmGroupAnalysis:
         return np.ascontiguousarray(W)
 
     def _pre_reduction_value(self) -> Expr:
-        """The one expression the row pass reads the GEMM through: computed from the GEMM without a
-        reduction and read by the reductions or by what follows them (LayerNorm's input x)."""
+        """The one value the row pass reads the GEMM through (stored into Y by the tile epilogue).
+
+        The *frontier* is every value computed from the GEMM without a reduction and read by a
+        reduction or by what follows one (LayerNorm's input x). One frontier value is T itself. With
+        several (RMSNorm: ``Cast(x)`` read by the normalizing Mul and ``Pow(Cast(x), 2)`` by the
+        ReduceMean), T is the nearest value every one of them reads the GEMM through (a dominator:
+        here ``x``, the residual Add), in the GEMM's full [M, N] space; the row pass recomputes the
+        frontier values from T element by element (a Cast and a Pow per element are cheaper than a
+        second M x N buffer)."""
         nodes = list(walk(self.group.outputs.values()))
         dep_mm, dep_red, parents = {}, {}, {}
         for e in nodes:
@@ -321,11 +333,46 @@ class GemmGroupAnalysis:
                     and any(dep_red[id(p)] for p in parents.get(id(e), ()))]
         if not frontier:
             self._fail("the row reductions do not read the GEMM result")
-        if len(frontier) > 1:
-            self._fail(f"the row pass reads the GEMM through {len(frontier)} different values "
-                       f"({', '.join(map(repr, frontier))}); one pre-reduction value is supported")
         self._dep_red = dep_red
-        return frontier[0]
+        if len(frontier) == 1:
+            return frontier[0]
+        reasons = []
+        for cand in self._dominators(frontier, nodes, dep_mm):
+            if isinstance(cand, Op) and cand.op_type == "Cast" and cand.args[0] is not None \
+                    and np.dtype(cand.args[0].dtype) == np.dtype(cand.dtype):
+                continue     # an identity Cast: store what it reads (often the exported residual sum)
+            if np.dtype(cand.dtype) != np.float32:
+                reasons.append(f"{cand!r} is {np.dtype(cand.dtype)}")
+                continue
+            try:
+                mode = self._output_mode("(pre-reduction value)", cand)
+            except UnsupportedOperatorError as exc:
+                reasons.append(str(exc).split(": ", 1)[-1])
+                continue
+            if mode == ("full", 0):
+                return cand
+            reasons.append(f"{cand!r} is a column range of the GEMM, not its full [M, N] space")
+        self._fail(f"the row pass reads the GEMM through {len(frontier)} different values "
+                   f"({', '.join(map(repr, frontier))}) and no value they all read it through is in the GEMM's "
+                   f"full [M, N] space ({'; '.join(reasons) or 'none'})")
+
+    def _dominators(self, frontier: list, nodes: list, dep_mm: dict) -> list:
+        """The values every path from ``frontier`` down to the GEMM passes through, nearest to the
+        frontier first (they form a chain ending at the GEMM itself)."""
+        def reaches_gemm_avoiding(block) -> bool:
+            seen, stack = {id(block)}, list(frontier)
+            while stack:
+                e = stack.pop()
+                if id(e) in seen or not dep_mm[id(e)]:
+                    continue
+                if e is self.heavy:
+                    return True
+                seen.add(id(e))
+                stack.extend(e.children())
+            return False
+
+        cands = [e for e in nodes if dep_mm[id(e)] and not self._dep_red[id(e)]]
+        return [e for e in reversed(cands) if e is self.heavy or not reaches_gemm_avoiding(e)]
 
     def _is_identity_view(self, src: Input, chain) -> bool:
         """Whether the A view chain reads its source's memory in row-major order (no copy needed)."""
