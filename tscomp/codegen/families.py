@@ -125,6 +125,17 @@ def _no_configs(analysis, target: Target, limit: int) -> list:
     return [None]
 
 
+# ---------------------------------------------------------------------------- index (one opaque op, issue 11)
+def _index_analyze(plan, group):
+    from tscomp.codegen.cpu_index import analyze_index_group
+    return analyze_index_group(plan, group)
+
+
+def _index_link(source):
+    from tscomp.codegen.cpu_index import link_index_kernel
+    return link_index_kernel(source)
+
+
 def _upper(symtab, expr) -> int | None:
     """An expression's upper bound under the symbol ranges, or None if unbounded."""
     import math
@@ -138,6 +149,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
                  _batched_space),
     KernelFamily("row-or-elementwise", ("elementwise", "reduce"), _rows_analyze, _rows_executor, _rows_link,
                  _no_configs),
+    KernelFamily("index", ("opaque", "reduce"), _index_analyze, _rows_executor, _index_link, _no_configs),
 )
 
 

@@ -86,6 +86,11 @@ class OpDef:
     #: plain C99 + ``<math.h>`` and is assigned to a local of the output's C type (:func:`c_type`).
     #: None (or a function returning None for some dtypes) means code generation does not support it.
     c_expr: Callable[[list[str | None], dict[str, Any], "CTypes"], str | None] | None = None
+    #: ops that run as a kernel of their own (opaque index ops: CumSum, Range, Scatter*, ArgMax, ...):
+    #: ``c_kernel(w)`` writes the C body of a one-op kernel through ``w``, the writer of
+    #: :mod:`tscomp.codegen.cpu_index` (operands, flat loads, shape printing, checked indices);
+    #: attached in :mod:`tscomp.graph.ops.c_kernels`. None: no native kernel (numpy fallback).
+    c_kernel: Callable[[Any], None] | None = None
 
 
 class CTypes(NamedTuple):
@@ -118,6 +123,15 @@ def register(opdef: OpDef) -> OpDef:
         raise ValueError(f"operator {opdef.op_type} registered twice")
     REGISTRY[key] = opdef
     return opdef
+
+
+def attach(op_type: str, domain: str = "", **fields) -> OpDef:
+    """Set fields of a registered entry (a module adding one capability to many ops, e.g. their
+    C kernels, keeps one line per op instead of editing every entry's definition)."""
+    import dataclasses
+    key = (domain, op_type)
+    REGISTRY[key] = dataclasses.replace(REGISTRY[key], **fields)
+    return REGISTRY[key]
 
 
 def lookup(op_type: str, domain: str, opset: int, node_name: str) -> OpDef:

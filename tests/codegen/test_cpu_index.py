@@ -1,0 +1,186 @@
+"""The index kernel family (:mod:`tscomp.codegen.cpu_index`, writers in
+:mod:`tscomp.graph.ops.c_kernels`): one-op groups (CumSum, Range, ConstantOfShape, ArgMax/ArgMin,
+ScatterElements, ScatterND) compile to native kernels, match onnxruntime at awkward shapes (1,
+primes, range ends), and range-check their data-dependent indices with an error naming the node,
+the index input and the value."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+from tscomp.codegen.families import choose_family
+from tscomp.compiler import compile_model
+from tscomp.errors import IndexOutOfRangeError, UnsupportedOperatorError
+from tscomp.runtime import Runtime
+
+ort = pytest.importorskip("onnxruntime")
+
+F, I64 = TP.FLOAT, TP.INT64
+
+
+def _model(tmp_path, name, nodes, inputs, outputs, inits=(), opset=18):
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info(*i) for i in inputs],
+                              [helper.make_tensor_value_info(*o) for o in outputs], initializer=list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    onnx.checker.check_model(model)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def _compile(path, dims):
+    model = compile_model(str(path), dims, max_variants=1)
+    return model, Runtime.from_compiled(model, num_threads=2)
+
+
+def _index_groups(model) -> list:
+    """Groups the index family compiled (native kernels; none on numpy)."""
+    assert not model.fallback_groups(), {g: model.kernels[g][0].reasons for g in model.fallback_groups()}
+    return [g for g, ks in model.kernels.items() if ks[0].family == "index"]
+
+
+def _check(path, rt, feeds):
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = rt.run(feeds)
+    for (name, w) in zip(rt.output_names, want):
+        assert got[name].shape == w.shape and got[name].dtype == w.dtype, name
+        np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"{name}")
+
+
+SHAPES = [(1, 1), (1, 7), (3, 13), (2, 97), (4, 128)]
+
+
+@pytest.mark.parametrize("reverse,exclusive", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("axis", [1, 0, -1])
+def test_cumsum_matches_onnxruntime(tmp_path, axis, reverse, exclusive):
+    nodes = [helper.make_node("CumSum", ["x", "ax"], ["y"], reverse=reverse, exclusive=exclusive)]
+    path = _model(tmp_path, "cumsum", nodes, [("x", F, ["B", "L"])], [("y", F, ["B", "L"])],
+                  [helper.make_tensor("ax", I64, [], [axis])])
+    model, rt = _compile(path, ["B=1:4", "L=1:128"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(axis + 1 + 3 * reverse + 6 * exclusive)
+    for B, L in SHAPES:
+        _check(path, rt, {"x": rng.standard_normal((B, L)).astype(np.float32)})
+
+
+def test_cumsum_of_int64_position_ids_as_roberta_exports_them(tmp_path):
+    """RoBERTa: position ids = CumSum(mask, 1) * mask + pad (int64 throughout)."""
+    nodes = [helper.make_node("Cast", ["ids"], ["m"], to=I64),
+             helper.make_node("CumSum", ["m", "ax"], ["c"]),
+             helper.make_node("Mul", ["c", "m"], ["y"])]
+    path = _model(tmp_path, "cumsum_ids", nodes, [("ids", I64, ["B", "L"])], [("y", I64, ["B", "L"])],
+                  [helper.make_tensor("ax", I64, [], [1])])
+    model, rt = _compile(path, ["B=1:4", "L=1:128"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(0)
+    for B, L in SHAPES:
+        _check(path, rt, {"ids": rng.integers(0, 2, (B, L)).astype(np.int64)})
+
+
+def test_range_and_constant_of_shape_over_a_symbolic_length(tmp_path):
+    """Range(0, L, 1) and ConstantOfShape([B, L]) read only shape values: native kernels with the
+    length as a kernel argument."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=F),
+             helper.make_node("ConstantOfShape", ["s"], ["fill"],
+                              value=helper.make_tensor("v", F, [1], [0.5])),
+             helper.make_node("Add", ["x", "rf"], ["t"]),
+             helper.make_node("Mul", ["t", "fill"], ["y"])]
+    path = _model(tmp_path, "range", nodes, [("x", F, ["B", "L"])], [("y", F, ["B", "L"])],
+                  [helper.make_tensor("zero", I64, [], [0]), helper.make_tensor("one", I64, [], [1])])
+    model, rt = _compile(path, ["B=1:4", "L=1:128"])
+    groups = _index_groups(model)
+    ops = {model.kernels[g][0].source.split("ONNX op: ")[1].split(" ")[0] for g in groups}
+    assert {"Range"} <= ops, ops
+    rng = np.random.default_rng(1)
+    for B, L in SHAPES:
+        _check(path, rt, {"x": rng.standard_normal((B, L)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis,keepdims,last", [(-1, 1, 0), (1, 0, 0), (0, 1, 1), (-1, 0, 1)])
+def test_argmax_argmin_match_onnxruntime(tmp_path, op, axis, keepdims, last):
+    nodes = [helper.make_node(op, ["x"], ["y"], axis=axis, keepdims=keepdims, select_last_index=last)]
+    out = ["B", "L"]
+    a = axis % 2
+    out = [1 if k == a else d for k, d in enumerate(out)] if keepdims else [d for k, d in enumerate(out) if k != a]
+    path = _model(tmp_path, "arg", nodes, [("x", F, ["B", "L"])], [("y", I64, out)])
+    model, rt = _compile(path, ["B=1:4", "L=1:128"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(2)
+    for B, L in SHAPES:
+        x = rng.integers(-3, 4, (B, L)).astype(np.float32)   # ties: first vs last index matters
+        _check(path, rt, {"x": x})
+
+
+def _scatter_elements(tmp_path, reduction="none", axis=1):
+    attrs = {"axis": axis} | ({"reduction": reduction} if reduction != "none" else {})
+    nodes = [helper.make_node("ScatterElements", ["x", "idx", "u"], ["y"], **attrs)]
+    return _model(tmp_path, f"scatter_el_{reduction}_{axis}", nodes,
+                  [("x", F, ["B", "L"]), ("idx", I64, ["B", "K"]), ("u", F, ["B", "K"])], [("y", F, ["B", "L"])])
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_elements_matches_onnxruntime(tmp_path, reduction):
+    path = _scatter_elements(tmp_path, reduction)
+    model, rt = _compile(path, ["B=1:4", "L=1:128", "K=1:8"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(3)
+    for B, L in SHAPES:
+        K = min(L, 5)
+        # distinct indices per row for "none" (duplicates are unordered in onnxruntime), negative ones too
+        idx = np.stack([rng.permutation(L)[:K] for _ in range(B)]) if reduction == "none" else \
+            rng.integers(0, L, (B, K))
+        idx = np.where(rng.random((B, K)) < 0.3, idx - L, idx).astype(np.int64)
+        _check(path, rt, {"x": rng.standard_normal((B, L)).astype(np.float32), "idx": idx,
+                          "u": rng.standard_normal((B, K)).astype(np.float32)})
+
+
+def test_scatter_elements_out_of_range_index_names_node_input_and_value(tmp_path):
+    path = _scatter_elements(tmp_path)
+    model, rt = _compile(path, ["B=1:4", "L=1:128", "K=1:8"])
+    feeds = {"x": np.zeros((2, 5), np.float32), "idx": np.array([[0, 1], [4, 5]], np.int64),
+             "u": np.ones((2, 2), np.float32)}
+    with pytest.raises(IndexOutOfRangeError, match=r"ScatterElements node .*index input 'idx' has value 5 at \(1, 1\)"
+                                                   r".*\[-5, 4\]"):
+        rt.run(feeds)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add"])
+def test_scatter_nd_matches_onnxruntime_and_checks_indices(tmp_path, reduction):
+    attrs = {"reduction": reduction} if reduction != "none" else {}
+    nodes = [helper.make_node("ScatterND", ["x", "idx", "u"], ["y"], **attrs)]
+    path = _model(tmp_path, f"scatter_nd_{reduction}", nodes,
+                  [("x", F, ["B", "L", 3]), ("idx", I64, ["K", 2]), ("u", F, ["K", 3])], [("y", F, ["B", "L", 3])])
+    model, rt = _compile(path, ["B=1:4", "L=1:128", "K=1:8"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(4)
+    for B, L in SHAPES:
+        pairs = [(b, l) for b in range(B) for l in range(L)]
+        K = min(len(pairs), 6)
+        idx = np.array([pairs[k] for k in rng.permutation(len(pairs))[:K]], np.int64)
+        _check(path, rt, {"x": rng.standard_normal((B, L, 3)).astype(np.float32), "idx": idx,
+                          "u": rng.standard_normal((K, 3)).astype(np.float32)})
+    bad = {"x": np.zeros((2, 3, 3), np.float32), "idx": np.array([[0, 1], [2, 0]], np.int64),
+           "u": np.ones((2, 3), np.float32)}
+    with pytest.raises(IndexOutOfRangeError, match=r"ScatterND node .*index input 'idx' has value 2 at \(1, 0\)"):
+        rt.run(bad)
+
+
+def test_an_op_without_a_c_kernel_is_refused_by_name(tmp_path):
+    nodes = [helper.make_node("NonZero", ["x"], ["y"])]
+    path = _model(tmp_path, "nonzero", nodes, [("x", F, [4])], [("y", I64, [1, "N"])])
+    import tscomp.graph as G
+    from tscomp.graph.fusion import fuse
+    plan = fuse(G.load_model(path, []))
+    choice = choose_family(plan, plan.groups[0])
+    assert choice.family is None
+    assert any("index: " in r and "NonZero" in r and "no C kernel" in r for r in choice.reasons), choice.reasons
+    with pytest.raises(UnsupportedOperatorError):
+        from tscomp.codegen.cpu_index import analyze_index_group
+        analyze_index_group(plan, plan.groups[0])

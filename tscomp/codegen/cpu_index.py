@@ -1,0 +1,248 @@
+"""The "index" kernel family: native C kernels for groups of one opaque index operator (CumSum,
+Range, ConstantOfShape, ArgMax/ArgMin, ScatterElements/ScatterND, ...), so that no group of a
+supported model runs on the numpy fallback (issue 11; TSCompiler §4.2 leaves such operators
+unfused, each a group of its own, and §5 still gives every group a macro-kernel).
+
+Family steps (DESIGN.md, "Kernel family"):
+
+* **analysis** (:func:`analyze_index_group`) — the group must be one op whose registry entry has
+  a :attr:`~tscomp.graph.ops.registry.OpDef.c_kernel` (op knowledge stays in the registry:
+  :mod:`tscomp.graph.ops.c_kernels`), reading group inputs or baked constants (no views), with
+  outputs of resolved (possibly symbolic) shape. Anything else: :class:`UnsupportedOperatorError`
+  ("not mine, because ...").
+* **source** — the op's writer fills the body through :class:`IndexKernelWriter`; the result is a
+  :class:`~tscomp.codegen.cpu_groups.KernelSource` with the row/elementwise kernels' calling
+  convention (inputs ``const T*``, outputs ``T*``, shape symbols ``int64_t``, and the error record
+  when an index is checked), and a header naming the op, its operands and the iteration space.
+* **build / executor** — :class:`~tscomp.codegen.cpu_groups.CompiledGroup` (the same contract,
+  including :class:`~tscomp.errors.IndexOutOfRangeError` from the error record).
+
+Groups that read only shape values (a Range over the sequence length) would run once per shape
+at planning time anyway; they get the native kernel too when the op has one.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import sympy
+
+from tscomp.codegen.c_expr import PRELUDE, CPrinter, IndexContext, c_literal, c_symbol_name
+from tscomp.codegen.cpu_groups import CompiledGroup, IndexCheck, KernelArg, KernelSource
+from tscomp.codegen.native import refusals_name_group
+from tscomp.errors import UnsupportedOperatorError
+from tscomp.graph.fusion.expr import Const, Input, Op, walk
+from tscomp.graph.fusion.plan import Group, Plan
+from tscomp.graph.ops import registry
+from tscomp.graph.ops.registry import c_type
+from tscomp.graph.symbols import numel
+
+#: loops over fewer elements than this run on one thread
+PARALLEL_MIN = 1 << 15
+
+
+class Operand:
+    """One input or output of the op as the writer sees it: C element type, symbolic shape, and
+    ``at(off)``, the C lvalue/rvalue of its element at a flat offset (a C expression)."""
+
+    def __init__(self, dtype, shape, ctype: str, base: str, const: np.ndarray | None = None):
+        self.dtype, self.shape, self.ctype, self.base, self.const = np.dtype(dtype), shape, ctype, base, const
+
+    def at(self, off: str) -> str:
+        if self.const is not None and self.const.size == 1:
+            return self.base                  # a scalar constant: its literal
+        return f"{self.base}[{off}]"
+
+
+class IndexKernelWriter:
+    """What a registry ``c_kernel`` writes through (see :mod:`tscomp.graph.ops.c_kernels`)."""
+
+    def __init__(self, plan: Plan, group: Group, op: Op):
+        self.plan, self.group, self.op = plan, group, op
+        self.symtab = plan.graph.symbols
+        self.ctx = IndexContext(self.symtab)
+        self.pr = CPrinter(self.ctx)
+        self.node = next(n for n in plan.graph.nodes if n.name == op.node)
+        self.op_type = op.op_type
+        self.lines: list[str] = []
+        self.decls: list[str] = []
+        self.statics: list[str] = []
+        self.index_checks: list[IndexCheck] = []
+        self.in_c = {name: f"in{k}" for k, name in enumerate(group.inputs)}
+        self.out_c = {name: f"out{k}" for k, name in enumerate(group.outputs)}
+        self._consts: dict[int, Operand] = {}
+
+    # ------------------------------------------------------------------ what writers call
+    def fail(self, why: str):
+        raise UnsupportedOperatorError(f"group {self.group.name}: {self.op_type} node {self.op.node!r}: {why}")
+
+    def attr(self, key: str, default=None):
+        return self.op.attrs.get(key, default)
+
+    def canon(self, d) -> sympy.Expr:
+        return self.symtab.canon(d)
+
+    def c(self, e) -> str:
+        """A shape expression (SymPy, int) as C; its symbols become kernel arguments."""
+        return self.pr(self.canon(sympy.sympify(e)))
+
+    def numel(self, shape) -> str:
+        return self.c(numel(tuple(shape)))
+
+    def literal(self, value, dtype) -> str:
+        return c_literal(value, dtype)
+
+    def emit(self, line: str) -> None:
+        self.lines.append(line)
+
+    def parallel(self, work: str, min_work: int = PARALLEL_MIN) -> str:
+        """The OpenMP ``if`` clause of a loop over ``work`` elements."""
+        return f" if(parallel: ({work}) > {min_work})"
+
+    def const_ints(self, i: int) -> list[int] | None:
+        """Input ``i``'s values when the compiler knows them as integers, else None."""
+        a = self.op.args[i] if i < len(self.op.args) else None
+        if a is None:
+            return None
+        value = a.value if isinstance(a, Const) else self.plan.graph.values[a.name].const \
+            if isinstance(a, Input) and a.name in self.plan.graph.values else None
+        if value is None:
+            return None
+        flat = [sympy.sympify(self.canon(v)) if not isinstance(v, (int, np.integer)) else v
+                for v in np.asarray(value).reshape(-1)]
+        if not all(isinstance(v, (int, np.integer)) or v.is_Integer for v in flat):
+            return None
+        return [int(v) for v in flat]
+
+    def arg(self, i: int) -> Operand:
+        a = self.op.args[i] if i < len(self.op.args) else None
+        if a is None:
+            self.fail(f"input {i} is missing")
+        ct = self._ctype(a.dtype)
+        shape = tuple(self.canon(d) for d in a.shape)
+        if isinstance(a, Input):
+            return Operand(a.dtype, shape, ct, self.in_c[a.name])
+        if isinstance(a, Const):
+            if id(a) not in self._consts:
+                self._consts[id(a)] = self._const(a, ct, shape)
+            return self._consts[id(a)]
+        self.fail(f"input {i} is read through {type(a).__name__} (a view or a fused op); only group inputs "
+                  f"and constants")
+
+    def out(self, k: int = 0) -> Operand:
+        for name, e in self.group.outputs.items():
+            if e is self.op and k == 0 or (isinstance(e, Op) and e.node == self.op.node and e.output_index == k):
+                return Operand(e.dtype, tuple(self.canon(d) for d in e.shape), self._ctype(e.dtype), self.out_c[name])
+        self.fail(f"output {k} is not a group output")
+
+    def index(self, value: str, extent: str, input_slot: int, pos: str) -> str:
+        """A data-dependent index read from input ``input_slot``, negative counting from the end,
+        range-checked against ``extent``; ``pos`` is its flat position in that input (C)."""
+        a = self.op.args[input_slot]
+        check = len(self.index_checks)
+        self.index_checks.append(IndexCheck(self.op.node, self.op_type, self.node.inputs[input_slot],
+                                            tuple(self.canon(d) for d in a.shape)))
+        return f"ts_index((int64_t)({value}), {extent}, {check}, {pos}, TSCOMP_ERR_RECORD)"
+
+    # ------------------------------------------------------------------ internals
+    def _ctype(self, dtype) -> str:
+        t = c_type(dtype)
+        if t is None:
+            self.fail(f"element type {np.dtype(dtype)} has no C kernel type")
+        return t
+
+    def _const(self, a: Const, ct: str, shape) -> Operand:
+        val = np.asarray(a.value)
+        name = f"k{len(self._consts)}"
+        if a.symbolic:
+            flat = [self.canon(x) for x in val.reshape(-1)]
+            if not all(sympy.sympify(x).is_integer for x in flat):
+                self.fail(f"symbolic constant {a.name} is not an integer expression")
+            items = [f"({ct})({self.c(x)})" for x in flat]
+            if val.size == 1:
+                return Operand(a.dtype, shape, ct, items[0], val)
+            self.decls.append(f"const {ct} {name}[{val.size}] = {{{', '.join(items)}}};  /* {a.name} */")
+        else:
+            items = [c_literal(v, a.dtype) for v in val.reshape(-1)]
+            if val.size == 1:
+                return Operand(a.dtype, shape, ct, f"(({ct}){items[0]})", val)
+            self.statics.append(f"static const {ct} {name}[{val.size}] = {{{', '.join(items)}}};  /* {a.name} */")
+        return Operand(a.dtype, shape, ct, name, val)
+
+
+def _the_op(plan: Plan, group: Group) -> Op:
+    ops = [e for e in walk(group.outputs.values()) if isinstance(e, Op)]
+    nodes = {o.node for o in ops}
+    if len(nodes) != 1:
+        raise UnsupportedOperatorError(f"group {group.name}: {len(nodes)} ops (the index family compiles groups of "
+                                       f"one opaque op)")
+    return ops[0]
+
+
+def analyze_index_group(plan: Plan, group: Group) -> KernelSource:
+    """Analysis and source at once (one loop nest per op, nothing to configure)."""
+    with refusals_name_group(group.name):
+        op = _the_op(plan, group)
+        node = next(n for n in plan.graph.nodes if n.name == op.node)
+        opdef = registry.lookup(node.op_type, node.domain, plan.graph.opset_of(node), node.name)
+        if opdef.c_kernel is None:
+            raise UnsupportedOperatorError(f"{op.op_type} node {op.node!r}: no C kernel for this op "
+                                           f"(OpDef.c_kernel)")
+        w = IndexKernelWriter(plan, group, op)
+        opdef.c_kernel(w)
+        return _source(w)
+
+
+def _source(w: IndexKernelWriter) -> KernelSource:
+    g = w.group
+    func = "tscomp_" + re.sub(r"\W", "_", g.name)
+    args, params = [], []
+    inputs = {e.name: e for e in walk(g.outputs.values()) if isinstance(e, Input)}
+    for name in g.inputs:
+        e = inputs.get(name)
+        v = e if e is not None else w.plan.graph.values[name]
+        dtype, shape = np.dtype(v.dtype), tuple(w.canon(d) for d in v.shape)
+        args.append(KernelArg("input", name, w.in_c[name], dtype, shape))
+        params.append(f"const {w._ctype(dtype)}* restrict {w.in_c[name]}")
+    for name, e in g.outputs.items():
+        args.append(KernelArg("output", name, w.out_c[name], np.dtype(e.dtype), tuple(w.canon(d) for d in e.shape)))
+        params.append(f"{w._ctype(e.dtype)}* restrict {w.out_c[name]}")
+    for s in sorted((s for s in w.pr.used if s not in w.ctx.upper_bounds), key=lambda s: s.name):
+        cname = c_symbol_name(s.name)
+        args.append(KernelArg("symbol", s.name, cname, symbol=s))
+        params.append(f"int64_t {cname}")
+    prelude = PRELUDE
+    if w.index_checks:
+        prelude = "#define TSCOMP_ERR_RECORD tscomp_err\n" + prelude
+        params.append("int64_t* restrict tscomp_err")
+        signature, ret = f"int {func}({', '.join(params)})", ["    return tscomp_err[0] != 0;"]
+    else:
+        signature, ret = f"void {func}({', '.join(params)})", []
+    header = _header(w, args)
+    body = ["    " + line for line in w.decls + w.lines]
+    source = "\n".join([header, prelude, *w.statics, signature, "{", *body, *ret, "}", ""])
+    return KernelSource(g.name, g.kind, func, source, args, list(w.index_checks))
+
+
+def _header(w: IndexKernelWriter, args) -> str:
+    attrs = ", ".join(f"{k}={v!r}" for k, v in sorted(w.op.attrs.items()) if not isinstance(v, bytes))
+    lines = [f"tscomp index kernel for group {w.group.name} [{w.group.kind}]",
+             f"ONNX op: {w.op_type} ({w.op.node}){' ' + attrs if attrs else ''}",
+             "no tile configuration (one loop nest per op)"]
+    for a in args:
+        if a.role != "symbol":
+            lines.append(f"{a.role} {a.cname} = {a.name}: {a.dtype} [{', '.join(str(d) for d in a.shape)}]")
+    lines.append(f"shape symbols (int64_t arguments): {', '.join(a.name for a in args if a.role == 'symbol') or '-'}")
+    for k, chk in enumerate(w.index_checks):
+        lines.append(f"index check {k}: {chk.op_type} {chk.node}, input {chk.input}")
+    return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */"
+
+
+def link_index_kernel(source: KernelSource) -> CompiledGroup:
+    """Build and bind (the object cache is by content)."""
+    kernel = CompiledGroup(source)
+    kernel.family = "index"
+    return kernel
+
+
+__all__ = ["IndexKernelWriter", "Operand", "analyze_index_group", "link_index_kernel"]
