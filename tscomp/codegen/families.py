@@ -136,6 +136,43 @@ def _index_link(source):
     return link_index_kernel(source)
 
 
+# ---------------------------------------------------------------------------- conv and pooling (issue 11)
+def _conv_analyze(plan, group):
+    from tscomp.codegen.cpu_conv import ConvAnalysis
+    return ConvAnalysis(plan, group)
+
+
+def _depthwise_analyze(plan, group):
+    from tscomp.codegen.cpu_conv import DepthwiseAnalysis
+    return DepthwiseAnalysis(plan, group)
+
+
+def _conv_executor(analysis, cfg, target: Target):
+    from tscomp.codegen.cpu_conv import CompiledConv
+    return CompiledConv(analysis, cfg, target.isa)
+
+
+def _conv_heuristic(analysis, target: Target, limit: int) -> list:
+    from tscomp.codegen.tile_config import CacheSizes
+    s = target.spec
+    return analysis.heuristic_configs(target.isa, limit, caches=CacheSizes(l1=s.l1, l2=s.l2, l3=s.l3))
+
+
+def _conv_space(analysis, target: Target):
+    from tscomp.schedule.conv_space import ConvSpace
+    return ConvSpace(analysis.OCg, analysis.K, target)
+
+
+def _pool_analyze(plan, group):
+    from tscomp.codegen.cpu_pool import PoolAnalysis
+    return PoolAnalysis(plan, group)
+
+
+def _pool_executor(analysis, cfg, target: Target):
+    from tscomp.codegen.cpu_pool import CompiledPool
+    return CompiledPool(analysis, target.isa)
+
+
 def _upper(symtab, expr) -> int | None:
     """An expression's upper bound under the symbol ranges, or None if unbounded."""
     import math
@@ -150,6 +187,9 @@ FAMILIES: tuple[KernelFamily, ...] = (
     KernelFamily("row-or-elementwise", ("elementwise", "reduce"), _rows_analyze, _rows_executor, _rows_link,
                  _no_configs),
     KernelFamily("index", ("opaque", "reduce"), _index_analyze, _rows_executor, _index_link, _no_configs),
+    KernelFamily("conv", ("gemm",), _conv_analyze, _conv_executor, link_native, _conv_heuristic, _conv_space),
+    KernelFamily("conv-depthwise", ("gemm",), _depthwise_analyze, _conv_executor, link_native, _no_configs),
+    KernelFamily("pool", ("opaque", "reduce"), _pool_analyze, _pool_executor, link_native, _no_configs),
 )
 
 

@@ -1,0 +1,249 @@
+"""Conv groups compiled to the native CPU kernels of :mod:`tscomp.codegen.cpu_conv` (implicit GEMM and
+direct depthwise), checked against onnxruntime on single-Conv ONNX models built with onnx.helper at
+awkward spatial sizes (1, 7, 13, 97): 1-D and 2-D, stride 1/2, padding (asymmetric, SAME), dilation,
+groups 1 / in between / C, fused epilogues (bias, BatchNormalization, Relu, SiLU, residual Add)."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+from tscomp.codegen.build import build_object
+from tscomp.codegen.cpu_conv import CompiledConv, ConvAnalysis, conv_candidate_configs, conv_source
+from tscomp.codegen.families import choose_family
+from tscomp.compiler import compile_model
+from tscomp.errors import UnsupportedOperatorError
+from tscomp.graph import load_model
+from tscomp.graph.fusion import fuse
+from tscomp.runtime import Runtime
+from tscomp.runtime.artifact import write_artifact
+
+C = 4
+
+
+def _model(path, branches, *, channels=C, rank=2, opset=17, residual=None):
+    """One input x [N, channels, *spatial] feeding several independent Conv branches, each a graph
+    output. ``branches``: (name, OC, kernel, attrs, epilogue) with epilogue a tuple of "bn", "relu",
+    "silu", "res" (adds the input ``r`` of the branch's output shape, given by ``residual``)."""
+    rng = np.random.default_rng(0)
+    spatial = ["H", "W"][:rank] if rank == 2 else ["L"]
+    inits, nodes, outputs = [], [], []
+    inputs = [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", channels, *spatial])]
+
+    def const(name, arr):
+        inits.append(helper.make_tensor(name, TP.FLOAT, arr.shape, arr.astype(np.float32).ravel()))
+        return name
+
+    for name, oc, kernel, attrs, epi in branches:
+        group = attrs.get("group", 1)
+        w = const(f"{name}_w", rng.standard_normal((oc, channels // group, *kernel)) * 0.5)
+        b = const(f"{name}_b", rng.standard_normal(oc))
+        y = f"{name}_conv"
+        nodes.append(helper.make_node("Conv", ["x", w, b], [y], **attrs))
+        for k, step in enumerate(epi):
+            z = f"{name}_{k}"
+            if step == "bn":
+                args = [const(f"{name}_{s}", v) for s, v in (("s", rng.uniform(0.5, 2, oc)), ("o", rng.standard_normal(oc)),
+                                                               ("m", rng.standard_normal(oc)), ("v", rng.uniform(0.5, 2, oc)))]
+                nodes.append(helper.make_node("BatchNormalization", [y, *args], [z], epsilon=1e-3))
+            elif step == "relu":
+                nodes.append(helper.make_node("Relu", [y], [z]))
+            elif step == "silu":
+                nodes.append(helper.make_node("Sigmoid", [y], [z + "s"]))
+                nodes.append(helper.make_node("Mul", [y, z + "s"], [z]))
+            elif step == "res":
+                inputs.append(helper.make_tensor_value_info("r", TP.FLOAT, residual))
+                nodes.append(helper.make_node("Add", [y, "r"], [z]))
+            y = z
+        outputs.append(helper.make_tensor_value_info(y, TP.FLOAT, None))
+    graph = helper.make_graph(nodes, "convs", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return spatial
+
+
+def _compile_and_compare(path, spatial, sizes, *, channels=C, lo=1, residual_channels=None, families=None,
+                         variants=1):
+    dims = ["batch=1:3"] + [f"{s}={lo}:100" for s in spatial]
+    model = compile_model(str(path), dims, max_variants=variants)
+    assert model.fallback_groups() == [], {g: model.kernels[g][0].reasons for g in model.fallback_groups()}
+    if families is not None:
+        assert {k.family for ks in model.kernels.values() for k in ks} == families
+    rt = Runtime.from_compiled(model, num_threads=2)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    rng = np.random.default_rng(1)
+    for n, *s in sizes:
+        feeds = {"x": rng.standard_normal((n, channels, *s)).astype(np.float32)}
+        if residual_channels:
+            feeds["r"] = rng.standard_normal((n, residual_channels, *s)).astype(np.float32)
+        want = dict(zip(names, sess.run(None, feeds)))
+        got = rt.run(feeds)
+        for name in names:
+            assert got[name].shape == want[name].shape, (name, n, s)
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4, err_msg=f"{name} at N={n} {s}")
+    return model
+
+
+SIZES_2D = [(1, 1, 1), (2, 7, 13), (1, 13, 97), (3, 97, 7), (1, 1, 13)]
+
+BRANCHES_2D = [
+    ("same3", 8, (3, 3), dict(pads=[1, 1, 1, 1]), ("bn", "relu", "res")),
+    ("stride2", 16, (3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2]), ("relu",)),
+    ("dilated", 8, (3, 3), dict(pads=[2, 2, 2, 2], dilations=[2, 2]), ("silu",)),
+    ("asym", 6, (2, 5), dict(pads=[0, 2, 1, 2], strides=[1, 2]), ()),
+    ("stem", 16, (7, 7), dict(pads=[3, 3, 3, 3], strides=[2, 2]), ("relu",)),
+    ("same_upper", 8, (3, 3), dict(auto_pad="SAME_UPPER", strides=[2, 2]), ()),
+    ("pointwise_g2", 6, (1, 1), dict(group=2), ("relu",)),
+    ("down1x1", 8, (1, 1), dict(strides=[2, 2]), ()),
+    ("grouped", 8, (3, 3), dict(group=2, pads=[1, 2, 1, 2], dilations=[1, 2]), ()),
+    ("depthwise", C, (3, 3), dict(group=C, pads=[1, 1, 1, 1]), ("relu",)),
+    ("depthwise_s2", 2 * C, (3, 3), dict(group=C, pads=[1, 2, 1, 0], strides=[2, 2]), ()),
+    ("depthwise_dil", C, (5, 3), dict(group=C, pads=[4, 1, 4, 1], dilations=[2, 1]), ("bn",)),
+]
+
+
+def test_conv2d_branches_match_onnxruntime_at_awkward_sizes(tmp_path):
+    path = tmp_path / "conv2d.onnx"
+    spatial = _model(path, BRANCHES_2D, residual=["batch", 8, "H", "W"])
+    model = _compile_and_compare(path, spatial, SIZES_2D, residual_channels=8,
+                                 families={"conv", "conv-depthwise"})
+    depthwise = [g for g, ks in model.kernels.items() if ks[0].family == "conv-depthwise"]
+    assert len(depthwise) == 3
+
+
+BRANCHES_1D = [
+    ("k3", 8, (3,), dict(pads=[1, 1]), ("relu",)),
+    ("k4s2", 8, (4,), dict(pads=[1, 2], strides=[2]), ()),
+    ("dil", 6, (3,), dict(pads=[2, 2], dilations=[2]), ()),
+    ("dw", C, (3,), dict(group=C, pads=[1, 1]), ()),
+    ("g2", 6, (5,), dict(group=2, pads=[2, 2], strides=[2]), ("silu",)),
+]
+
+
+def test_conv1d_branches_match_onnxruntime_at_awkward_sizes(tmp_path):
+    path = tmp_path / "conv1d.onnx"
+    spatial = _model(path, BRANCHES_1D, rank=1)
+    _compile_and_compare(path, spatial, [(1, 1), (2, 7), (1, 13), (3, 97)])
+
+
+def test_patch_embedding_conv_matches_onnxruntime(tmp_path):
+    """ViT's patch embedding: kernel = stride = patch, no padding (sizes from one patch up)."""
+    path = tmp_path / "patch.onnx"
+    spatial = _model(path, [("patch", 24, (4, 4), dict(strides=[4, 4]), ())], channels=3)
+    _compile_and_compare(path, spatial, [(1, 4, 4), (2, 7, 13), (1, 13, 97), (1, 97, 7)], channels=3, lo=4)
+
+
+def test_deep_conv_with_several_k_steps_and_channel_blocks_matches_onnxruntime(tmp_path):
+    """K = 64·3·3 = 576 takes several K steps (partial sums), 70 channels several channel blocks with
+    a partial register tile, 13x97 positions several position blocks."""
+    path = tmp_path / "deep.onnx"
+    branches = [("deep", 70, (3, 3), dict(pads=[1, 1, 1, 1]), ("relu",)),
+                ("wide1x1", 130, (1, 1), dict(), ())]
+    spatial = _model(path, branches, channels=64)
+    model = _compile_and_compare(path, spatial, [(1, 13, 97), (2, 1, 7)], channels=64, variants=2)
+    kernels = [k for ks in model.kernels.values() for k in ks if k.cfg is not None and k.cfg.kc < 576]
+    assert kernels, "expected a configuration with several K steps"
+
+
+# ------------------------------------------------------------------ family, configs, ISAs
+def _plan(tmp_path, branches, **kw):
+    path = tmp_path / "m.onnx"
+    spatial = _model(path, branches, **kw)
+    graph = load_model(str(path), ["batch=1:3"] + [f"{s}=1:100" for s in spatial])
+    return fuse(graph)
+
+
+def test_conv_group_is_taken_by_the_conv_family_with_the_epilogue_fused(tmp_path):
+    plan = _plan(tmp_path, [("a", 8, (3, 3), dict(pads=[1, 1, 1, 1]), ("bn", "relu"))])
+    (group,) = plan.groups
+    choice = choose_family(plan, group)
+    assert choice.family.name == "conv"
+    src = conv_source(choice.analysis, conv_candidate_configs("avx2", 8, 36)[0], "avx2")
+    assert "fused epilogue: bias, BatchNormalization, Relu" in src
+    assert "_mm256_fmadd_ps" in src and "im2col" in src
+
+
+def test_every_isa_generates_its_micro_kernel_and_avx512_compiles(tmp_path):
+    plan = _plan(tmp_path, [("a", 16, (3, 3), dict(pads=[1, 1, 1, 1]), ("relu",))])
+    analysis = ConvAnalysis(plan, plan.groups[0])
+    for isa, intrinsic in (("avx512", "_mm512_fmadd_ps"), ("avx2", "_mm256_fmadd_ps"), ("scalar", "fmaf(")):
+        cfgs = conv_candidate_configs(isa, analysis.OCg, analysis.K)
+        assert cfgs and all(c.validate(isa) for c in cfgs)
+        src = conv_source(analysis, cfgs[0], isa)
+        assert intrinsic in src
+    build_object(conv_source(analysis, conv_candidate_configs("avx512", 16, 36)[0], "avx512"),
+                 "conv_avx512_compile_check", extra_flags=("-mavx512f",))
+
+
+def test_scalar_kernel_runs_and_matches_onnxruntime(tmp_path):
+    path = tmp_path / "s.onnx"
+    _model(path, [("a", 5, (3, 3), dict(pads=[1, 0, 0, 1], strides=[2, 1]), ("relu",))])
+    plan = fuse(load_model(str(path), ["batch=1:3", "H=1:100", "W=1:100"]))
+    analysis = ConvAnalysis(plan, plan.groups[0])
+    kernel = CompiledConv(analysis, conv_candidate_configs("scalar", 5, 36)[0], "scalar")
+    x = np.random.default_rng(0).standard_normal((2, C, 13, 7)).astype(np.float32)
+    env = {name: plan.graph.values[name].const for name in plan.groups[0].inputs if name != "x"} | {"x": x}
+    got = kernel.run(env, {"batch": 2, "H": 13, "W": 7})
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_conv_pickles_without_the_graph_and_the_raw_weight(tmp_path):
+    plan = _plan(tmp_path, [("a", 8, (3, 3), dict(pads=[1, 1, 1, 1]), ())])
+    analysis = ConvAnalysis(plan, plan.groups[0])
+    kernel = CompiledConv(analysis, conv_candidate_configs("avx2", 8, 36)[0], "avx2")
+    state = pickle.loads(pickle.dumps(kernel)).analysis.__dict__
+    assert "plan" not in state and "W" not in state
+    assert kernel.weight_name == "a_w" and kernel.packed.ctypes.data % 64 == 0
+
+
+def test_artifact_round_trip_runs_the_prepacked_conv(tmp_path):
+    path = tmp_path / "a.onnx"
+    spatial = _model(path, [("a", 8, (3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2]), ("relu",))])
+    model = compile_model(str(path), ["batch=1:3", "H=1:100", "W=1:100"], max_variants=2)
+    rt = Runtime(write_artifact(model, tmp_path / "a.tsc"), num_threads=2)
+    x = np.random.default_rng(0).standard_normal((1, C, 13, 97)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(rt.run({"x": x})["a_0"], want, rtol=1e-4, atol=1e-4)
+
+
+def _refusal(tmp_path, build, dims) -> str:
+    path = tmp_path / "r.onnx"
+    onnx.save(build(), str(path))
+    plan = fuse(load_model(str(path), dims))
+    group = next(g for g in plan.groups if g.backbone == "Conv")
+    with pytest.raises(UnsupportedOperatorError) as exc:
+        ConvAnalysis(plan, group)
+    return str(exc.value)
+
+
+def test_a_computed_weight_and_a_3d_conv_are_refused_with_the_reason(tmp_path):
+    def computed_weight():
+        g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", 2, "H", "W"]),
+                                    helper.make_tensor_value_info("w", TP.FLOAT, [3, 2, 1, 1])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return m
+
+    def conv3d():
+        w = helper.make_tensor("w", TP.FLOAT, [3, 2, 1, 1, 1], np.ones(6, np.float32))
+        g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", 2, "D", "H", "W"])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], [w])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return m
+
+    why = _refusal(tmp_path, computed_weight, ["batch=1:3", "H=1:20", "W=1:20"])
+    assert why.startswith("group ") and "weight is not a constant" in why
+    why = _refusal(tmp_path, conv3d, ["batch=1:3", "D=1:9", "H=1:20", "W=1:20"])
+    assert "3-D convolution is not compiled" in why

@@ -1,0 +1,856 @@
+"""Convolution groups compiled to CPU macro-kernels: Conv as an implicit GEMM (TSCompiler §4.2 treats
+Conv as a backbone; Fig. 7/8 fuse pad + conv + bias + ReLU into one kernel).
+
+What is accepted. A "gemm" group whose backbone is an ONNX ``Conv`` (1-D or 2-D, NCHW as exported;
+strides, dilations, explicit pads — asymmetric included — or ``auto_pad`` SAME/VALID, ``group`` any
+divisor of the channels) with a constant weight (read directly, through views, or folded into a
+Const), an input tensor read directly or through views, symbolic batch and spatial sizes, and an
+epilogue of elementwise ops fused after it (the Conv's own bias, ``BatchNormalization`` as a
+per-channel affine, Relu/GELU and any op with a registry C template, a residual Add, masks).
+
+Two strategies (two families of :mod:`tscomp.codegen.families`):
+
+* **implicit GEMM** (:class:`ConvAnalysis`, family ``conv``). Per image n and channel group g the
+  convolution is ``Y_g[OCg, P] = W_g[OCg, K] · col[K, P]`` with ``K = Cg·KH·KW`` (static) and
+  ``P = OH·OW`` (dynamic). The weight is the A operand, prepacked at compile time into ``mr``-row
+  panels (k-major; rows past OCg zero: DietCode §4.1 local padding), so the output tile is
+  ``[oc, p]`` and NCHW stores are contiguous along p. The im2col matrix is never materialized:
+  each task gathers the ``kc × nc`` slice of ``col`` it needs straight from the NCHW input into a
+  per-thread block (``pack_b``: per k = (c, kh, kw), the covered output rows are copied as row
+  segments — a contiguous copy at stride 1 — with the out-of-image taps and the columns past P
+  zero-filled, so the FMA loop has no bounds tests; 1x1/stride-1/unpadded convs copy whole
+  channel rows). Tiles are TSCompiler §5.1's: block ⟨T_Mb = mc output channels, T_Nb = nc
+  positions, T_Kb = kc⟩ is one OpenMP task over (n, g, position block, channel block); register
+  tile ⟨T_Mi, T_Ni⟩ = ``mr × nr`` accumulators (AVX-512 / AVX2 FMA intrinsics by the target's
+  ISA, portable C for ``scalar``), partial sums between K steps in a per-thread buffer.
+* **direct depthwise** (:class:`DepthwiseAnalysis`, family ``conv-depthwise``): one input channel
+  per group (``group = C``, channel multiplier allowed), where the GEMM would have K = KH·KW and
+  one row: per (n, oc, output row) the taps accumulate into a row buffer, vectorized along the
+  row (contiguous at stride 1).
+
+The fused epilogue (both strategies) is generated from the group's expression IR by the elementwise
+generator of :mod:`tscomp.codegen.cpu_groups` (:class:`TileEpilogue`): per finished tile of
+``[oc, p]`` values it computes every group output at (n, oc, p) — the Conv result (with its bias)
+is ``acc``, other inputs are loads indexed from (n, oc, p) through their index maps — and stores
+each output once. Group outputs must be the Conv's output space ([N, OC, *spatial] or any view
+with the same element order); prologue ops before a Conv are refused (named).
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import sympy
+
+from tscomp.codegen.build import build_library, load_library
+from tscomp.codegen.c_expr import PRELUDE, c_literal, c_symbol_name, delinearize, linearize, math_helpers
+from tscomp.codegen.cpu_gemm import _Vec, emit_accumulators
+from tscomp.codegen.cpu_groups import GroupGenerator, _Block
+from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
+                                   structural_signature)
+from tscomp.codegen.tile_config import (MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError,
+                                        host_caches)
+from tscomp.errors import ExecutionError, UnsupportedOperatorError
+from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
+from tscomp.graph.fusion.plan import Group, Plan
+from tscomp.graph.ops.nn import Window
+from tscomp.graph.symbols import numel, same
+from tscomp.graph.views import apply_view
+
+_C_TYPES = {np.float32: "float", np.int64: "int64_t", np.int32: "int32_t", np.bool_: "uint8_t",
+            np.uint8: "uint8_t", np.int8: "int8_t"}
+
+
+class _Attrs:
+    """The ``attr(key, default)`` view of an Op's attributes that :class:`Window` reads."""
+
+    def __init__(self, attrs: Mapping):
+        self.attrs = attrs
+
+    def attr(self, key, default=None):
+        return self.attrs.get(key, default)
+
+
+def strip_views(e: Expr):
+    """(source, views innermost first) of an expression read through views."""
+    chain = []
+    while isinstance(e, View):
+        chain.append(e)
+        e = e.src
+    return e, list(reversed(chain))
+
+
+def constant_of(plan: Plan, e: Expr, what: str, fail) -> tuple[np.ndarray, str]:
+    """The value of a constant operand read directly, through static views, or folded into a Const,
+    and the name of the graph constant it comes from."""
+    src, chain = strip_views(e)
+    const = None
+    if isinstance(src, Input) and src.name in plan.graph.values:
+        const = plan.graph.values[src.name].const
+    elif isinstance(src, Const) and not src.symbolic:
+        const = src.value
+    if const is None:
+        fail(f"{what} is not a constant (a convolution with a computed weight is not compiled)")
+
+    def static(d) -> int:
+        d = sympy.sympify(d)
+        if not d.is_Integer:
+            fail(f"{what} is viewed with the symbolic size {d}")
+        return int(d)
+
+    arr = np.asarray(const)
+    for v in chain:
+        arr = apply_view(arr, v.op, static)
+    return np.ascontiguousarray(arr), getattr(src, "name", "")
+
+
+def window_of(op: Op, kernel) -> Window:
+    return Window.read(_Attrs(op.attrs), kernel)
+
+
+@dataclass(frozen=True)
+class Geometry2D:
+    """The window of a 1-D or 2-D Conv/pool as a 2-D one (a 1-D op has H = 1, KH = 1)."""
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    rank: int              # spatial rank of the ONNX op (1 or 2)
+
+    @staticmethod
+    def of(win: Window) -> "Geometry2D":
+        if win.rank == 1:
+            return Geometry2D(1, win.kernel[0], 1, win.strides[0], 1, win.dilations[0], 1)
+        return Geometry2D(win.kernel[0], win.kernel[1], win.strides[0], win.strides[1], win.dilations[0],
+                          win.dilations[1], 2)
+
+    def runtime(self, win: Window, spatial: tuple[int, ...]) -> tuple[int, ...]:
+        """(H, W, OH, OW, pad_top, pad_left, pad_bottom, pad_right) at concrete input sizes: SAME pads
+        resolved, ceil mode's output lengths (:meth:`Window.geometry`, the reference's own rule)."""
+        geo = [win.geometry(i, int(s)) for i, s in enumerate(spatial)]
+        if self.rank == 1:
+            (b, e, _, o), = geo
+            return 1, int(spatial[0]), 1, o, 0, b, 0, e
+        (bt, et, _, oh), (bl, el, _, ow) = geo
+        return int(spatial[0]), int(spatial[1]), oh, ow, bt, bl, et, el
+
+
+#: compile-time constants of the generated kernels; spelled TS_<name> in the C so that no shape
+#: symbol of the epilogue (a model dim called ``G`` or ``KH``) can collide with them
+MACROS = ("C_IN", "CG", "OCG", "G", "OC", "KH", "KW", "SH", "SW", "DH", "DW", "KDIM", "MR", "NR", "MC", "NC", "KC",
+          "N_KBLOCKS", "N_OCP")
+_MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
+
+
+def c_defines(**values) -> str:
+    return "".join(f"#define TS_{k} {v}\n" for k, v in values.items())
+
+
+def ts_macros(text: str) -> str:
+    """A C template with its compile-time constants spelled TS_<name> (see :data:`MACROS`)."""
+    return _MACRO_RE.sub(r"TS_\1", text)
+
+
+# ============================================================================ the fused epilogue
+class TileEpilogue(GroupGenerator):
+    """The elementwise generator over one finished tile of a channel-major backbone result:
+    rows are output channels ``ix_c`` (``ch0 + er``), columns flat output positions ``ix_p``
+    (``p0 + ec``) of image ``ix_n``; the backbone's value there is ``acc`` (+ the Conv bias).
+
+    :meth:`generate_function` returns the C of ``static inline void <name>(const float* tile,
+    int64_t ldt, int64_t ix_n, int64_t ch0, int64_t p0, int64_t mv, int64_t nv, <args>)`` and the
+    argument list (outputs, inputs, shape symbols) it needs."""
+
+    def __init__(self, plan: Plan, group: Group, heavy: Op, out_shape: tuple, bias: Expr | None = None):
+        super().__init__(plan, group)
+        self.heavy = heavy
+        self.hshape = self.shape(out_shape)
+        self.N, self.C = self.hshape[0], self.hshape[1]
+        self.spatial = self.hshape[2:]
+        self.P = numel(self.spatial)
+        self.bias = bias
+        self.n = self.ctx.var("ix_n", self.N)
+        self.ch = self.ctx.var("ix_c", self.C)
+        self.p = self.ctx.var("ix_p", self.P)
+        self.pos = delinearize(self.p, self.spatial, self.ctx)
+        self.flat = self.ctx.simplify(linearize((self.n, self.ch) + tuple(self.pos), self.hshape))
+
+    # ------------------------------------------------------------------ the backbone's value
+    def heavy_value(self, e: Op, idx) -> str:
+        if e is not self.heavy and not (isinstance(e, Op) and e.node == self.heavy.node):
+            self.fail(f"a second heavy op ({e.op_type}) read by the epilogue", e)
+        off = self.ctx.simplify(linearize(tuple(idx), self.hshape))
+        if not same(off, self.flat):
+            self.fail(f"the epilogue reads the {e.op_type} result at offset {off}, not at the element it "
+                      f"computes ({self.flat})", e)
+        if self.bias is None:
+            return "acc"
+        b = self.value(self.bias, (self.ch,))
+        return self.define("float", f"acc + {b}", deps=["acc", b], note=f"{e.op_type} bias")
+
+    def _value(self, e: Expr, idx) -> str:
+        if isinstance(e, Op) and e.op_type == "BatchNormalization" and not e.heavy:
+            return self.batch_norm(e, idx)
+        return super()._value(e, idx)
+
+    def batch_norm(self, e: Op, idx) -> str:
+        """Inference BatchNormalization as a per-channel affine: (x - mean)·(scale/√(var+ε)) + B;
+        the factor depends on the channel only, so it is computed once per tile row."""
+        if len(idx) < 2:
+            self.fail("BatchNormalization of rank < 2", e)
+        x = self.value(e.args[0], idx)
+        c = (idx[1],)
+        scale, bias, mean, var = (self.value(a, c) for a in e.args[1:5])
+        eps = float(e.attrs.get("epsilon", 1e-5))
+        factor = self.define("float", f"{scale} / sqrtf({var} + {c_literal(eps, np.float32)})", deps=[scale, var],
+                             note="BatchNormalization scale/sqrt(var+eps)")
+        return self.define("float", f"({x} - {mean}) * {factor} + {bias}", deps=[x, mean, factor, bias],
+                           note="BatchNormalization")
+
+    # ------------------------------------------------------------------ the function
+    def generate_function(self, name: str, outputs: Mapping[str, Expr]) -> tuple[str, list[tuple], str]:
+        """(C text, [(role, name, C parameter, dtype/symbol)], file-scope statics)."""
+        rows = _Block([("for (int64_t er = 0; er < mv; ++er) {", 0)], [("}", 0)])
+        self.push(rows, [self.ch])
+        self.emit("const int64_t ix_c = ch0 + er;")
+        cols = _Block([("#pragma omp simd", 0), ("for (int64_t ec = 0; ec < nv; ++ec) {", 0)], [("}", 0)])
+        self.push(cols, [self.p])
+        self.emit("const int64_t ix_p = p0 + ec;")
+        self.emit("const float acc = tile[er * ldt + ec];")
+        self.where["acc"] = cols
+        for oname, e in outputs.items():
+            oshape = self.shape(e)
+            if not same(numel(oshape), numel(self.hshape)):
+                self.fail(f"output {oname} of shape {list(oshape)} is not in the {self.heavy.op_type}'s output "
+                          f"space {list(self.hshape)}")
+            if len(oshape) == len(self.hshape) and all(same(a, b) for a, b in zip(oshape, self.hshape)):
+                oidx = (self.n, self.ch) + tuple(self.pos)
+            else:
+                oidx = delinearize(self.flat, oshape, self.ctx)
+            v = self.value(e, oidx)
+            self.emit(f"{self.out_c[oname]}[{self.c(self.flat)}] = {v};")
+        self.pop()
+        self.pop()
+        if self.index_checks:
+            self.fail("a data-dependent index (Gather) in a convolution epilogue is not supported")
+        if self.scratch:
+            self.fail("a row op that needs a row buffer in a convolution epilogue")
+        body = "\n".join(["    " + d for d in self.decls] + self.root.render(1))
+        args: list[tuple] = []
+        for oname in outputs:
+            args.append(("output", oname, self.out_c[oname], np.dtype(np.float32)))
+        for iname, cname in self.in_c.items():
+            if re.search(rf"\b{cname}\[", body + "\n".join(self.statics)):
+                dt = np.dtype(self._input_dtype(iname))
+                if dt.type not in _C_TYPES:
+                    self.fail(f"epilogue input {iname} of type {dt}")
+                args.append(("input", iname, cname, dt))
+        syms = sorted((s for s in self.pr.used if s not in self.ctx.upper_bounds), key=lambda s: s.name)
+        for s in syms:
+            args.append(("symbol", s.name, c_symbol_name(s.name), s))
+        params = "".join(f", {param_of(a)}" for a in args)
+        text = (f"static inline __attribute__((always_inline)) void {name}(const float* restrict tile, int64_t ldt, "
+                f"int64_t ix_n, int64_t ch0, int64_t p0, int64_t mv, int64_t nv{params})\n{{\n{body}\n}}\n")
+        return text, args, "\n".join(self.statics)
+
+    def _input_dtype(self, name):
+        for e in (x for x in walk(self.group.outputs.values()) if isinstance(x, Input) and x.name == name):
+            return e.dtype
+        return self.plan.graph.values[name].dtype
+
+
+def param_of(arg: tuple) -> str:
+    role, _, cname, info = arg
+    if role == "output":
+        return f"float* restrict {cname}"
+    if role == "input":
+        return f"const {_C_TYPES[np.dtype(info).type]}* restrict {cname}"
+    return f"int64_t {cname}"
+
+
+# ============================================================================ analysis
+class _ConvBase:
+    """What both Conv strategies read from a group: the Conv, its input (through views), the
+    constant weight, the window, the channel groups, the fused epilogue."""
+
+    family = "conv"
+
+    def __init__(self, plan: Plan, group: Group):
+        self.plan, self.group = plan, group
+        self.symtab = plan.graph.symbols
+        with refusals_name_group(group.name):
+            self._analyze()
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("plan", "W")}
+
+    def _fail(self, why: str):
+        raise UnsupportedOperatorError(f"group {self.group.name}: {why}")
+
+    def _analyze(self) -> None:
+        g = self.group
+        pro, heavy, epi = gemm_parts(g)
+        h = next((o for o in heavy if o.fusion.value == "backbone"), heavy[0])
+        if h.op_type != "Conv":
+            self._fail(f"backbone {h.op_type} is not a Conv")
+        if any(o.node != h.node for o in heavy):
+            self._fail(f"a second heavy op in the Conv group ({', '.join(sorted({o.op_type for o in heavy}))})")
+        if pro:
+            self._fail(f"elementwise prologue ({', '.join(o.op_type for o in pro)}) before the Conv is not fused "
+                       f"into its input gather")
+        self.heavy = h
+        x, w = h.args[0], h.args[1]
+        for t, what in ((x, "input X"), (h, "output")):
+            if np.dtype(t.dtype) != np.float32:
+                self._fail(f"Conv {h.node!r}: {what} is {np.dtype(t.dtype)}, only float32 convolutions")
+        xsrc, self.x_chain = strip_views(x)
+        if not isinstance(xsrc, Input):
+            self._fail(f"Conv {h.node!r}: input X is computed in the group")
+        self.x_input = xsrc.name
+        self.x_shape = tuple(self.symtab.canon(d) for d in x.shape)
+        if len(self.x_shape) not in (3, 4):
+            self._fail(f"Conv {h.node!r}: input of rank {len(self.x_shape)} (only 1-D and 2-D convolutions; "
+                       f"a 3-D convolution is not compiled)")
+        W, self.weight_name = constant_of(self.plan, w, f"Conv {h.node!r}: weight", self._fail)
+        if W.dtype != np.float32:
+            self._fail(f"Conv {h.node!r}: weight is {W.dtype}, only float32")
+        self.W = W
+        if W.ndim != len(self.x_shape):
+            self._fail(f"Conv {h.node!r}: weight of rank {W.ndim} for an input of rank {len(self.x_shape)}")
+        self.win = window_of(h, list(W.shape[2:]))
+        self.geo = Geometry2D.of(self.win)
+        self.G = int(h.attrs.get("group", 1))
+        if not self.x_shape[1].is_Integer:
+            self._fail(f"Conv {h.node!r}: symbolic channel count {self.x_shape[1]}")
+        self.C = int(self.x_shape[1])
+        self.OC = int(W.shape[0])
+        self.Cg, self.OCg = self.C // self.G, self.OC // self.G
+        if self.Cg * self.G != self.C or self.OCg * self.G != self.OC or int(W.shape[1]) != self.Cg:
+            self._fail(f"Conv {h.node!r}: weight {list(W.shape)} does not match C={self.C}, group={self.G}")
+        self.bias = h.args[2] if len(h.args) > 2 and h.args[2] is not None else None
+        self.out_shape = tuple(self.symtab.canon(d) for d in h.shape)
+        self.out_shapes = {n: tuple(self.symtab.canon(d) for d in e.shape) for n, e in g.outputs.items()}
+        for n, e in g.outputs.items():
+            if np.dtype(e.dtype) != np.float32:
+                self._fail(f"output {n} is {np.dtype(e.dtype)}, only float32 outputs")
+        self._check_strategy()
+        self._gen_epilogue()
+
+    def _check_strategy(self) -> None:
+        raise NotImplementedError
+
+    def _gen_epilogue(self) -> None:
+        gen = TileEpilogue(self.plan, self.group, self.heavy, self.out_shape, self.bias)
+        self.epilogue_c, self.arg_roles, self.statics = gen.generate_function("conv_epilogue", self.group.outputs)
+        self.math = math_helpers(self.epilogue_c + self.statics)
+        _, _, epi = self.group.prologue_epilogue()
+        self.fused = ["bias"] * (self.bias is not None) + [o.op_type for o in epi]
+
+    # ------------------------------------------------------------------ what the schedule stage reads
+    def signature(self) -> str:
+        return sha256_text(f"{self.family} C={self.C} OC={self.OC} G={self.G} {self.win} "
+                           f"{structural_signature(self.group)}")[:16]
+
+    def extents(self) -> dict:
+        return {"OCg": self.OCg, "K": self.Cg * self.geo.kh * self.geo.kw, "P": str(numel(self.out_shape[2:])),
+                "G": self.G}
+
+    def header(self, strategy: str, tiles: str) -> str:
+        g, w = self.group, self.win
+        lines = [f"tscomp fused Conv group {g.name} ({strategy})",
+                 f"ONNX ops: {', '.join(f'{o.op_type} ({o.node})' for o in g.ops())}",
+                 f"Conv {self.heavy.node}: X [{', '.join(map(str, self.x_shape))}] * W {list(self.W.shape)} -> "
+                 f"[{', '.join(map(str, self.out_shape))}], group={self.G}, kernel={list(w.kernel)}, "
+                 f"strides={list(w.strides)}, dilations={list(w.dilations)}, pads={list(w.pads)}, "
+                 f"auto_pad={w.auto_pad}",
+                 f"fused epilogue: {', '.join(self.fused) or 'store'}",
+                 f"tiles: {tiles}"]
+        for role, name, cname, _ in self.arg_roles:
+            if role != "symbol":
+                lines.append(f"{role} {cname} = {name}")
+        return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */\n"
+
+
+class ConvAnalysis(_ConvBase):
+    """The analysis step of the ``conv`` (implicit GEMM) family."""
+
+    family = "conv"
+
+    def _check_strategy(self) -> None:
+        if self.Cg == 1 and self.G > 1:
+            self._fail(f"depthwise Conv (group={self.G}, one input channel per group): the conv-depthwise "
+                       f"family takes it")
+        self.K = self.Cg * self.geo.kh * self.geo.kw
+        w = self.win
+        self.pointwise = (self.geo.kh == self.geo.kw == 1 and self.geo.sh == self.geo.sw == 1
+                          and w.auto_pad in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+                          and (w.auto_pad != "NOTSET" or not any(w.pads)))
+
+    def heuristic_configs(self, isa: str, limit: int = 4, caches: CacheSizes | None = None) -> list[TileConfig]:
+        return conv_candidate_configs(isa, self.OCg, self.K, caches=caches)[:limit]
+
+
+class DepthwiseAnalysis(_ConvBase):
+    """The analysis step of the ``conv-depthwise`` (direct) family."""
+
+    family = "conv-depthwise"
+
+    def _check_strategy(self) -> None:
+        if not (self.Cg == 1 and self.G > 1):
+            self._fail(f"not a depthwise Conv (group={self.G}, {self.Cg} input channels per group)")
+
+
+# ============================================================================ tile configurations
+#: register tiles (rows = output channels, columns = output positions) per ISA, best first
+CONV_TILES = {
+    "avx512": [(8, 32), (6, 64), (4, 48), (12, 32), (14, 32)],
+    "avx2": [(6, 16), (4, 24), (3, 32), (2, 32)],
+    "scalar": [(4, 8), (2, 8)],
+}
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def conv_candidate_configs(isa: str, OCg: int, K: int, *, caches: CacheSizes | None = None) -> list[TileConfig]:
+    """Hardware-aligned tiles for an implicit-GEMM Conv ``[OCg, K] · [K, P]`` (TSCompiler §5.1's
+    hardware-aligned population): register tiles from :data:`CONV_TILES` ranked by the padding
+    they waste on OCg; ``kc`` so that a ``kc × nr`` column panel and an ``mr × kc`` weight panel
+    fill half of L1; ``mc`` up to 64 channels (more tasks for the late stages' small P); ``nc``
+    positions so the gathered ``kc × nc`` block stays within a quarter of L2, in a wide and a
+    narrow variant (few large positions blocks for big images, more tasks for small ones)."""
+    if isa not in VECTOR_WIDTH:
+        raise TileConfigError(f"unknown ISA {isa!r}; expected one of {sorted(VECTOR_WIDTH)}")
+    caches = caches or host_caches()
+    tiles = [t for t in CONV_TILES[isa] if t[0] * t[1] // VECTOR_WIDTH[isa] <= MAX_ACCUMULATORS[isa]]
+    tiles.sort(key=lambda t: (_round_up(OCg, t[0]) - OCg) / max(OCg, 1) > 0.25)   # stable: keeps the order
+    out: list[TileConfig] = []
+    for mr, nr in tiles:
+        kc_cap = max(8, (caches.l1 // 2) // (4 * (nr + mr)) // 8 * 8)
+        kc = K if K <= kc_cap else _round_up(-(-K // -(-K // kc_cap)), 8)
+        kc = min(kc, K)
+        mc = min(_round_up(OCg, mr), mr * max(1, 64 // mr))
+        nc_cap = max(nr, (caches.l2 // 4) // (4 * kc) // nr * nr)
+        for nc in (min(nc_cap, _round_up(256, nr)), min(nc_cap, _round_up(64, nr))):
+            cfg = TileConfig(mr=mr, nr=nr, mc=mc, nc=max(nr, nc), kc=kc)
+            try:
+                cfg.validate(isa)
+            except TileConfigError:
+                continue
+            if cfg not in out:
+                out.append(cfg)
+    return out
+
+
+# ============================================================================ source
+def conv_func_name(analysis: _ConvBase, cfg: TileConfig | None, isa: str) -> str:
+    tail = cfg.slug() if cfg is not None else "direct"
+    return "tscomp_" + re.sub(r"\W", "_", analysis.group.name) + f"_conv_{isa}_{tail}"
+
+
+def _runtime_params() -> str:
+    return ("const float* restrict X, const float* restrict Wp, int64_t NB, int64_t H, int64_t W, int64_t OH, "
+            "int64_t OW, int64_t PT, int64_t PL")
+
+
+def _epi_params(analysis) -> tuple[str, str]:
+    """The epilogue's arguments as parameters of a macro-kernel, named ``ts_e<k>`` there (no shape
+    symbol can shadow a macro-kernel local), and the argument list passing them on."""
+    renamed = [(role, name, f"ts_e{k}", info) for k, (role, name, _, info) in enumerate(analysis.arg_roles)]
+    params = "".join(f", {param_of(a)}" for a in renamed)
+    names = "".join(f", {a[2]}" for a in renamed)
+    return params, names
+
+
+def _emit_micro_kernel(emit, isa: str, MR: int, NR: int) -> None:
+    emit(f"""/* Micro-kernel: an MR x NR tile (output channels x positions) over kl steps of k.
+ *   ap: prepacked weight panel (k-major, MR per k); bp: gathered column block (row k at bp + k*ldb);
+ *   ct: partial sums (MR*NR) between K steps; last: the finished tile goes to `tile` (MR x NR). */
+static inline __attribute__((always_inline)) void micro_kernel(
+    int64_t kl, const float* restrict ap, const float* restrict bp, int64_t ldb, float* restrict ct,
+    int first, int last, float* restrict tile)
+{{""")
+    if isa == "scalar":
+        emit("""    float acc_t[MR][NR];
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < NR; ++c)
+            acc_t[r][c] = first ? 0.0f : ct[r * NR + c];
+    for (int64_t k = 0; k < kl; ++k) {
+        const float* restrict bk = bp + k * ldb;
+        const float* restrict ak = ap + k * MR;
+        for (int r = 0; r < MR; ++r)
+            for (int c = 0; c < NR; ++c)
+                acc_t[r][c] = fmaf(ak[r], bk[c], acc_t[r][c]);
+    }
+    float* restrict dst = last ? tile : ct;
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < NR; ++c)
+            dst[r * NR + c] = acc_t[r][c];
+}
+""")
+        return
+    v = _Vec(isa)
+    W = v.width
+    accs = emit_accumulators(emit, v, MR, NR)
+    emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
+    emit("        const float* restrict bk = bp + k * ldb;")
+    emit("        const float* restrict ak = ap + k * MR;")
+    for c in range(NR // W):
+        emit(f"        const {v.type} w{c} = {v.load(f'bk + {c * W}')};")
+    for r, row in enumerate(accs):
+        emit(f"        {{ const {v.type} x = {v.set1(f'ak[{r}]')}; "
+             + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
+    emit("    }")
+    emit("    float* restrict dst = last ? tile : ct;")
+    for r, row in enumerate(accs):
+        emit("    " + " ".join(v.store(f"dst + {r * NR + c * W}", a) for c, a in enumerate(row)))
+    emit("}\n")
+
+
+def _emit_pack_b(emit, pointwise: bool) -> None:
+    if pointwise:
+        emit("""/* Gather rows [k0, k0 + kl) x positions [p0, p0 + nv) of the implicit im2col matrix into
+ * bp[k * ldb + j] (1x1 kernel, stride 1, no padding: row k is input channel k, contiguous);
+ * columns nv..ldb are zero (local padding). */
+static void pack_b(const float* restrict xg, int64_t H, int64_t W, int64_t OW, int64_t PT, int64_t PL,
+                   int64_t p0, int64_t nv, int64_t ldb, int64_t k0, int64_t kl, float* restrict bp)
+{
+    (void)OW; (void)PT; (void)PL;
+    const int64_t HW = H * W;
+    for (int64_t k = 0; k < kl; ++k) {
+        const float* restrict src = xg + (k0 + k) * HW + p0;
+        float* restrict dst = bp + k * ldb;
+        for (int64_t j = 0; j < nv; ++j) dst[j] = src[j];
+        for (int64_t j = nv; j < ldb; ++j) dst[j] = 0.0f;
+    }
+}
+""")
+        return
+    emit("""/* Gather rows [k0, k0 + kl) x positions [p0, p0 + nv) of the implicit im2col matrix into
+ * bp[k * ldb + j]: row k = (c, kh, kw) reads X[c, oh*SH - PT + kh*DH, ow*SW - PL + kw*DW]. The
+ * positions are walked as output-row segments; per segment the in-image columns are one strided
+ * copy (contiguous at SW = 1) and the taps on the padding are zero, as are columns nv..ldb
+ * (local padding: the micro-kernel never tests bounds). */
+static void pack_b(const float* restrict xg, int64_t H, int64_t W, int64_t OW, int64_t PT, int64_t PL,
+                   int64_t p0, int64_t nv, int64_t ldb, int64_t k0, int64_t kl, float* restrict bp)
+{
+    int64_t c = k0 / (KH * KW), r = k0 % (KH * KW);
+    int64_t kh = r / KW, kw = r % KW;
+    const int64_t oh_first = p0 / OW, ow_first = p0 % OW;
+    for (int64_t k = 0; k < kl; ++k) {
+        const float* restrict src = xg + c * H * W;
+        float* restrict dst = bp + k * ldb;
+        const int64_t off = kw * DW - PL;          /* iw = ow * SW + off */
+        /* output columns whose tap is inside the image: lo <= ow < hi */
+        const int64_t lo = off >= 0 ? 0 : (-off + SW - 1) / SW;
+        const int64_t hi = W - 1 - off >= 0 ? (W - 1 - off) / SW + 1 : 0;
+        int64_t j = 0, oh = oh_first, ow = ow_first;
+        while (j < nv) {
+            const int64_t seg = min_i64(OW - ow, nv - j);
+            const int64_t ih = oh * SH - PT + kh * DH;
+            float* restrict d = dst + j;           /* d[q]: output column ow + q */
+            if (ih < 0 || ih >= H) {
+                for (int64_t q = 0; q < seg; ++q) d[q] = 0.0f;
+            } else {
+                const float* restrict row = src + ih * W;
+                const int64_t a = max_i64(0, min_i64(lo - ow, seg)), b = max_i64(a, min_i64(hi - ow, seg));
+                const int64_t base = ow * SW + off;   /* >= 0 for q >= a */
+                for (int64_t q = 0; q < a; ++q) d[q] = 0.0f;
+                for (int64_t q = a; q < b; ++q) d[q] = row[base + q * SW];
+                for (int64_t q = b; q < seg; ++q) d[q] = 0.0f;
+            }
+            j += seg;
+            ow = 0;
+            ++oh;
+        }
+        for (; j < ldb; ++j) dst[j] = 0.0f;
+        if (++kw == KW) { kw = 0; if (++kh == KH) { kh = 0; ++c; } }
+    }
+}
+""")
+
+
+def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
+    """The source step of the ``conv`` family (pure): C text of the implicit-GEMM macro-kernel."""
+    cfg = cfg.validate(isa)
+    a, geo = analysis, analysis.geo
+    name = conv_func_name(a, cfg, isa)
+    MR, NR, MC, NC = cfg.mr, cfg.nr, cfg.mc, cfg.nc
+    KC = min(cfg.kc, a.K)
+    n_kb = -(-a.K // KC)
+    n_ocp = -(-a.OCg // MR)
+    params, names = _epi_params(a)
+    L: list[str] = []
+    emit = L.append
+
+    def emit_t(text: str) -> None:   # a template: its constants spelled TS_<name>
+        L.append(ts_macros(text))
+
+    emit(a.header("implicit GEMM", f"{cfg.describe()} on {isa}; K = Cg*KH*KW = {a.K} in {n_kb} step(s) of {KC}; "
+                  f"one OpenMP task per (image, group, {NC}-position block, {MC}-channel block)"))
+    emit(PRELUDE)
+    emit("#include <string.h>")
+    if isa != "scalar":
+        emit("#include <immintrin.h>")
+    emit(c_defines(C_IN=a.C, CG=a.Cg, OCG=a.OCg, G=a.G, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw,
+                   DH=geo.dh, DW=geo.dw, KDIM=a.K, MR=MR, NR=NR, MC=MC, NC=NC, KC=KC, N_KBLOCKS=n_kb,
+                   N_OCP=n_ocp))
+    emit("static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }")
+    emit("static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }")
+    emit(a.math)
+    if a.statics:
+        emit(a.statics)
+    emit(a.epilogue_c)
+    _emit_pack_b(emit_t, a.pointwise)
+    _emit_micro_kernel(emit_t, isa, MR, NR)
+    single = n_kb == 1
+    emit_t(f"""/* Macro-kernel: tasks = NB x G x ceil(P / NC) x ceil(OCG / MC); each walks K in N_KBLOCKS steps
+ * of KC, gathering the column block once per step and sweeping every MR x NR tile of its block. */
+void {name}({_runtime_params()}{params})
+{{
+    const int64_t P = OH * OW;
+    if (NB <= 0 || P <= 0) return;
+    const int64_t n_pb = (P + NC - 1) / NC, n_ob = (OCG + MC - 1) / MC;
+    const int64_t n_tasks = NB * G * n_pb * n_ob;
+    #pragma omp parallel if (n_tasks > 1)
+    {{
+        float* bpack = (float*)aligned_alloc(64, (sizeof(float) * KC * NC + 63) / 64 * 64);
+        float* cbuf = {'NULL' if single else '(float*)aligned_alloc(64, (sizeof(float) * MC * NC + 63) / 64 * 64)'};
+        float tile[MR * NR] __attribute__((aligned(64)));
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < n_tasks; ++t) {{
+            const int64_t ob = t % n_ob, pb = (t / n_ob) % n_pb, g = (t / (n_ob * n_pb)) % G, n = t / (n_ob * n_pb * G);
+            const int64_t p0 = pb * NC, nvb = min_i64(NC, P - p0), ldb = (nvb + NR - 1) / NR * NR;
+            const int64_t oc0 = ob * MC, mvb = min_i64(MC, OCG - oc0);
+            const float* xg = X + (n * C_IN + g * CG) * H * W;
+            for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
+                const int64_t k0 = kb * KC, kl = min_i64(KC, KDIM - k0);
+                pack_b(xg, H, W, OW, PT, PL, p0, nvb, ldb, k0, kl, bpack);
+                for (int64_t jp = 0; jp * NR < nvb; ++jp) {{
+                    for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
+                        const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
+                        float* ct = {'NULL' if single else 'cbuf + (jp * (MC / MR) + ip) * (MR * NR)'};
+                        micro_kernel(kl, ap, bpack + jp * NR, ldb, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'}, tile);
+                        if ({'1' if single else 'kb == N_KBLOCKS - 1'})
+                            conv_epilogue(tile, NR, n, g * OCG + oc0 + ip * MR, p0 + jp * NR,
+                                          min_i64(MR, mvb - ip * MR), min_i64(NR, nvb - jp * NR){names});
+                    }}
+                }}
+            }}
+        }}
+        free(bpack);
+        free(cbuf);
+    }}
+}}
+""")
+    return "\n".join(L)
+
+
+def depthwise_source(analysis: DepthwiseAnalysis, isa: str) -> str:
+    """The source step of the ``conv-depthwise`` family (pure): C text of the direct kernel."""
+    a, geo = analysis, analysis.geo
+    name = conv_func_name(a, None, isa)
+    params, names = _epi_params(a)
+    L: list[str] = []
+    emit = L.append
+
+    def emit_t(text: str) -> None:   # a template: its constants spelled TS_<name>
+        L.append(ts_macros(text))
+
+    emit(a.header("direct depthwise", f"one OpenMP task per (image, channel, block of output rows); rows "
+                  f"accumulated in a buffer, vectorized along the row ({isa})"))
+    emit(PRELUDE)
+    emit(c_defines(C_IN=a.C, OCG=a.OCg, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw, DH=geo.dh,
+                   DW=geo.dw))
+    emit("static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }")
+    emit("static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }")
+    emit(a.math)
+    if a.statics:
+        emit(a.statics)
+    emit(a.epilogue_c)
+    emit_t(f"""/* Direct depthwise macro-kernel: output channel oc reads input channel oc / OCG; per output row the
+ * KH x KW taps accumulate into a row buffer (the in-image columns of each tap one strided pass,
+ * contiguous at SW = 1); the fused epilogue stores the row. */
+void {name}({_runtime_params()}{params})
+{{
+    const int64_t P = OH * OW;
+    if (NB <= 0 || P <= 0) return;
+    /* rows per task: about 4096 outputs, at least one row */
+    const int64_t rows = max_i64(1, min_i64(OH, 4096 / (OW > 0 ? OW : 1)));
+    const int64_t n_rb = (OH + rows - 1) / rows;
+    const int64_t n_tasks = NB * OC * n_rb;
+    #pragma omp parallel if (n_tasks > 1)
+    {{
+        float* acc = (float*)aligned_alloc(64, (sizeof(float) * (size_t)OW + 63) / 64 * 64);
+        #pragma omp for schedule(dynamic, 4)
+        for (int64_t t = 0; t < n_tasks; ++t) {{
+            const int64_t rb = t % n_rb, oc = (t / n_rb) % OC, n = t / (n_rb * OC);
+            const float* restrict src = X + (n * C_IN + oc / OCG) * H * W;
+            const float* restrict wk = Wp + oc * (KH * KW);
+            for (int64_t oh = rb * rows; oh < min_i64(OH, (rb + 1) * rows); ++oh) {{
+                for (int64_t q = 0; q < OW; ++q) acc[q] = 0.0f;
+                for (int64_t kh = 0; kh < KH; ++kh) {{
+                    const int64_t ih = oh * SH - PT + kh * DH;
+                    if (ih < 0 || ih >= H) continue;
+                    for (int64_t kw = 0; kw < KW; ++kw) {{
+                        const int64_t off = kw * DW - PL;
+                        const int64_t lo = off >= 0 ? 0 : (-off + SW - 1) / SW;
+                        const int64_t hi = min_i64(OW, W - 1 - off >= 0 ? (W - 1 - off) / SW + 1 : 0);
+                        const float wv = wk[kh * KW + kw];
+                        const float* restrict row = src + ih * W;
+                        #pragma omp simd
+                        for (int64_t q = lo; q < hi; ++q) acc[q] += wv * row[q * SW + off];
+                    }}
+                }}
+                conv_epilogue(acc, OW, n, oc, oh * OW, 1, OW{names});
+            }}
+        }}
+        free(acc);
+    }}
+}}
+""")
+    return "\n".join(L)
+
+
+# ============================================================================ prepacking
+def _aligned(n: int) -> np.ndarray:
+    raw = np.empty(n * 4 + 64, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off:off + n * 4].view(np.float32)
+
+
+def prepack_conv_weight(W: np.ndarray, G: int, mr: int) -> np.ndarray:
+    """W[OC, Cg, *k] -> per group g, MR-row panels of W_g[OCg, K] (K = Cg·prod(k), row-major over
+    (c, kh, kw), the order the column gather walks), each k-major: packed[g][panel][k][r]; rows past
+    OCg are zero (local padding)."""
+    OC = W.shape[0]
+    OCg = OC // G
+    K = int(np.prod(W.shape[1:]))
+    n_ocp = -(-OCg // mr)
+    Wg = np.zeros((G, n_ocp * mr, K), np.float32)
+    Wg[:, :OCg] = W.reshape(G, OCg, K)
+    panels = Wg.reshape(G, n_ocp, mr, K).transpose(0, 1, 3, 2)
+    out = _aligned(panels.size)
+    out[:] = panels.reshape(-1)
+    return out
+
+
+# ============================================================================ executor
+class CompiledConv(PicklableKernel):
+    """The executor step of both Conv families: a built macro-kernel under one configuration.
+
+    ``run(env, binding)`` reads the input through its views, resolves the window at the input's
+    concrete size (SAME pads, output lengths), evaluates the shape symbols the epilogue uses and
+    returns every group output. Constructing one compiles nothing (:func:`tscomp.codegen.families.
+    link_native` builds and binds)."""
+
+    TRANSIENT = {"fn": None, "_memo": dict}
+
+    def __init__(self, analysis: _ConvBase, cfg: TileConfig | None, isa: str):
+        self.analysis = analysis
+        self.family = analysis.family
+        self.group = analysis.group
+        self.symtab = analysis.symtab
+        self.isa = isa
+        self.cfg = cfg.validate(isa) if cfg is not None else None
+        self.func = conv_func_name(analysis, self.cfg, isa)
+        if self.cfg is not None:
+            self.source = conv_source(analysis, self.cfg, isa)
+            self.packed = prepack_conv_weight(analysis.W, analysis.G, self.cfg.mr)
+        else:
+            self.source = depthwise_source(analysis, isa)
+            flat = np.ascontiguousarray(analysis.W.reshape(analysis.OC, -1), np.float32)
+            self.packed = _aligned(flat.size)
+            self.packed[:] = flat.reshape(-1)
+        self.weight_name = analysis.weight_name
+        self._memo: dict = {}
+        self.fn = None
+
+    def resources(self) -> dict[str, int]:
+        out = {"packed_weight_bytes": int(self.packed.nbytes)}
+        if self.cfg is not None:
+            out["vector_accumulators"] = self.cfg.accumulators(self.isa)
+        return out
+
+    def _bind_function(self, lib) -> None:
+        fn = getattr(lib, self.func)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 7 + \
+            [ctypes.c_int64 if role == "symbol" else ctypes.c_void_p for role, *_ in self.analysis.arg_roles]
+        self.fn = fn
+
+    def _ints(self, binding: Mapping[str, int]):
+        key = binding_key(binding)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        a = self.analysis
+        plain = dict(binding)
+
+        def ev(x) -> int:
+            return int(self.symtab.evaluate(x, plain))
+
+        xshape = tuple(ev(d) for d in a.x_shape)
+        geo = a.geo.runtime(a.win, xshape[2:])
+        shapes = {n: tuple(ev(d) for d in s) for n, s in a.out_shapes.items()}
+        syms = [ev(info) for role, _, _, info in a.arg_roles if role == "symbol"]
+        hit = (xshape, geo, shapes, syms, ev)
+        if len(self._memo) > 4096:
+            self._memo.clear()
+        self._memo[key] = hit
+        return hit
+
+    def tasks(self, binding: Mapping[str, int]) -> int:
+        xshape, (H, W, OH, OW, *_), *_ = self._ints(binding)
+        a = self.analysis
+        if self.cfg is None:
+            rows = max(1, min(OH, 4096 // max(OW, 1)))
+            return xshape[0] * a.OC * -(-OH // rows)
+        return xshape[0] * a.G * -(-(OH * OW) // self.cfg.nc) * -(-a.OCg // self.cfg.mc)
+
+    def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
+        if self.fn is None:
+            self._bind_function(load_library(build_library(self.source, self.func)))
+        a = self.analysis
+        xshape, (H, W, OH, OW, PT, PL, _, _), shapes, syms, ev = self._ints(binding)
+        x = np.asarray(env[a.x_input])
+        for v in a.x_chain:
+            x = apply_view(x, v.op, ev)
+        if x.dtype != np.float32:
+            raise ExecutionError(f"group {self.group.name}: Conv input {a.x_input!r} is {x.dtype}, expected float32")
+        if x.shape != xshape:
+            raise ExecutionError(f"group {self.group.name}: Conv input {a.x_input!r} has shape {x.shape}, "
+                                 f"expected {xshape}")
+        x = np.ascontiguousarray(x)
+        outputs = {n: np.empty(s, np.float32) for n, s in shapes.items()}
+        keep, extra = [x], []
+        sym_values = iter(syms)
+        for role, name, _, info in a.arg_roles:
+            if role == "output":
+                extra.append(outputs[name].ctypes.data)
+            elif role == "input":
+                arr = np.asarray(env[name])
+                if arr.dtype != info or not arr.flags.c_contiguous:
+                    arr = np.ascontiguousarray(arr, dtype=info)
+                keep.append(arr)
+                extra.append(arr.ctypes.data)
+            else:
+                extra.append(next(sym_values))
+        self.fn(x.ctypes.data, self.packed.ctypes.data, xshape[0], H, W, OH, OW, PT, PL, *extra)
+        return outputs
+
+    __call__ = run
+
+
+def conv_heuristic(analysis: ConvAnalysis, isa: str, limit: int) -> list[TileConfig]:
+    return analysis.heuristic_configs(isa, limit)
+
+
+__all__ = ["CONV_TILES", "CompiledConv", "ConvAnalysis", "DepthwiseAnalysis", "TileEpilogue", "conv_candidate_configs",
+           "conv_source", "depthwise_source", "prepack_conv_weight"]
