@@ -184,3 +184,54 @@ def test_an_op_without_a_c_kernel_is_refused_by_name(tmp_path):
     with pytest.raises(UnsupportedOperatorError):
         from tscomp.codegen.cpu_index import analyze_index_group
         analyze_index_group(plan, plan.groups[0])
+
+
+# ------------------------------------------------------------------ Resize
+RESIZE_CASES = [
+    ("nearest", "asymmetric", {"nearest_mode": "floor"}),
+    ("nearest", "half_pixel", {}),
+    ("nearest", "tf_half_pixel_for_nn", {"nearest_mode": "round_prefer_ceil"}),
+    ("linear", "half_pixel", {}),
+    ("linear", "align_corners", {}),
+    ("linear", "pytorch_half_pixel", {"antialias": 1}),
+    ("cubic", "half_pixel", {}),
+    ("cubic", "asymmetric", {"exclude_outside": 1, "cubic_coeff_a": -0.5}),
+    ("cubic", "half_pixel_symmetric", {"antialias": 1}),
+]
+
+
+@pytest.mark.parametrize("mode,coord,extra", RESIZE_CASES, ids=[f"{m}-{c}-{len(e)}" for m, c, e in RESIZE_CASES])
+@pytest.mark.parametrize("scale_h,scale_w", [(2.0, 0.5), (0.75, 3.0)])
+def test_resize_with_scales_matches_onnxruntime(tmp_path, mode, coord, extra, scale_h, scale_w):
+    nodes = [helper.make_node("Resize", ["x", "", "sc"], ["y"], mode=mode, coordinate_transformation_mode=coord,
+                              **extra)]
+    path = _model(tmp_path, "resize", nodes, [("x", F, ["B", 3, "H", "W"])], [("y", F, [None, None, None, None])],
+                  [helper.make_tensor("sc", F, [4], [1.0, 1.0, scale_h, scale_w])])
+    model, rt = _compile(path, ["B=1:2", "H=1:40", "W=1:40"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(5)
+    for H, W in [(1, 1), (7, 13), (40, 2), (4, 40)]:
+        _check(path, rt, {"x": rng.standard_normal((2, 3, H, W)).astype(np.float32)})
+
+
+def test_resize_to_sizes_from_the_input_shape_as_vit_exports_it(tmp_path):
+    """ViT's position grid: a bicubic Resize to sizes computed from shape values (H // 4, W // 4)."""
+    grid = np.random.default_rng(6).standard_normal((1, 8, 5, 5)).astype(np.float32)
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "st", "en"], ["hw"]),
+             helper.make_node("Div", ["hw", "four"], ["hw4"]),
+             helper.make_node("Concat", ["lead", "hw4"], ["sz"], axis=0),
+             helper.make_node("Resize", ["g", "", "", "sz"], ["r"], mode="cubic", cubic_coeff_a=-0.75,
+                              coordinate_transformation_mode="half_pixel", antialias=0),
+             helper.make_node("ReduceSum", ["x", "ax"], ["xs"], keepdims=1),
+             helper.make_node("Add", ["r", "xs"], ["y"])]
+    inits = [helper.make_tensor("g", F, grid.shape, grid.reshape(-1).tolist()),
+             helper.make_tensor("st", I64, [1], [2]), helper.make_tensor("en", I64, [1], [4]),
+             helper.make_tensor("four", I64, [1], [4]), helper.make_tensor("lead", I64, [2], [1, 8]),
+             helper.make_tensor("ax", I64, [3], [1, 2, 3])]
+    path = _model(tmp_path, "resize_sizes", nodes, [("x", F, [1, 2, "H", "W"])], [("y", F, [None, None, None, None])], inits)
+    model, rt = _compile(path, ["H=4:64", "W=4:64"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(7)
+    for H, W in [(4, 4), (20, 36), (64, 13), (64, 64)]:
+        _check(path, rt, {"x": rng.standard_normal((1, 2, H, W)).astype(np.float32)})

@@ -114,6 +114,15 @@ class IndexKernelWriter:
             return None
         return [int(v) for v in flat]
 
+    def const_floats(self, i: int) -> list[float] | None:
+        """Input ``i``'s values when the compiler knows them as numbers, else None."""
+        a = self.op.args[i] if i < len(self.op.args) else None
+        if a is None:
+            return None
+        value = a.value if isinstance(a, Const) and not a.symbolic else self.plan.graph.values[a.name].const \
+            if isinstance(a, Input) and a.name in self.plan.graph.values else None
+        return None if value is None else [float(v) for v in np.asarray(value).reshape(-1)]
+
     def arg(self, i: int) -> Operand:
         a = self.op.args[i] if i < len(self.op.args) else None
         if a is None:

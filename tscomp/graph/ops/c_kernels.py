@@ -185,6 +185,146 @@ def scatter_nd_c(w) -> None:
     w.emit("}")
 
 
+# =========================================================================== Resize
+#: coordinate_transformation_mode -> C (double) source coordinate of output index ``y`` for scale
+#: ``s``, input length ``n`` and output length ``o`` (the reference's COORDINATE_TRANSFORMS)
+RESIZE_COORDS = {
+    "half_pixel": "(y + 0.5) / s - 0.5",
+    "half_pixel_symmetric": "n / 2 * (1 - o / (s * n)) + (y + 0.5) / s - 0.5",
+    "pytorch_half_pixel": "o > 1 ? (y + 0.5) / s - 0.5 : 0.0",
+    "align_corners": "o > 1 ? y * (n - 1) / (o - 1) : 0.0",
+    "asymmetric": "y / s",
+    "tf_half_pixel_for_nn": "(y + 0.5) / s",
+}
+#: nearest_mode -> C rounding of the coordinate ``x``
+RESIZE_ROUNDING = {"round_prefer_floor": "ceil(x - 0.5)", "round_prefer_ceil": "floor(x + 0.5)",
+                   "floor": "floor(x)", "ceil": "ceil(x)"}
+#: mode -> (kernel radius, C weight of distance ``t`` with cubic coefficient ``a``)
+RESIZE_KERNELS = {
+    "linear": (1, "(t < 1 ? 1 - t : 0.0)"),
+    "cubic": (2, "(t <= 1 ? ((a + 2) * t - (a + 3)) * t * t + 1 : t < 2 ? ((a * t - 5 * a) * t + 8 * a) * t - 4 * a "
+                 ": 0.0)"),
+}
+
+
+def _str_attr(w, key: str, default: str) -> str:
+    v = w.attr(key, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def resize_c(w) -> None:
+    """Separable resampling in double, as the reference: per resized axis a table of source
+    indices and weights (taps) per output index, built once per call; then every output element
+    is the weighted sum over the product of its axes' taps. Axes whose length and scale are 1:1 at
+    compile time are copied, not resampled."""
+    x, y = w.arg(0), w.out(0)
+    mode = _str_attr(w, "mode", "nearest")
+    coord = _str_attr(w, "coordinate_transformation_mode", "half_pixel")
+    policy = _str_attr(w, "keep_aspect_ratio_policy", "stretch")
+    if coord not in RESIZE_COORDS:
+        w.fail(f"coordinate_transformation_mode {coord!r} (no C kernel; tf_crop_and_resize runs on numpy)")
+    if mode != "nearest" and mode not in RESIZE_KERNELS:
+        w.fail(f"mode {mode!r}")
+    if x.dtype.kind != "f":
+        w.fail(f"Resize of {x.dtype} (only floating point has a C kernel)")
+    r = len(x.shape)
+    axes = [a % r for a in w.attr("axes", list(range(r)))]
+    present = lambda i: len(w.op.args) > i and w.op.args[i] is not None and tuple(w.op.args[i].shape) != (0,)  # noqa: E731
+    sizes = w.arg(3) if present(3) else None
+    scales = w.arg(2) if sizes is None and present(2) else None
+    if sizes is None and scales is None:
+        w.fail("neither scales nor sizes")
+    ns = [w.c(x.shape[a]) for a in axes]
+    os_ = [w.c(y.shape[a]) for a in axes]
+    # compile-time identity axes: same length, and scale 1 (given) or stretched sizes
+    same_len = [w.canon(x.shape[a]) == w.canon(y.shape[a]) for a in axes]
+    const_scales = w.const_floats(2) if scales is not None else None
+    ident = [sl and (sizes is not None and policy == "stretch" or (const_scales is not None and const_scales[k] == 1.0))
+             for k, sl in enumerate(same_len)]
+    resized = [(k, a) for k, a in enumerate(axes) if not ident[k]]
+    w.emit(f"/* Resize {mode} ({coord}): axes {[a for _, a in resized]} resampled, the rest copied */")
+    if sizes is not None and policy != "stretch":
+        pick = "fmin" if policy == "not_larger" else "fmax"
+        w.emit(f"double s_all = (double)({sizes.at('0')}) / (double)({ns[0]});")
+        for k in range(1, len(axes)):
+            w.emit(f"s_all = {pick}(s_all, (double)({sizes.at(str(k))}) / (double)({ns[k]}));")
+    antialias = bool(w.attr("antialias", 0)) and mode != "nearest"
+    exclude = bool(w.attr("exclude_outside", 0))
+    a_coef = float(w.attr("cubic_coeff_a", -0.75))
+    for k, a in resized:
+        if sizes is None:
+            scale = f"(double)({scales.at(str(k))})"
+        elif policy == "stretch":
+            scale = f"(double)({os_[k]}) / (double)({ns[k]})"
+        else:
+            scale = "s_all"
+        w.emit(f"/* axis {a}: taps of each of its {os_[k]} outputs */")
+        w.emit(f"const double s{a} = {scale};")
+        if mode == "nearest":
+            w.emit(f"const int64_t nt{a} = 1;")
+        else:
+            radius = RESIZE_KERNELS[mode][0]
+            w.emit(f"const double st{a} = {'s%d < 1 ? s%d : 1.0' % (a, a) if antialias else '1.0'};")
+            w.emit(f"const int64_t t0{a} = (int64_t)floor(-{radius}.0 / st{a}) + 1;")
+            w.emit(f"const int64_t nt{a} = 2 - 2 * t0{a};")
+        w.emit(f"int64_t *ia{a} = malloc(sizeof(int64_t) * ({os_[k]}) * nt{a});")
+        w.emit(f"double *wa{a} = malloc(sizeof(double) * ({os_[k]}) * nt{a});")
+        w.emit(f"for (int64_t i = 0; i < {os_[k]}; ++i) {{")
+        w.emit(f"    const double y = (double)i, s = s{a}, n = (double)({ns[k]}), o = (double)({os_[k]});")
+        w.emit(f"    const double x = {RESIZE_COORDS[coord]};")
+        w.emit(f"    int64_t *ix = ia{a} + i * nt{a};")
+        w.emit(f"    double *wx = wa{a} + i * nt{a};")
+        if mode == "nearest":
+            w.emit(f"    ix[0] = (int64_t)({RESIZE_ROUNDING[_str_attr(w, 'nearest_mode', 'round_prefer_floor')]});")
+            w.emit("    wx[0] = 1.0;")
+        else:
+            w.emit("    const double base = ceil(x) - 1;")
+            w.emit(f"    const double a = {a_coef!r};")
+            w.emit("    double total = 0;")
+            w.emit(f"    for (int64_t j = 0; j < nt{a}; ++j) {{")
+            w.emit(f"        const double t = fabs(((double)(t0{a} + j) - (x - base)) * st{a});")
+            w.emit(f"        ix[j] = (int64_t)base + t0{a} + j;")
+            w.emit(f"        wx[j] = {RESIZE_KERNELS[mode][1]};")
+            w.emit("        total += wx[j];")
+            w.emit("    }")
+            if antialias:
+                w.emit(f"    for (int64_t j = 0; j < nt{a}; ++j) wx[j] /= total;")
+        if exclude:
+            w.emit("    double kept = 0;")
+            w.emit(f"    for (int64_t j = 0; j < nt{a}; ++j) {{ if (ix[j] < 0 || ix[j] >= ({ns[k]})) wx[j] = 0; "
+                   "kept += wx[j]; }")
+            w.emit(f"    if (kept != 0) for (int64_t j = 0; j < nt{a}; ++j) wx[j] /= kept;")
+        w.emit(f"    for (int64_t j = 0; j < nt{a}; ++j) ix[j] = ix[j] < 0 ? 0 : (ix[j] >= ({ns[k]}) ? ({ns[k]}) - 1 : ix[j]);")
+        w.emit("}")
+    total = w.numel(y.shape)
+    out_dims = [w.c(d) for d in y.shape]
+    x_strides = [w.numel(x.shape[d + 1:]) for d in range(r)]
+    w.emit(f"#pragma omp parallel for schedule(static){w.parallel(total, 4096)}")
+    w.emit(f"for (int64_t p = 0; p < {total}; ++p) {{")
+    w.emit("    int64_t rest = p;")
+    for d in reversed(range(r)):
+        w.emit(f"    const int64_t c{d} = rest % ({out_dims[d]}); rest /= ({out_dims[d]});")
+    moved = {a for _, a in resized}
+    fixed = " + ".join(f"c{d} * ({x_strides[d]})" for d in range(r) if d not in moved)
+    w.emit(f"    const int64_t fixed = {fixed or '0'};")
+    w.emit("    double acc = 0;")
+    depth, weight, off = 1, "1.0", "fixed"
+    for _, a in resized:
+        w.emit("    " * depth + f"for (int64_t j{a} = 0; j{a} < nt{a}; ++j{a}) {{")
+        depth += 1
+        w.emit("    " * depth + f"const double w{a} = {weight} * wa{a}[c{a} * nt{a} + j{a}];")
+        w.emit("    " * depth + f"const int64_t f{a} = {off} + ia{a}[c{a} * nt{a} + j{a}] * ({x_strides[a]});")
+        weight, off = f"w{a}", f"f{a}"
+    w.emit("    " * depth + f"acc += {weight} * (double){x.at(off)};")
+    for _ in resized:
+        depth -= 1
+        w.emit("    " * depth + "}")
+    w.emit(f"    {y.at('p')} = ({y.ctype})acc;")
+    w.emit("}")
+    for _, a in resized:
+        w.emit(f"free(ia{a}); free(wa{a});")
+
+
 C_KERNELS = {
     "CumSum": cumsum_c,
     "Range": range_c,
@@ -193,6 +333,7 @@ C_KERNELS = {
     "ArgMin": _arg_c("<"),
     "ScatterElements": scatter_elements_c,
     "ScatterND": scatter_nd_c,
+    "Resize": resize_c,
 }
 
 for _op, _fn in C_KERNELS.items():
