@@ -1,0 +1,124 @@
+"""The SIMT GEMM macro-kernel (constant weight, fused epilogue, local padding, plain and cp.async
+staging in one source): the OpenCL build against numpy at awkward sizes; nvcc builds for sm_80 and
+sm_90 without spills, resources parsed from ptxas."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.special import erf
+
+from tscomp.codegen.cpu_gemm import Epilogue
+from tscomp.codegen.simt.config import SimtTile
+from tscomp.codegen.simt.gemm import SimtEpilogue, gemm_body
+from tscomp.codegen.simt.launch import Launch, ceil_div, input_buffer, output_buffer, scalar
+from tscomp.codegen.simt.program import SimtProgram
+from tscomp.errors import UnsupportedOperatorError
+
+LARGE = SimtTile(64, 64, 16, 32, 32, 4, 8, async_copy=True)
+SMALL = SimtTile(32, 64, 8, 16, 32, 2, 8)
+M_SIZES = (1, 7, 13, 97, 511, 513)
+
+
+def _program(t, K, N, epi):
+    return SimtProgram("/* test */\n", gemm_body("k", t, K, N, SimtEpilogue.from_cpu(epi)),
+                       {"TS_WANT_ASYNC": 1} if t.async_copy else {})
+
+
+def _run(opencl, t, A, W, epi, extra):
+    M, K = A.shape
+    N = W.shape[1]
+    Y = output_buffer((M, N), np.float32)
+    launch = Launch("k", (ceil_div(M, t.bm), ceil_div(N, t.bn), 1), (t.threads, 1, 1),
+                    [input_buffer(A, np.float32), input_buffer(W, np.float32), Y, scalar(M), *extra])
+    _program(t, K, N, epi).run([launch])
+    return Y.array
+
+
+def _gelu(v):
+    return 0.5 * v * (1 + erf(v / np.sqrt(2)))
+
+
+@pytest.mark.parametrize("t", [LARGE, SMALL], ids=["large-async-cfg", "small-plain"])
+@pytest.mark.parametrize("K,N", [(13, 97), (97, 7), (1, 513)])
+def test_gemm_bias_gelu_matches_numpy_at_awkward_m(opencl, t, K, N):
+    rng = np.random.default_rng(K * 1000 + N)
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    for M in M_SIZES:
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        got = _run(opencl, t, A, W, Epilogue.bias_gelu(), [input_buffer(bias, np.float32)])
+        want = _gelu(A.astype(np.float64) @ W + bias)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"M={M} K={K} N={N}")
+
+
+@pytest.mark.parametrize("M", M_SIZES)
+def test_gemm_bias_residual_and_plain_store(opencl, M):
+    rng = np.random.default_rng(M)
+    K, N = 97, 13
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    res = rng.standard_normal((M, N)).astype(np.float32)
+    got = _run(opencl, LARGE, A, W, Epilogue.bias_residual(),
+               [input_buffer(bias, np.float32), input_buffer(res, np.float32)])
+    np.testing.assert_allclose(got, A.astype(np.float64) @ W + bias + res, rtol=1e-4, atol=1e-4)
+    got = _run(opencl, SMALL, A, W, None, [])
+    np.testing.assert_allclose(got, A.astype(np.float64) @ W, rtol=1e-4, atol=1e-4)
+
+
+def test_padding_lives_in_staging_only_the_store_is_guarded():
+    body = gemm_body("k", SMALL, 13, 97, SimtEpilogue())
+    inner = body[body.index("for (int kk"):body.index("fused epilogue")]
+    assert "if (" not in inner and "? " not in inner.split("for (int kk")[1].split("TS_BARRIER")[0]
+    assert ": 0.0f;" in body            # zero-filled out-of-bounds loads while staging
+    assert body.count("if (j < N_)") == 1 and "if (i >= M) break;" in body
+    # K a multiple of T_Kb and N of T_Nb: the W staging needs no check at all
+    body = gemm_body("k", SimtTile(32, 64, 8, 16, 32, 2, 8), 64, 128, SimtEpilogue())
+    assert "Bs[0][c][r] = (1) ? W" in body
+
+
+@pytest.mark.parametrize("bad", [SimtTile(64, 64, 8, 32, 32, 2, 2), SimtTile(64, 64, 8, 48, 32, 4, 8),
+                                 SimtTile(0, 64, 8, 32, 32, 4, 8)])
+def test_invalid_tiles_are_refused_with_the_reason(bad):
+    with pytest.raises(UnsupportedOperatorError, match="SIMT tile"):
+        bad.validate()
+
+
+def test_a_prologue_epilogue_is_refused_clearly():
+    epi = Epilogue("acc", a_prologue="Xa[0] = 1;")
+    with pytest.raises(UnsupportedOperatorError, match="prologue"):
+        SimtEpilogue.from_cpu(epi)
+
+
+def test_nvcc_builds_sm80_and_sm90_without_spills_and_parses_resources(nvcc):
+    from tscomp.codegen.nvcc import compile_cubin, compile_ptx
+    p = _program(LARGE, 768, 3072, Epilogue.bias_gelu())
+    for arch in ("sm_80", "sm_90"):
+        b = compile_cubin(p.cuda, arch)
+        r = b.resources["k"]
+        assert b.cubin[:4] == b"\x7fELF"
+        assert 0 < r.registers <= 255 and not b.spills
+        assert r.shared_bytes == LARGE.shared_bytes()     # the static shared tiles, double-buffered
+    ptx80 = compile_ptx(p.cuda, "sm_80")
+    assert "cp.async" in ptx80                      # the async staging path on sm_80+
+    plain = _program(SMALL, 768, 3072, Epilogue.bias_gelu())
+    assert "cp.async" not in compile_ptx(plain.cuda, "sm_80")
+    assert compile_cubin(plain.cuda, "sm_75").resources["k"].shared_bytes == SMALL.shared_bytes()
+
+
+def test_ptxas_output_is_parsed_per_kernel():
+    from tscomp.codegen.nvcc import parse_ptxas
+    text = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'a' for 'sm_80'
+ptxas info    : Function properties for a
+    16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 8256 bytes smem, 392 bytes cmem[0]
+ptxas info    : Compiling entry function 'b' for 'sm_80'
+ptxas info    : Function properties for b
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 0 barriers, 380 bytes cmem[0]
+"""
+    res = parse_ptxas(text)
+    assert (res["a"].registers, res["a"].shared_bytes, res["a"].spill_stores, res["a"].spill_loads,
+            res["a"].stack_bytes) == (255, 8256, 8, 4, 16)
+    assert (res["b"].registers, res["b"].shared_bytes, res["b"].spill_stores) == (40, 0, 0)

@@ -1,0 +1,64 @@
+"""SIMT devices: device="cuda" without pycuda/GPU is a one-line error saying which; the launch
+geometry and argument marshalling shared by both devices run here on OpenCL."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tscomp.codegen.simt.launch import Buffer, Launch, grid_stride_launch, input_buffer, output_buffer, scalar
+from tscomp.codegen.simt.program import SimtProgram
+from tscomp.runtime.device_opencl import DeviceError, device
+
+
+@pytest.fixture(scope="module")
+def opencl():
+    pytest.importorskip("pyopencl", reason="pyopencl missing: install the 'opencl' extra")
+    try:
+        return device("opencl")
+    except DeviceError as exc:
+        pytest.skip(f"no OpenCL runtime: {exc}")
+
+
+def test_cuda_device_without_gpu_or_pycuda_is_a_clear_one_line_error():
+    try:
+        import pycuda.driver  # noqa: F401
+        pytest.skip("pycuda is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(DeviceError) as exc:
+        device("cuda")
+    msg = str(exc.value)
+    assert "\n" not in msg and "pycuda" in msg and "device='cuda'" in msg
+
+
+def test_unknown_device_is_refused():
+    with pytest.raises(DeviceError, match="unknown SIMT device 'vulkan'"):
+        device("vulkan")
+
+
+def test_launch_geometry_and_marshalling():
+    launch = Launch("k", (3, 2, 1), (128, 1, 1), [scalar(5)])
+    assert launch.global_size == (384, 2, 1) and not launch.empty
+    assert Launch("k", (0, 2, 1), (128, 1, 1)).empty
+    g = grid_stride_launch("k", 1000, [], block=256)
+    assert g.grid == (4, 1, 1) and g.block == (256, 1, 1)
+    assert grid_stride_launch("k", 0, []).grid == (1, 1, 1)
+    b = input_buffer(np.arange(6, dtype=np.int32).reshape(2, 3).T, np.float32)   # non-contiguous, other dtype
+    assert b.array.dtype == np.float32 and b.array.flags.c_contiguous and b.upload and not b.download
+    assert input_buffer(np.zeros((0, 4), np.float32), np.float32).array.size == 1   # never a 0-byte buffer
+    o = output_buffer((2, 2), np.float32)
+    assert o.download and not o.upload
+
+
+def test_one_buffer_object_is_one_device_allocation_across_launches(opencl):
+    body = """TS_KERNEL void fill(TS_GLOBAL float* TS_RESTRICT y, const int64_t n)
+{ for (int64_t i = TS_BLOCK(0) * TS_NTHREADS(0) + TS_THREAD(0); i < n; i += TS_NBLOCKS(0) * TS_NTHREADS(0)) y[i] = (float)i; }
+TS_KERNEL void twice(TS_GLOBAL float* TS_RESTRICT y, TS_GLOBAL float* TS_RESTRICT z, const int64_t n)
+{ for (int64_t i = TS_BLOCK(0) * TS_NTHREADS(0) + TS_THREAD(0); i < n; i += TS_NBLOCKS(0) * TS_NTHREADS(0)) z[i] = 2 * y[i]; }
+"""
+    n = 1000
+    scratch = Buffer(np.empty(n, np.float32), upload=False)
+    out = output_buffer((n,), np.float32)
+    SimtProgram("/* t */\n", body).run([grid_stride_launch("fill", n, [scratch, scalar(n)], block=64),
+                                        grid_stride_launch("twice", n, [scratch, out, scalar(n)], block=64)])
+    np.testing.assert_array_equal(out.array, 2 * np.arange(n, dtype=np.float32))

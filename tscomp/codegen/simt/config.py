@@ -1,0 +1,78 @@
+"""The SIMT tile configuration (TSCompiler §5.1, Fig. 4): block tile ⟨T_Mb, T_Nb, T_Kb⟩ staged in
+shared memory, warp tile ⟨T_Mw, T_Nw⟩ (a warp's 32 threads cover it), thread register tile
+⟨T_Mi, T_Ni⟩; ``async_copy`` asks for the sm_80+ ``cp.async`` double-buffered staging path
+(§5.4), compiled where the architecture has it, the plain path elsewhere (and on OpenCL)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tscomp.errors import UnsupportedOperatorError
+
+WARP = 32
+#: shared-memory row padding of the (k-major, transposed while staging) A tile: conflict-free stores
+A_PAD = 1
+
+
+@dataclass(frozen=True)
+class SimtTile:
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+    tm: int
+    tn: int
+    async_copy: bool = False
+
+    def validate(self) -> "SimtTile":
+        bad = []
+        if any(v <= 0 for v in (self.bm, self.bn, self.bk, self.wm, self.wn, self.tm, self.tn)):
+            bad.append("every extent must be positive")
+        elif self.bm % self.wm or self.bn % self.wn:
+            bad.append("the block tile must be a whole number of warp tiles")
+        elif self.wm % self.tm or self.wn % self.tn:
+            bad.append("the warp tile must be a whole number of thread tiles")
+        elif (self.wm // self.tm) * (self.wn // self.tn) != WARP:
+            bad.append(f"a warp tile must hold {WARP} thread tiles, not {(self.wm // self.tm) * (self.wn // self.tn)}")
+        if bad:
+            raise UnsupportedOperatorError(f"SIMT tile {self.describe()}: {bad[0]}")
+        return self
+
+    @property
+    def warps(self) -> int:
+        return (self.bm // self.wm) * (self.bn // self.wn)
+
+    @property
+    def threads(self) -> int:
+        return self.warps * WARP
+
+    @property
+    def stages(self) -> int:
+        return 2 if self.async_copy else 1
+
+    def shared_bytes(self) -> int:
+        """Static shared memory of one block (A tile k-major with padding, B tile)."""
+        return 4 * self.stages * self.bk * ((self.bm + A_PAD) + self.bn)
+
+    def accumulators(self) -> int:
+        return self.tm * self.tn
+
+    def describe(self) -> str:
+        return (f"block <{self.bm}, {self.bn}, {self.bk}>, warp <{self.wm}, {self.wn}>, thread <{self.tm}, {self.tn}>, "
+                f"{self.threads} threads, {'cp.async double-buffered' if self.async_copy else 'plain'} staging")
+
+    def slug(self) -> str:
+        return f"b{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}" + ("_async" if self.async_copy
+                                                                                              else "")
+
+    def to_json(self) -> dict:
+        return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "wm": self.wm, "wn": self.wn, "tm": self.tm,
+                "tn": self.tn, "async_copy": self.async_copy}
+
+    @classmethod
+    def from_json(cls, d) -> "SimtTile":
+        return cls(**{k: d[k] for k in ("bm", "bn", "bk", "wm", "wn", "tm", "tn")},
+                   async_copy=bool(d.get("async_copy", False)))
+
+
+__all__ = ["A_PAD", "SimtTile", "WARP"]

@@ -1,0 +1,232 @@
+"""SIMT GEMM macro-kernel with a constant weight and a fused epilogue (TSCompiler §5.1 tiling
+hierarchy, §5.4 asynchronous double buffering; DietCode §4.1 local padding).
+
+``Y[M, N] = epilogue(A[M, K] · W[K, N])`` with K and N static and M a run-time argument:
+
+* one block per ⟨T_Mb, T_Nb⟩ output tile (grid x: M blocks, grid y: N blocks);
+* the K loop stages ⟨T_Mb, T_Kb⟩ of A (transposed, k-major, one padding column against bank
+  conflicts) and ⟨T_Kb, T_Nb⟩ of W in shared memory; out-of-range elements are *zero-filled
+  while staging* (local padding), so the inner product has no bounds checks;
+* warps own ⟨T_Mw, T_Nw⟩ sub-tiles, each thread a ⟨T_Mi, T_Ni⟩ register tile of accumulators;
+* staging path selected by macro in the one source: ``TS_ASYNC_COPY`` (CUDA sm_80+, when the
+  configuration asks for it) double-buffers with ``__pipeline_memcpy_async`` (cp.async, zero-fill
+  for the padding) so the next tile's copy overlaps this tile's math; otherwise (OpenCL, older
+  architectures) plain loads, one buffer;
+* the fused epilogue (the expression IR's C statements over ``acc``, ``i``, ``j``: bias, GELU,
+  residual, masks, column-range side outputs) runs on the registers; the single store is the only
+  guarded access;
+* a fused row reduction (LayerNorm after the residual add) is a second kernel in the same
+  program, ``<name>_rows``, one thread per row over the finished Y (the CPU row pass's statements).
+
+Everything here is text: :func:`gemm_body` is pure (the analytic ranking may call it freely).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tscomp.codegen.simt.config import A_PAD, WARP, SimtTile
+from tscomp.codegen.simt.dialect import hoist_statics
+from tscomp.errors import UnsupportedOperatorError
+
+_PTR = {"const float*": "TS_GLOBAL const float* TS_RESTRICT", "float*": "TS_GLOBAL float* TS_RESTRICT",
+        "const int64_t*": "TS_GLOBAL const int64_t* TS_RESTRICT", "const int32_t*": "TS_GLOBAL const int32_t* TS_RESTRICT",
+        "int64_t": "const int64_t", "float": "const float"}
+
+
+@dataclass(frozen=True)
+class SimtEpilogue:
+    """What the GEMM kernel fuses, in the CPU epilogue's terms (:class:`~tscomp.codegen.cpu_gemm.Epilogue`):
+    ``expr`` (float over ``acc``, ``i``, ``j``), ``body`` statements run first, ``args``
+    (name, C type), ``tables`` file-scope constant tables, ``row_pass`` statements over rows
+    ``[m0, m0 + mv)`` of Y, ``label``/``row_label`` for the header."""
+    expr: str = "acc"
+    body: str = ""
+    args: tuple = ()
+    tables: tuple = ()
+    row_pass: str = ""
+    label: str = "store"
+    row_label: str = ""
+
+    @classmethod
+    def from_cpu(cls, epi) -> "SimtEpilogue":
+        """From a CPU :class:`~tscomp.codegen.cpu_gemm.Epilogue` (None: a plain store). The A prologue
+        is refused: it belongs in the staging of A, which this kernel does not do yet."""
+        if epi is None:
+            return cls()
+        if epi.a_prologue.strip():
+            raise UnsupportedOperatorError("an A operand computed in the group (prologue) is not staged by the SIMT "
+                                           "GEMM yet")
+        tables, _ = hoist_statics(epi.prelude.splitlines())
+        btables, body = hoist_statics(epi.body.splitlines())
+        rtables, rows = hoist_statics(epi.row_pass.splitlines())
+        rows = [line for line in rows if not line.strip().startswith("#pragma omp")]
+        for text in body + rows:
+            if "malloc(" in text:
+                raise UnsupportedOperatorError("an epilogue that allocates a row buffer")
+        return cls(epi.expr, "\n".join(body), tuple((a.name, a.ctype) for a in epi.args),
+                   tuple(dict.fromkeys(tables + btables + rtables)), "\n".join(rows), epi.label, epi.row_label)
+
+    def params(self) -> str:
+        out = []
+        for name, ctype in self.args:
+            if ctype not in _PTR:
+                raise UnsupportedOperatorError(f"epilogue argument {name} of C type {ctype}")
+            out.append(f", {_PTR[ctype]} {name}")
+        return "".join(out)
+
+
+def _indent(text: str, n: int) -> str:
+    pad = " " * n
+    return "\n".join(pad + line if line.strip() else line for line in text.splitlines())
+
+
+def _stage(t: SimtTile, K: int, N: int, buf: str, k0: str, copy: str) -> str:
+    """Statements staging A[m0:m0+T_Mb, k0:k0+T_Kb] (k-major) and W[k0:k0+T_Kb, n0:n0+T_Nb] into
+    shared buffer ``buf``, zero-filling what lies outside (local padding). ``copy`` is "plain" or
+    "async" (cp.async with zero-fill; the source address is clamped into the tensor)."""
+    nt = t.threads
+    a_ok = "gm < M" + ("" if K % t.bk == 0 else " && gk < K_")
+    b_ok = " && ".join(c for c in ("" if K % t.bk == 0 else "gk < K_", "" if N % t.bn == 0 else "gn < N_") if c) or "1"
+    if copy == "plain":
+        a_st = f"As[{buf}][c][r] = ({a_ok}) ? A[gm * K_ + gk] : 0.0f;"
+        b_st = f"Bs[{buf}][c][r] = ({b_ok}) ? W[gk * N_ + gn] : 0.0f;"
+    else:
+        a_st = f"TS_COPY_ASYNC(&As[{buf}][c][r], &A[({a_ok}) ? gm * K_ + gk : 0], {a_ok});"
+        b_st = f"TS_COPY_ASYNC(&Bs[{buf}][c][r], &W[({b_ok}) ? gk * N_ + gn : 0], {b_ok});"
+    return f"""for (int64_t e = tid; e < {t.bm * t.bk}; e += {nt}) {{   /* A tile, coalesced along k */
+    const int64_t r = e / {t.bk}, c = e % {t.bk};
+    const int64_t gm = m0 + r, gk = {k0} + c;
+    {a_st}
+}}
+for (int64_t e = tid; e < {t.bk * t.bn}; e += {nt}) {{   /* W tile, coalesced along n */
+    const int64_t c = e / {t.bn}, r = e % {t.bn};
+    const int64_t gk = {k0} + c, gn = n0 + r;
+    {b_st}
+}}"""
+
+
+def _compute(t: SimtTile, buf: str) -> str:
+    return f"""#pragma unroll
+for (int kk = 0; kk < {t.bk}; ++kk) {{
+    float a[{t.tm}], b[{t.tn}];
+#pragma unroll
+    for (int r = 0; r < {t.tm}; ++r) a[r] = As[{buf}][kk][tr + r];
+#pragma unroll
+    for (int s = 0; s < {t.tn}; ++s) b[s] = Bs[{buf}][kk][tc + s];
+#pragma unroll
+    for (int r = 0; r < {t.tm}; ++r)
+#pragma unroll
+        for (int s = 0; s < {t.tn}; ++s) c[r][s] = fmaf(a[r], b[s], c[r][s]);
+}}"""
+
+
+def gemm_body(name: str, t: SimtTile, K: int, N: int, epi: SimtEpilogue | None = None, *,
+              y_arg: str = "Y") -> str:
+    """The dialect-neutral SIMT text of the GEMM macro-kernel ``name`` (and ``name_rows`` when the
+    epilogue has a row pass)."""
+    t = t.validate()
+    epi = epi or SimtEpilogue()
+    kt = -(-K // t.bk)
+    lanes_n = t.wn // t.tn
+    warps_n = t.bn // t.wn
+    names = {n for n, _ in epi.args}
+    consts = "".join(f"const int64_t {v} = {val}; " for v, val in (("N", N), ("K", K)) if v not in names)
+    elem = f"""{{
+    const float acc = c[r][s];
+    {consts}
+{_indent(epi.body, 4)}
+    Y[i * N_ + j] = {epi.expr};
+}}"""
+    plain = f"""for (int64_t k0 = 0; k0 < K_; k0 += {t.bk}) {{
+{_indent(_stage(t, K, N, "0", "k0", "plain"), 4)}
+    TS_BARRIER();
+{_indent(_compute(t, "0"), 4)}
+    TS_BARRIER();
+}}"""
+    staging = plain
+    if t.async_copy:
+        staging = f"""#if TS_ASYNC_COPY
+/* cp.async double buffering: the copy of tile kt+1 overlaps the math on tile kt */
+{_stage(t, K, N, "0", "0", "async")}
+TS_COPY_COMMIT();
+for (int64_t kt = 0; kt < {kt}; ++kt) {{
+    const int cur = (int)(kt & 1);
+    if (kt + 1 < {kt}) {{
+        const int64_t k1 = (kt + 1) * {t.bk};
+        const int nxt = cur ^ 1;
+{_indent(_stage(t, K, N, "nxt", "k1", "async"), 8)}
+    }}
+    TS_COPY_COMMIT();
+    TS_COPY_WAIT(1);
+    TS_BARRIER();
+{_indent(_compute(t, "cur"), 4)}
+    TS_BARRIER();
+}}
+#else
+/* plain staging (OpenCL, architectures without cp.async) */
+{plain}
+#endif"""
+    tables = "\n".join(epi.tables) + ("\n" if epi.tables else "")
+    text = f"""{tables}TS_KERNEL void {name}(TS_GLOBAL const float* TS_RESTRICT A, TS_GLOBAL const float* TS_RESTRICT W,
+        TS_GLOBAL float* TS_RESTRICT {y_arg}, const int64_t M{epi.params()})
+{{
+    const int64_t K_ = {K}, N_ = {N};
+    TS_SHARED float As[{t.stages}][{t.bk}][{t.bm + A_PAD}];   /* A tile, k-major, zero-padded */
+    TS_SHARED float Bs[{t.stages}][{t.bk}][{t.bn}];   /* W tile, zero-padded */
+    const int64_t tid = TS_THREAD(0);
+    const int64_t m0 = TS_BLOCK(0) * {t.bm}, n0 = TS_BLOCK(1) * {t.bn};
+    const int64_t warp = tid / {WARP}, lane = tid % {WARP};
+    /* this thread's register tile inside the block tile: warp tile, then lane */
+    const int tr = (int)((warp / {warps_n}) * {t.wm} + (lane / {lanes_n}) * {t.tm});
+    const int tc = (int)((warp % {warps_n}) * {t.wn} + (lane % {lanes_n}) * {t.tn});
+    float c[{t.tm}][{t.tn}];
+#pragma unroll
+    for (int r = 0; r < {t.tm}; ++r)
+#pragma unroll
+        for (int s = 0; s < {t.tn}; ++s) c[r][s] = 0.0f;
+{_indent(staging, 4)}
+    /* fused epilogue ({epi.label}) on the registers; the one guarded store */
+#pragma unroll
+    for (int r = 0; r < {t.tm}; ++r) {{
+        const int64_t i = m0 + tr + r;
+        if (i >= M) break;
+#pragma unroll
+        for (int s = 0; s < {t.tn}; ++s) {{
+            const int64_t j = n0 + tc + s;
+            if (j < N_)
+{_indent(elem, 12)}
+        }}
+    }}
+}}
+"""
+    text = text.replace("Y[i * N_ + j]", f"{y_arg}[i * N_ + j]")
+    if epi.row_pass.strip():
+        text += f"""
+/* row pass ({epi.row_label or 'row reduction'}): one thread per finished row of Y */
+TS_KERNEL void {name}_rows(TS_GLOBAL float* TS_RESTRICT Y, const int64_t M{epi.params()})
+{{
+    const int64_t m0 = TS_BLOCK(0) * TS_NTHREADS(0) + TS_THREAD(0);
+    if (m0 >= M) return;
+    const int64_t mv = 1;
+{_indent(epi.row_pass, 4)}
+}}
+"""
+    return text
+
+
+def check_identifiers(text: str) -> None:
+    """Refuse C the SIMT dialects cannot take (OpenMP pragmas, heap allocation, traps)."""
+    for bad in ("#pragma omp", "malloc(", "__builtin_trap", "__atomic"):
+        if bad in text:
+            raise UnsupportedOperatorError(f"SIMT text contains {bad!r}")
+
+
+_FUNC = re.compile(r"\W")
+
+
+def kernel_name(group_name: str, t: SimtTile) -> str:
+    return "tscomp_simt_" + _FUNC.sub("_", group_name) + "_" + t.slug()
+
+
+__all__ = ["SimtEpilogue", "check_identifiers", "gemm_body", "kernel_name"]

@@ -1,0 +1,160 @@
+"""The SIMT gemm family's source and executor steps: a fused gemm group's target-neutral analysis
+(:class:`~tscomp.codegen.cpu_gemm_group.GemmGroupAnalysis`, shared with the CPU family) + a
+:class:`~.config.SimtTile` → one SIMT program (:mod:`.gemm`) rendered as CUDA and OpenCL, and the
+executor that launches it on a SIMT device (TSCompiler §5.1 tiles, §6 grid = blocks of the shape).
+
+The weight is stored unpacked ([K, N] row-major float32: the kernel stages it tile by tile); the
+A operand through views that are not the identity on memory is made contiguous on the host, as the
+CPU family does. ``run(env, binding)`` executes on ``self.device`` (``"opencl"`` by default; the
+runtime may set ``"cuda"``)."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from tscomp.codegen.kernel import KernelBase
+from tscomp.codegen.simt.config import SimtTile
+from tscomp.codegen.simt.gemm import SimtEpilogue, check_identifiers, gemm_body, kernel_name
+from tscomp.codegen.simt.launch import Buffer, Launch, ceil_div, input_buffer, output_buffer, scalar
+from tscomp.codegen.simt.program import SimtProgram, header_comment
+from tscomp.errors import ExecutionError, UnsupportedOperatorError
+from tscomp.graph.views import apply_view
+
+ROW_BLOCK = 64
+
+
+def gemm_program(analysis, t: SimtTile) -> SimtProgram:
+    """The source step (pure): the SIMT program of ``analysis`` under ``t``."""
+    t = t.validate()
+    name = kernel_name(analysis.group.name, t)
+    epi = SimtEpilogue.from_cpu(analysis.epilogue)
+    body = gemm_body(name, t, analysis.K, analysis.N, epi)
+    check_identifiers(body)
+    lines = analysis.header(_CpuLabel(t)).strip().strip("/*").strip().splitlines()
+    lines = [ln.lstrip(" *") for ln in lines if ln.strip(" *")]
+    lines.append("SIMT: local padding while staging (zero-filled out-of-bounds loads), one guarded store; "
+                 + ("cp.async double buffering under TS_ASYNC_COPY (sm_80+), plain staging otherwise"
+                    if t.async_copy else "plain staging"))
+    if epi.row_pass.strip():
+        lines.append(f"row pass kernel {name}_rows: one thread per row ({epi.row_label})")
+    return SimtProgram(header_comment(lines), body, {"TS_WANT_ASYNC": 1} if t.async_copy else {})
+
+
+class _CpuLabel:
+    """Lets the shared analysis' header print the SIMT tile configuration."""
+
+    def __init__(self, t: SimtTile):
+        self.t = t
+
+    def describe(self) -> str:
+        return "SIMT " + self.t.describe()
+
+
+class SimtGemmGroup(KernelBase):
+    """Executor of one SIMT gemm-group kernel (the :class:`~tscomp.codegen.kernel.Kernel` contract)."""
+
+    family = "simt-gemm"
+    target = "cuda"
+    takes_out = False
+
+    def __init__(self, analysis, t: SimtTile, device: str = "opencl"):
+        self.analysis = analysis
+        self.group = analysis.group
+        self.symtab = analysis.symtab
+        try:
+            self.cfg = t.validate()
+            self.program = gemm_program(analysis, self.cfg)
+        except UnsupportedOperatorError as exc:
+            raise UnsupportedOperatorError(f"group {analysis.group.name}: {exc}") from None
+        self.func = kernel_name(analysis.group.name, self.cfg)
+        self.source = self.program.cuda
+        self.K, self.N, self.M = analysis.K, analysis.N, analysis.M
+        self.weight_name = analysis.weight_name
+        self.packed = np.ascontiguousarray(analysis.W, dtype=np.float32)
+        self.has_row_pass = analysis.has_row_pass
+        self.device = device
+        self.ptxas: dict = {}          # arch -> {kernel: resources}, filled by the CUDA build
+        self.paths_run: set[str] = set()
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "analysis"}
+
+    # ------------------------------------------------------------------ what the schedule/runtime read
+    def resources(self) -> dict[str, int]:
+        out = {"threads": self.cfg.threads, "shared_bytes": self.cfg.shared_bytes()}
+        for arch, res in sorted(self.ptxas.items()):
+            r = res.get(self.func)
+            if r is not None:
+                out[f"{arch}_registers"] = r.registers
+                out[f"{arch}_shared_bytes"] = r.shared_bytes
+                out[f"{arch}_spill_bytes"] = r.spill_stores + r.spill_loads
+        return out
+
+    def blocks(self, M: int) -> tuple[int, int]:
+        return ceil_div(M, self.cfg.bm), ceil_div(self.N, self.cfg.bn)
+
+    def tasks(self, binding: Mapping[str, int]) -> int:
+        gm, gn = self.blocks(int(self.symtab.evaluate(self.M, dict(binding))))
+        return gm * gn
+
+    # ------------------------------------------------------------------ launch
+    def launches(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]):
+        """(launches, outputs): the grid from M and the tile, the arguments in kernel order."""
+        an, plain = self.analysis, dict(binding)
+
+        def ev(x) -> int:
+            return int(self.symtab.evaluate(x, plain))
+
+        M = ev(self.M)
+        a = np.asarray(env[an.a_input])
+        for v in an.a_chain:
+            a = apply_view(a, v.op, ev)
+        if a.dtype != np.float32:
+            raise ExecutionError(f"group {self.group.name}: A operand {an.a_input!r} is {a.dtype}, expected float32")
+        A = input_buffer(a.reshape(M, self.K), np.float32)
+        outputs = {name: output_buffer(tuple(ev(d) for d in shape), np.float32)
+                   for name, shape in an.out_shapes.items()}
+        Y = outputs[an.y_output] if an.y_output is not None else Buffer(np.empty((M, self.N), np.float32), False)
+        extra = []
+        for role, name, info in an.arg_roles:
+            if role == "input":
+                extra.append(input_buffer(env[name], info))
+            elif role == "output":
+                extra.append(outputs[name])
+            else:
+                extra.append(scalar(ev(info)))
+        gm, gn = self.blocks(M)
+        launches = [Launch(self.func, (gm, gn, 1), (self.cfg.threads, 1, 1),
+                           [A, input_buffer(self.packed, np.float32), Y, scalar(M), *extra])]
+        if self.has_row_pass:
+            Y.download = True
+            launches.append(Launch(self.func + "_rows", (ceil_div(M, ROW_BLOCK), 1, 1), (ROW_BLOCK, 1, 1),
+                                   [Y, scalar(M), *extra]))
+        return launches, {name: b.array for name, b in outputs.items()}
+
+    def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
+        launches, outputs = self.launches(env, binding)
+        self.program.run(launches, self.device)
+        self.paths_run.add("async" if self.cfg.async_copy and self.device == "cuda" else "plain")
+        return outputs
+
+    __call__ = run
+
+
+def heuristic_tiles(analysis, target=None, limit: int = 2) -> list[SimtTile]:
+    """A large-M tile and a small-M tile (the analytic ranking of :mod:`tscomp.schedule.gpu_space`
+    replaces this where the schedule stage runs)."""
+    async_ok = target is None or getattr(getattr(target, "spec", None), "cp_async", True)
+    tiles = [SimtTile(64, 64, 16, 32, 32, 4, 8, async_copy=async_ok), SimtTile(32, 64, 16, 16, 32, 2, 8)]
+    return tiles[:limit]
+
+
+def build_simt_gemm(analysis, t: SimtTile) -> SimtGemmGroup:
+    try:
+        return SimtGemmGroup(analysis, t)
+    except UnsupportedOperatorError as exc:
+        raise UnsupportedOperatorError(f"group {analysis.group.name}: {exc}") from None
+
+
+__all__ = ["SimtGemmGroup", "build_simt_gemm", "gemm_program", "heuristic_tiles"]

@@ -1,0 +1,73 @@
+"""Launch geometry and argument marshalling shared by every SIMT device (DESIGN.md "runtime":
+execute on cuda (pycuda) | opencl (pyopencl); TSCompiler §6: the grid of a macro-kernel is a
+function of the concrete shape and the tile configuration).
+
+A SIMT executor turns (group inputs, symbol binding) into a list of :class:`Launch` es: the kernel
+entry point, the grid and block extents, and the arguments in order — device buffers named by
+role (an input array uploaded, an output or scratch array allocated and read back) and scalars
+(``int64_t`` symbol values, M). A device (:mod:`tscomp.runtime.device_opencl`, the pycuda one)
+only maps these to its API; nothing here imports a GPU library.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Buffer:
+    """One array argument: ``array`` uploaded before the launch when ``upload``; read back into
+    ``array`` after it when ``download``. The same Buffer object in two launches is one device
+    allocation (a scratch the second kernel reads)."""
+    array: np.ndarray
+    upload: bool = True
+    download: bool = False
+
+
+@dataclass
+class Launch:
+    kernel: str                              # entry point in the program
+    grid: tuple[int, int, int]               # blocks per axis
+    block: tuple[int, int, int]              # threads per block per axis
+    args: list = field(default_factory=list)  # Buffer | np.int64 (scalars are 64-bit)
+
+    @property
+    def global_size(self) -> tuple[int, int, int]:
+        """OpenCL's NDRange: grid × block per axis."""
+        return tuple(g * b for g, b in zip(self.grid, self.block))
+
+    @property
+    def empty(self) -> bool:
+        return any(g == 0 for g in self.grid)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def scalar(v) -> np.int64:
+    return np.int64(int(v))
+
+
+def input_buffer(arr, dtype) -> Buffer:
+    """A read-only argument from a host array (made contiguous in the kernel's element type)."""
+    a = np.asarray(arr)
+    if a.dtype != dtype or not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a, dtype=dtype)
+    if a.size == 0:
+        a = np.zeros(1, dtype)   # devices refuse zero-byte buffers; nothing reads it
+    return Buffer(a, upload=True)
+
+
+def output_buffer(shape, dtype) -> Buffer:
+    return Buffer(np.empty(shape, dtype), upload=False, download=True)
+
+
+def grid_stride_launch(kernel: str, total: int, args: list, block: int = 256, max_blocks: int = 4096) -> Launch:
+    """A 1-D launch for ``total`` independent items walked by a grid-stride loop."""
+    blocks = max(1, min(max_blocks, ceil_div(max(total, 1), block)))
+    return Launch(kernel, (blocks, 1, 1), (block, 1, 1), args)
+
+
+__all__ = ["Buffer", "Launch", "ceil_div", "grid_stride_launch", "input_buffer", "output_buffer", "scalar"]

@@ -1,0 +1,41 @@
+"""A SIMT program: header + one dialect-neutral body, rendered per dialect (:mod:`.dialect`), run on
+a SIMT device (:mod:`tscomp.runtime.device_opencl`) from :class:`~.launch.Launch` lists."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tscomp.codegen.simt.dialect import CUDA, DIALECTS, OPENCL
+
+
+@dataclass(frozen=True)
+class SimtProgram:
+    header: str                     # a C comment: group, fused ops, tile configuration
+    body: str                       # the dialect-neutral text (kernels, constant tables)
+    defines: dict = field(default_factory=dict, hash=False, compare=False)   # configuration macros
+
+    def source(self, dialect: str = "cuda") -> str:
+        return DIALECTS[dialect].render(self.header, self.body, self.defines)
+
+    @property
+    def cuda(self) -> str:
+        return CUDA.render(self.header, self.body, self.defines)
+
+    @property
+    def opencl(self) -> str:
+        return OPENCL.render(self.header, self.body, self.defines)
+
+    def run(self, launches, device: str = "opencl") -> None:
+        from tscomp.runtime.device_opencl import device as get_device
+        dev = get_device(device)
+        if device == "opencl":
+            dev.run_launches(self.opencl, launches)
+        else:   # pragma: no cover - needs a GPU
+            from tscomp.codegen.nvcc import compile_cubin, default_arch_of_device
+            dev.run_launches(compile_cubin(self.cuda, default_arch_of_device()).cubin, launches)
+
+
+def header_comment(lines: list[str]) -> str:
+    return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */\n"
+
+
+__all__ = ["SimtProgram", "header_comment"]
