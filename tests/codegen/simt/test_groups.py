@@ -1,0 +1,25 @@
+"""SIMT row-reduction and elementwise groups (grid-stride elements, one thread per row) of the tiny
+exported models, run as OpenCL against the Plan interpreter at sequence 1 and a prime."""
+from __future__ import annotations
+
+import pytest
+
+from tests.codegen.plan_runs import check_against_interpreter, model_plan
+from tscomp.codegen.simt.dialect import body_of
+from tscomp.codegen.simt.groups import SimtGroup, simt_group_source
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_row_and_elementwise_groups_match_the_interpreter(opencl, exported_model, family):
+    plan, ranges = model_plan(exported_model, family, "dynamo")
+    kernels = {g.name: SimtGroup(simt_group_source(plan, g)) for g in plan.groups
+               if g.kind in ("elementwise", "reduce")}
+    kinds = {g.kind for g in plan.groups if g.name in kernels}
+    assert kinds == {"elementwise", "reduce"}
+    assert check_against_interpreter(plan, family, ranges, kernels) == 2 * len(kernels)
+    for k in kernels.values():
+        body = body_of(k.program.opencl)
+        assert "#pragma omp" not in body and "malloc" not in body
+        assert "TS_BLOCK(0) * TS_NTHREADS(0) + TS_THREAD(0)" in body      # grid-stride loop
+        assert k.source.startswith("/*\n * tscomp SIMT kernel for fused group")
