@@ -247,3 +247,21 @@ def test_a_computed_weight_and_a_3d_conv_are_refused_with_the_reason(tmp_path):
     assert why.startswith("group ") and "weight is not a constant" in why
     why = _refusal(tmp_path, conv3d, ["batch=1:3", "D=1:9", "H=1:20", "W=1:20"])
     assert "3-D convolution is not compiled" in why
+
+
+# ------------------------------------------------------------------ the real models
+@pytest.mark.models
+@pytest.mark.parametrize("family,exporter", [pytest.param(f, e, id=f"{f}-{e}") for f in ("resnet", "vit")
+                                             for e in ("dynamo", "torchscript")])
+def test_every_conv_and_pool_group_of_the_tiny_cnn_and_vit_gets_a_native_family(exported_model, family, exporter):
+    from models.families import symbol_ranges
+    ranges = symbol_ranges(family, "tiny")
+    path = exported_model(family, "tiny", exporter)
+    plan = fuse(load_model(str(path), [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()]))
+    pooling = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
+    groups = [g for g in plan.groups if g.backbone == "Conv" or {o.op_type for o in g.ops()} & pooling]
+    assert groups
+    for g in groups:
+        choice = choose_family(plan, g)
+        assert choice.family is not None and choice.family.name in ("conv", "conv-depthwise", "pool"), \
+            (g.name, choice.reasons)

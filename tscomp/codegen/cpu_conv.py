@@ -422,7 +422,8 @@ def conv_candidate_configs(isa: str, OCg: int, K: int, *, caches: CacheSizes | N
     """Hardware-aligned tiles for an implicit-GEMM Conv ``[OCg, K] · [K, P]`` (TSCompiler §5.1's
     hardware-aligned population): register tiles from :data:`CONV_TILES` ranked by the padding
     they waste on OCg; ``kc`` so that a ``kc × nr`` column panel and an ``mr × kc`` weight panel
-    fill half of L1; ``mc`` up to 64 channels (more tasks for the late stages' small P); ``nc``
+    fill half of L1; ``mc``: OCg cut into balanced blocks of at most ~96 channels (more tasks for the
+    late stages' small P); ``nc``
     positions so the gathered ``kc × nc`` block stays within a quarter of L2, in a wide and a
     narrow variant (few large positions blocks for big images, more tasks for small ones)."""
     if isa not in VECTOR_WIDTH:
@@ -435,7 +436,7 @@ def conv_candidate_configs(isa: str, OCg: int, K: int, *, caches: CacheSizes | N
         kc_cap = max(8, (caches.l1 // 2) // (4 * (nr + mr)) // 8 * 8)
         kc = K if K <= kc_cap else _round_up(-(-K // -(-K // kc_cap)), 8)
         kc = min(kc, K)
-        mc = min(_round_up(OCg, mr), mr * max(1, 64 // mr))
+        mc = _round_up(-(-OCg // -(-OCg // 96)), mr)     # <= ~96 channels per block, blocks balanced
         nc_cap = max(nr, (caches.l2 // 4) // (4 * kc) // nr * nr)
         for nc in (min(nc_cap, _round_up(256, nr)), min(nc_cap, _round_up(64, nr))):
             cfg = TileConfig(mr=mr, nr=nr, mc=mc, nc=max(nr, nc), kc=kc)
