@@ -23,3 +23,22 @@ def test_row_and_elementwise_groups_match_the_interpreter(opencl, exported_model
         assert "#pragma omp" not in body and "malloc" not in body
         assert "TS_BLOCK(0) * TS_NTHREADS(0) + TS_THREAD(0)" in body      # grid-stride loop
         assert k.source.startswith("/*\n * tscomp SIMT kernel for fused group")
+
+
+@pytest.mark.models
+def test_batched_gemm_groups_match_the_interpreter(opencl, exported_model):
+    from tscomp.codegen.cpu_batched_gemm import BatchedGemmAnalysis
+    from tscomp.codegen.simt.batched import SimtBatchedGemm
+    from tscomp.errors import UnsupportedOperatorError
+    plan, ranges = model_plan(exported_model, "bert", "torchscript")
+    kernels = {}
+    for g in plan.groups:
+        if g.kind == "gemm":
+            try:
+                kernels[g.name] = SimtBatchedGemm(BatchedGemmAnalysis(plan, g))
+            except UnsupportedOperatorError as exc:
+                assert "constant weight" in str(exc)
+    assert len(kernels) == 4          # QK^T and PV of both layers
+    assert check_against_interpreter(plan, "bert", ranges, kernels) == 2 * len(kernels)
+    for k in kernels.values():
+        assert "prologue (while staging)" in k.source and "float v = 0.0f;" in k.program.body

@@ -1,0 +1,119 @@
+"""The SIMT kernel families (the CUDA target's counterpart of :mod:`tscomp.codegen.families`): which
+family compiles which fused group, from the same target-neutral analyses as the CPU families, and a
+whole-Plan executor on a SIMT device (DESIGN.md "Kernel family", "runtime": opencl | cuda).
+
+    simt-gemm                 constant-weight MatMul/Gemm + fused epilogue (+ row pass)
+    simt-batched-gemm         two activation operands (QKᵀ, PV), prologue while staging
+    simt-row-or-elementwise   elementwise/injective groups and row reductions
+
+A group none accepts runs on the numpy fallback with every family's reason (the same rule as the
+CPU target). :func:`simt_kernels` builds nothing but text; :func:`build_cuda` compiles every
+kernel with nvcc for the requested architectures and records ptxas resources on it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from tscomp.codegen.interpreted import InterpretedGroup
+from tscomp.errors import UnsupportedOperatorError
+from tscomp.graph.fusion.plan import Group, Plan
+
+
+@dataclass(frozen=True)
+class SimtFamily:
+    name: str
+    kinds: tuple[str, ...]
+    build: Callable[[Plan, Group, object], object]     # (plan, group, tile or None) -> SIMT executor
+
+
+def _gemm(plan, group, tile):
+    from tscomp.codegen.cpu_gemm_group import GemmGroupAnalysis
+    from tscomp.codegen.simt.gemm_group import SimtGemmGroup, heuristic_tiles
+    return SimtGemmGroup(GemmGroupAnalysis(plan, group), tile or heuristic_tiles(None)[0])
+
+
+def _batched(plan, group, tile):
+    from tscomp.codegen.cpu_batched_gemm import BatchedGemmAnalysis
+    from tscomp.codegen.simt.batched import DEFAULT_TILE, SimtBatchedGemm
+    return SimtBatchedGemm(BatchedGemmAnalysis(plan, group), tile or DEFAULT_TILE)
+
+
+def _rows(plan, group, tile):
+    from tscomp.codegen.simt.groups import SimtGroup, simt_group_source
+    return SimtGroup(simt_group_source(plan, group))
+
+
+SIMT_FAMILIES: tuple[SimtFamily, ...] = (
+    SimtFamily("simt-gemm", ("gemm",), _gemm),
+    SimtFamily("simt-batched-gemm", ("gemm",), _batched),
+    SimtFamily("simt-row-or-elementwise", ("elementwise", "reduce"), _rows),
+)
+
+
+def simt_kernel_for_group(plan: Plan, group: Group, tile=None, device: str = "opencl"):
+    """The first SIMT family's executor for ``group``, else the numpy fallback with every reason."""
+    reasons = []
+    for fam in SIMT_FAMILIES:
+        if group.kind not in fam.kinds:
+            continue
+        try:
+            k = fam.build(plan, group, tile)
+            k.device = device
+            return k
+        except UnsupportedOperatorError as exc:
+            reasons.append(f"{fam.name}: {exc}")
+    if not reasons:
+        reasons.append(f"no SIMT macro-kernel family for {group.kind} groups")
+    return InterpretedGroup(plan, group, reasons)
+
+
+def simt_kernels(plan: Plan, device: str = "opencl") -> dict[str, object]:
+    return {g.name: simt_kernel_for_group(plan, g, device=device) for g in plan.groups}
+
+
+def build_cuda(kernels: Mapping[str, object], archs=("sm_80", "sm_90")) -> dict[str, dict]:
+    """nvcc every SIMT kernel for ``archs``: {group: {arch: {kernel: resources}}} (also stored on
+    each kernel's ``ptxas``); raises :class:`~tscomp.codegen.nvcc.NvccError` on a failed build."""
+    from tscomp.codegen.nvcc import compile_cubin
+    out = {}
+    for name, k in kernels.items():
+        if k.target != "cuda":
+            continue
+        for arch in archs:
+            b = compile_cubin(k.source, arch)
+            k.ptxas[arch] = b.resources
+            out.setdefault(name, {})[arch] = {kn: r.to_json() for kn, r in b.resources.items()}
+    return out
+
+
+class SimtPlanRunner:
+    """Runs a Plan group by group with SIMT kernels on a device (the numpy fallback where a group has
+    none); ``families_run`` records which family ran each group."""
+
+    def __init__(self, plan: Plan, kernels: Mapping[str, object] | None = None, device: str = "opencl"):
+        self.plan = plan
+        self.kernels = dict(kernels) if kernels is not None else simt_kernels(plan, device)
+        self.families_run: dict[str, str] = {}
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from tscomp.graph.reference import bind_symbols, materialize
+        graph = self.plan.graph
+        binding = bind_symbols(graph, inputs)
+        env = dict(inputs)
+        for g in self.plan.groups:
+            for name in g.inputs:
+                if name not in env:
+                    env[name] = materialize(graph, graph.values[name], binding)
+            k = self.kernels[g.name]
+            env.update(k.run({n: env[n] for n in g.inputs}, binding))
+            self.families_run[g.name] = k.family
+        out = {}
+        for name in graph.outputs:
+            out[name] = env[name] if name in env else materialize(graph, graph.values[name], binding)
+        return out
+
+
+__all__ = ["SIMT_FAMILIES", "SimtFamily", "SimtPlanRunner", "build_cuda", "simt_kernel_for_group", "simt_kernels"]
