@@ -37,7 +37,7 @@ def test_batched_gemm_groups_match_the_interpreter(opencl, exported_model):
             try:
                 kernels[g.name] = SimtBatchedGemm(BatchedGemmAnalysis(plan, g))
             except UnsupportedOperatorError as exc:
-                assert "constant weight" in str(exc)
+                assert "constant weight" in str(exc) or "stitched heavy ops" in str(exc)
     assert len(kernels) == 4          # QK^T and PV of both layers
     assert check_against_interpreter(plan, "bert", ranges, kernels) == 2 * len(kernels)
     for k in kernels.values():
