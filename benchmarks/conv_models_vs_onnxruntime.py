@@ -62,8 +62,8 @@ def run_model(family: str, size: str, exporter: str, samples: int, seed: int, th
     model = compile_model(onnx_path, dims, threads=threads, progress=Progress("compiling groups"))
     write_artifact(model, artifact)
     fb = model.fallback_groups()
-    print(f"compiled in {model.compile_seconds:.1f}s; numpy-fallback groups: "
-          f"{', '.join(f'{g} ({model.kernels[g][0].reasons[-1] if model.kernels[g][0].reasons else "?"})' for g in fb) or 'none'}")
+    named = [f"{g} ({'; '.join(model.kernels[g][0].reasons) or '?'})" for g in fb]
+    print(f"compiled in {model.compile_seconds:.1f}s; numpy-fallback groups: {', '.join(named) or 'none'}")
     rt = Runtime(artifact, num_threads=threads)
     fixed = {"batch": 1} if "batch" in ranges else {}
     bindings = sample_bindings(rt, samples, seed, fixed)

@@ -412,40 +412,49 @@ CONV_TILES = {
     "avx2": [(6, 16), (4, 24), (3, 32), (2, 32)],
     "scalar": [(4, 8), (2, 8)],
 }
+#: a one-vector-wide register tile for few output positions (a 7x7 late stage: 49 positions pad to
+#: 56 columns of 8, not 64 of 16), with more channel rows to keep enough FMA chains
+NARROW_TILES = {"avx512": (14, 16), "avx2": (12, 8), "scalar": (4, 4)}
 
 
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+def _conv_tile(mr: int, nr: int, OCg: int, K: int, caches: CacheSizes, narrow: bool) -> TileConfig:
+    kc_cap = max(8, (caches.l1 // 2) // (4 * (nr + mr)) // 8 * 8)
+    kc = min(K, K if K <= kc_cap else _round_up(-(-K // -(-K // kc_cap)), 8))
+    mc = _round_up(-(-OCg // -(-OCg // 96)), mr)     # <= ~96 channels per block, blocks balanced
+    nc_cap = max(nr, (caches.l2 // 4) // (4 * kc) // nr * nr)
+    nc = min(nc_cap, _round_up(64 if narrow else 256, nr))
+    return TileConfig(mr=mr, nr=nr, mc=mc, nc=max(nr, nc), kc=kc)
+
+
 def conv_candidate_configs(isa: str, OCg: int, K: int, *, caches: CacheSizes | None = None) -> list[TileConfig]:
     """Hardware-aligned tiles for an implicit-GEMM Conv ``[OCg, K] · [K, P]`` (TSCompiler §5.1's
-    hardware-aligned population): register tiles from :data:`CONV_TILES` ranked by the padding
-    they waste on OCg; ``kc`` so that a ``kc × nr`` column panel and an ``mr × kc`` weight panel
-    fill half of L1; ``mc``: OCg cut into balanced blocks of at most ~96 channels (more tasks for the
-    late stages' small P); ``nc``
-    positions so the gathered ``kc × nc`` block stays within a quarter of L2, in a wide and a
-    narrow variant (few large positions blocks for big images, more tasks for small ones)."""
+    hardware-aligned population), best first: register tiles from :data:`CONV_TILES` ranked by the
+    padding they waste on OCg; ``kc`` so that a ``kc × nr`` column panel and an ``mr × kc`` weight
+    panel fill half of L1; ``mc``: OCg cut into balanced blocks of at most ~96 channels (more tasks
+    for the late stages' small P); ``nc`` positions so the gathered ``kc × nc`` block stays within a
+    quarter of L2. Order: the first tile with wide (256) and narrow (64) position blocks (few large
+    tasks for big images, more tasks for small ones), the one-vector :data:`NARROW_TILES` tile for
+    few positions, then the other tiles."""
     if isa not in VECTOR_WIDTH:
         raise TileConfigError(f"unknown ISA {isa!r}; expected one of {sorted(VECTOR_WIDTH)}")
     caches = caches or host_caches()
     tiles = [t for t in CONV_TILES[isa] if t[0] * t[1] // VECTOR_WIDTH[isa] <= MAX_ACCUMULATORS[isa]]
     tiles.sort(key=lambda t: (_round_up(OCg, t[0]) - OCg) / max(OCg, 1) > 0.25)   # stable: keeps the order
+    order = [(tiles[0], False), (tiles[0], True), (NARROW_TILES[isa], True)]
+    order += [(t, narrow) for t in tiles[1:] for narrow in (False, True)]
     out: list[TileConfig] = []
-    for mr, nr in tiles:
-        kc_cap = max(8, (caches.l1 // 2) // (4 * (nr + mr)) // 8 * 8)
-        kc = K if K <= kc_cap else _round_up(-(-K // -(-K // kc_cap)), 8)
-        kc = min(kc, K)
-        mc = _round_up(-(-OCg // -(-OCg // 96)), mr)     # <= ~96 channels per block, blocks balanced
-        nc_cap = max(nr, (caches.l2 // 4) // (4 * kc) // nr * nr)
-        for nc in (min(nc_cap, _round_up(256, nr)), min(nc_cap, _round_up(64, nr))):
-            cfg = TileConfig(mr=mr, nr=nr, mc=mc, nc=max(nr, nc), kc=kc)
-            try:
-                cfg.validate(isa)
-            except TileConfigError:
-                continue
-            if cfg not in out:
-                out.append(cfg)
+    for (mr, nr), narrow in order:
+        cfg = _conv_tile(mr, nr, OCg, K, caches, narrow)
+        try:
+            cfg.validate(isa)
+        except TileConfigError:
+            continue
+        if cfg not in out:
+            out.append(cfg)
     return out
 
 
