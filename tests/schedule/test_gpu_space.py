@@ -1,0 +1,67 @@
+"""The CUDA target's SIMT GEMM space: hard constraints from the GpuSpec prune, the analytic model
+ranks (unmeasured), the wave model picks variants per M; the top configuration builds without spills."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tscomp.codegen.simt.config import SimtTile
+from tscomp.schedule.gpu_space import GpuGemmSpace, estimated_registers
+from tscomp.schedule.target import cuda, host_cpu
+
+
+@pytest.fixture(scope="module")
+def space():
+    return GpuGemmSpace(768, 3072, cuda("sm_80"), (1, 4096))
+
+
+def test_every_configuration_respects_the_hard_limits(space):
+    s = space.spec
+    assert space.configs
+    for t in space.configs:
+        t.validate()
+        assert t.threads <= s.max_threads_per_block and t.shared_bytes() <= s.smem_per_block
+        assert estimated_registers(t) * t.threads <= s.regs_per_block
+        assert s.blocks_per_sm(space.resources(t)) >= 1
+
+
+def test_a_configuration_over_a_limit_is_rejected(space):
+    too_many_threads = SimtTile(128, 128, 8, 16, 8, 2, 2).validate()      # 4096 threads
+    assert too_many_threads.threads > space.spec.max_threads_per_block and not space.feasible(too_many_threads)
+    greedy = SimtTile(256, 128, 8, 64, 128, 16, 16).validate()            # 256 accumulators per thread
+    assert estimated_registers(greedy) > space.spec.max_regs_per_thread and not space.feasible(greedy)
+
+
+def test_ranking_is_analytic_and_unmeasured_and_covers_the_range(space):
+    ranked = space.rank(limit=5)
+    assert ranked[0].score >= 1.0 and ranked == sorted(ranked, key=lambda r: r.score)
+    doc = ranked[0].to_json()
+    assert doc["measured"] is False and doc["method"] == "analytic" and 0 < doc["occupancy"] <= 1
+    variants = space.variants(3)
+    assert len(variants) >= 2
+    # the wave model: a small M prefers a variant with more, smaller blocks than the large-M choice
+    small, large = space.choose(variants, 1), space.choose(variants, 4096)
+    assert space.cost(small, 1) <= space.cost(large, 1)
+    assert space.cost(large, 4096) <= space.cost(small, 4096)
+
+
+def test_padding_waste_counts(space):
+    t = space.rank(1)[0].tile
+    assert space.cost(t, t.bm) == space.cost(t, 1)          # one padded M block costs as much as a full one
+
+
+def test_a_cpu_target_is_refused():
+    with pytest.raises(ValueError, match="CUDA target"):
+        GpuGemmSpace(64, 64, host_cpu())
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not installed")
+def test_top_configuration_builds_without_spills(space):
+    from tscomp.codegen.nvcc import compile_cubin
+    from tscomp.codegen.simt.gemm import gemm_body
+    from tscomp.codegen.simt.program import SimtProgram
+    t = space.rank(1)[0].tile
+    p = SimtProgram("/* top */\n", gemm_body("k", t, 768, 3072), {"TS_WANT_ASYNC": 1} if t.async_copy else {})
+    b = compile_cubin(p.cuda, "sm_80")
+    assert not b.spills and b.resources["k"].registers <= 255
