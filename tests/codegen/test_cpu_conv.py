@@ -48,8 +48,9 @@ def _model(path, branches, *, channels=C, rank=2, opset=17, residual=None):
         for k, step in enumerate(epi):
             z = f"{name}_{k}"
             if step == "bn":
-                args = [const(f"{name}_{s}", v) for s, v in (("s", rng.uniform(0.5, 2, oc)), ("o", rng.standard_normal(oc)),
-                                                               ("m", rng.standard_normal(oc)), ("v", rng.uniform(0.5, 2, oc)))]
+                stats = (("s", rng.uniform(0.5, 2, oc)), ("o", rng.standard_normal(oc)),
+                         ("m", rng.standard_normal(oc)), ("v", rng.uniform(0.5, 2, oc)))
+                args = [const(f"{name}_{s}", v) for s, v in stats]
                 nodes.append(helper.make_node("BatchNormalization", [y, *args], [z], epsilon=1e-3))
             elif step == "relu":
                 nodes.append(helper.make_node("Relu", [y], [z]))

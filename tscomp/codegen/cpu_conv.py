@@ -432,9 +432,9 @@ def _conv_tile(mr: int, nr: int, OCg: int, K: int, caches: CacheSizes, narrow: b
 
 def conv_candidate_configs(isa: str, OCg: int, K: int, *, caches: CacheSizes | None = None) -> list[TileConfig]:
     """Hardware-aligned tiles for an implicit-GEMM Conv ``[OCg, K] · [K, P]`` (TSCompiler §5.1's
-    hardware-aligned population), best first: register tiles from :data:`CONV_TILES` ranked by the
-    padding they waste on OCg; ``kc`` so that a ``kc × nr`` column panel and an ``mr × kc`` weight
-    panel fill half of L1; ``mc``: OCg cut into balanced blocks of at most ~96 channels (more tasks
+    hardware-aligned population), best first: register tiles from :data:`CONV_TILES`, those whose
+    rows divide OCg first (no padded channel rows); ``kc`` so that a ``kc × nr`` column panel and an
+    ``mr × kc`` weight panel fill half of L1; ``mc``: OCg cut into balanced blocks of at most ~96 channels (more tasks
     for the late stages' small P); ``nc`` positions so the gathered ``kc × nc`` block stays within a
     quarter of L2. Order: the first tile with wide (256) and narrow (64) position blocks (few large
     tasks for big images, more tasks for small ones), the one-vector :data:`NARROW_TILES` tile for
@@ -443,7 +443,7 @@ def conv_candidate_configs(isa: str, OCg: int, K: int, *, caches: CacheSizes | N
         raise TileConfigError(f"unknown ISA {isa!r}; expected one of {sorted(VECTOR_WIDTH)}")
     caches = caches or host_caches()
     tiles = [t for t in CONV_TILES[isa] if t[0] * t[1] // VECTOR_WIDTH[isa] <= MAX_ACCUMULATORS[isa]]
-    tiles.sort(key=lambda t: (_round_up(OCg, t[0]) - OCg) / max(OCg, 1) > 0.25)   # stable: keeps the order
+    tiles.sort(key=lambda t: OCg % t[0] != 0)   # tiles whose rows divide OCg first (stable: keeps the order)
     order = [(tiles[0], False), (tiles[0], True), (NARROW_TILES[isa], True)]
     order += [(t, narrow) for t in tiles[1:] for narrow in (False, True)]
     out: list[TileConfig] = []
@@ -646,7 +646,8 @@ void {name}({_runtime_params()}{params})
                     for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
                         const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
                         float* ct = {'NULL' if single else 'cbuf + (jp * (MC / MR) + ip) * (MR * NR)'};
-                        micro_kernel(kl, ap, bpack + jp * NR, ldb, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'}, tile);
+                        micro_kernel(kl, ap, bpack + jp * NR, ldb, ct,
+                                     {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'}, tile);
                         if ({'1' if single else 'kb == N_KBLOCKS - 1'})
                             conv_epilogue(tile, NR, n, g * OCG + oc0 + ip * MR, p0 + jp * NR,
                                           min_i64(MR, mvb - ip * MR), min_i64(NR, nvb - jp * NR){names});
