@@ -95,7 +95,8 @@ class _EpilogueGenerator(GroupGenerator):
         if self.probe is not None:
             self.probe.append(tuple(idx))
             return "acc"
-        lead = self.ctx.simplify(linearize(tuple(idx[:-1]), hshape[:-1])) if len(hshape) > 1 else sympy.Integer(0)
+        lead = _collapse(self.ctx.simplify(linearize(tuple(idx[:-1]), hshape[:-1]))) if len(hshape) > 1 \
+            else sympy.Integer(0)
         col = self.ctx.simplify(idx[-1])
         if not (same(lead, self.i) and same(col, self.j)):
             self.fail(f"the epilogue reads the GEMM result at ({lead}, {col}), not at the element it "
@@ -188,12 +189,22 @@ class _RowPassGenerator(GroupGenerator):
 
 
 def _collapse(off):
-    """``S*floor(i/S) + Mod(i, S)`` back to ``i`` (a row index delinearized and linearized again)."""
+    """``S*floor(i/S) + Mod(i, S)`` back to ``i`` (a row index delinearized and linearized again,
+    over any number of axes: ``floor(floor(i/W)/H)`` is ``floor(i/(W*H))`` for positive extents)."""
     off = sympy.sympify(off)
     if not off.has(sympy.Mod):
         return off
-    flat = sympy.expand(off.replace(sympy.Mod, lambda a, b: a - b * sympy.floor(a / b)))
+    flat = off.replace(sympy.Mod, lambda a, b: a - b * sympy.floor(a / b))
+    flat = sympy.expand(flat.replace(lambda x: isinstance(x, sympy.floor), _nested_floor))
     return flat if sympy.count_ops(flat) < sympy.count_ops(off) else off
+
+
+def _nested_floor(f):
+    """``floor(floor(a/b)/c)`` as ``floor(a/(b*c))`` (integer a, positive integers b, c)."""
+    num, den = sympy.fraction(sympy.together(f.args[0]))
+    if isinstance(num, sympy.floor) and den.is_positive and den.is_integer:
+        return sympy.floor(num.args[0] / den)
+    return f
 
 
 def _strip_views(e: Expr):
@@ -390,8 +401,73 @@ class GemmGroupAnalysis:
         flat_out = gen.ctx.simplify(linearize(idx, shape))
         return same(flat_src, flat_out)
 
-    def _output_mode(self, name: str, e: Expr) -> tuple[str, int]:
-        """("full", 0) or ("cols", j0) for an output of the GEMM space, else refuse."""
+    def _output_mode(self, name: str, e: Expr, scatter: bool = False) -> tuple[str, int]:
+        """("full", 0) or ("cols", j0) for an output of the GEMM space; with ``scatter``, ("scatter",
+        0) for an output that is a permutation of it (its index map recorded in ``self._scatter``);
+        else refuse."""
+        try:
+            return self._gemm_space_mode(name, e)
+        except UnsupportedOperatorError as exc:
+            if not scatter or np.dtype(e.dtype) != np.float32:
+                raise
+            try:
+                self._scatter[name] = self._scatter_index(e)
+            except UnsupportedOperatorError as why:
+                raise UnsupportedOperatorError(f"{exc}; as a permutation of the GEMM space: "
+                                               f"{str(why).split(': ', 1)[-1]}") from None
+            return "scatter", 0
+
+    def _scatter_index(self, e: Expr) -> tuple:
+        """Where GEMM element (i, j) lands in an output that reads the GEMM at a permuted element
+        (a channels-last block's final permute, a projection reshaped and transposed into heads):
+        the output's multi-index as a function of (i, j). Found by reading which GEMM element each
+        output element reads (the probe): every component of the GEMM's multi-index must be a
+        mixed-radix number over distinct output axes, so each output axis is a floor/mod of one GEMM
+        component. The tile epilogue then computes element (i, j) and stores it there (the store
+        scatters; every load is unchanged). Generation re-checks that the output read at that index
+        reads the GEMM at exactly (i, j), so a wrong inverse is refused, never miscompiled."""
+        symtab = self.plan.graph.symbols
+        shape = tuple(symtab.canon(d) for d in e.shape)
+        if not same(numel(shape), self.M * self.N):
+            self._fail(f"output of {numel(shape)} elements, the GEMM has {self.M * self.N}")
+        gen = _EpilogueGenerator(self.plan, self.group, self.heavy, self.M, self.N)
+        gen.probe = []
+        ovars = tuple(gen.ctx.var(f"o{a}", d) if d != 1 else sympy.Integer(0) for a, d in enumerate(shape))
+        gen.value(e, ovars)
+        reads = {tuple(gen.ctx.simplify(x) for x in idx) for idx in gen.probe}
+        if len(reads) != 1:
+            self._fail(f"the output reads the GEMM at {len(reads)} different elements")
+        (h,) = reads
+        hshape = tuple(symtab.canon(d) for d in self.heavy.shape)
+        heavy_idx = tuple(delinearize(gen.i, hshape[:-1], gen.ctx)) + (gen.j,)
+        extent = dict(zip(ovars, shape))
+        free = {v for v in ovars if isinstance(v, sympy.Symbol)}
+        solved: dict = {}
+        for ht, H in zip(h, heavy_idx):
+            ht = sympy.expand(ht)
+            used = [v for v in free if ht.has(v)]
+            coeff = {v: ht.coeff(v) for v in used}
+            if any(c.free_symbols & free for c in coeff.values()) or \
+                    sympy.expand(ht - sum(c * v for v, c in coeff.items())) != 0:
+                self._fail(f"GEMM index {ht} is not a linear combination of the output's axes")
+            scale = sympy.Integer(1)
+            chain = []
+            while coeff:      # least significant first: coefficient 1, then 1 * its extent, ...
+                v = next((v for v, c in coeff.items() if same(c, scale)), None)
+                if v is None:
+                    self._fail(f"GEMM index {ht} is not a mixed-radix number over the output's axes")
+                chain.append((v, scale))
+                scale = scale * extent[v]
+                del coeff[v]
+            for k, (v, c) in enumerate(chain):
+                q = H if c == 1 else sympy.floor(H / c)
+                solved[v] = q if k == len(chain) - 1 else sympy.Mod(q, extent[v])
+        if set(solved) != free:
+            missing = sorted(str(v) for v in free - set(solved))
+            self._fail(f"output axes {missing} do not follow from the GEMM element")
+        return tuple(gen.ctx.simplify(solved[v]) if isinstance(v, sympy.Symbol) else v for v in ovars)
+
+    def _gemm_space_mode(self, name: str, e: Expr) -> tuple[str, int]:
         symtab = self.plan.graph.symbols
         shape = tuple(symtab.canon(d) for d in e.shape)
         if np.dtype(e.dtype) != np.float32:
@@ -425,7 +501,8 @@ class GemmGroupAnalysis:
         self.out_shapes = {name: tuple(symtab.canon(d) for d in e.shape) for name, e in g.outputs.items()}
         row_outs = {n: e for n, e in g.outputs.items() if self.T is not None and self._dep_red[id(e)]}
         gemm_outs = {n: e for n, e in g.outputs.items() if n not in row_outs}
-        modes = {name: self._output_mode(name, e) for name, e in gemm_outs.items()}
+        self._scatter: dict[str, tuple] = {}
+        modes = {name: self._output_mode(name, e, scatter=True) for name, e in gemm_outs.items()}
         if self.T is not None:
             tmode = self._output_mode("(pre-reduction value)", self.T)
             if tmode != ("full", 0):
@@ -447,6 +524,12 @@ class GemmGroupAnalysis:
             final = "acc"
         for name, (mode, j0) in modes.items():
             if name == self.y_output:
+                continue
+            if mode == "scatter":     # a permutation of the GEMM space: element (i, j) stored where it lands
+                o = self._scatter[name]
+                v = gen.value(g.outputs[name], o)
+                off = gen.ctx.simplify(linearize(o, self.out_shapes[name]))
+                gen.emit(f"{self.out_c[name]}[{gen.c(off)}] = {v};  /* scattered: a permutation of [M, N] */")
                 continue
             n = int(self.out_shapes[name][-1])
             if mode == "full":
