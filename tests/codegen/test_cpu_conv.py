@@ -266,3 +266,26 @@ def test_every_conv_and_pool_group_of_the_tiny_cnn_and_vit_gets_a_native_family(
         choice = choose_family(plan, g)
         assert choice.family is not None and choice.family.name in ("conv", "conv-depthwise", "pool"), \
             (g.name, choice.reasons)
+
+
+def test_elementwise_prologue_before_a_conv_is_fused_and_matches_onnxruntime(tmp_path):
+    """(x * scale + shift[C, 1, 1]) -> Conv -> Relu, an input normalization: one native Conv group."""
+    path = tmp_path / "pro.onnx"
+    rng = np.random.default_rng(0)
+    inits = [helper.make_tensor("scale", TP.FLOAT, [], [0.5]),
+             helper.make_tensor("shift", TP.FLOAT, [C, 1, 1], rng.standard_normal(C).astype(np.float32)),
+             helper.make_tensor("w", TP.FLOAT, [6, C, 3, 3], rng.standard_normal(6 * C * 9).astype(np.float32))]
+    nodes = [helper.make_node("Mul", ["x", "scale"], ["xs"]), helper.make_node("Add", ["xs", "shift"], ["xn"]),
+             helper.make_node("Conv", ["xn", "w"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["y"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", C, "H", "W"])],
+                          [helper.make_tensor_value_info("z", TP.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    plan = fuse(load_model(str(path), ["batch=1:3", "H=1:100", "W=1:100"]))
+    (group,) = plan.groups
+    assert {o.op_type for o in group.ops()} == {"Mul", "Add", "Conv", "Relu"}
+    src = conv_source(ConvAnalysis(plan, group), conv_candidate_configs("avx2", 6, 36)[0], "avx2")
+    assert "fused prologue: Mul, Add" in src and "x_prologue((float*)X" in src
+    _compile_and_compare(path, ["H", "W"], [(1, 1, 1), (2, 7, 13), (1, 97, 13)])

@@ -33,7 +33,9 @@ generator of :mod:`tscomp.codegen.cpu_groups` (:class:`TileEpilogue`): per finis
 ``[oc, p]`` values it computes every group output at (n, oc, p) — the Conv result (with its bias)
 is ``acc``, other inputs are loads indexed from (n, oc, p) through their index maps — and stores
 each output once. Group outputs must be the Conv's output space ([N, OC, *spatial] or any view
-with the same element order); prologue ops before a Conv are refused (named).
+with the same element order). Elementwise prologue ops fused before the Conv (an input
+normalization) are generated the same way into one parallel pass that writes the Conv's input into
+a scratch before the tiles start (one extra write and read of X; not fused into the gather).
 """
 from __future__ import annotations
 
@@ -300,18 +302,19 @@ class _ConvBase:
             self._fail(f"backbone {h.op_type} is not a Conv")
         if any(o.node != h.node for o in heavy):
             self._fail(f"a second heavy op in the Conv group ({', '.join(sorted({o.op_type for o in heavy}))})")
-        if pro:
-            self._fail(f"elementwise prologue ({', '.join(o.op_type for o in pro)}) before the Conv is not fused "
-                       f"into its input gather")
         self.heavy = h
+        self.prologue = [o.op_type for o in pro]
         x, w = h.args[0], h.args[1]
         for t, what in ((x, "input X"), (h, "output")):
             if np.dtype(t.dtype) != np.float32:
                 self._fail(f"Conv {h.node!r}: {what} is {np.dtype(t.dtype)}, only float32 convolutions")
         xsrc, self.x_chain = strip_views(x)
-        if not isinstance(xsrc, Input):
+        if pro:          # X computed by the fused prologue into a scratch, one pass before the tiles
+            self.x_input, self.x_chain = None, []
+        elif not isinstance(xsrc, Input):
             self._fail(f"Conv {h.node!r}: input X is computed in the group")
-        self.x_input = xsrc.name
+        else:
+            self.x_input = xsrc.name
         self.x_shape = tuple(self.symtab.canon(d) for d in x.shape)
         if len(self.x_shape) not in (3, 4):
             self._fail(f"Conv {h.node!r}: input of rank {len(self.x_shape)} (only 1-D and 2-D convolutions; "
@@ -346,8 +349,18 @@ class _ConvBase:
 
     def _gen_epilogue(self) -> None:
         gen = TileEpilogue(self.plan, self.group, self.heavy, self.out_shape, self.bias)
-        self.epilogue_c, self.arg_roles, self.statics = gen.generate_function("conv_epilogue", self.group.outputs)
-        self.math = math_helpers(self.epilogue_c + self.statics)
+        self.epilogue_c, epi_args, self.statics = gen.generate_function("conv_epilogue", self.group.outputs)
+        pro_args, self.prologue_c = [], ""
+        if self.prologue:
+            self.prologue_c, pro_args, statics = x_prologue_function(self.plan, self.group, self.heavy.args[0],
+                                                                     self.x_shape, gen.counter)
+            self.statics = "\n".join(t for t in (self.statics, statics) if t)
+        # one argument list for both: the macro-kernel takes the union, each function its own part
+        self.arg_roles = list(epi_args) + [a for a in pro_args if a[:2] not in {b[:2] for b in epi_args}]
+        keys = [a[:2] for a in self.arg_roles]
+        self.epi_args = [keys.index(a[:2]) for a in epi_args]
+        self.pro_args = [keys.index(a[:2]) for a in pro_args]
+        self.math = math_helpers(self.epilogue_c + self.prologue_c + self.statics)
         _, _, epi = self.group.prologue_epilogue()
         self.fused = ["bias"] * (self.bias is not None) + [o.op_type for o in epi]
 
@@ -369,6 +382,8 @@ class _ConvBase:
                  f"strides={list(w.strides)}, dilations={list(w.dilations)}, pads={list(w.pads)}, "
                  f"auto_pad={w.auto_pad}",
                  f"fused epilogue: {', '.join(self.fused) or 'store'}",
+                 "fused prologue: " + (", ".join(self.prologue) + " (X computed into a scratch first)"
+                                       if self.prologue else "-"),
                  f"tiles: {tiles}"]
         for role, name, cname, _ in self.arg_roles:
             if role != "symbol":
@@ -469,13 +484,48 @@ def _runtime_params() -> str:
             "int64_t OW, int64_t PT, int64_t PL")
 
 
-def _epi_params(analysis) -> tuple[str, str]:
-    """The epilogue's arguments as parameters of a macro-kernel, named ``ts_e<k>`` there (no shape
-    symbol can shadow a macro-kernel local), and the argument list passing them on."""
+def _epi_params(analysis) -> tuple[str, str, str]:
+    """The epilogue's and prologue's arguments as parameters of a macro-kernel, named ``ts_e<k>``
+    there (no shape symbol can shadow a macro-kernel local); the argument lists passing them on to
+    the epilogue and to the prologue."""
     renamed = [(role, name, f"ts_e{k}", info) for k, (role, name, _, info) in enumerate(analysis.arg_roles)]
     params = "".join(f", {param_of(a)}" for a in renamed)
-    names = "".join(f", {a[2]}" for a in renamed)
-    return params, names
+    epi = "".join(f", ts_e{k}" for k in analysis.epi_args)
+    pro = "".join(f", ts_e{k}" for k in analysis.pro_args)
+    return params, epi, pro
+
+
+def _prologue_call(analysis, pro_names: str) -> str:
+    if not analysis.prologue_c:
+        return ""
+    return f"\n    x_prologue((float*)X{pro_names});  /* X is the caller's scratch: the prologue computes it */"
+
+
+def x_prologue_function(plan: Plan, group: Group, x: Expr, xshape: tuple, counter) -> tuple[str, list[tuple], str]:
+    """``static void x_prologue(float* Xa, <args>)``: the Conv's input computed by the fused prologue
+    (one parallel elementwise pass over [N, C, *spatial]) into the scratch the gather then reads."""
+    gen = GroupGenerator(plan, group)
+    gen.counter = counter            # one namespace with the epilogue's generated names
+    if np.dtype(x.dtype) != np.float32:
+        gen.fail(f"the Conv input is {np.dtype(x.dtype)}, only float32")
+    idx, close = gen.loops(xshape, "a", "elements")
+    v = gen.value(x, idx)
+    gen.emit(f"Xa[{gen.c(linearize(idx, xshape))}] = {v};")
+    close()
+    if gen.index_checks or gen.scratch:
+        gen.fail("a data-dependent index or a row buffer in a Conv prologue")
+    body = "\n".join(["    " + d for d in gen.decls] + gen.root.render(1))
+    args: list[tuple] = []
+    for iname, cname in gen.in_c.items():
+        if re.search(rf"\b{cname}\[", body + "\n".join(gen.statics)):
+            dt = np.dtype(plan.graph.values[iname].dtype)
+            if dt.type not in _C_TYPES:
+                gen.fail(f"prologue input {iname} of type {dt}")
+            args.append(("input", iname, cname, dt))
+    for sym in sorted((s for s in gen.pr.used if s not in gen.ctx.upper_bounds), key=lambda s: s.name):
+        args.append(("symbol", sym.name, c_symbol_name(sym.name), sym))
+    params = "".join(f", {param_of(a)}" for a in args)
+    return f"static void x_prologue(float* restrict Xa{params})\n{{\n{body}\n}}\n", args, "\n".join(gen.statics)
 
 
 def _emit_micro_kernel(emit, isa: str, MR: int, NR: int) -> None:
@@ -595,7 +645,7 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
     KC = min(cfg.kc, a.K)
     n_kb = -(-a.K // KC)
     n_ocp = -(-a.OCg // MR)
-    params, names = _epi_params(a)
+    params, names, pro_names = _epi_params(a)
     L: list[str] = []
     emit = L.append
 
@@ -617,6 +667,7 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
     if a.statics:
         emit(a.statics)
     emit(a.epilogue_c)
+    emit(a.prologue_c)
     _emit_pack_b(emit_t, a.pointwise)
     _emit_micro_kernel(emit_t, isa, MR, NR)
     single = n_kb == 1
@@ -625,7 +676,7 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
 void {name}({_runtime_params()}{params})
 {{
     const int64_t P = OH * OW;
-    if (NB <= 0 || P <= 0) return;
+    if (NB <= 0 || P <= 0) return;{_prologue_call(a, pro_names)}
     const int64_t n_pb = (P + NC - 1) / NC, n_ob = (OCG + MC - 1) / MC;
     const int64_t n_tasks = NB * G * n_pb * n_ob;
     #pragma omp parallel if (n_tasks > 1)
@@ -667,7 +718,7 @@ def depthwise_source(analysis: DepthwiseAnalysis, isa: str) -> str:
     """The source step of the ``conv-depthwise`` family (pure): C text of the direct kernel."""
     a, geo = analysis, analysis.geo
     name = conv_func_name(a, None, isa)
-    params, names = _epi_params(a)
+    params, names, pro_names = _epi_params(a)
     L: list[str] = []
     emit = L.append
 
@@ -685,13 +736,14 @@ def depthwise_source(analysis: DepthwiseAnalysis, isa: str) -> str:
     if a.statics:
         emit(a.statics)
     emit(a.epilogue_c)
+    emit(a.prologue_c)
     emit_t(f"""/* Direct depthwise macro-kernel: output channel oc reads input channel oc / OCG; per output row the
  * KH x KW taps accumulate into a row buffer (the in-image columns of each tap one strided pass,
  * contiguous at SW = 1); the fused epilogue stores the row. */
 void {name}({_runtime_params()}{params})
 {{
     const int64_t P = OH * OW;
-    if (NB <= 0 || P <= 0) return;
+    if (NB <= 0 || P <= 0) return;{_prologue_call(a, pro_names)}
     /* rows per task: about 4096 outputs, at least one row */
     const int64_t rows = max_i64(1, min_i64(OH, 4096 / (OW > 0 ? OW : 1)));
     const int64_t n_rb = (OH + rows - 1) / rows;
@@ -830,15 +882,10 @@ class CompiledConv(PicklableKernel):
             self._bind_function(load_library(build_library(self.source, self.func)))
         a = self.analysis
         xshape, (H, W, OH, OW, PT, PL, _, _), shapes, syms, ev = self._ints(binding)
-        x = np.asarray(env[a.x_input])
-        for v in a.x_chain:
-            x = apply_view(x, v.op, ev)
-        if x.dtype != np.float32:
-            raise ExecutionError(f"group {self.group.name}: Conv input {a.x_input!r} is {x.dtype}, expected float32")
-        if x.shape != xshape:
-            raise ExecutionError(f"group {self.group.name}: Conv input {a.x_input!r} has shape {x.shape}, "
-                                 f"expected {xshape}")
-        x = np.ascontiguousarray(x)
+        if a.x_input is None:
+            x = np.empty(xshape, np.float32)          # the kernel's prologue fills it
+        else:
+            x = self._input(env, ev, xshape)
         outputs = {n: np.empty(s, np.float32) for n, s in shapes.items()}
         keep, extra = [x], []
         sym_values = iter(syms)
@@ -855,6 +902,18 @@ class CompiledConv(PicklableKernel):
                 extra.append(next(sym_values))
         self.fn(x.ctypes.data, self.packed.ctypes.data, xshape[0], H, W, OH, OW, PT, PL, *extra)
         return outputs
+
+    def _input(self, env, ev, xshape) -> np.ndarray:
+        a = self.analysis
+        x = np.asarray(env[a.x_input])
+        for v in a.x_chain:
+            x = apply_view(x, v.op, ev)
+        if x.dtype != np.float32:
+            raise ExecutionError(f"group {self.group.name}: Conv input {a.x_input!r} is {x.dtype}, expected float32")
+        if x.shape != xshape:
+            raise ExecutionError(f"group {self.group.name}: Conv input {a.x_input!r} has shape {x.shape}, "
+                                 f"expected {xshape}")
+        return np.ascontiguousarray(x)
 
     __call__ = run
 
