@@ -111,7 +111,8 @@ def test_argmax_argmin_match_onnxruntime(tmp_path, op, axis, keepdims, last):
     out = [1 if k == a else d for k, d in enumerate(out)] if keepdims else [d for k, d in enumerate(out) if k != a]
     path = _model(tmp_path, "arg", nodes, [("x", F, ["B", "L"])], [("y", I64, out)])
     model, rt = _compile(path, ["B=1:4", "L=1:128"])
-    assert _index_groups(model)
+    # a trailing axis is a row reduction (row kernel), a leading one the index family's kernel
+    assert _index_groups(model) if a == 0 else not model.fallback_groups()
     rng = np.random.default_rng(2)
     for B, L in SHAPES:
         x = rng.integers(-3, 4, (B, L)).astype(np.float32)   # ties: first vs last index matters
@@ -235,3 +236,20 @@ def test_resize_to_sizes_from_the_input_shape_as_vit_exports_it(tmp_path):
     rng = np.random.default_rng(7)
     for H, W in [(4, 4), (20, 36), (64, 13), (64, 64)]:
         _check(path, rt, {"x": rng.standard_normal((1, 2, H, W)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("op,last", [("ArgMax", 0), ("ArgMin", 1)])
+def test_arg_reduction_with_a_fused_prologue_is_a_row_kernel(tmp_path, op, last):
+    """ArgMax(x + z) over the last axis: the Add is fused into the row kernel's single in-order pass."""
+    nodes = [helper.make_node("Add", ["x", "z"], ["s"]),
+             helper.make_node(op, ["s"], ["y"], axis=-1, keepdims=0, select_last_index=last)]
+    path = _model(tmp_path, "arg_prologue", nodes, [("x", F, ["B", "L"]), ("z", F, ["B", "L"])], [("y", I64, ["B"])])
+    model, rt = _compile(path, ["B=1:4", "L=1:128"])
+    assert not model.fallback_groups()
+    (kernel,) = [ks[0] for ks in model.kernels.values()]
+    assert kernel.family == "row-or-elementwise" and "Add" in kernel.source and op in kernel.source
+    rng = np.random.default_rng(8)
+    for B, L in SHAPES:
+        x = rng.integers(-3, 4, (B, L)).astype(np.float32)
+        z = rng.integers(-1, 2, (B, L)).astype(np.float32)
+        _check(path, rt, {"x": x, "z": z})

@@ -63,13 +63,16 @@ from tscomp.graph.shape_propagation import node_context
 from tscomp.graph.symbols import numel, same, shape_str
 
 #: normalizing reductions the row kernel implements (besides the Reduce* family)
-ROW_KERNEL_OPS = ("Softmax", "LogSoftmax", "LayerNormalization")
+ROW_KERNEL_OPS = ("Softmax", "LogSoftmax", "LayerNormalization", "ArgMax", "ArgMin")
+
+#: arg reductions: the comparison that makes a new element the row's extreme
+ARG_OPS = {"ArgMax": ">", "ArgMin": "<"}
 
 #: loop nests over fewer elements than this run on one thread (no OpenMP fork/join)
 PARALLEL_MIN_ELEMENTS = 1 << 15
 
 #: heavy ops a row kernel implements, by how they reduce
-ROW_OPS = ("Softmax", "LogSoftmax", "LayerNormalization", *REDUCTIONS)
+ROW_OPS = ("Softmax", "LogSoftmax", "LayerNormalization", "ArgMax", "ArgMin", *REDUCTIONS)
 
 
 @dataclass
@@ -276,7 +279,8 @@ class GroupGenerator:
         finally:
             self.pop()
 
-    def loops(self, shape, stem: str, mode: str, *, reductions: tuple[str, ...] = (), work=None):
+    def loops(self, shape, stem: str, mode: str, *, reductions: tuple[str, ...] = (), work=None,
+              sequential: bool = False):
         """Open a loop nest over the non-1 axes of ``shape``; returns (index tuple, closer).
 
         ``mode`` "elements": the outer axes collapsed into one parallel loop (static blocks), the
@@ -302,7 +306,9 @@ class GroupGenerator:
                 nests.append((f"#pragma omp parallel for{collapse} schedule(static){cond}", par))
             if simd:
                 collapse = f" collapse({len(simd)})" if len(simd) > 1 else ""
-                nests.append((f"#pragma omp simd{collapse}{''.join(f' reduction({r})' for r in reductions)}", simd))
+                nests.append((f"#pragma omp simd{collapse}{''.join(f' reduction({r})' for r in reductions)}"
+                              if not sequential else "/* in order: an arg reduction keeps the first/last index */",
+                              simd))
         for pragma, nest in nests:
             head = [(pragma, 0)] + [(f"for (int64_t {idx[k]} = 0; {idx[k]} < {self.c(dims[k])}; ++{idx[k]}) {{", n)
                                     for n, k in enumerate(nest)]
@@ -555,8 +561,8 @@ class GroupGenerator:
             if not same(a, b):
                 self.fail("reads a row statistic of another row (a view between the reduction and its consumer)", h)
 
-    def stat_loop(self, reductions: tuple[str, ...] = ()):
-        return self.loops(self.row.space[self.row.k:], "r", "row", reductions=reductions)
+    def stat_loop(self, reductions: tuple[str, ...] = (), sequential: bool = False):
+        return self.loops(self.row.space[self.row.k:], "r", "row", reductions=reductions, sequential=sequential)
 
     def full_idx(self, ridx) -> tuple:
         return tuple(self.row.outer) + tuple(ridx)
@@ -604,6 +610,23 @@ class GroupGenerator:
             if op == "ReduceLogSumExp":
                 st["result"] = self.fresh("red")
                 self.emit(f"const {ct} {st['result']} = log{f}({s}) + {m};")
+        elif op in ARG_OPS:
+            # one pass in order; NaN counts as the extreme (numpy): the first NaN, or the last with
+            # select_last_index
+            rel = ARG_OPS[op]
+            best, arg = self.fresh("best"), self.fresh("arg")
+            last = bool(h.attrs.get("select_last_index", 0))
+            self.emit(f"{ct} {best} = 0;")
+            self.emit(f"int64_t {arg} = -1;")
+            ridx, close = self.stat_loop(sequential=True)
+            xv = self.value(x, self.full_idx(ridx))
+            pos = self.c(linearize(ridx, self.row.space[self.row.k:]))
+            take = f"{xv} {rel} {best} || {xv} == {best} || {xv} != {xv}" if last else \
+                f"{xv} {rel} {best} || ({xv} != {xv} && {best} == {best})"
+            self.emit(f"if ({arg} < 0 || {take}) {{ {best} = {xv}; {arg} = {pos}; }}")
+            close()
+            st["result"] = self.fresh("red")
+            self.emit(f"const int64_t {st['result']} = {arg} < 0 ? 0 : {arg};")
         elif op == "LayerNormalization":
             s, q = self.fresh("sum"), self.fresh("sq")
             mean, inv = self.fresh("mean"), self.fresh("rstd")
@@ -702,7 +725,7 @@ class GroupGenerator:
         self.check_row(e, idx)
         st = self.stats[e.node]
         op = e.op_type
-        if op in REDUCTIONS:
+        if op in REDUCTIONS or op in ARG_OPS:
             return st["result"]
         ct = self.ctype(e.dtype, e)
         if op == "LayerNormalization":
