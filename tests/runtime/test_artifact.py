@@ -34,7 +34,7 @@ def test_manifest_describes_symbols_io_groups_and_kernel_variants(compiled_artif
         for v in g["variants"]:
             if v["func"]:
                 assert (path / "kernels" / f"{v['func']}.c").is_file()
-    assert set(mf["files"]) >= {"kernels.so", "weights.npz", "plan.pkl"}
+    assert set(mf["files"]) >= {"kernels.so", "weights.bin", "plan.json"}
 
 
 def test_generated_kernel_source_names_its_group_ops_and_tile_config(compiled_artifact):
@@ -56,16 +56,17 @@ def test_other_format_version_is_refused(artifact_copy):
 
 
 def test_missing_file_is_named(artifact_copy):
-    (artifact_copy / "weights.npz").unlink()
-    with pytest.raises(ArtifactError, match="missing file weights.npz"):
+    (artifact_copy / "weights.bin").unlink()
+    with pytest.raises(ArtifactError, match="missing file weights.bin"):
         Runtime(artifact_copy)
 
 
-def test_corrupt_file_is_caught_by_its_hash(artifact_copy):
-    blob = bytearray((artifact_copy / "plan.pkl").read_bytes())
+@pytest.mark.parametrize("name", ["plan.json", "weights.bin", "kernels.so"])
+def test_corrupt_file_is_caught_by_its_hash(artifact_copy, name):
+    blob = bytearray((artifact_copy / name).read_bytes())
     blob[len(blob) // 2] ^= 0xFF
-    (artifact_copy / "plan.pkl").write_bytes(bytes(blob))
-    with pytest.raises(ArtifactError, match="plan.pkl is corrupt"):
+    (artifact_copy / name).write_bytes(bytes(blob))
+    with pytest.raises(ArtifactError, match=f"{name} is corrupt"):
         Runtime(artifact_copy)
 
 
@@ -94,21 +95,148 @@ def test_loaded_artifact_gives_the_same_outputs_as_the_in_memory_compile(compile
                                rtol=1e-5, atol=1e-5)
 
 
-def test_gemm_weights_are_stored_once_prepacked_not_again_in_the_plan(compiled_artifact):
+def test_gemm_weights_are_stored_once_raw_not_again_in_the_plan(compiled_artifact):
     path, _, _ = compiled_artifact("bert")
     rt = Runtime(path)
-    gemm_weights = {k.weight_name for ks in rt.model.kernels.values() for k in ks if k.weight_name is not None}
-    assert len(gemm_weights) >= 8                                  # 4 per layer, 2 layers
-    for name in gemm_weights:
-        assert rt.graph.values[name].const is None, name           # only weights.npz holds them
+    gemm = [k for ks in rt.model.kernels.values() for k in ks if k.weight_name is not None]
+    assert len({k.weight_name for k in gemm}) >= 8                 # 4 per layer, 2 layers
+    for k in gemm:
+        assert rt.graph.values[k.weight_name].const is None, k.weight_name   # only the raw weight blob
+        assert k.packed is not None and k.packed.ctypes.data % 64 == 0
+    doc = json.loads((path / "plan.json").read_text())
+    entries = doc["packed_weights"]
+    assert len(entries) == len(gemm) and all("raw" in e for e in entries)   # packed at load, not stored
+    # two variants per group, one raw weight per group: every raw weight is one blob
+    assert len({e["raw"] for e in entries}) < len(entries)
+
+
+def _onnx_bytes(onnx_path) -> int:
+    return sum(f.stat().st_size for f in onnx_path.parent.glob(onnx_path.name + "*"))
+
+
+@pytest.mark.parametrize("family", ["bert", "albert"])
+def test_weights_file_is_no_larger_than_the_model(compiled_artifact, family):
+    path, onnx_path, _ = compiled_artifact(family)
+    assert (path / "weights.bin").stat().st_size <= _onnx_bytes(onnx_path)
+    assert not (path / "model").exists()                            # no copy of the ONNX model by default
 
 
 def test_shared_weights_are_stored_once(compiled_artifact):
-    """ALBERT shares one set of layer weights: identical prepacked panels are one npz member."""
+    """ALBERT shares one set of layer weights across its layers: its GEMMs' raw weights are one blob
+    per distinct weight, however many layers and variants read it, and kernels whose tile
+    configurations pack it alike share one packed copy in memory."""
     path, _, _ = compiled_artifact("albert")
     rt = Runtime(path)
-    packed = [k for ks in rt.model.kernels.values() for k in ks if getattr(k, "packed", None) is not None]
-    with np.load(path / "weights.npz") as npz:
-        members = len(npz.files)
-    assert members < len(packed)
-    assert len({k.packed_key for k in packed}) == members
+    doc = json.loads((path / "plan.json").read_text())
+    gemm = [k for ks in rt.model.kernels.values() for k in ks if k.weight_name is not None]
+    raw_keys = {e["raw"] for e in doc["packed_weights"]}
+    assert len(raw_keys) <= 5 < len({k.func for k in gemm})   # embedding projection, QKV, out, FFN up/down
+    by_cfg: dict = {}
+    for k in gemm:
+        by_cfg.setdefault((k.weight_name, repr(k.cfg)), set()).add(k.packed.ctypes.data)
+    assert all(len(ptrs) == 1 for ptrs in by_cfg.values())
+
+
+# ---------------------------------------------------------------------------- tampering (issue 10)
+@pytest.fixture
+def nothing_else_parsed(monkeypatch):
+    """Fail the test if the loader decodes the plan or loads the kernel library: a tampered
+    artifact must be refused on the manifest and the file digests alone."""
+    from tscomp.runtime import artifact, plain_data
+
+    def boom(*a, **k):
+        raise AssertionError("artifact content parsed before the tampering was detected")
+    monkeypatch.setattr(plain_data, "load", boom)
+    monkeypatch.setattr(artifact, "load_library", boom)
+
+
+def _rewrite_manifest(path, edit, *, reseal: bool):
+    from tscomp.runtime.artifact import manifest_digest
+
+    mf = json.loads((path / "manifest.json").read_text())
+    edit(mf)
+    if reseal:
+        mf["digest"] = manifest_digest(mf)
+    (path / "manifest.json").write_text(json.dumps(mf))
+
+
+def test_no_pickle_anywhere_in_the_artifact(compiled_artifact):
+    path, _, _ = compiled_artifact("bert")
+    files = [p for p in path.rglob("*") if p.is_file()]
+    assert not [p for p in files if p.suffix in (".pkl", ".pickle", ".npz", ".npy")]
+    for p in files:
+        assert not p.read_bytes()[:2].startswith(b"\x80"), p       # no pickle protocol header
+    doc = json.loads((path / "plan.json").read_text())
+    classes = {o["cls"].split(":")[0] for o in doc["objects"] if "cls" in o}
+    assert classes and all(c.startswith("tscomp.") for c in classes)
+
+
+def test_substituted_file_is_detected_before_anything_is_parsed(artifact_copy, nothing_else_parsed):
+    shutil.copy(artifact_copy / "manifest.json", artifact_copy / "plan.json")    # valid JSON, other content
+    with pytest.raises(ArtifactError, match="plan.json is corrupt or was modified"):
+        Runtime(artifact_copy)
+
+
+def test_tampered_weights_are_detected_before_the_plan_is_decoded(artifact_copy, nothing_else_parsed):
+    with open(artifact_copy / "weights.bin", "r+b") as f:
+        f.seek(100)
+        f.write(b"\x01\x02\x03\x04")
+    with pytest.raises(ArtifactError, match="weights.bin is corrupt"):
+        Runtime(artifact_copy)
+
+
+def test_edited_manifest_is_detected(artifact_copy, nothing_else_parsed):
+    def widen(mf):
+        mf["symbols"][1]["max"] = 4096
+    _rewrite_manifest(artifact_copy, widen, reseal=False)
+    with pytest.raises(ArtifactError, match="manifest was modified"):
+        Runtime(artifact_copy)
+
+
+def test_edited_and_resealed_manifest_disagrees_with_the_plan(artifact_copy):
+    """Even with its digest recomputed, an edited symbol range is not silently ignored: the plan
+    and the manifest must agree."""
+    def widen(mf):
+        mf["symbols"][1]["max"] = 4096
+    _rewrite_manifest(artifact_copy, widen, reseal=True)
+    with pytest.raises(ArtifactError, match="symbols .* differ from manifest.json"):
+        Runtime(artifact_copy)
+
+
+def test_removed_manifest_entry_is_detected(artifact_copy, nothing_else_parsed):
+    _rewrite_manifest(artifact_copy, lambda mf: mf["files"].pop("plan.json"), reseal=False)
+    with pytest.raises(ArtifactError, match="manifest was modified"):
+        Runtime(artifact_copy)
+
+
+def test_removed_entry_with_a_dropped_in_file_is_refused_even_resealed(artifact_copy, nothing_else_parsed):
+    """The attack on the pickle format: drop the entry of a file, put another file in its place,
+    recompute every digest the artifact holds. Every file the loader reads must be listed."""
+    import pickle
+
+    (artifact_copy / "plan.json").write_text('{"root": null, "objects": []}')
+    _rewrite_manifest(artifact_copy, lambda mf: mf["files"].pop("plan.json"), reseal=True)
+    with pytest.raises(ArtifactError, match="plan.json is not listed in manifest.json"):
+        Runtime(artifact_copy)
+    (artifact_copy / "plan.pkl").write_bytes(pickle.dumps("x"))
+    _rewrite_manifest(artifact_copy, lambda mf: mf["files"].__setitem__("plan.json", "0" * 64), reseal=True)
+    with pytest.raises(ArtifactError, match="plan.pkl is not listed"):
+        Runtime(artifact_copy)
+
+
+def test_expected_digest_pins_the_artifact(compiled_artifact, artifact_copy):
+    path, _, _ = compiled_artifact("bert")
+    digest = json.loads((path / "manifest.json").read_text())["digest"]
+    Runtime(path, expected_digest=digest, warmup=False)
+    _rewrite_manifest(artifact_copy, lambda mf: mf["notes"].append("x"), reseal=True)
+    with pytest.raises(ArtifactError, match="is not the expected"):
+        Runtime(artifact_copy, expected_digest=digest)
+
+
+def test_old_pickle_format_asks_for_a_recompile(artifact_copy):
+    def old(mf):
+        mf["format_version"] = 2
+        mf.pop("digest")
+    _rewrite_manifest(artifact_copy, old, reseal=False)
+    with pytest.raises(ArtifactError, match="format version 2.*recompile"):
+        Runtime(artifact_copy)

@@ -56,7 +56,7 @@ def test_interrupted_rewrite_keeps_previous_artifact_and_no_temp_dirs(models, tm
 
     def interrupted(*a, **k):
         raise exc("interrupted while writing")
-    monkeypatch.setattr(artifact, "_copy_source_model", interrupted)
+    monkeypatch.setattr(artifact, "manifest_of", interrupted)
     with pytest.raises(exc):
         write_artifact(models["Neg"], out)
     assert which(out) == "Relu"
@@ -65,7 +65,7 @@ def test_interrupted_rewrite_keeps_previous_artifact_and_no_temp_dirs(models, tm
 
 def test_interrupted_first_write_leaves_nothing(models, tmp_path, monkeypatch):
     out = tmp_path / "m.tsc"
-    monkeypatch.setattr(artifact, "_copy_source_model", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(artifact, "manifest_of", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         write_artifact(models["Relu"], out)
     assert not out.exists() and leftovers(out) == []

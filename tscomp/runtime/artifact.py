@@ -4,18 +4,24 @@ by the :class:`~tscomp.runtime.Runtime` (TSCompiler §6: the runtime loader's in
 Layout::
 
     model.tsc/
-      manifest.json     format version; symbols with ranges and constraints; inputs/outputs with
-                        symbolic shapes and dtypes; groups with their kernel variants (family,
-                        target, tile config, resource use, measured single-wave time); sha256 of
-                        every other file
-      kernels.so        every generated kernel linked into one shared library
+      manifest.json     the single source of truth: format version; symbols with ranges and
+                        constraints; inputs/outputs with symbolic shapes and dtypes; groups with
+                        their kernel variants (family, target, tile config, resource use, measured
+                        single-wave time); the sha256 of every other file; ``digest``, a sha256 over
+                        all of that (so over every file): the artifact's identity
+      plan.json         the Plan and the kernel objects as plain data (:mod:`tscomp.runtime.plain_data`:
+                        an object table whose classes are tscomp's own, SymPy trees, array blobs)
+      weights.bin       every array once, 64-byte aligned, content addressed: graph constants and
+                        each GEMM's raw weight (packed per tile configuration at load, so variants
+                        that pack it differently do not each store a copy)
+      kernels.so        every generated kernel linked into one shared library -- the only code
       kernels/*.c       their sources (what a person reads to debug a kernel)
-      weights.npz       the prepacked weight panels, by kernel entry point
-      plan.pkl          the Plan and the kernel objects (how to call each entry point), pickled
+      model/            (``embed_source`` only) the ONNX model, for the out-of-range fallback
 
-Loading checks the format version first, then that every file the manifest lists is present with
-the recorded hash, and only then unpickles (``plan.pkl`` is code-bearing like any pickle: load
-artifacts you trust, as with ``torch.load``).
+Loading reads the manifest first and checks its format version and digest (and a caller's
+``expected_digest``), then that every file it lists is present with the recorded sha256, that every
+file the artifact needs is listed and that no unlisted file is there -- all before any other file
+is parsed. Nothing in the artifact is pickled; the plan is decoded without running code it names.
 """
 from __future__ import annotations
 
@@ -24,7 +30,6 @@ import errno
 import hashlib
 import json
 import os
-import pickle
 import shutil
 import tempfile
 import time
@@ -38,10 +43,12 @@ from tscomp.codegen.cpu_gemm import aligned_copy
 from tscomp.compiler import CompiledModel
 from tscomp.errors import TscompError
 from tscomp.graph.symbols import shape_str
+from tscomp.runtime import plain_data
+from tscomp.runtime.plain_data import BlobReader, BlobWriter, PlainDataError, read_aligned
 from tscomp.schedule.target import Target
 
 FORMAT = "tscomp-artifact"
-FORMAT_VERSION = 2     # 2: the target as data, per-variant schedule provenance
+FORMAT_VERSION = 3     # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle
 
 
 class ArtifactError(TscompError):
@@ -107,12 +114,14 @@ def manifest_of(model: CompiledModel) -> dict:
     }
 
 
-def write_artifact(model: CompiledModel, path: str | Path, *, progress=None) -> Path:
+def write_artifact(model: CompiledModel, path: str | Path, *, progress=None, embed_source: bool = False) -> Path:
     """Write ``model`` to the directory ``path``, atomically: everything is written into a unique
     temporary directory beside ``path`` and swapped in by rename only once complete, so a failed
     or interrupted write (an exception, Ctrl-C) leaves the previous artifact as it was and no
     temporary directory behind, and concurrent writers to one path end with one complete
-    artifact (the last to swap). ``path`` may only replace an existing tscomp artifact."""
+    artifact (the last to swap). ``path`` may only replace an existing tscomp artifact.
+    ``embed_source`` copies the ONNX model in (for the out-of-range fallback; otherwise that path
+    reads the source model the manifest names)."""
     path = Path(path)
     if path.exists() and not (path / "manifest.json").exists():
         raise ArtifactError(f"{path} exists and is not a tscomp artifact; not overwriting it")
@@ -120,7 +129,7 @@ def write_artifact(model: CompiledModel, path: str | Path, *, progress=None) -> 
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + ".tmp-"))
     try:
         os.chmod(tmp, 0o777 & ~_umask())       # mkdtemp makes it private; an artifact is not
-        _write_contents(model, tmp, progress)
+        _write_contents(model, tmp, progress, embed_source)
         _swap_in(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -186,7 +195,7 @@ def _swap_in(tmp: Path, path: Path, attempts: int = 50) -> None:
                         "(other compiles keep replacing it)")
 
 
-def _write_contents(model: CompiledModel, tmp: Path, progress) -> None:
+def _write_contents(model: CompiledModel, tmp: Path, progress, embed_source: bool) -> None:
     """Every file of the artifact, written into the (empty) directory ``tmp``."""
     (tmp / "kernels").mkdir(parents=True)
     natives = [k for ks in model.kernels.values() for k in ks if k.func]
@@ -195,46 +204,74 @@ def _write_contents(model: CompiledModel, tmp: Path, progress) -> None:
     objects = _build_objects(natives, progress)
     if objects:
         link_library(objects, tmp / "kernels.so")
-    weights = _packed_weights(natives)
-    np.savez(tmp / "weights.npz", **{key: arr for key, arr in weights.values()})
-    saved = {k.func: k.packed for k in natives if k.func in weights}
-    stripped = {name: model.plan.graph.values[name].const for name in prepacked_only_constants(model)}
-    try:
+    blobs = BlobWriter()
+    weights = _weight_sources(natives, blobs)
+    replace = {id(k.packed): None for k in natives if id(k) in weights}
+    state = {"plan": model.plan, "kernels": model.kernels, "target": model.target.to_json(),
+             "source_model": model.source_model, "dims": list(model.dims)}
+    graph = model.plan.graph
+    stripped = {name: graph.values[name].const for name in prepacked_only_constants(model) + unread_constants(model)}
+    try:    # constants only GEMM kernels read (as their prepacked weight), or nothing reads, are not written
         for name in stripped:
-            model.plan.graph.values[name].const = None
-        for k in natives:
-            if k.func in weights:
-                k.packed = None
-                k.packed_key = weights[k.func][0]
-        with open(tmp / "plan.pkl", "wb") as f:
-            pickle.dump({"plan": model.plan, "kernels": model.kernels, "target": model.target.to_json(),
-                         "source_model": model.source_model,
-                         "dims": list(model.dims)}, f, protocol=5)
+            graph.values[name].const = None
+        doc = plain_data.dump(state, blobs, replace)
     finally:
-        for k in natives:
-            if k.func in saved:
-                k.packed = saved[k.func]
         for name, const in stripped.items():
-            model.plan.graph.values[name].const = const
-    _copy_source_model(model.source_model, tmp / "model")
+            graph.values[name].const = const
+    # where each kernel's prepacked weight comes from: raw weight packed at load, or stored packed
+    enc_index = doc.pop("_ids", None)
+    doc["packed_weights"] = [{"kernel": enc_index[id(k)], **weights[id(k)]} for k in natives if id(k) in weights]
+    doc["blobs"] = blobs.index
+    blobs.write(tmp / "weights.bin")
+    (tmp / "plan.json").write_text(json.dumps(doc, separators=(",", ":"), allow_nan=False))
+    if embed_source:
+        _copy_source_model(model.source_model, tmp / "model")
     manifest = manifest_of(model)
+    manifest["embedded_source"] = bool(embed_source and (tmp / "model").is_dir())
+    manifest["weights_bytes"] = blobs.size
     manifest["files"] = {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+    manifest["digest"] = manifest_digest(manifest)
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
-def _packed_weights(kernels) -> dict[str, tuple[str, np.ndarray]]:
-    """kernel entry -> (npz key, packed panels), identical panel sets stored once: ALBERT's shared
-    layers, and variants whose tile configs pack alike, point at one array."""
-    by_digest: dict[str, str] = {}
+#: how a family's prepacked weight is made from its raw [K, N] weight (packed at load: the artifact
+#: stores the raw weight once, however many tile configurations pack it)
+def _gemm_raw(kernel):
+    analysis = kernel.__dict__.get("analysis")
+    return None if analysis is None else analysis.__dict__.get("W")
+
+
+def _gemm_pack(kernel, raw):
+    from tscomp.codegen.cpu_gemm import prepack_weights
+    return prepack_weights(raw, kernel.cfg)
+
+
+PACKERS = {"gemm": (_gemm_raw, _gemm_pack)}
+
+
+def _weight_sources(kernels, blobs: BlobWriter) -> dict[int, dict]:
+    """id(kernel) -> ``{"raw": blob}`` (packed at load from the raw weight) or ``{"packed": blob}``.
+    The raw form is used only where packing the raw weight reproduces the kernel's panels exactly;
+    blobs are content addressed, so a weight shared by layers (ALBERT) or equal to a graph constant
+    is stored once."""
     out = {}
     for k in kernels:
-        arr = k.packed
-        if arr is None:
+        if k.packed is None:
             continue
-        digest = hashlib.sha256(np.ascontiguousarray(arr).view(np.uint8)).hexdigest()[:24]
-        key = by_digest.setdefault(digest, f"w{len(by_digest)}_{digest}")
-        out[k.func] = (key, arr)
+        raw_of, pack = PACKERS.get(k.family, (None, None))
+        raw = raw_of(k) if raw_of else None
+        if raw is not None and np.array_equal(pack(k, raw), k.packed):
+            out[id(k)] = {"raw": blobs.add(np.ascontiguousarray(raw))}
+        else:
+            out[id(k)] = {"packed": blobs.add(k.packed)}
     return out
+
+
+def manifest_digest(manifest: dict) -> str:
+    """sha256 over the manifest (its canonical JSON, less the digest field) — which holds the
+    sha256 of every other file: one value that changes when anything in the artifact does."""
+    body = {k: v for k, v in manifest.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def prepacked_only_constants(model: CompiledModel) -> list[str]:
@@ -253,6 +290,13 @@ def prepacked_only_constants(model: CompiledModel) -> list[str]:
                for g in groups for k in model.kernels[g]):
             out.append(name)
     return out
+
+
+def unread_constants(model: CompiledModel) -> list[str]:
+    """Graph constants no group reads (initializers that constant folding or horizontal fusion
+    replaced: BERT's separate Q/K/V weights once concatenated) — not written to the artifact."""
+    read = {name for g in model.plan.groups for name in g.inputs} | set(model.plan.graph.outputs)
+    return [name for name, v in model.plan.graph.values.items() if v.const is not None and name not in read]
 
 
 def _copy_source_model(source: str, dest: Path) -> None:
@@ -292,7 +336,12 @@ def _build_objects(kernels, progress) -> list[Path]:
     return objects
 
 
-def read_manifest(path: str | Path) -> dict:
+REQUIRED_FILES = ("plan.json", "weights.bin")
+
+
+def read_manifest(path: str | Path, *, expected_digest: str | None = None) -> dict:
+    """The manifest, checked: format and version, then its digest (over the manifest itself, which
+    lists every file's sha256), and ``expected_digest`` when given. Nothing else is read."""
     path = Path(path)
     if not path.is_dir():
         raise ArtifactError(f"{path}: no such artifact directory (compile one with 'tscomp compile')")
@@ -303,46 +352,89 @@ def read_manifest(path: str | Path) -> dict:
         manifest = json.loads(mf.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{mf}: corrupt manifest ({exc})") from None
-    if manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(f"{mf}: not a tscomp artifact manifest")
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise ArtifactError(f"{path}: artifact format version {version}, this tscomp reads version "
                             f"{FORMAT_VERSION}; recompile the model with this tscomp")
+    digest = manifest.get("digest")
+    if digest != manifest_digest(manifest):
+        raise ArtifactError(f"{mf}: the manifest was modified after compilation (its digest does not match "
+                            f"its contents); recompile the model")
+    if expected_digest is not None and digest != expected_digest:
+        raise ArtifactError(f"{path}: artifact digest {digest} is not the expected {expected_digest}")
     return manifest
 
 
-def verify_files(path: Path, manifest: dict) -> None:
-    for rel, digest in manifest.get("files", {}).items():
+def verify_files(path: Path, manifest: dict, *, skip: tuple[str, ...] = ()) -> None:
+    """Every file the manifest lists is there with its recorded sha256, every file the artifact
+    needs is listed, and no file is there that the manifest does not list (``skip``: files the
+    caller hashes while reading them)."""
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise ArtifactError(f"{path}: manifest.json lists no files")
+    needed = list(REQUIRED_FILES) + (["kernels.so"] if _has_native_variants(manifest) else [])
+    for rel in needed:
+        if rel not in files:
+            raise ArtifactError(f"{path}: {rel} is not listed in manifest.json (an edited or incomplete artifact)")
+    present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() or p.is_symlink()}
+    for rel in sorted(present - set(files) - {"manifest.json"}):
+        raise ArtifactError(f"{path}: file {rel} is not listed in manifest.json (an edited artifact)")
+    for rel, digest in files.items():
         f = path / rel
         if not f.is_file():
             raise ArtifactError(f"{path}: missing file {rel} (listed in manifest.json)")
+        if rel in skip:
+            continue
         if file_sha256(f) != digest:
             raise ArtifactError(f"{path}: file {rel} is corrupt or was modified (sha256 differs from manifest.json)")
 
 
-def load_artifact(path: str | Path, *, verify: bool = True) -> tuple[CompiledModel, dict]:
+def _has_native_variants(manifest: dict) -> bool:
+    return any(v.get("func") for g in manifest.get("groups", []) for v in g.get("variants", []))
+
+
+def _read_verified(path: Path, rel: str, manifest: dict, verify: bool) -> bytes:
+    data = (path / rel).read_bytes()
+    if verify and hashlib.sha256(data).hexdigest() != manifest["files"][rel]:
+        raise ArtifactError(f"{path}: file {rel} is corrupt or was modified (sha256 differs from manifest.json)")
+    return data
+
+
+def load_artifact(path: str | Path, *, verify: bool = True,
+                  expected_digest: str | None = None) -> tuple[CompiledModel, dict]:
+    """Read an artifact: the manifest and its digest first, then every file's sha256 (the weights
+    are hashed as they are read into memory), and only then the plan is decoded (plain data:
+    nothing in it is executed) and the kernel library loaded."""
     path = Path(path)
-    manifest = read_manifest(path)
+    manifest = read_manifest(path, expected_digest=expected_digest)
     if verify:
-        verify_files(path, manifest)
+        verify_files(path, manifest, skip=("weights.bin", "plan.json"))
+    else:
+        for rel in REQUIRED_FILES:
+            if not (path / rel).is_file():
+                raise ArtifactError(f"{path}: missing file {rel}")
+    plan_bytes = _read_verified(path, "plan.json", manifest, verify)
+    buf, digest = read_aligned(path / "weights.bin")
+    if verify and digest != manifest["files"]["weights.bin"]:
+        raise ArtifactError(f"{path}: file weights.bin is corrupt or was modified (sha256 differs from manifest.json)")
     try:
-        with open(path / "plan.pkl", "rb") as f:
-            state = pickle.load(f)
-        weights = dict(np.load(path / "weights.npz"))
-    except Exception as exc:  # a truncated pickle raises anything from EOFError to ValueError
-        raise ArtifactError(f"{path}: cannot read the compiled plan ({type(exc).__name__}: {exc})") from None
+        doc = json.loads(plan_bytes)
+        blobs = BlobReader(buf, doc["blobs"])
+        decoder = plain_data.Decoder(doc["objects"], blobs)
+        state = plain_data.load(doc, blobs, decoder=decoder)
+        packs = [(decoder.ref(int(e["kernel"])), e) for e in doc.get("packed_weights", [])]
+    except (PlainDataError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{path}: cannot read the compiled plan ({type(exc).__name__}: {exc}); "
+                            f"recompile the model") from None
+    _check_against_manifest(path, state, manifest)
+    _attach_weights(packs, blobs)
     lib = load_library(path / "kernels.so") if (path / "kernels.so").exists() else None
-    packed: dict[str, np.ndarray] = {}
     for ks in state["kernels"].values():
         for k in ks:
             if k.func is None:
                 continue
-            key = k.packed_key
-            if key is not None:
-                if key not in packed:    # one aligned copy per distinct panel set, shared by its kernels
-                    packed[key] = aligned_copy(weights[key])   # npz members load at any alignment
-                k.packed = packed[key]
             if lib is None:
                 raise ArtifactError(f"{path}: kernels.so missing but kernel {k.func} needs it")
             k._bind_function(lib)
@@ -351,4 +443,35 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> tuple[CompiledMod
     return model, manifest
 
 
-__all__ = ["ArtifactError", "FORMAT_VERSION", "file_sha256", "load_artifact", "read_manifest", "write_artifact"]
+def _attach_weights(packs, blobs: BlobReader) -> None:
+    """Give each GEMM kernel its prepacked panels: packed at load from the one stored raw weight
+    (kernels whose configurations pack alike share one copy), or the stored panels themselves."""
+    cache: dict = {}
+    for kernel, entry in packs:
+        if "packed" in entry:
+            kernel.packed = aligned_copy(np.asarray(blobs.get(entry["packed"])))
+            continue
+        raw_key = entry["raw"]
+        _, pack = PACKERS[kernel.family]
+        key = (raw_key, kernel.family, repr(kernel.cfg))
+        got = cache.get(key)
+        if got is None:
+            got = cache[key] = pack(kernel, blobs.get(raw_key))
+        kernel.packed = got
+
+
+def _check_against_manifest(path: Path, state: dict, manifest: dict) -> None:
+    """The plan's symbols, inputs and outputs are the ones the manifest states (the manifest is what
+    users read and edit-checks cover)."""
+    graph = state["plan"].graph
+    want = [[s["name"], s["min"], s["max"]] for s in manifest.get("symbols", [])]
+    have = [[i.name, i.min, i.max] for i in graph.symbols.live_symbols()]
+    if want != have:
+        raise ArtifactError(f"{path}: the plan's symbols {have} differ from manifest.json's {want}; recompile")
+    if [i["name"] for i in manifest.get("inputs", [])] != list(graph.inputs) or \
+            [o["name"] for o in manifest.get("outputs", [])] != list(graph.outputs):
+        raise ArtifactError(f"{path}: the plan's inputs/outputs differ from manifest.json's; recompile")
+
+
+__all__ = ["ArtifactError", "FORMAT_VERSION", "file_sha256", "load_artifact", "manifest_digest", "read_manifest",
+           "write_artifact"]
