@@ -9,7 +9,8 @@ repeated shape costs only the kernel calls.
 
 Out-of-range shapes are refused unless the caller opts in (``allow_out_of_range=True``). The
 compiled kernels and every shape simplification were derived under the declared ranges, so an
-out-of-range call is answered by re-importing the artifact's copy of the ONNX model with ranges
+out-of-range call is answered by re-importing the source ONNX model (the artifact's copy when
+compiled with ``embed_source``, else the file the manifest names) with ranges
 widened to that shape and running tscomp's reference executor: correct, slow, and said so with
 a warning.
 """
@@ -31,6 +32,7 @@ from tscomp.errors import ExecutionError, TscompError
 from tscomp.graph.reference import bind_symbols, materialize
 from tscomp.runtime.artifact import ArtifactError, load_artifact
 from tscomp.runtime.buffers import BufferPlan, Lifetime, plan_buffers
+from tscomp.runtime.threads import blas_single_threaded
 from tscomp.runtime.wave import pick_variant
 
 ISA_RANK = {"scalar": 0, "avx2": 1, "avx512": 2}
@@ -45,38 +47,53 @@ class Step:
     kernel: object
     takes_out: bool
     free_after: tuple[str, ...]      # tensors no later step reads
-    out: dict | None = None          # arena views its outputs are written into (this shape)
+    outputs: tuple[str, ...] = ()    # its outputs that live in the arena (when it takes ``out``)
+    numpy: bool = False              # a numpy fallback group (BLAS kept to the calling thread)
 
 
 @dataclass
 class ShapePlan:
-    """Every decision that depends on the concrete shape, made once per shape."""
+    """Every decision that depends on the concrete shape, made once per shape. The arena is not
+    part of it: each call takes one from the shape's pool (a fresh one when all are in use), so
+    concurrent calls at one shape never share intermediates."""
     binding: dict[str, int]
     steps: list[Step]
     shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, np.dtype]
     buffers: BufferPlan
-    arena: np.ndarray
     shape_consts: dict[str, np.ndarray]   # shape-valued constants at this binding
+    free_arenas: list = None              # [per-step out dicts] of arenas not in use
 
-    def view(self, name: str, dtype) -> np.ndarray:
-        shape = self.shapes[name]
-        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    def new_arena(self) -> list:
+        """One arena and, per step, the views its outputs are written into."""
+        arena = np.empty(self.buffers.arena_bytes, np.uint8)
+        views = []
+        for step in self.steps:
+            views.append({name: self._view(arena, name) for name in step.outputs} if step.takes_out else None)
+        return views
+
+    def _view(self, arena, name: str) -> np.ndarray:
+        shape, dtype = self.shapes[name], self.dtypes[name]
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         off = self.buffers.offsets[name]
-        return self.arena[off:off + n].view(dtype).reshape(shape)
+        return arena[off:off + n].view(dtype).reshape(shape)
 
 
 class Runtime:
     """``Runtime(path, device="cpu", num_threads=None, allow_out_of_range=False)``; ``run(inputs)``
     maps input names to numpy arrays and returns the model's outputs by name. Loading verifies the
-    artifact's hashes and (``warmup=True``) runs every kernel variant once at the smallest shape."""
+    artifact's hashes and (``warmup=True``) runs every kernel variant once at the smallest shape.
+    ``expected_digest`` (the manifest's ``digest``, printed by ``tscomp compile``) pins the exact
+    artifact: any other is refused before anything but its manifest is read."""
 
     def __init__(self, path, device: str = "cpu", num_threads: int | None = None, *,
-                 allow_out_of_range: bool = False, verify: bool = True, warmup: bool = True):
+                 allow_out_of_range: bool = False, verify: bool = True, warmup: bool = True,
+                 expected_digest: str | None = None):
         if device != "cpu":
             raise TscompError(f"device {device!r} is not available: this tscomp runs artifacts on 'cpu' "
                               "(the CUDA target is not built yet)")
         self.path = Path(path)
-        model, self.manifest = load_artifact(self.path, verify=verify)
+        model, self.manifest = load_artifact(self.path, verify=verify, expected_digest=expected_digest)
         self._init(model, num_threads, allow_out_of_range)
         if warmup:
             self.warm_up()
@@ -133,25 +150,24 @@ class Runtime:
         return list(self.graph.outputs)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with self._lock:
-            binding, in_range = self._bind(inputs)
-            if not in_range:
-                return self._run_out_of_range(inputs, binding)
-            set_num_threads(self.num_threads)
-            shape = self._shape_plan(binding)
-            return self._execute(shape, inputs, None)
+        """Run the model. Safe to call from several threads at once: calls share the per-shape
+        decisions, each runs in its own arena (the OpenMP team count applies per calling thread)."""
+        binding, in_range = self._bind(inputs)
+        if not in_range:
+            return self._run_out_of_range(inputs, binding)
+        set_num_threads(self.num_threads)
+        return self._execute(self._shape_plan(binding), inputs, None)
 
     def profile(self, inputs: Mapping[str, np.ndarray]) -> list[tuple[str, str, float]]:
         """Run once, timing each group: ``[(group, family/target, seconds), ...]`` in Plan order."""
-        with self._lock:
-            binding, in_range = self._bind(inputs)
-            if not in_range:
-                raise ExecutionError("profile() runs compiled kernels only: the input shape is outside the "
-                                     "declared ranges")
-            set_num_threads(self.num_threads)
-            times: list = []
-            self._execute(self._shape_plan(binding), inputs, times)
-            return times
+        binding, in_range = self._bind(inputs)
+        if not in_range:
+            raise ExecutionError("profile() runs compiled kernels only: the input shape is outside the "
+                                 "declared ranges")
+        set_num_threads(self.num_threads)
+        times: list = []
+        self._execute(self._shape_plan(binding), inputs, times)
+        return times
 
     def selected_variants(self, inputs_or_binding) -> dict[str, object]:
         """The kernel variant each group runs at this shape (inputs dict or symbol binding)."""
@@ -211,10 +227,20 @@ class Runtime:
 
     def _shape_plan(self, binding: dict[str, int]) -> ShapePlan:
         key = tuple(sorted(binding.items()))
-        cached = self._shapes.get(key)
-        if cached is not None:
+        with self._lock:
+            cached = self._shapes.get(key)
+            if cached is not None:
+                self._shapes.move_to_end(key)
+                return cached
+        plan = self._make_shape_plan(binding)   # outside the lock: two threads may both plan a new shape
+        with self._lock:
+            plan = self._shapes.setdefault(key, plan)
             self._shapes.move_to_end(key)
-            return cached
+            while len(self._shapes) > SHAPE_CACHE_SIZE:
+                self._shapes.popitem(last=False)
+        return plan
+
+    def _make_shape_plan(self, binding: dict[str, int]) -> ShapePlan:
         graph, symtab = self.graph, self.graph.symbols
         produced_at, last_read = self._order
         shapes = {name: tuple(int(symtab.evaluate(d, binding)) for d in graph.values[name].shape)
@@ -226,37 +252,47 @@ class Runtime:
         buffers = plan_buffers(lifetimes)
         shape_consts = {n: materialize(graph, graph.values[n], binding) for g in self.plan.groups
                         for n in g.inputs if graph.values[n].symdata is not None}
-        steps, groups = [], []
+        steps = []
         for k, g in enumerate(self.plan.groups):
             kernel = pick_variant(self.model.kernels[g.name], binding, self.target)
             if g.name in self._shape_only:
                 shape_consts.update(kernel.run({**self._consts, **shape_consts}, binding))
                 continue
             free = tuple(n for n in g.inputs if last_read.get(n) == k and n not in keep)
-            steps.append(Step(g.name, kernel, kernel.takes_out, free))
-            groups.append(g)
-        plan = ShapePlan(dict(binding), steps, shapes, buffers, np.empty(buffers.arena_bytes, np.uint8), shape_consts)
-        for step, g in zip(steps, groups):
-            if step.takes_out:
-                step.out = {name: plan.view(name, graph.values[name].dtype)
-                            for name in g.outputs if name in buffers.offsets}
-        self._shapes[key] = plan
-        while len(self._shapes) > SHAPE_CACHE_SIZE:
-            self._shapes.popitem(last=False)
+            outs = tuple(n for n in g.outputs if n in buffers.offsets) if kernel.takes_out else ()
+            steps.append(Step(g.name, kernel, kernel.takes_out, free, outs, kernel.target == "numpy"))
+        dtypes = {name: np.dtype(graph.values[name].dtype) for name in shapes}
+        plan = ShapePlan(dict(binding), steps, shapes, dtypes, buffers, shape_consts, [])
+        plan.free_arenas.append(plan.new_arena())
         return plan
 
     # ------------------------------------------------------------------ execution
     def _execute(self, shape: ShapePlan, inputs, times: list | None) -> dict[str, np.ndarray]:
+        with self._lock:
+            arena = shape.free_arenas.pop() if shape.free_arenas else None
+        if arena is None:
+            arena = shape.new_arena()        # another call at this shape holds the pooled one(s)
+        try:
+            return self._execute_in(shape, arena, inputs, times)
+        finally:
+            with self._lock:
+                shape.free_arenas.append(arena)
+
+    def _execute_in(self, shape: ShapePlan, arena: list, inputs, times: list | None) -> dict[str, np.ndarray]:
         t_start = time.perf_counter()
         kernel_time = 0.0
         env: dict[str, np.ndarray] = dict(self._consts)
         env.update(shape.shape_consts)
         env.update({k: np.asarray(v) for k, v in inputs.items()})
         binding = shape.binding
-        for step in shape.steps:
+        for step, out in zip(shape.steps, arena):
             t = time.perf_counter()
             try:
-                produced = step.kernel.run(env, binding, step.out) if step.takes_out else step.kernel.run(env, binding)
+                if step.numpy:
+                    with blas_single_threaded():
+                        produced = step.kernel.run(env, binding)
+                else:
+                    produced = step.kernel.run(env, binding, out) if step.takes_out else step.kernel.run(env, binding)
             except TscompError:
                 raise
             except Exception as exc:
@@ -291,14 +327,17 @@ class Runtime:
         return run_reference(graph, inputs)
 
     def source_model_file(self) -> Path:
-        """The ONNX model this artifact was compiled from (its copy inside the artifact first)."""
+        """The ONNX model this artifact was compiled from: its copy inside the artifact (compiled
+        with ``embed_source``), else the source model the manifest names."""
         if self.path is not None:
             copies = sorted((self.path / "model").glob("*.onnx"))
             if copies:
                 return copies[0]
         src = Path(self.model.source_model) if self.model.source_model else None
         if src is None or not src.is_file():
-            raise ExecutionError("out-of-range run needs the original ONNX model, and this artifact has no copy")
+            raise ExecutionError(f"this needs the ONNX model the artifact was compiled from, "
+                                 f"{self.model.source_model or '(not recorded)'}, which is not there, and the "
+                                 f"artifact has no copy (compile with embed_source / --embed-source to carry one)")
         return src
 
 

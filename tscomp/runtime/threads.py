@@ -1,0 +1,138 @@
+"""Worker threads that yield the CPU: the OpenMP wait policy of the kernels and numpy's BLAS pool
+(issue 10, "robust under contention").
+
+Two pools compete for the cores when tscomp runs: the kernels' OpenMP team (GCC's libgomp) and,
+behind a numpy fallback group, numpy's OpenBLAS threads. Both spin after their work by default —
+libgomp for ``GOMP_SPINCOUNT`` = 300,000 iterations (milliseconds) at every barrier and between
+parallel regions, OpenBLAS for a comparable time after each call — so on a machine where another
+process (or the other pool) wants the same cores, spinning threads are descheduled mid-region and
+every barrier waits for a time slice.
+
+* **OpenMP.** libgomp reads ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` once, in its load-time
+  constructor (``initialize_env`` in libgomp's env.c): setting them after the library is loaded
+  changes nothing. :func:`configure_openmp_wait` therefore runs when ``tscomp`` is imported, before
+  any kernel library (which links libgomp) is loaded, and sets a *short* spin
+  (:data:`DEFAULT_SPINCOUNT` iterations, tens of microseconds: a worker still catches the next
+  parallel region of the same inference without a futex wake-up, but gives its core away soon
+  after) — unless the user set either variable, which always wins. :func:`openmp_wait_settings`
+  reports what the loaded libgomp actually uses (``omp_display_env``).
+* **BLAS.** numpy's fallback groups are small (Range, shape arithmetic, an odd Conv); while they run
+  inside a tscomp call, :func:`blas_single_threaded` keeps OpenBLAS to the calling thread (found
+  among the loaded libraries, called through ctypes: ``openblas_set_num_threads``), so its pool is
+  never woken to spin beside the kernels' team. The previous count is restored when the last
+  concurrent tscomp call leaves.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import threading
+
+#: libgomp spin iterations before a waiting worker sleeps (default 300000)
+DEFAULT_SPINCOUNT = 10000
+_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def _loaded_libraries() -> list[str]:
+    try:
+        with open("/proc/self/maps") as f:
+            return sorted({line.split()[-1] for line in f if ".so" in line and "/" in line})
+    except OSError:
+        return []
+
+
+def libgomp_loaded() -> bool:
+    return any("libgomp" in os.path.basename(p) for p in _loaded_libraries())
+
+
+def configure_openmp_wait() -> str:
+    """Set the short spin for libgomp if nobody chose a wait policy and libgomp is not loaded yet;
+    returns what was decided (for reports)."""
+    chosen = {v: os.environ[v] for v in _WAIT_VARS if v in os.environ}
+    if chosen:
+        return "user: " + ", ".join(f"{k}={v}" for k, v in chosen.items())
+    if libgomp_loaded():
+        return "libgomp was loaded before tscomp: its default wait policy applies"
+    os.environ["GOMP_SPINCOUNT"] = str(DEFAULT_SPINCOUNT)    # putenv: libgomp's constructor reads it
+    return f"tscomp: GOMP_SPINCOUNT={DEFAULT_SPINCOUNT}"
+
+
+def openmp_wait_settings() -> dict[str, str]:
+    """``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` as the loaded libgomp reports them
+    (``omp_display_env(verbose)`` prints its internal control variables to stderr)."""
+    import subprocess
+    import sys
+    code = ("import ctypes, tscomp.codegen.build as b; lib = b._openmp_runtime(); "
+            "f = lib.omp_display_env; f.argtypes = [ctypes.c_int]; f(1)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    found = {}
+    for line in out.stderr.splitlines():
+        for var in _WAIT_VARS:
+            if line.strip().startswith(var):
+                found[var] = line.split("=", 1)[1].strip().strip("'")
+    return found
+
+
+# ---------------------------------------------------------------------------- BLAS
+@functools.lru_cache(maxsize=1)
+def _openblas():
+    """(set, get) ctypes functions of the loaded OpenBLAS, or None."""
+    for path in _loaded_libraries():
+        if "openblas" not in os.path.basename(path).lower():
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for suffix in ("64_", "", "_64"):
+            for prefix in ("scipy_openblas", "openblas"):
+                try:
+                    set_fn = getattr(lib, f"{prefix}_set_num_threads{suffix}")
+                    get_fn = getattr(lib, f"{prefix}_get_num_threads{suffix}")
+                except AttributeError:
+                    continue
+                set_fn.argtypes, set_fn.restype = [ctypes.c_int], None
+                get_fn.argtypes, get_fn.restype = [], ctypes.c_int
+                return set_fn, get_fn
+    return None
+
+
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_saved: int | None = None
+
+
+@contextlib.contextmanager
+def blas_single_threaded():
+    """numpy's OpenBLAS runs on the calling thread only inside this block (nested and concurrent
+    blocks share one setting; the count before the first is restored after the last)."""
+    global _blas_users, _blas_saved
+    fns = _openblas()
+    if fns is None:
+        yield
+        return
+    set_fn, get_fn = fns
+    with _blas_lock:
+        if _blas_users == 0:
+            _blas_saved = get_fn()
+            if _blas_saved != 1:
+                set_fn(1)
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0 and _blas_saved not in (None, 1):
+                set_fn(_blas_saved)
+
+
+def blas_threads() -> int | None:
+    fns = _openblas()
+    return None if fns is None else fns[1]()
+
+
+__all__ = ["DEFAULT_SPINCOUNT", "blas_single_threaded", "blas_threads", "configure_openmp_wait",
+           "libgomp_loaded", "openmp_wait_settings"]
