@@ -148,7 +148,8 @@ class PoolAnalysis:
         g = self.group
         heavy = [o for o in g.ops() if o.op_type in WINDOWED + GLOBAL]
         if not heavy:
-            self._fail(f"no pooling op in the {g.kind} group")
+            ops = ", ".join(sorted({o.op_type for o in g.ops()})) or "-"
+            self._fail(f"no MaxPool/AveragePool/GlobalAveragePool/GlobalMaxPool in the {g.kind} group ({ops})")
         if len({o.node for o in heavy}) > 1:
             self._fail("several pooling ops in one group")
         h = heavy[0]
