@@ -253,3 +253,58 @@ def test_arg_reduction_with_a_fused_prologue_is_a_row_kernel(tmp_path, op, last)
         x = rng.integers(-3, 4, (B, L)).astype(np.float32)
         z = rng.integers(-1, 2, (B, L)).astype(np.float32)
         _check(path, rt, {"x": x, "z": z})
+
+
+# ------------------------------------------------------------------ Pad, Trilu, OneHot, EyeLike
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+def test_pad_with_pads_computed_from_the_shape(tmp_path, mode):
+    """Window padding as Swin exports it: pad W up to a multiple of 7, (7 - W % 7) % 7 from shape values;
+    a negative pad on H crops; reflect/wrap pads may be longer than the input."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "three"], ["w"], axis=0),
+             helper.make_node("Mod", ["w", "seven"], ["wm"]),
+             helper.make_node("Sub", ["seven", "wm"], ["d"]),
+             helper.make_node("Mod", ["d", "seven"], ["pw"]),
+             helper.make_node("Concat", ["z3", "pw", "lo", "z1", "pw"], ["pads"], axis=0),
+             helper.make_node("Pad", ["x", "pads", "cv"] if mode == "constant" else ["x", "pads"], ["y"], mode=mode)]
+    inits = [helper.make_tensor("three", I64, [1], [3]), helper.make_tensor("seven", I64, [1], [7]),
+             helper.make_tensor("z3", I64, [3], [0, 0, 1]), helper.make_tensor("lo", I64, [2], [0, 0]),
+             helper.make_tensor("z1", I64, [1], [-1]), helper.make_tensor("cv", F, [], [2.5])]
+    path = _model(tmp_path, f"pad_{mode}", nodes, [("x", F, ["B", 3, "H", "W"])], [("y", F, [None] * 4)], inits,
+                  opset=19)
+    model, rt = _compile(path, ["B=1:2", "H=2:20", "W=1:20"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(9)
+    # onnxruntime's reflect needs 2+ elements after the crop and pads shorter than the axis
+    shapes = [(3, 7), (4, 6), (13, 13), (20, 20)] if mode == "reflect" else [(2, 1), (3, 7), (13, 8), (20, 20)]
+    for H, W in shapes:
+        _check(path, rt, {"x": rng.standard_normal((2, 3, H, W)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("upper,k", [(1, 0), (0, 0), (1, -2), (0, 3)])
+def test_trilu_matches_onnxruntime(tmp_path, upper, k):
+    nodes = [helper.make_node("Trilu", ["x", "k"], ["y"], upper=upper)]
+    path = _model(tmp_path, "trilu", nodes, [("x", F, ["B", "L", "L"])], [("y", F, ["B", "L", "L"])],
+                  [helper.make_tensor("k", I64, [], [k])])
+    model, rt = _compile(path, ["B=1:3", "L=1:64"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(10)
+    for B, L in [(1, 1), (2, 7), (3, 64)]:
+        _check(path, rt, {"x": rng.standard_normal((B, L, L)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_onehot_and_eyelike_match_onnxruntime(tmp_path, axis):
+    nodes = [helper.make_node("OneHot", ["idx", "depth", "vals"], ["y"], axis=axis),
+             helper.make_node("EyeLike", ["sq"], ["e"], k=1)]
+    out = ["B", "L"]
+    out.insert(axis % 3, 5)
+    path = _model(tmp_path, "onehot", nodes, [("idx", I64, ["B", "L"]), ("sq", F, [4, 6])],
+                  [("y", F, out), ("e", F, [4, 6])],
+                  [helper.make_tensor("depth", I64, [], [5]), helper.make_tensor("vals", F, [2], [-1.0, 3.0])])
+    model, rt = _compile(path, ["B=1:3", "L=1:64"])
+    assert len(_index_groups(model)) == 2
+    rng = np.random.default_rng(11)
+    for B, L in [(1, 1), (2, 7), (3, 64)]:
+        _check(path, rt, {"idx": rng.integers(-7, 8, (B, L)).astype(np.int64),   # out of range: all off
+                          "sq": np.zeros((4, 6), np.float32)})

@@ -114,6 +114,24 @@ class IndexKernelWriter:
             return None
         return [int(v) for v in flat]
 
+    @property
+    def opset(self) -> int:
+        return self.op.opset
+
+    def has_arg(self, i: int) -> bool:
+        return i < len(self.op.args) and self.op.args[i] is not None
+
+    def const_exprs(self, i: int) -> list | None:
+        """Input ``i``'s values as integer shape expressions (numbers or over symbols: pads computed
+        from the input shape), or None when only run time knows them."""
+        a = self.op.args[i] if i < len(self.op.args) else None
+        value = a.value if isinstance(a, Const) else self.plan.graph.values[a.name].const \
+            if isinstance(a, Input) and a.name in self.plan.graph.values else None
+        if value is None:
+            return None
+        flat = [self.canon(sympy.sympify(v)) for v in np.asarray(value).reshape(-1)]
+        return flat if all(v.is_integer for v in flat) else None
+
     def const_floats(self, i: int) -> list[float] | None:
         """Input ``i``'s values when the compiler knows them as numbers, else None."""
         a = self.op.args[i] if i < len(self.op.args) else None

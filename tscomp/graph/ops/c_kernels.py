@@ -16,6 +16,7 @@ over ``int64_t``; shapes enter as kernel arguments, so one kernel serves every b
 from __future__ import annotations
 
 import numpy as np
+import sympy
 
 from tscomp.graph.ops.registry import attach
 from tscomp.graph.ops.tensor import SCATTER_REDUCTIONS, _fill_value
@@ -325,6 +326,113 @@ def resize_c(w) -> None:
         w.emit(f"free(ia{a}); free(wa{a});")
 
 
+# =========================================================================== Pad, Trilu, OneHot, EyeLike
+def _coords(w, shape, flat: str = "p") -> None:
+    """``c0 .. c{r-1}``: the multi-index of flat position ``flat`` in ``shape`` (C locals)."""
+    w.emit("    int64_t rest = %s;" % flat)
+    for d in reversed(range(len(shape))):
+        w.emit(f"    const int64_t c{d} = rest % ({w.c(shape[d])}); rest /= ({w.c(shape[d])});")
+
+
+def _each_element(w, shape, what: str) -> None:
+    n = w.numel(shape)
+    w.emit(f"/* {what}: one output element per iteration over [{', '.join(w.c(d) for d in shape)}] */")
+    w.emit(f"#pragma omp parallel for schedule(static){w.parallel(n)}")
+    w.emit(f"for (int64_t p = 0; p < {n}; ++p) {{")
+    _coords(w, shape)
+
+
+#: Pad mode -> C of the source position (in the cropped input of length ``n``) of padded position ``t``,
+#: or for "constant" the condition that it lies inside
+PAD_SOURCE = {
+    "edge": "{t} < 0 ? 0 : ({t} >= {n} ? {n} - 1 : {t})",
+    "wrap": "ts_mod({t}, {n})",
+    "reflect": "{n} == 1 ? 0 : (ts_mod({t}, 2 * ({n} - 1)) < {n} ? ts_mod({t}, 2 * ({n} - 1)) "
+               ": 2 * ({n} - 1) - ts_mod({t}, 2 * ({n} - 1)))",
+}
+
+
+def pad_c(w) -> None:
+    """Negative pads crop first, then every output element reads its source position under the
+    mode (numpy's pad: reflect and wrap repeat periodically for pads longer than the input)."""
+    x, y = w.arg(0), w.out(0)
+    r = len(x.shape)
+    mode = w.attr("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if w.opset < 11:
+        pads = [int(v) for v in w.attr("pads", w.attr("paddings", []))]
+        value = w.literal(float(w.attr("value", 0.0)), x.dtype)
+        axes = list(range(r))
+    else:
+        pads = w.const_exprs(1)
+        if pads is None:
+            w.fail("pads known only at run time")
+        value = w.arg(2).at("0") if w.has_arg(2) and w.op.args[2].shape != (0,) else w.literal(0, x.dtype)
+        axes = w.const_ints(3) if w.has_arg(3) else list(range(r))
+        if axes is None:
+            w.fail("axes known only at run time")
+        axes = [a % r for a in axes]
+    if mode != "constant" and mode not in PAD_SOURCE:
+        w.fail(f"mode {mode!r}")
+    begin = {a: pads[k] for k, a in enumerate(axes)}
+    end = {a: pads[k + len(axes)] for k, a in enumerate(axes)}
+    _each_element(w, y.shape, f"Pad ({mode})")
+    inside = []
+    for d in range(r):
+        if d not in begin:
+            w.emit(f"    const int64_t s{d} = c{d};")
+            continue
+        crop0, lead = sympy.Max(-begin[d], 0), sympy.Max(begin[d], 0)
+        n = w.c(x.shape[d] - crop0 - sympy.Max(-end[d], 0))
+        crop0, lead = w.c(crop0), w.c(lead)
+        w.emit(f"    const int64_t t{d} = c{d} - ({lead}), n{d} = {n};")
+        if mode == "constant":
+            inside.append(f"t{d} >= 0 && t{d} < n{d}")
+            w.emit(f"    const int64_t s{d} = ({crop0}) + t{d};")
+        else:
+            src = PAD_SOURCE[mode].format(t=f"t{d}", n=f"n{d}")
+            w.emit(f"    const int64_t s{d} = ({crop0}) + ({src});")
+    off = " + ".join(f"s{d} * ({w.numel(x.shape[d + 1:])})" for d in range(r)) or "0"
+    if inside:
+        w.emit(f"    {y.at('p')} = ({' && '.join(inside)}) ? {x.at(off)} : {value};")
+    else:
+        w.emit(f"    {y.at('p')} = {x.at(off)};")
+    w.emit("}")
+
+
+def trilu_c(w) -> None:
+    x, y = w.arg(0), w.out(0)
+    r = len(x.shape)
+    k = w.arg(1).at("0") if w.has_arg(1) else "0"
+    keep = f"c{r - 1} - c{r - 2} >= ({k})" if w.attr("upper", 1) else f"c{r - 1} - c{r - 2} <= ({k})"
+    _each_element(w, y.shape, f"Trilu ({'upper' if w.attr('upper', 1) else 'lower'})")
+    w.emit(f"    {y.at('p')} = ({keep}) ? {x.at('p')} : 0;")
+    w.emit("}")
+
+
+def onehot_c(w) -> None:
+    """``values[1]`` where the index (negative counting from the end) equals the position on the
+    new axis, else ``values[0]``; out-of-range indices match nothing, as in the reference."""
+    ind, vals, y = w.arg(0), w.arg(2), w.out(0)
+    r = len(y.shape)
+    axis = int(w.attr("axis", -1)) % r
+    depth = w.c(y.shape[axis])
+    _each_element(w, y.shape, f"OneHot on axis {axis}")
+    src = [d for d in range(r) if d != axis]
+    off = " + ".join(f"c{d} * ({w.numel(y.shape[d + 1:axis] + y.shape[max(d + 1, axis + 1):])})" for d in src) or "0"
+    w.emit(f"    int64_t v = (int64_t)({ind.at(off)});")
+    w.emit(f"    if (v < 0) v += {depth};")
+    w.emit(f"    {y.at('p')} = v == c{axis} ? {vals.at('1')} : {vals.at('0')};")
+    w.emit("}")
+
+
+def eye_like_c(w) -> None:
+    y = w.out(0)
+    _each_element(w, y.shape, "EyeLike")
+    w.emit(f"    {y.at('p')} = (c1 - c0 == {int(w.attr('k', 0))}) ? 1 : 0;")
+    w.emit("}")
+
+
 C_KERNELS = {
     "CumSum": cumsum_c,
     "Range": range_c,
@@ -334,6 +442,10 @@ C_KERNELS = {
     "ScatterElements": scatter_elements_c,
     "ScatterND": scatter_nd_c,
     "Resize": resize_c,
+    "Pad": pad_c,
+    "Trilu": trilu_c,
+    "OneHot": onehot_c,
+    "EyeLike": eye_like_c,
 }
 
 for _op, _fn in C_KERNELS.items():
