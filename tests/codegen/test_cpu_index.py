@@ -308,3 +308,14 @@ def test_onehot_and_eyelike_match_onnxruntime(tmp_path, axis):
     for B, L in [(1, 1), (2, 7), (3, 64)]:
         _check(path, rt, {"idx": rng.integers(-7, 8, (B, L)).astype(np.int64),   # out of range: all off
                           "sq": np.zeros((4, 6), np.float32)})
+
+
+def test_tile_is_an_index_map_of_the_elementwise_kernel(tmp_path):
+    nodes = [helper.make_node("Tile", ["x", "reps"], ["t"]), helper.make_node("Relu", ["t"], ["y"])]
+    path = _model(tmp_path, "tile", nodes, [("x", F, ["B", "L"])], [("y", F, [None, None])],
+                  [helper.make_tensor("reps", I64, [2], [2, 3])])
+    model, rt = _compile(path, ["B=1:3", "L=1:64"])
+    assert not model.fallback_groups()
+    rng = np.random.default_rng(12)
+    for B, L in [(1, 1), (2, 7), (3, 64)]:
+        _check(path, rt, {"x": rng.standard_normal((B, L)).astype(np.float32)})

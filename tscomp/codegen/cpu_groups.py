@@ -352,6 +352,8 @@ class GroupGenerator:
                 return self.gather_nd(e, idx)
             if e.op_type == "GatherElements":
                 return self.gather_elements(e, idx)
+            if e.op_type == "Tile":
+                return self.tile(e, idx)
             return self.elementwise(e, idx)
         self.fail(f"expression node {type(e).__name__} is not supported")
 
@@ -465,6 +467,14 @@ class GroupGenerator:
         q = len(i_shape) - 1
         pos = tuple(self.gathered(e, ind, tuple(idx[:q]) + (sympy.Integer(j),), d_shape[b + j]) for j in range(int(k)))
         return self.value(data, tuple(idx[:b]) + pos + tuple(idx[q:]))
+
+    def tile(self, e: Op, idx) -> str:
+        """Tile: element ``idx`` of the repeated tensor is element ``idx mod shape`` of its input."""
+        d_shape = self.shape(e.args[0])
+        if len(d_shape) != len(idx):
+            self.fail(f"input of rank {len(d_shape)} for an output of rank {len(idx)}", e)
+        src = tuple(sympy.Integer(0) if d == 1 else self.ctx.simplify(sympy.Mod(i, d)) for i, d in zip(idx, d_shape))
+        return self.value(e.args[0], src)
 
     def concat(self, e: Op, idx) -> str:
         out_shape = self.shape(e)
