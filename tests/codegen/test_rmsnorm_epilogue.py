@@ -130,3 +130,39 @@ def test_rmsnorm_epilogue_every_candidate_config(tmp_path_factory):
         k = compile_gemm_group(plan, group, cfg)
         for B, S in ((1, 1), (2, 37)):
             _run_vs_ort(path, plan, group, k, B, S, K, N)
+
+
+def test_two_reductions_of_different_functions_of_the_gemm_store_the_gemm_itself(tmp_path):
+    """Frontier values Mul(mm, mm) and Add(mm, b) share only the GEMM result: Y holds it and the row
+    pass recomputes both (row statistics as outputs)."""
+    ort = pytest.importorskip("onnxruntime")
+    K, N = 24, 40
+    rng = np.random.default_rng(4)
+    W = rng.standard_normal((K, N)).astype(np.float32) / np.sqrt(K)
+    b = rng.standard_normal(N).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"]),
+             helper.make_node("Mul", ["mm", "mm"], ["sq"]),
+             helper.make_node("ReduceSum", ["sq", "axes"], ["ss"], keepdims=1),
+             helper.make_node("Add", ["mm", "b"], ["h"]),
+             helper.make_node("ReduceMax", ["h", "axes"], ["mx"], keepdims=1),
+             helper.make_node("Sub", ["h", "mx"], ["hc"]),
+             helper.make_node("Div", ["hc", "ss"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "mm_two_frontiers", [helper.make_tensor_value_info("x", TP.FLOAT, ["S", K])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, ["S", N])],
+        initializer=[helper.make_tensor("W", TP.FLOAT, W.shape, W.reshape(-1).tolist()),
+                     helper.make_tensor("b", TP.FLOAT, b.shape, b.tolist()),
+                     helper.make_tensor("axes", TP.INT64, [1], [-1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    path = tmp_path / "two_frontiers.onnx"
+    onnx.save(model, path)
+    plan = fuse(G.load_model(path, ["S=1:256"]))
+    (group,) = [g for g in plan.groups if g.kind == "gemm"]
+    kernel = compile_gemm_group(plan, group)
+    assert kernel.has_row_pass and kernel.analysis.T is kernel.analysis.heavy
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for S in (1, 7, 97, 256):
+        x = rng.standard_normal((S, K)).astype(np.float32)
+        bound = bind_symbols(plan.graph, {"x": x})
+        env = {"x": x, **{n: materialize(plan.graph, plan.graph.values[n], bound) for n in group.inputs if n != "x"}}
+        close(kernel.run(env, bound)["y"], sess.run(None, {"x": x})[0], f"S={S}")
