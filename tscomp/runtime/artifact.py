@@ -242,8 +242,8 @@ def _gemm_raw(kernel):
 
 
 def _gemm_pack(kernel, raw):
-    from tscomp.codegen.cpu_gemm import prepack_weights
-    return prepack_weights(raw, kernel.cfg)
+    from tscomp.runtime.packing import pack_gemm_panels
+    return pack_gemm_panels(raw, kernel.cfg)
 
 
 PACKERS = {"gemm": (_gemm_raw, _gemm_pack)}
@@ -445,19 +445,23 @@ def load_artifact(path: str | Path, *, verify: bool = True,
 
 def _attach_weights(packs, blobs: BlobReader) -> None:
     """Give each GEMM kernel its prepacked panels: packed at load from the one stored raw weight
-    (kernels whose configurations pack alike share one copy), or the stored panels themselves."""
-    cache: dict = {}
+    (kernels whose configurations pack alike share one copy; packing runs on a few threads), or
+    the stored panels themselves."""
+    from tscomp.compiler import default_threads
+    from tscomp.runtime.packing import pack_all
+
+    jobs: dict = {}
     for kernel, entry in packs:
         if "packed" in entry:
             kernel.packed = aligned_copy(np.asarray(blobs.get(entry["packed"])))
             continue
-        raw_key = entry["raw"]
-        _, pack = PACKERS[kernel.family]
-        key = (raw_key, kernel.family, repr(kernel.cfg))
-        got = cache.get(key)
-        if got is None:
-            got = cache[key] = pack(kernel, blobs.get(raw_key))
-        kernel.packed = got
+        key = (entry["raw"], kernel.family, repr(kernel.cfg))
+        if key not in jobs:
+            jobs[key] = (PACKERS[kernel.family][1], kernel, blobs.get(entry["raw"]))
+    packed = dict(zip(jobs, pack_all(list(jobs.values()), workers=default_threads())))
+    for kernel, entry in packs:
+        if "raw" in entry:
+            kernel.packed = packed[(entry["raw"], kernel.family, repr(kernel.cfg))]
 
 
 def _check_against_manifest(path: Path, state: dict, manifest: dict) -> None:

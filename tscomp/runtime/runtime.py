@@ -48,7 +48,6 @@ class Step:
     takes_out: bool
     free_after: tuple[str, ...]      # tensors no later step reads
     outputs: tuple[str, ...] = ()    # its outputs that live in the arena (when it takes ``out``)
-    numpy: bool = False              # a numpy fallback group (BLAS kept to the calling thread)
 
 
 @dataclass
@@ -63,6 +62,10 @@ class ShapePlan:
     buffers: BufferPlan
     shape_consts: dict[str, np.ndarray]   # shape-valued constants at this binding
     free_arenas: list = None              # [per-step out dicts] of arenas not in use
+
+    @property
+    def has_numpy(self) -> bool:
+        return any(s.kernel.target == "numpy" for s in self.steps)
 
     def new_arena(self) -> list:
         """One arena and, per step, the views its outputs are written into."""
@@ -260,7 +263,7 @@ class Runtime:
                 continue
             free = tuple(n for n in g.inputs if last_read.get(n) == k and n not in keep)
             outs = tuple(n for n in g.outputs if n in buffers.offsets) if kernel.takes_out else ()
-            steps.append(Step(g.name, kernel, kernel.takes_out, free, outs, kernel.target == "numpy"))
+            steps.append(Step(g.name, kernel, kernel.takes_out, free, outs))
         dtypes = {name: np.dtype(graph.values[name].dtype) for name in shapes}
         plan = ShapePlan(dict(binding), steps, shapes, dtypes, buffers, shape_consts, [])
         plan.free_arenas.append(plan.new_arena())
@@ -280,19 +283,21 @@ class Runtime:
 
     def _execute_in(self, shape: ShapePlan, arena: list, inputs, times: list | None) -> dict[str, np.ndarray]:
         t_start = time.perf_counter()
-        kernel_time = 0.0
         env: dict[str, np.ndarray] = dict(self._consts)
         env.update(shape.shape_consts)
         env.update({k: np.asarray(v) for k, v in inputs.items()})
+        if shape.has_numpy:   # a numpy fallback group: its BLAS stays on this thread, no second pool
+            with blas_single_threaded:
+                return self._run_steps(shape, arena, env, times, t_start, inputs)
+        return self._run_steps(shape, arena, env, times, t_start, inputs)
+
+    def _run_steps(self, shape: ShapePlan, arena: list, env: dict, times, t_start: float, inputs):
+        kernel_time = 0.0
         binding = shape.binding
         for step, out in zip(shape.steps, arena):
             t = time.perf_counter()
             try:
-                if step.numpy:
-                    with blas_single_threaded():
-                        produced = step.kernel.run(env, binding)
-                else:
-                    produced = step.kernel.run(env, binding, out) if step.takes_out else step.kernel.run(env, binding)
+                produced = step.kernel.run(env, binding, out) if step.takes_out else step.kernel.run(env, binding)
             except TscompError:
                 raise
             except Exception as exc:

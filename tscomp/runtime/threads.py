@@ -16,15 +16,14 @@ every barrier waits for a time slice.
   parallel region of the same inference without a futex wake-up, but gives its core away soon
   after) — unless the user set either variable, which always wins. :func:`openmp_wait_settings`
   reports what the loaded libgomp actually uses (``omp_display_env``).
-* **BLAS.** numpy's fallback groups are small (Range, shape arithmetic, an odd Conv); while they run
-  inside a tscomp call, :func:`blas_single_threaded` keeps OpenBLAS to the calling thread (found
+* **BLAS.** numpy's fallback groups are small (Range, shape arithmetic, an odd Conv); during a
+  tscomp call that runs one, :data:`blas_single_threaded` keeps OpenBLAS to the calling thread (found
   among the loaded libraries, called through ctypes: ``openblas_set_num_threads``), so its pool is
   never woken to spin beside the kernels' team. The previous count is restored when the last
   concurrent tscomp call leaves.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import os
@@ -59,14 +58,16 @@ def configure_openmp_wait() -> str:
     return f"tscomp: GOMP_SPINCOUNT={DEFAULT_SPINCOUNT}"
 
 
-def openmp_wait_settings() -> dict[str, str]:
-    """``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` as the loaded libgomp reports them
-    (``omp_display_env(verbose)`` prints its internal control variables to stderr)."""
+def openmp_wait_settings(env: dict | None = None) -> dict[str, str]:
+    """``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` as libgomp reports them in a fresh process that
+    imports tscomp under ``env`` (default: this one's) and loads a kernel library
+    (``omp_display_env(verbose)`` prints libgomp's internal control variables to stderr)."""
     import subprocess
     import sys
-    code = ("import ctypes, tscomp.codegen.build as b; lib = b._openmp_runtime(); "
+    code = ("import ctypes, tscomp, tscomp.codegen.build as b; lib = b._openmp_runtime(); "
             "f = lib.omp_display_env; f.argtypes = [ctypes.c_int]; f(1)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ) if env is None else env)
     found = {}
     for line in out.stderr.splitlines():
         for var in _WAIT_VARS:
@@ -99,34 +100,40 @@ def _openblas():
     return None
 
 
-_blas_lock = threading.Lock()
-_blas_users = 0
-_blas_saved: int | None = None
+class _BlasSingleThreaded:
+    """numpy's OpenBLAS runs on the calling thread only inside ``with blas_single_threaded:``
+    (nested and concurrent blocks share one setting; the count before the first is restored after
+    the last). About 2 us per block."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.users = 0
+        self.saved: int | None = None
+
+    def __enter__(self):
+        fns = _openblas()
+        if fns is None:
+            return self
+        with self.lock:
+            if self.users == 0:
+                self.saved = fns[1]()
+                if self.saved != 1:
+                    fns[0](1)
+            self.users += 1
+        return self
+
+    def __exit__(self, *exc):
+        fns = _openblas()
+        if fns is None:
+            return False
+        with self.lock:
+            self.users -= 1
+            if self.users == 0 and self.saved not in (None, 1):
+                fns[0](self.saved)
+        return False
 
 
-@contextlib.contextmanager
-def blas_single_threaded():
-    """numpy's OpenBLAS runs on the calling thread only inside this block (nested and concurrent
-    blocks share one setting; the count before the first is restored after the last)."""
-    global _blas_users, _blas_saved
-    fns = _openblas()
-    if fns is None:
-        yield
-        return
-    set_fn, get_fn = fns
-    with _blas_lock:
-        if _blas_users == 0:
-            _blas_saved = get_fn()
-            if _blas_saved != 1:
-                set_fn(1)
-        _blas_users += 1
-    try:
-        yield
-    finally:
-        with _blas_lock:
-            _blas_users -= 1
-            if _blas_users == 0 and _blas_saved not in (None, 1):
-                set_fn(_blas_saved)
+blas_single_threaded = _BlasSingleThreaded()
 
 
 def blas_threads() -> int | None:

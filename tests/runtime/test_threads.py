@@ -1,0 +1,41 @@
+"""Worker threads under contention (issue 10): the wait policy libgomp actually uses, and numpy's
+BLAS kept to the calling thread during a tscomp call."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tscomp.runtime import threads
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(extra)
+    return env
+
+
+def test_loaded_libgomp_uses_the_short_spin():
+    """Set before libgomp loads (its constructor reads the environment once), so it takes effect."""
+    got = threads.openmp_wait_settings(_env())
+    assert got.get("GOMP_SPINCOUNT") == str(threads.DEFAULT_SPINCOUNT)
+
+
+def test_a_users_wait_policy_wins():
+    got = threads.openmp_wait_settings(_env(OMP_WAIT_POLICY="active"))
+    assert got.get("OMP_WAIT_POLICY") == "ACTIVE"
+    assert int(got["GOMP_SPINCOUNT"]) > threads.DEFAULT_SPINCOUNT
+
+
+def test_blas_is_single_threaded_inside_and_restored_after():
+    before = threads.blas_threads()
+    if before is None:
+        pytest.skip("numpy is not linked against OpenBLAS here")
+    with threads.blas_single_threaded:
+        assert threads.blas_threads() == 1
+        with threads.blas_single_threaded:
+            assert threads.blas_threads() == 1
+        assert threads.blas_threads() == 1
+        np.dot(np.ones((64, 64)), np.ones((64, 64)))
+    assert threads.blas_threads() == before
