@@ -26,14 +26,17 @@ from tscomp.runtime.artifact import write_artifact
 C = 4
 
 
-def _model(path, branches, *, channels=C, rank=2, opset=17, residual=None):
+def _model(path, branches, *, channels=C, rank=2, opset=17, residual=None, names=None):
     """One input x [N, channels, *spatial] feeding several independent Conv branches, each a graph
     output. ``branches``: (name, OC, kernel, attrs, epilogue) with epilogue a tuple of "bn", "relu",
     "silu", "res" (adds the input ``r`` of the branch's output shape, given by ``residual``)."""
     rng = np.random.default_rng(0)
     spatial = ["H", "W"][:rank] if rank == 2 else ["L"]
+    batch = "batch"
+    if names:
+        batch, *spatial = names
     inits, nodes, outputs = [], [], []
-    inputs = [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", channels, *spatial])]
+    inputs = [helper.make_tensor_value_info("x", TP.FLOAT, [batch, channels, *spatial])]
 
     def const(name, arr):
         inits.append(helper.make_tensor(name, TP.FLOAT, arr.shape, arr.astype(np.float32).ravel()))
@@ -289,3 +292,21 @@ def test_elementwise_prologue_before_a_conv_is_fused_and_matches_onnxruntime(tmp
     src = conv_source(ConvAnalysis(plan, group), conv_candidate_configs("avx2", 6, 36)[0], "avx2")
     assert "fused prologue: Mul, Add" in src and "x_prologue((float*)X" in src
     _compile_and_compare(path, ["H", "W"], [(1, 1, 1), (2, 7, 13), (1, 97, 13)])
+
+
+def test_shape_symbols_named_like_kernel_identifiers_do_not_collide(tmp_path):
+    """Dims called G, tile, nv (a macro, an epilogue parameter, a local of the macro-kernel)."""
+    path = tmp_path / "names.onnx"
+    _model(path, [("a", 8, (3, 3), dict(pads=[1, 1, 1, 1]), ("relu", "res")),
+                  ("dw", C, (3, 3), dict(pads=[1, 1, 1, 1], group=C), ())],
+           residual=["G", 8, "tile", "nv"], names=["G", "tile", "nv"])
+    model = compile_model(str(path), ["G=1:3", "tile=1:50", "nv=1:50"], max_variants=1)
+    assert model.fallback_groups() == []
+    rt = Runtime.from_compiled(model, num_threads=2)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, C, 7, 13)).astype(np.float32),
+             "r": rng.standard_normal((2, 8, 7, 13)).astype(np.float32)}
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = rt.run(feeds)
+    np.testing.assert_allclose(got["a_1"], want[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got["dw_conv"], want[1], rtol=1e-4, atol=1e-4)

@@ -161,11 +161,12 @@ def ts_macros(text: str) -> str:
 # ============================================================================ the fused epilogue
 class TileEpilogue(GroupGenerator):
     """The elementwise generator over one finished tile of a channel-major backbone result:
-    rows are output channels ``ix_c`` (``ch0 + er``), columns flat output positions ``ix_p``
-    (``p0 + ec``) of image ``ix_n``; the backbone's value there is ``acc`` (+ the Conv bias).
+    rows are output channels ``ts_c`` (``ts_ch0 + ts_er``), columns flat output positions ``ts_p``
+    (``ts_p0 + ts_ec``) of image ``ts_n``; the backbone's value there is ``ts_acc`` (+ the Conv
+    bias). Every name it defines starts with ``ts_`` (no shape symbol can take such a name).
 
-    :meth:`generate_function` returns the C of ``static inline void <name>(const float* tile,
-    int64_t ldt, int64_t ix_n, int64_t ch0, int64_t p0, int64_t mv, int64_t nv, <args>)`` and the
+    :meth:`generate_function` returns the C of ``static inline void <name>(const float* ts_tile,
+    int64_t ts_ldt, int64_t ts_n, int64_t ts_ch0, int64_t ts_p0, int64_t ts_mv, int64_t ts_nv, <args>)`` and the
     argument list (outputs, inputs, shape symbols) it needs."""
 
     def __init__(self, plan: Plan, group: Group, heavy: Op, out_shape: tuple, bias: Expr | None = None):
@@ -176,9 +177,9 @@ class TileEpilogue(GroupGenerator):
         self.spatial = self.hshape[2:]
         self.P = numel(self.spatial)
         self.bias = bias
-        self.n = self.ctx.var("ix_n", self.N)
-        self.ch = self.ctx.var("ix_c", self.C)
-        self.p = self.ctx.var("ix_p", self.P)
+        self.n = self.ctx.var("ts_n", self.N)
+        self.ch = self.ctx.var("ts_c", self.C)
+        self.p = self.ctx.var("ts_p", self.P)
         self.pos = delinearize(self.p, self.spatial, self.ctx)
         self.flat = self.ctx.simplify(linearize((self.n, self.ch) + tuple(self.pos), self.hshape))
 
@@ -191,9 +192,9 @@ class TileEpilogue(GroupGenerator):
             self.fail(f"the epilogue reads the {e.op_type} result at offset {off}, not at the element it "
                       f"computes ({self.flat})", e)
         if self.bias is None:
-            return "acc"
+            return "ts_acc"
         b = self.value(self.bias, (self.ch,))
-        return self.define("float", f"acc + {b}", deps=["acc", b], note=f"{e.op_type} bias")
+        return self.define("float", f"ts_acc + {b}", deps=["ts_acc", b], note=f"{e.op_type} bias")
 
     def _value(self, e: Expr, idx) -> str:
         if isinstance(e, Op) and e.op_type == "BatchNormalization" and not e.heavy:
@@ -217,14 +218,14 @@ class TileEpilogue(GroupGenerator):
     # ------------------------------------------------------------------ the function
     def generate_function(self, name: str, outputs: Mapping[str, Expr]) -> tuple[str, list[tuple], str]:
         """(C text, [(role, name, C parameter, dtype/symbol)], file-scope statics)."""
-        rows = _Block([("for (int64_t er = 0; er < mv; ++er) {", 0)], [("}", 0)])
+        rows = _Block([("for (int64_t ts_er = 0; ts_er < ts_mv; ++ts_er) {", 0)], [("}", 0)])
         self.push(rows, [self.ch])
-        self.emit("const int64_t ix_c = ch0 + er;")
-        cols = _Block([("#pragma omp simd", 0), ("for (int64_t ec = 0; ec < nv; ++ec) {", 0)], [("}", 0)])
+        self.emit("const int64_t ts_c = ts_ch0 + ts_er;")
+        cols = _Block([("#pragma omp simd", 0), ("for (int64_t ts_ec = 0; ts_ec < ts_nv; ++ts_ec) {", 0)], [("}", 0)])
         self.push(cols, [self.p])
-        self.emit("const int64_t ix_p = p0 + ec;")
-        self.emit("const float acc = tile[er * ldt + ec];")
-        self.where["acc"] = cols
+        self.emit("const int64_t ts_p = ts_p0 + ts_ec;")
+        self.emit("const float ts_acc = ts_tile[ts_er * ts_ldt + ts_ec];")
+        self.where["ts_acc"] = cols
         for oname, e in outputs.items():
             oshape = self.shape(e)
             if not same(numel(oshape), numel(self.hshape)):
@@ -256,8 +257,9 @@ class TileEpilogue(GroupGenerator):
         for s in syms:
             args.append(("symbol", s.name, c_symbol_name(s.name), s))
         params = "".join(f", {param_of(a)}" for a in args)
-        text = (f"static inline __attribute__((always_inline)) void {name}(const float* restrict tile, int64_t ldt, "
-                f"int64_t ix_n, int64_t ch0, int64_t p0, int64_t mv, int64_t nv{params})\n{{\n{body}\n}}\n")
+        text = (f"static inline __attribute__((always_inline)) void {name}(const float* restrict ts_tile, "
+                f"int64_t ts_ldt, int64_t ts_n, int64_t ts_ch0, int64_t ts_p0, int64_t ts_mv, int64_t ts_nv{params})\n"
+                f"{{\n{body}\n}}\n")
         return text, args, "\n".join(self.statics)
 
     def _input_dtype(self, name):
@@ -502,7 +504,7 @@ def _prologue_call(analysis, pro_names: str) -> str:
 
 
 def x_prologue_function(plan: Plan, group: Group, x: Expr, xshape: tuple, counter) -> tuple[str, list[tuple], str]:
-    """``static void x_prologue(float* Xa, <args>)``: the Conv's input computed by the fused prologue
+    """``static void x_prologue(float* ts_xa, <args>)``: the Conv's input computed by the fused prologue
     (one parallel elementwise pass over [N, C, *spatial]) into the scratch the gather then reads."""
     gen = GroupGenerator(plan, group)
     gen.counter = counter            # one namespace with the epilogue's generated names
@@ -510,7 +512,7 @@ def x_prologue_function(plan: Plan, group: Group, x: Expr, xshape: tuple, counte
         gen.fail(f"the Conv input is {np.dtype(x.dtype)}, only float32")
     idx, close = gen.loops(xshape, "a", "elements")
     v = gen.value(x, idx)
-    gen.emit(f"Xa[{gen.c(linearize(idx, xshape))}] = {v};")
+    gen.emit(f"ts_xa[{gen.c(linearize(idx, xshape))}] = {v};")
     close()
     if gen.index_checks or gen.scratch:
         gen.fail("a data-dependent index or a row buffer in a Conv prologue")
@@ -525,7 +527,7 @@ def x_prologue_function(plan: Plan, group: Group, x: Expr, xshape: tuple, counte
     for sym in sorted((s for s in gen.pr.used if s not in gen.ctx.upper_bounds), key=lambda s: s.name):
         args.append(("symbol", sym.name, c_symbol_name(sym.name), sym))
     params = "".join(f", {param_of(a)}" for a in args)
-    return f"static void x_prologue(float* restrict Xa{params})\n{{\n{body}\n}}\n", args, "\n".join(gen.statics)
+    return f"static void x_prologue(float* restrict ts_xa{params})\n{{\n{body}\n}}\n", args, "\n".join(gen.statics)
 
 
 def _emit_micro_kernel(emit, isa: str, MR: int, NR: int) -> None:

@@ -46,7 +46,8 @@ _C_TYPES = {np.float32: "float", np.int64: "int64_t", np.int32: "int32_t", np.bo
 
 
 class _GlobalPoolGenerator(GroupGenerator):
-    """The row loop of a global pool: rows (ix_n, ix_c), the pooled value ``res``."""
+    """The row loop of a global pool: rows (ts_n, ts_c), the pooled value ``ts_res`` (every name it
+    defines starts with ``ts_``: no shape symbol can take such a name)."""
 
     def __init__(self, plan: Plan, group: Group, heavy: Op):
         super().__init__(plan, group)
@@ -55,9 +56,9 @@ class _GlobalPoolGenerator(GroupGenerator):
         self.xshape = xshape
         self.N, self.C, self.spatial = xshape[0], xshape[1], xshape[2:]
         self.S = numel(self.spatial)
-        self.n = self.ctx.var("ix_n", self.N)
-        self.ch = self.ctx.var("ix_c", self.C)
-        self.sp = self.ctx.var("ix_s", self.S)
+        self.n = self.ctx.var("ts_n", self.N)
+        self.ch = self.ctx.var("ts_c", self.C)
+        self.sp = self.ctx.var("ts_s", self.S)
         self.in_rows = False
 
     def heavy_value(self, e: Op, idx) -> str:
@@ -67,27 +68,27 @@ class _GlobalPoolGenerator(GroupGenerator):
             self.fail(f"the {e.op_type} result is read inside its own reduction", e)
         if not all(i == 0 for i in idx[2:]) or idx[0] != self.n or idx[1] != self.ch:
             self.fail(f"the epilogue reads the {e.op_type} result at {idx}, not at its own row", e)
-        return "res"
+        return "ts_res"
 
     def generate(self, func: str) -> tuple[str, list[tuple]]:
         g, op = self.group, self.heavy.op_type
         is_max = op == "GlobalMaxPool"
         rows = _Block([(f"#pragma omp parallel for collapse(2) schedule(static) if(parallel: "
                         f"{self.c(self.N * self.C * self.S)} > {PARALLEL_MIN_ELEMENTS})", 0),
-                       (f"for (int64_t ix_n = 0; ix_n < {self.c(self.N)}; ++ix_n) {{", 0),
-                       (f"for (int64_t ix_c = 0; ix_c < {self.c(self.C)}; ++ix_c) {{", 1)], [("}", 1), ("}", 0)])
+                       (f"for (int64_t ts_n = 0; ts_n < {self.c(self.N)}; ++ts_n) {{", 0),
+                       (f"for (int64_t ts_c = 0; ts_c < {self.c(self.C)}; ++ts_c) {{", 1)], [("}", 1), ("}", 0)])
         self.push(rows, [self.n, self.ch])
-        self.emit(f"float acc = {'-INFINITY' if is_max else '0.0f'};")
-        red = "max:acc" if is_max else "+:acc"
+        self.emit(f"float ts_acc = {'-INFINITY' if is_max else '0.0f'};")
+        red = "max:ts_acc" if is_max else "+:ts_acc"
         inner = _Block([(f"#pragma omp simd reduction({red})", 0),
-                        (f"for (int64_t ix_s = 0; ix_s < {self.c(self.S)}; ++ix_s) {{", 0)], [("}", 0)])
+                        (f"for (int64_t ts_s = 0; ts_s < {self.c(self.S)}; ++ts_s) {{", 0)], [("}", 0)])
         self.push(inner, [self.sp])
         pos = delinearize(self.sp, self.spatial, self.ctx)
         v = self.value(self.heavy.args[0], (self.n, self.ch) + tuple(pos))
-        self.emit(f"acc = {'acc > ' + v + ' ? acc : ' + v if is_max else 'acc + ' + v};")
+        self.emit(f"ts_acc = {'ts_acc > ' + v + ' ? ts_acc : ' + v if is_max else 'ts_acc + ' + v};")
         self.pop()
-        self.emit(f"const float res = {'acc' if is_max else f'acc / (float)({self.c(self.S)})'};  /* {op} */")
-        self.where["res"] = rows
+        self.emit(f"const float ts_res = {'ts_acc' if is_max else f'ts_acc / (float)({self.c(self.S)})'};  /* {op} */")
+        self.where["ts_res"] = rows
         self.in_rows = True
         rows_numel = self.N * self.C
         for name, e in g.outputs.items():
