@@ -18,6 +18,9 @@ KNOWN_FALLBACKS = {
     "resnet": (),
 }
 MODELS = [pytest.param(f, e, id=f"{f}-{e}") for f in FAMILIES for e in ("dynamo", "torchscript")]
+#: ResNet-50 (random weights): features reach ~200 after K = 4608 reductions, so fp32 summation order
+#: alone moves outputs by ~5e-4 (as in tests/graph/test_real_models.py)
+ATOL = {("resnet", "base"): 1e-3}
 
 
 def _check_against_onnxruntime(rt: Runtime, onnx_path, family, bindings, size):
@@ -33,7 +36,7 @@ def _check_against_onnxruntime(rt: Runtime, onnx_path, family, bindings, size):
         assert set(got) == set(want)
         for name in names:
             assert got[name].shape == want[name].shape, f"{name} at {binding}"
-            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4,
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=ATOL.get((family, size), 1e-4),
                                        err_msg=f"{name} at {binding}")
 
 
