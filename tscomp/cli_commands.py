@@ -114,6 +114,10 @@ def _summary(compiled, path: Path) -> list[str]:
 
 
 def cmd_compile(args) -> int:
+    if getattr(args, "target", "cpu") == "cuda":
+        from tscomp.codegen.simt.compile import compile_cuda_command
+        print("\n".join(compile_cuda_command(args.model, args.dim, args.output, args.arch or None)))
+        return 0
     path, compiled = compile_to(args.model, args.dim, args.output, variants=args.variants, threads=args.threads,
                                 tuning=tuning_options(args))
     print("\n".join(_summary(compiled, path)))
@@ -207,6 +211,10 @@ def add_commands(sub, add_dim_flag) -> None:
     p.add_argument("--variants", type=int, default=DEFAULT_VARIANTS,
                    help=f"tile-config variants per GEMM group (default {DEFAULT_VARIANTS})")
     p.add_argument("--threads", type=int, default=None, help="threads for measuring single-wave times")
+    p.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (default) or cuda: SIMT kernels, nvcc cubins + PTX, run with device='opencl'|'cuda'")
+    p.add_argument("--arch", action="append", default=[], metavar="sm_XY",
+                   help="CUDA architectures to build (repeatable; default sm_80 and sm_90)")
     _add_tuning_flags(p)
     p.set_defaults(func=cmd_compile)
 

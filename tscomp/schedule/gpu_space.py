@@ -43,6 +43,26 @@ SHARED_BYTES_PER_CYCLE = 128.0
 REGISTER_OVERHEAD = 40
 
 
+def gemm_cost(s: GpuSpec, t: SimtTile, M: int, K: int, N: int, registers: int | None = None) -> float:
+    """Predicted cycles of the SIMT GEMM under ``t`` at [M, K]·[K, N] on ``s`` (the wave model with
+    the analytic single-block time; ``registers`` from ptxas where known, else the estimate)."""
+    r = {"threads": t.threads, "registers": registers or estimated_registers(t), "shared_bytes": t.shared_bytes()}
+    per_sm = s.blocks_per_sm(r)
+    if per_sm < 1:
+        return math.inf
+    bpw = per_sm * s.sms
+    blocks = math.ceil(M / t.bm) * math.ceil(N / t.bn)
+    kpad = math.ceil(K / t.bk) * t.bk
+    compute = 2.0 * t.bm * t.bn * kpad / (FLOP_PER_CYCLE.get(s.arch, 128) / per_sm)
+    memory = 4.0 * (t.bm + t.bn) * kpad / (BYTES_PER_CYCLE.get(s.arch, 8.0) / per_sm)
+    if t.async_copy:
+        memory *= 0.8
+    # shared-memory reads of the inner product: T_Mi + T_Ni words per thread per k for T_Mi·T_Ni FMAs
+    shared = 4.0 * kpad * t.threads * (t.tm + t.tn) / (SHARED_BYTES_PER_CYCLE / per_sm)
+    stall = 1.0 / min(1.0, s.occupancy(r) / 0.25)
+    return math.ceil(blocks / bpw) * max(compute, memory, shared) * stall
+
+
 def estimated_registers(t: SimtTile) -> int:
     """Accumulators + one A and one B fragment + addressing (ptxas reports the real number)."""
     return t.tm * t.tn + t.tm + t.tn + REGISTER_OVERHEAD
@@ -101,19 +121,7 @@ class GpuGemmSpace:
 
     def cost(self, t: SimtTile, M: int) -> float:
         """Predicted cycles at M (see the module docstring)."""
-        s, r = self.spec, self.resources(t)
-        per_sm = s.blocks_per_sm(r)
-        bpw = per_sm * s.sms
-        blocks = math.ceil(M / t.bm) * math.ceil(self.N / t.bn)
-        kpad = math.ceil(self.K / t.bk) * t.bk
-        compute = 2.0 * t.bm * t.bn * kpad / (FLOP_PER_CYCLE.get(s.arch, 128) / per_sm)
-        memory = 4.0 * (t.bm + t.bn) * kpad / (BYTES_PER_CYCLE.get(s.arch, 8.0) / per_sm)
-        if t.async_copy:
-            memory *= 0.8
-        # shared-memory reads of the inner product: T_Mi + T_Ni words per thread per k for T_Mi·T_Ni FMAs
-        shared = 4.0 * kpad * t.threads * (t.tm + t.tn) / (SHARED_BYTES_PER_CYCLE / per_sm)
-        stall = 1.0 / min(1.0, s.occupancy(r) / 0.25)
-        return math.ceil(blocks / bpw) * max(compute, memory, shared) * stall
+        return gemm_cost(self.spec, t, M, self.K, self.N)
 
     def samples(self, n: int = 12) -> list[int]:
         lo, hi = self.m_range
@@ -131,15 +139,18 @@ class GpuGemmSpace:
             out.append(Ranked(t, sum(ci / bi for ci, bi in zip(c, best)) / len(ms), self.spec.occupancy(r),
                               self.spec.blocks_per_wave(r), r["registers"], r["shared_bytes"],
                               tuple(m for m, ci, bi in zip(ms, c, best) if ci == bi)))
-        out.sort(key=lambda x: (x.score, -x.occupancy, x.tile.slug()))
+        out.sort(key=lambda x: (x.score, -x.occupancy, not x.tile.async_copy, x.tile.slug()))
         return out[:limit] if limit else out
 
     def variants(self, k: int = 3) -> list[SimtTile]:
         """A few configurations covering the range: the best-ranked, plus the per-sample winners."""
         ranked = self.rank()
         picks = [ranked[0].tile]
+
+        def shape(t):   # variants that differ only in warp layout or staging cost the same: keep one
+            return (t.bm, t.bn, t.bk, t.tm, t.tn)
         for r in sorted(ranked, key=lambda x: -len(x.best_at)):
-            if r.best_at and r.tile not in picks:
+            if r.best_at and shape(r.tile) not in {shape(p) for p in picks}:
                 picks.append(r.tile)
             if len(picks) >= k:
                 break
@@ -150,4 +161,4 @@ class GpuGemmSpace:
         return min(variants, key=lambda t: (self.cost(t, M), t.slug()))
 
 
-__all__ = ["BYTES_PER_CYCLE", "FLOP_PER_CYCLE", "GpuGemmSpace", "Ranked", "estimated_registers"]
+__all__ = ["BYTES_PER_CYCLE", "FLOP_PER_CYCLE", "GpuGemmSpace", "Ranked", "estimated_registers", "gemm_cost"]

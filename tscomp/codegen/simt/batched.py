@@ -174,9 +174,6 @@ class SimtBatchedGemm(KernelBase):
         self.device = device
         self.ptxas: dict = {}
 
-    def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "analysis"}
-
     def resources(self) -> dict[str, int]:
         return {"threads": self.cfg.threads, "shared_bytes": self.cfg.shared_bytes()}
 
@@ -206,7 +203,7 @@ class SimtBatchedGemm(KernelBase):
     def run(self, env, binding):
         launches, outputs = self.launches(env, binding)
         if any(o.size for o in outputs.values()):
-            self.program.run(launches, self.device)
+            self.program.run(launches, self.device, getattr(self, "cubin", None))
         return outputs
 
     __call__ = run

@@ -89,14 +89,39 @@ def build_cuda(kernels: Mapping[str, object], archs=("sm_80", "sm_90")) -> dict[
     return out
 
 
+def choose_variant(variants: list, binding: Mapping[str, int]):
+    """The wave model's pick among a group's compiled variants (TSCompiler §6): for SIMT GEMMs the
+    analytic cost (waves × single-block time, registers from ptxas) at the concrete M; else the first."""
+    if len(variants) == 1:
+        return variants[0]
+    from tscomp.schedule.gpu_space import gemm_cost
+    from tscomp.schedule.target import cuda
+
+    def cost(k):
+        arch = getattr(k, "wave_arch", None) or "sm_80"
+        res = k.ptxas.get(arch, {}).get(k.func)
+        M = int(k.symtab.evaluate(k.M, dict(binding)))
+        return gemm_cost(cuda(arch).spec, k.cfg, M, k.K, k.N, res.registers if res else None)
+    return min(variants, key=cost)
+
+
 class SimtPlanRunner:
     """Runs a Plan group by group with SIMT kernels on a device (the numpy fallback where a group has
-    none); ``families_run`` records which family ran each group."""
+    none); ``kernels`` maps a group to its kernel or its list of variants (picked per shape by
+    :func:`choose_variant`); ``families_run`` records which family ran each group, ``variants_run``
+    which kernel."""
 
     def __init__(self, plan: Plan, kernels: Mapping[str, object] | None = None, device: str = "opencl"):
         self.plan = plan
-        self.kernels = dict(kernels) if kernels is not None else simt_kernels(plan, device)
+        kernels = dict(kernels) if kernels is not None else simt_kernels(plan, device)
+        self.variants = {g: (list(k) if isinstance(k, (list, tuple)) else [k]) for g, k in kernels.items()}
+        self.kernels = {g: v[0] for g, v in self.variants.items()}
+        for vs in self.variants.values():
+            for k in vs:
+                if k.target == "cuda":
+                    k.device = device
         self.families_run: dict[str, str] = {}
+        self.variants_run: dict[str, set] = {}
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         from tscomp.graph.reference import bind_symbols, materialize
@@ -107,13 +132,14 @@ class SimtPlanRunner:
             for name in g.inputs:
                 if name not in env:
                     env[name] = materialize(graph, graph.values[name], binding)
-            k = self.kernels[g.name]
+            k = choose_variant(self.variants[g.name], binding)
             env.update(k.run({n: env[n] for n in g.inputs}, binding))
             self.families_run[g.name] = k.family
+            self.variants_run.setdefault(g.name, set()).add(k.func)
         out = {}
         for name in graph.outputs:
             out[name] = env[name] if name in env else materialize(graph, graph.values[name], binding)
         return out
 
 
-__all__ = ["SIMT_FAMILIES", "SimtFamily", "SimtPlanRunner", "build_cuda", "simt_kernel_for_group", "simt_kernels"]
+__all__ = ["SIMT_FAMILIES", "SimtFamily", "SimtPlanRunner", "choose_variant", "build_cuda", "simt_kernel_for_group", "simt_kernels"]

@@ -77,9 +77,6 @@ class SimtGemmGroup(KernelBase):
         self.ptxas: dict = {}          # arch -> {kernel: resources}, filled by the CUDA build
         self.paths_run: set[str] = set()
 
-    def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "analysis"}
-
     # ------------------------------------------------------------------ what the schedule/runtime read
     def resources(self) -> dict[str, int]:
         out = {"threads": self.cfg.threads, "shared_bytes": self.cfg.shared_bytes()}
@@ -135,8 +132,8 @@ class SimtGemmGroup(KernelBase):
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
         launches, outputs = self.launches(env, binding)
-        self.program.run(launches, self.device)
-        self.paths_run.add("async" if self.cfg.async_copy and self.device == "cuda" else "plain")
+        self.program.run(launches, self.device, getattr(self, "cubin", None))
+        self.__dict__.setdefault("paths_run", set()).add("async" if self.cfg.async_copy and self.device == "cuda" else "plain")
         return outputs
 
     __call__ = run

@@ -52,7 +52,8 @@ class SimtGroupGenerator(GroupGenerator):
         self.scratch_len = None          # row length of the Softmax row buffers
         self.rows_flat: str | None = None
 
-    def loops(self, shape, stem: str, mode: str, *, reductions: tuple[str, ...] = (), work=None):
+    def loops(self, shape, stem: str, mode: str, *, reductions: tuple[str, ...] = (), work=None, **_):
+        """("row" loops are serial within one thread, so they are always in order: ``sequential`` holds.)"""
         dims = list(shape)
         axes = [k for k, d in enumerate(dims) if d != 1]
         idx = [sympy.Integer(0)] * len(dims)
@@ -231,7 +232,7 @@ class SimtGroup(KernelBase):
 
     def run(self, env, binding, out=None):
         launches, outputs, err, sizes = self.launches(env, binding)
-        self.program.run(launches, self.device)
+        self.program.run(launches, self.device, getattr(self, "cubin", None))
         if err is not None and err.array[0]:
             raise self.index_error(err.array, sizes)
         return outputs

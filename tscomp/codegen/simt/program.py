@@ -24,14 +24,18 @@ class SimtProgram:
     def opencl(self) -> str:
         return OPENCL.render(self.header, self.body, self.defines)
 
-    def run(self, launches, device: str = "opencl") -> None:
+    def run(self, launches, device: str = "opencl", cubin: bytes | None = None) -> None:
+        """Launch on ``device``: OpenCL builds this program's OpenCL rendering; CUDA loads ``cubin``
+        (the artifact's, for this device's architecture) or builds this program with nvcc."""
         from tscomp.runtime.device_opencl import device as get_device
         dev = get_device(device)
         if device == "opencl":
             dev.run_launches(self.opencl, launches)
         else:   # pragma: no cover - needs a GPU
-            from tscomp.codegen.nvcc import compile_cubin, default_arch_of_device
-            dev.run_launches(compile_cubin(self.cuda, default_arch_of_device()).cubin, launches)
+            if cubin is None:
+                from tscomp.codegen.nvcc import compile_cubin, default_arch_of_device
+                cubin = compile_cubin(self.cuda, default_arch_of_device()).cubin
+            dev.run_launches(cubin, launches)
 
 
 def header_comment(lines: list[str]) -> str:

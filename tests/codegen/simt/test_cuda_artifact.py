@@ -1,0 +1,93 @@
+"""``tscomp compile --target cuda`` of tiny BERT: cubins per architecture + PTX, ptxas resources per
+kernel and architecture in the manifest, no spills, every non-shape group a SIMT kernel; the same
+artifact runs with device="opencl" and matches onnxruntime at 10 shapes (1, primes, range ends)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from tscomp.runtime.simt_artifact import CudaArtifactError, load_cuda_artifact
+
+DIMS = ["batch=1:8", "sequence=1:512"]
+
+
+@pytest.fixture(scope="module")
+def artifact(exported_model, nvcc, opencl, tmp_path_factory):
+    model = exported_model("bert", "tiny", "dynamo")
+    out = tmp_path_factory.mktemp("cuda") / "bert.tsc"
+    proc = subprocess.run([sys.executable, "-m", "tscomp.cli", "compile", str(model), *sum((["--dim", d] for d in DIMS), []),
+                           "-o", str(out), "--target", "cuda"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return model, out, proc.stdout
+
+
+@pytest.mark.models
+def test_artifact_holds_cubins_ptx_and_resources_per_arch(artifact):
+    _, path, stdout = artifact
+    assert "no spills" in stdout
+    for name in ("kernels/model.sm_80.cubin", "kernels/model.sm_90.cubin", "kernels/model.compute_80.ptx",
+                 "kernels/model.cu", "plan.json", "weights.bin"):
+        assert (path / name).is_file(), name
+    man = json.loads((path / "manifest.json").read_text())
+    assert man["archs"] == ["sm_80", "sm_90"]
+    assert "cp.async" in (path / "kernels/model.compute_80.ptx").read_text()
+    families = set()
+    for g in man["groups"]:
+        for v in g["variants"]:
+            families.add(v["family"])
+            if v["family"] == "numpy":      # only shape-value groups (Range of the sequence length)
+                assert g["name"].endswith("opaque"), g
+                continue
+            assert v["schedule"]["measured"] is False
+            for arch in ("sm_80", "sm_90"):
+                res = v["resources"][arch][v["func"]]
+                assert 0 < res["registers"] <= 255 and res["spill_stores"] == 0 and res["spill_loads"] == 0
+            if v["family"] == "simt-gemm":
+                assert v["resources"]["sm_80"][v["func"]]["shared_bytes"] == v["launch"]["shared_bytes"]
+                assert g["analytic_ranking"][0]["method"] == "analytic"
+    assert {"simt-gemm", "simt-batched-gemm", "simt-row-or-elementwise"} <= families
+
+
+@pytest.mark.models
+def test_artifact_runs_on_opencl_and_matches_onnxruntime(artifact):
+    from models.families import make_inputs, symbol_ranges
+    model, path, _ = artifact
+    rt = load_cuda_artifact(path, device="opencl")
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    (lb, hb), (ls, hs) = symbol_ranges("bert")["batch"], symbol_ranges("bert")["sequence"]
+    rng = np.random.default_rng(3)
+    shapes = [(1, 1), (lb, hs), (2, 13), (3, 97), (1, 511), (2, 7), (1, 2), (3, 37)]
+    shapes += [(int(rng.integers(1, 4)), int(rng.integers(ls, hs + 1))) for _ in range(2)]
+    for b, s in shapes:
+        inputs = make_inputs("bert", {"batch": b, "sequence": s}, rng, size="tiny")
+        got = rt.run(inputs)
+        want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+        for name, w in want.items():
+            np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"{name} at {b}x{s}")
+    ran = set(rt.runner.families_run.values())
+    assert {"simt-gemm", "simt-batched-gemm", "simt-row-or-elementwise"} <= ran
+    gemm_paths = set().union(*(k.paths_run for vs in rt.runner.variants.values() for k in vs
+                               if k.family == "simt-gemm" and "paths_run" in k.__dict__))
+    assert gemm_paths == {"plain"}          # OpenCL runs the plain staging path of the one source
+
+
+@pytest.mark.models
+def test_a_corrupt_artifact_is_refused_and_cuda_without_gpu_is_a_clear_error(artifact, tmp_path):
+    import shutil
+    _, path, _ = artifact
+    bad = tmp_path / "bad.tsc"
+    shutil.copytree(path, bad)
+    (bad / "kernels/model.sm_90.cubin").write_bytes(b"junk")
+    with pytest.raises(CudaArtifactError, match="model.sm_90.cubin"):
+        load_cuda_artifact(bad)
+    try:
+        import pycuda  # noqa: F401
+    except ImportError:
+        from tscomp.runtime.device_opencl import DeviceError
+        with pytest.raises(DeviceError, match="pycuda"):
+            load_cuda_artifact(path, device="cuda")
