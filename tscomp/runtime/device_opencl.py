@@ -38,11 +38,19 @@ class OpenCLDevice:
         except cl.Error as exc:
             raise DeviceError(f"no OpenCL platform ({exc}); install an OpenCL runtime "
                               f"(Debian: apt-get install pocl-opencl-icd)") from None
-        devices = [d for p in platforms for d in p.get_devices()]
+        devices = [(p.name, d) for p in platforms for d in p.get_devices()]
         if not devices:
             raise DeviceError("OpenCL platforms have no devices")
-        want = os.environ.get("TSCOMP_OPENCL_DEVICE")
-        dev = next((d for d in devices if want and want.lower() in d.name.lower()), devices[0])
+        # TSCOMP_OPENCL_DEVICE picks a platform or device by name (e.g. "oclgrind", the race detector);
+        # by default the first device of a platform that is not a simulator
+        want = os.environ.get("TSCOMP_OPENCL_DEVICE", "").lower()
+        if want:
+            dev = next((d for p, d in devices if want in p.lower() or want in d.name.lower()), None)
+            if dev is None:
+                raise DeviceError(f"TSCOMP_OPENCL_DEVICE={want!r} matches none of "
+                                  f"{', '.join(f'{p}: {d.name}' for p, d in devices)}")
+        else:
+            dev = next((d for p, d in devices if "oclgrind" not in p.lower()), devices[0][1])
         self.device_name = dev.name
         self.ctx = cl.Context([dev])
         self.queue = cl.CommandQueue(self.ctx)
