@@ -63,6 +63,13 @@ def gemm_cost(s: GpuSpec, t: SimtTile, M: int, K: int, N: int, registers: int | 
     return math.ceil(blocks / bpw) * max(compute, memory, shared) * stall
 
 
+def _warp_skew(t: SimtTile) -> int:
+    """How far a warp's 32 lanes are from a 4 x 8 / 8 x 4 arrangement (the model does not see the
+    layout; among equal scores the squarer warp tile reads shared memory with fewer bank conflicts)."""
+    lanes_m = t.wm // t.tm
+    return abs(lanes_m.bit_length() - (WARP // lanes_m).bit_length())
+
+
 def estimated_registers(t: SimtTile) -> int:
     """Accumulators + one A and one B fragment + addressing (ptxas reports the real number)."""
     return t.tm * t.tn + t.tm + t.tn + REGISTER_OVERHEAD
@@ -139,7 +146,7 @@ class GpuGemmSpace:
             out.append(Ranked(t, sum(ci / bi for ci, bi in zip(c, best)) / len(ms), self.spec.occupancy(r),
                               self.spec.blocks_per_wave(r), r["registers"], r["shared_bytes"],
                               tuple(m for m, ci, bi in zip(ms, c, best) if ci == bi)))
-        out.sort(key=lambda x: (x.score, -x.occupancy, not x.tile.async_copy, x.tile.slug()))
+        out.sort(key=lambda x: (round(x.score, 9), -x.occupancy, not x.tile.async_copy, _warp_skew(x.tile), x.tile.slug()))
         return out[:limit] if limit else out
 
     def variants(self, k: int = 3) -> list[SimtTile]:
