@@ -47,7 +47,7 @@ from typing import Mapping
 import numpy as np
 import sympy
 
-from tscomp.codegen.build import build_library, load_library
+from tscomp.codegen.build import build_library, get_num_threads, load_library
 from tscomp.codegen.c_expr import PRELUDE, c_literal, c_symbol_name, delinearize, linearize, math_helpers
 from tscomp.codegen.cpu_gemm import _Vec, emit_accumulators
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
@@ -655,9 +655,10 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
         L.append(ts_macros(text))
 
     emit(a.header("implicit GEMM", f"{cfg.describe()} on {isa}; K = Cg*KH*KW = {a.K} in {n_kb} step(s) of {KC}; "
-                  f"one OpenMP task per (image, group, {NC}-position block, {MC}-channel block)"))
+                  f"one OpenMP task per (image, group, {NC}-position block, run of {MC}-channel blocks)"))
     emit(PRELUDE)
     emit("#include <string.h>")
+    emit("#include <omp.h>")
     if isa != "scalar":
         emit("#include <immintrin.h>")
     emit(c_defines(C_IN=a.C, CG=a.Cg, OCG=a.OCg, G=a.G, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw,
@@ -673,37 +674,50 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
     _emit_pack_b(emit_t, a.pointwise)
     _emit_micro_kernel(emit_t, isa, MR, NR)
     single = n_kb == 1
-    emit_t(f"""/* Macro-kernel: tasks = NB x G x ceil(P / NC) x ceil(OCG / MC); each walks K in N_KBLOCKS steps
- * of KC, gathering the column block once per step and sweeping every MR x NR tile of its block. */
+    emit_t(f"""/* Macro-kernel: tasks = NB x G x ceil(P / NC) x (groups of obt channel blocks of MC); each walks K in
+ * N_KBLOCKS steps of KC, gathering the column block once per step and sweeping every MR x NR tile of
+ * its channel blocks with it. */
 void {name}({_runtime_params()}{params})
 {{
     const int64_t P = OH * OW;
     if (NB <= 0 || P <= 0) return;{_prologue_call(a, pro_names)}
     const int64_t n_pb = (P + NC - 1) / NC, n_ob = (OCG + MC - 1) / MC;
-    const int64_t n_tasks = NB * G * n_pb * n_ob;
+    /* channel blocks per task: all of them (the column block is gathered once per K step for every
+     * channel block) unless that leaves fewer than two tasks per thread; then halved */
+    const int64_t two_per_thread = 2 * (int64_t)omp_get_max_threads();
+    int64_t obt = n_ob;
+    while (obt > 1 && NB * G * n_pb * ((n_ob + obt - 1) / obt) < two_per_thread) obt = (obt + 1) / 2;
+    const int64_t n_obt = (n_ob + obt - 1) / obt;
+    const int64_t n_tasks = NB * G * n_pb * n_obt;
     #pragma omp parallel if (n_tasks > 1)
     {{
         float* bpack = (float*)aligned_alloc(64, (sizeof(float) * KC * NC + 63) / 64 * 64);
-        float* cbuf = {'NULL' if single else '(float*)aligned_alloc(64, (sizeof(float) * MC * NC + 63) / 64 * 64)'};
+        float* cbuf = {'NULL' if single else
+                       '(float*)aligned_alloc(64, (sizeof(float) * obt * MC * NC + 63) / 64 * 64)'};
         float tile[MR * NR] __attribute__((aligned(64)));
         #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < n_tasks; ++t) {{
-            const int64_t ob = t % n_ob, pb = (t / n_ob) % n_pb, g = (t / (n_ob * n_pb)) % G, n = t / (n_ob * n_pb * G);
+            const int64_t og = t % n_obt, pb = (t / n_obt) % n_pb, g = (t / (n_obt * n_pb)) % G;
+            const int64_t n = t / (n_obt * n_pb * G);
             const int64_t p0 = pb * NC, nvb = min_i64(NC, P - p0), ldb = (nvb + NR - 1) / NR * NR;
-            const int64_t oc0 = ob * MC, mvb = min_i64(MC, OCG - oc0);
+            const int64_t ob_first = og * obt, ob_end = min_i64(n_ob, ob_first + obt);
             const float* xg = X + (n * C_IN + g * CG) * H * W;
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
                 const int64_t k0 = kb * KC, kl = min_i64(KC, KDIM - k0);
                 pack_b(xg, H, W, OW, PT, PL, p0, nvb, ldb, k0, kl, bpack);
-                for (int64_t jp = 0; jp * NR < nvb; ++jp) {{
-                    for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
-                        const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
-                        float* ct = {'NULL' if single else 'cbuf + (jp * (MC / MR) + ip) * (MR * NR)'};
-                        micro_kernel(kl, ap, bpack + jp * NR, ldb, ct,
-                                     {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'}, tile);
-                        if ({'1' if single else 'kb == N_KBLOCKS - 1'})
-                            conv_epilogue(tile, NR, n, g * OCG + oc0 + ip * MR, p0 + jp * NR,
-                                          min_i64(MR, mvb - ip * MR), min_i64(NR, nvb - jp * NR){names});
+                for (int64_t ob = ob_first; ob < ob_end; ++ob) {{
+                    const int64_t oc0 = ob * MC, mvb = min_i64(MC, OCG - oc0);
+                    float* cb = {'NULL' if single else 'cbuf + (ob - ob_first) * (MC * NC)'};
+                    for (int64_t jp = 0; jp * NR < nvb; ++jp) {{
+                        for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
+                            const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
+                            float* ct = {'NULL' if single else 'cb + (jp * (MC / MR) + ip) * (MR * NR)'};
+                            micro_kernel(kl, ap, bpack + jp * NR, ldb, ct,
+                                         {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'}, tile);
+                            if ({'1' if single else 'kb == N_KBLOCKS - 1'})
+                                conv_epilogue(tile, NR, n, g * OCG + oc0 + ip * MR, p0 + jp * NR,
+                                              min_i64(MR, mvb - ip * MR), min_i64(NR, nvb - jp * NR){names});
+                        }}
                     }}
                 }}
             }}
@@ -877,7 +891,11 @@ class CompiledConv(PicklableKernel):
         if self.cfg is None:
             rows = max(1, min(OH, 4096 // max(OW, 1)))
             return xshape[0] * a.OC * -(-OH // rows)
-        return xshape[0] * a.G * -(-(OH * OW) // self.cfg.nc) * -(-a.OCg // self.cfg.mc)
+        n_pb, n_ob = -(-(OH * OW) // self.cfg.nc), -(-a.OCg // self.cfg.mc)
+        obt, two_per_thread = n_ob, 2 * get_num_threads()      # the kernel's own rule (conv_source)
+        while obt > 1 and xshape[0] * a.G * n_pb * -(-n_ob // obt) < two_per_thread:
+            obt = (obt + 1) // 2
+        return xshape[0] * a.G * n_pb * -(-n_ob // obt)
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
         if self.fn is None:
