@@ -2,6 +2,8 @@
 :mod:`tscomp.compiler`, :mod:`tscomp.runtime` and :mod:`tscomp.bench`."""
 from __future__ import annotations
 
+import json
+
 import re
 import sys
 import time
@@ -78,7 +80,7 @@ def tuning_options(args, quiet: bool = False):
 
 
 def compile_to(model: str, dims: list[str], output: str, *, variants: int, threads: int | None,
-               quiet: bool = False, tuning=None):
+               quiet: bool = False, tuning=None, embed_source: bool = False):
     """Compile ``model`` and write the artifact; returns (artifact path, CompiledModel)."""
     from tscomp.compiler import compile_model
     from tscomp.runtime.artifact import write_artifact
@@ -91,7 +93,8 @@ def compile_to(model: str, dims: list[str], output: str, *, variants: int, threa
     if tuning is not None and tuning.records is not None and tuning.records.path is not None:
         tuning.records.save()
     compiled.notes.append(f"source sha256 {file_sha256(Path(model))}")
-    path = write_artifact(compiled, output, progress=None if quiet else Progress("linking kernels"))
+    path = write_artifact(compiled, output, progress=None if quiet else Progress("linking kernels"),
+                          embed_source=embed_source)
     return path, compiled
 
 
@@ -119,8 +122,10 @@ def cmd_compile(args) -> int:
         print("\n".join(compile_cuda_command(args.model, args.dim, args.output, args.arch or None)))
         return 0
     path, compiled = compile_to(args.model, args.dim, args.output, variants=args.variants, threads=args.threads,
-                                tuning=tuning_options(args))
+                                tuning=tuning_options(args), embed_source=args.embed_source)
     print("\n".join(_summary(compiled, path)))
+    print(f"artifact digest {json.loads((path / 'manifest.json').read_text())['digest']} "
+          f"(Runtime(path, expected_digest=...) accepts only this artifact)")
     return 0
 
 
@@ -215,6 +220,9 @@ def add_commands(sub, add_dim_flag) -> None:
                    help="cpu (default) or cuda: SIMT kernels, nvcc cubins + PTX, run with device='opencl'|'cuda'")
     p.add_argument("--arch", action="append", default=[], metavar="sm_XY",
                    help="CUDA architectures to build (repeatable; default sm_80 and sm_90)")
+    p.add_argument("--embed-source", action="store_true",
+                   help="copy the ONNX model into the artifact (for out-of-range shapes; otherwise that path "
+                        "reads the source model the manifest names)")
     _add_tuning_flags(p)
     p.set_defaults(func=cmd_compile)
 

@@ -240,3 +240,26 @@ def test_old_pickle_format_asks_for_a_recompile(artifact_copy):
     _rewrite_manifest(artifact_copy, old, reseal=False)
     with pytest.raises(ArtifactError, match="format version 2.*recompile"):
         Runtime(artifact_copy)
+
+
+def test_out_of_range_reads_the_named_source_model_or_the_embedded_copy(tmp_path):
+    """No copy of the ONNX model by default: the out-of-range path reads the file the manifest
+    names (and says which when it is gone); ``embed_source`` carries a copy that still works."""
+    from tests.runtime.test_atomic_write import unary_model
+    from tscomp.errors import ExecutionError
+    from tscomp.runtime.artifact import write_artifact
+
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    model = unary_model(src_dir, "Relu")
+    x = np.linspace(-1, 1, 60, dtype=np.float32).reshape(20, 3)       # n = 20 > 17
+    plain = write_artifact(model, tmp_path / "plain.tsc")
+    embedded = write_artifact(model, tmp_path / "embedded.tsc", embed_source=True)
+    assert not (plain / "model").exists() and (embedded / "model" / "Relu.onnx").is_file()
+    assert json.loads((embedded / "manifest.json").read_text())["embedded_source"] is True
+    (src_dir / "Relu.onnx").unlink()
+    with pytest.raises(ExecutionError, match="Relu.onnx, which is not there.*--embed-source"):
+        Runtime(plain, allow_out_of_range=True, warmup=False).run({"x": x})
+    with pytest.warns(RuntimeWarning, match="outside the compiled ranges"):
+        y = Runtime(embedded, allow_out_of_range=True, warmup=False).run({"x": x})["y"]
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
