@@ -20,8 +20,9 @@ Two strategies (two families of :mod:`tscomp.codegen.families`):
   segments — a contiguous copy at stride 1 — with the out-of-image taps and the columns past P
   zero-filled, so the FMA loop has no bounds tests; 1x1/stride-1/unpadded convs copy whole
   channel rows). Tiles are TSCompiler §5.1's: block ⟨T_Mb = mc output channels, T_Nb = nc
-  positions, T_Kb = kc⟩ is one OpenMP task over (n, g, position block, channel block); register
-  tile ⟨T_Mi, T_Ni⟩ = ``mr × nr`` accumulators (AVX-512 / AVX2 FMA intrinsics by the target's
+  positions, T_Kb = kc⟩; one OpenMP task covers (n, g, a position block) and a run of channel
+  blocks that all consume each gathered column block (the whole OCg unless that leaves fewer than
+  two tasks per thread); register tile ⟨T_Mi, T_Ni⟩ = ``mr × nr`` accumulators (AVX-512 / AVX2 FMA intrinsics by the target's
   ISA, portable C for ``scalar``), partial sums between K steps in a per-thread buffer.
 * **direct depthwise** (:class:`DepthwiseAnalysis`, family ``conv-depthwise``): one input channel
   per group (``group = C``, channel multiplier allowed), where the GEMM would have K = KH·KW and
@@ -31,7 +32,7 @@ Two strategies (two families of :mod:`tscomp.codegen.families`):
 The fused epilogue (both strategies) is generated from the group's expression IR by the elementwise
 generator of :mod:`tscomp.codegen.cpu_groups` (:class:`TileEpilogue`): per finished tile of
 ``[oc, p]`` values it computes every group output at (n, oc, p) — the Conv result (with its bias)
-is ``acc``, other inputs are loads indexed from (n, oc, p) through their index maps — and stores
+is ``ts_acc``, other inputs are loads indexed from (n, oc, p) through their index maps — and stores
 each output once. Group outputs must be the Conv's output space ([N, OC, *spatial] or any view
 with the same element order). Elementwise prologue ops fused before the Conv (an input
 normalization) are generated the same way into one parallel pass that writes the Conv's input into
@@ -936,10 +937,6 @@ class CompiledConv(PicklableKernel):
         return np.ascontiguousarray(x)
 
     __call__ = run
-
-
-def conv_heuristic(analysis: ConvAnalysis, isa: str, limit: int) -> list[TileConfig]:
-    return analysis.heuristic_configs(isa, limit)
 
 
 __all__ = ["CONV_TILES", "CompiledConv", "ConvAnalysis", "DepthwiseAnalysis", "TileEpilogue", "conv_candidate_configs",

@@ -30,7 +30,7 @@ import numpy as np
 import sympy
 
 from tscomp.codegen.build import build_library, load_library
-from tscomp.codegen.c_expr import PRELUDE, c_symbol_name, delinearize, linearize, math_helpers
+from tscomp.codegen.c_expr import PRELUDE, c_symbol_name, delinearize, math_helpers
 from tscomp.codegen.cpu_conv import Geometry2D, c_defines, param_of, strip_views, ts_macros, window_of
 from tscomp.codegen.cpu_groups import PARALLEL_MIN_ELEMENTS, GroupGenerator, _Block
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
@@ -188,8 +188,6 @@ class PoolAnalysis:
         self.win = window_of(h, [int(k) for k in np.asarray(kernel).reshape(-1)])
         if self.win.rank != len(xshape) - 2:
             self._fail(f"{h.op_type} {h.node!r}: kernel_shape of rank {self.win.rank} for a rank-{len(xshape)} input")
-        if int(h.attrs.get("storage_order", 0)):
-            pass   # only affects the Indices output, refused above
         self.geo = Geometry2D.of(self.win)
         self.include_pad = bool(int(h.attrs.get("count_include_pad", 0)))
         self.arg_roles = []
