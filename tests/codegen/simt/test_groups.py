@@ -42,3 +42,23 @@ def test_batched_gemm_groups_match_the_interpreter(opencl, exported_model):
     assert check_against_interpreter(plan, "bert", ranges, kernels) == 2 * len(kernels)
     for k in kernels.values():
         assert "prologue (while staging)" in k.source and "float v = 0.0f;" in k.program.body
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("family,exporter,opset,staged", [("bert", "dynamo", None, 2), ("albert", "torchscript", 14, 3)])
+def test_gemm_groups_with_a_computed_while_staging_match_the_interpreter(opencl, exported_model, family, exporter,
+                                                                         opset, staged):
+    """The attention output read through a permute/reshape (BERT) and a decomposed LayerNorm tail as
+    the GEMM's prologue (old-opset ALBERT) are computed per element while staging A: no host copy."""
+    from tests.codegen.plan_runs import compile_gemm_groups
+    from tscomp.codegen.cpu_gemm_group import GemmGroupAnalysis
+    from tscomp.codegen.simt.config import SimtTile
+    from tscomp.codegen.simt.gemm_group import SimtGemmGroup
+    plan, ranges = model_plan(exported_model, family, exporter, opset)
+    tile = SimtTile(32, 64, 8, 16, 32, 2, 8, async_copy=True)
+    kernels, _ = compile_gemm_groups(plan, lambda p, g: SimtGemmGroup(GemmGroupAnalysis(p, g), tile))
+    a_staged = [k for k in kernels.values() if k.a_staged]
+    assert len(a_staged) == staged
+    for k in a_staged:
+        assert "A computed while staging" in k.program.body and k.program.body.count("TS_COPY_ASYNC(&As") == 0
+    assert check_against_interpreter(plan, family, ranges, kernels) == 2 * len(kernels)

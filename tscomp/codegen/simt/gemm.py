@@ -49,14 +49,14 @@ class SimtEpilogue:
     row_label: str = ""
 
     @classmethod
-    def from_cpu(cls, epi) -> "SimtEpilogue":
-        """From a CPU :class:`~tscomp.codegen.cpu_gemm.Epilogue` (None: a plain store). The A prologue
-        is refused: it belongs in the staging of A, which this kernel does not do yet."""
+    def from_cpu(cls, epi, a_staged: bool = False) -> "SimtEpilogue":
+        """From a CPU :class:`~tscomp.codegen.cpu_gemm.Epilogue` (None: a plain store). Its A prologue
+        (a CPU pre-pass) is refused unless the caller computes A while staging (``a_staged``)."""
         if epi is None:
             return cls()
-        if epi.a_prologue.strip():
-            raise UnsupportedOperatorError("an A operand computed in the group (prologue) is not staged by the SIMT "
-                                           "GEMM yet")
+        if epi.a_prologue.strip() and not a_staged:
+            raise UnsupportedOperatorError("an A operand computed in the group (prologue) needs A staged from the "
+                                           "expression IR")
         tables, _ = hoist_statics(epi.prelude.splitlines())
         btables, body = hoist_statics(epi.body.splitlines())
         rtables, rows = hoist_statics(epi.row_pass.splitlines())
@@ -81,10 +81,22 @@ def _indent(text: str, n: int) -> str:
     return "\n".join(pad + line if line.strip() else line for line in text.splitlines())
 
 
-def _stage(t: SimtTile, K: int, N: int, buf: str, k0: str, copy: str) -> str:
+@dataclass(frozen=True)
+class AOperand:
+    """A computed while staging: ``lines`` (statements over ``ts_i``, ``ts_k``) then ``value``; the
+    fused prologue ops and views of the expression IR, so nothing is materialized before the GEMM."""
+    lines: tuple
+    value: str
+    params: str = ""          # extra kernel parameters (", TS_GLOBAL const float* ... in0")
+    decls: tuple = ()         # kernel-scope declarations (symbolic constant arrays)
+    label: str = ""
+
+
+def _stage(t: SimtTile, K: int, N: int, buf: str, k0: str, copy: str, a_op: AOperand | None = None) -> str:
     """Statements staging A[m0:m0+T_Mb, k0:k0+T_Kb] (k-major) and W[k0:k0+T_Kb, n0:n0+T_Nb] into
     shared buffer ``buf``, zero-filling what lies outside (local padding). ``copy`` is "plain" or
-    "async" (cp.async with zero-fill; the source address is clamped into the tensor)."""
+    "async" (cp.async with zero-fill; the source address is clamped into the tensor). With
+    ``a_op`` each A element is computed from the expression IR (plain stores in both paths)."""
     nt = t.threads
     a_ok = "gm < M" + ("" if K % t.bk == 0 else " && gk < K_")
     b_ok = " && ".join(c for c in ("" if K % t.bk == 0 else "gk < K_", "" if N % t.bn == 0 else "gn < N_") if c) or "1"
@@ -94,6 +106,14 @@ def _stage(t: SimtTile, K: int, N: int, buf: str, k0: str, copy: str) -> str:
     else:
         a_st = f"TS_COPY_ASYNC(&As[{buf}][c][r], &A[({a_ok}) ? gm * K_ + gk : 0], {a_ok});"
         b_st = f"TS_COPY_ASYNC(&Bs[{buf}][c][r], &W[({b_ok}) ? gk * N_ + gn : 0], {b_ok});"
+    if a_op is not None:
+        a_st = f"""float v = 0.0f;   /* A computed while staging ({a_op.label}); zero outside (local padding) */
+    if ({a_ok}) {{
+        const int64_t ts_i = gm, ts_k = gk;
+{_indent(chr(10).join(a_op.lines), 8)}
+        v = {a_op.value};
+    }}
+    As[{buf}][c][r] = v;"""
     return f"""for (int64_t e = tid; e < {t.bm * t.bk}; e += {nt}) {{   /* A tile, coalesced along k */
     const int64_t r = e / {t.bk}, c = e % {t.bk};
     const int64_t gm = m0 + r, gk = {k0} + c;
@@ -122,7 +142,7 @@ for (int kk = 0; kk < {t.bk}; ++kk) {{
 
 
 def gemm_body(name: str, t: SimtTile, K: int, N: int, epi: SimtEpilogue | None = None, *,
-              y_arg: str = "Y") -> str:
+              y_arg: str = "Y", a_op: AOperand | None = None) -> str:
     """The dialect-neutral SIMT text of the GEMM macro-kernel ``name`` (and ``name_rows`` when the
     epilogue has a row pass)."""
     t = t.validate()
@@ -139,7 +159,7 @@ def gemm_body(name: str, t: SimtTile, K: int, N: int, epi: SimtEpilogue | None =
     Y[i * N_ + j] = {epi.expr};
 }}"""
     plain = f"""for (int64_t k0 = 0; k0 < K_; k0 += {t.bk}) {{
-{_indent(_stage(t, K, N, "0", "k0", "plain"), 4)}
+{_indent(_stage(t, K, N, "0", "k0", "plain", a_op), 4)}
     TS_BARRIER();
 {_indent(_compute(t, "0"), 4)}
     TS_BARRIER();
@@ -148,14 +168,14 @@ def gemm_body(name: str, t: SimtTile, K: int, N: int, epi: SimtEpilogue | None =
     if t.async_copy:
         staging = f"""#if TS_ASYNC_COPY
 /* cp.async double buffering: the copy of tile kt+1 overlaps the math on tile kt */
-{_stage(t, K, N, "0", "0", "async")}
+{_stage(t, K, N, "0", "0", "async", a_op)}
 TS_COPY_COMMIT();
 for (int64_t kt = 0; kt < {kt}; ++kt) {{
     const int cur = (int)(kt & 1);
     if (kt + 1 < {kt}) {{
         const int64_t k1 = (kt + 1) * {t.bk};
         const int nxt = cur ^ 1;
-{_indent(_stage(t, K, N, "nxt", "k1", "async"), 8)}
+{_indent(_stage(t, K, N, "nxt", "k1", "async", a_op), 8)}
     }}
     TS_COPY_COMMIT();
     TS_COPY_WAIT(1);
@@ -169,9 +189,10 @@ for (int64_t kt = 0; kt < {kt}; ++kt) {{
 #endif"""
     tables = "\n".join(epi.tables) + ("\n" if epi.tables else "")
     text = f"""{tables}TS_KERNEL void {name}(TS_GLOBAL const float* TS_RESTRICT A, TS_GLOBAL const float* TS_RESTRICT W,
-        TS_GLOBAL float* TS_RESTRICT {y_arg}, const int64_t M{epi.params()})
+        TS_GLOBAL float* TS_RESTRICT {y_arg}, const int64_t M{epi.params()}{a_op.params if a_op else ""})
 {{
     const int64_t K_ = {K}, N_ = {N};
+{_indent(chr(10).join(a_op.decls), 4) if a_op else ""}
     TS_SHARED float As[{t.stages}][{t.bk}][{t.bm + A_PAD}];   /* A tile, k-major, zero-padded */
     TS_SHARED float Bs[{t.stages}][{t.bk}][{t.bn}];   /* W tile, zero-padded */
     const int64_t tid = TS_THREAD(0);
@@ -229,4 +250,4 @@ def kernel_name(group_name: str, t: SimtTile) -> str:
     return "tscomp_simt_" + _FUNC.sub("_", group_name) + "_" + t.slug()
 
 
-__all__ = ["SimtEpilogue", "check_identifiers", "gemm_body", "kernel_name"]
+__all__ = ["AOperand", "SimtEpilogue", "check_identifiers", "gemm_body", "kernel_name"]

@@ -9,13 +9,16 @@ CPU family does. ``run(env, binding)`` executes on ``self.device`` (``"opencl"``
 runtime may set ``"cuda"``)."""
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
 
 from tscomp.codegen.kernel import KernelBase
 from tscomp.codegen.simt.config import SimtTile
-from tscomp.codegen.simt.gemm import SimtEpilogue, check_identifiers, gemm_body, kernel_name
+from tscomp.codegen.simt.dialect import hoist_statics
+from tscomp.codegen.simt.gemm import AOperand, SimtEpilogue, check_identifiers, gemm_body, kernel_name
 from tscomp.codegen.simt.launch import Buffer, Launch, ceil_div, input_buffer, output_buffer, scalar
 from tscomp.codegen.simt.program import SimtProgram, header_comment
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
@@ -24,12 +27,55 @@ from tscomp.graph.views import apply_view
 ROW_BLOCK = 64
 
 
+def a_operand(analysis) -> tuple[AOperand, list]:
+    """A's element at (ts_i, ts_k) from the expression IR (fused prologue ops, views of the input),
+    and the extra kernel arguments it reads (inputs, shape symbols) beyond the epilogue's."""
+    from tscomp.codegen.c_expr import c_symbol_name, delinearize
+    from tscomp.codegen.cpu_groups import GroupGenerator
+    from tscomp.graph.fusion.expr import Input, walk
+    g, h = analysis.group, analysis.heavy
+    gen = GroupGenerator(analysis.plan, g)
+    a = h.args[0]
+    ashape = gen.shape(a)
+    vi, vk = gen.ctx.var("ts_i", analysis.M), gen.ctx.var("ts_k", analysis.K)
+    val = gen.value(a, tuple(delinearize(vi, ashape[:-1], gen.ctx)) + (vk,))
+    lines = [ln for ln in gen.root.render(0) if ln.strip()]
+    tables, decls = hoist_statics(list(gen.decls))
+    stables, _ = hoist_statics(list(gen.statics))
+    text = "\n".join(lines + decls)
+    taken = {n for n, _ in (SimtEpilogue.from_cpu(analysis.epilogue, a_staged=True).args)}
+    dtypes = {x.name: np.dtype(x.dtype) for x in walk([a]) if isinstance(x, Input)}
+    params, roles = [], []
+    for name, cname in gen.in_c.items():
+        if re.search(rf"\b{cname}\[", text) and cname not in taken:
+            dt = dtypes.get(name, np.dtype(analysis.plan.graph.values[name].dtype))
+            params.append(f", TS_GLOBAL const {gen.ctype(dt)}* TS_RESTRICT {cname}")
+            roles.append(("input", name, dt))
+    for sym in sorted((x for x in gen.pr.used if x not in gen.ctx.upper_bounds), key=lambda x: x.name):
+        if c_symbol_name(sym.name) not in taken:
+            params.append(f", const int64_t {c_symbol_name(sym.name)}")
+            roles.append(("symbol", sym.name, sym))
+    # the A generator's constant tables (k0, k1, ...) must not clash with the epilogue's: rename them
+    ren = lambda x: re.sub(r"\bk(\d+)\b", r"ka\1", x)    # noqa: E731
+    lines, decls = [ren(x) for x in lines], [ren(x) for x in decls]
+    tables, stables, val = [ren(x) for x in tables], [ren(x) for x in stables], ren(val)
+    pro = [o.op_type for o in g.prologue_epilogue()[0]]
+    label = ("prologue " + ", ".join(pro)) if pro else "views of " + str(analysis.a_input)
+    return AOperand(tuple(lines), val, "".join(params), tuple(decls), label), list(dict.fromkeys(tables + stables)), roles
+
+
 def gemm_program(analysis, t: SimtTile) -> SimtProgram:
-    """The source step (pure): the SIMT program of ``analysis`` under ``t``."""
+    """The source step (pure): the SIMT program of ``analysis`` under ``t``. A is read directly when
+    it is a group input in row-major order, else computed while staging (prologue ops, views)."""
     t = t.validate()
     name = kernel_name(analysis.group.name, t)
-    epi = SimtEpilogue.from_cpu(analysis.epilogue)
-    body = gemm_body(name, t, analysis.K, analysis.N, epi)
+    staged = bool(analysis.a_prologue or not analysis.a_identity)
+    epi = SimtEpilogue.from_cpu(analysis.epilogue, a_staged=staged)
+    a_op = None
+    if staged:
+        a_op, tables, _ = a_operand(analysis)
+        epi = replace(epi, tables=tuple(dict.fromkeys(tuple(epi.tables) + tuple(tables))))
+    body = gemm_body(name, t, analysis.K, analysis.N, epi, a_op=a_op)
     check_identifiers(body)
     lines = analysis.header(_CpuLabel(t)).strip().strip("/*").strip().splitlines()
     lines = [ln.lstrip(" *") for ln in lines if ln.strip(" *")]
@@ -74,6 +120,8 @@ class SimtGemmGroup(KernelBase):
         self.packed = np.ascontiguousarray(analysis.W, dtype=np.float32)
         self.has_row_pass = analysis.has_row_pass
         self.device = device
+        self.a_staged = bool(analysis.a_prologue or not analysis.a_identity)
+        self.a_roles = a_operand(analysis)[2] if self.a_staged else []
         self.ptxas: dict = {}          # arch -> {kernel: resources}, filled by the CUDA build
         self.paths_run: set[str] = set()
 
@@ -104,12 +152,16 @@ class SimtGemmGroup(KernelBase):
             return int(self.symtab.evaluate(x, plain))
 
         M = ev(self.M)
-        a = np.asarray(env[an.a_input])
-        for v in an.a_chain:
-            a = apply_view(a, v.op, ev)
-        if a.dtype != np.float32:
-            raise ExecutionError(f"group {self.group.name}: A operand {an.a_input!r} is {a.dtype}, expected float32")
-        A = input_buffer(a.reshape(M, self.K), np.float32)
+        if self.a_staged:      # computed while staging from the inputs passed after the epilogue's
+            A = input_buffer(np.zeros(1, np.float32), np.float32)
+        else:
+            a = np.asarray(env[an.a_input])
+            for v in an.a_chain:
+                a = apply_view(a, v.op, ev)
+            if a.dtype != np.float32:
+                raise ExecutionError(f"group {self.group.name}: A operand {an.a_input!r} is {a.dtype}, "
+                                     f"expected float32")
+            A = input_buffer(a.reshape(M, self.K), np.float32)
         outputs = {name: output_buffer(tuple(ev(d) for d in shape), np.float32)
                    for name, shape in an.out_shapes.items()}
         Y = outputs[an.y_output] if an.y_output is not None else Buffer(np.empty((M, self.N), np.float32), False)
@@ -121,9 +173,11 @@ class SimtGemmGroup(KernelBase):
                 extra.append(outputs[name])
             else:
                 extra.append(scalar(ev(info)))
+        a_extra = [input_buffer(env[name], info) if role == "input" else scalar(ev(info))
+                   for role, name, info in self.a_roles]
         gm, gn = self.blocks(M)
         launches = [Launch(self.func, (gm, gn, 1), (self.cfg.threads, 1, 1),
-                           [A, input_buffer(self.packed, np.float32), Y, scalar(M), *extra])]
+                           [A, input_buffer(self.packed, np.float32), Y, scalar(M), *extra, *a_extra])]
         if self.has_row_pass:
             Y.download = True
             launches.append(Launch(self.func + "_rows", (ceil_div(M, ROW_BLOCK), 1, 1), (ROW_BLOCK, 1, 1),
