@@ -22,12 +22,13 @@ Two strategies (two families of :mod:`tscomp.codegen.families`):
   channel rows). Tiles are TSCompiler §5.1's: block ⟨T_Mb = mc output channels, T_Nb = nc
   positions, T_Kb = kc⟩; one OpenMP task covers (n, g, a position block) and a run of channel
   blocks that all consume each gathered column block (the whole OCg unless that leaves fewer than
-  two tasks per thread); register tile ⟨T_Mi, T_Ni⟩ = ``mr × nr`` accumulators (AVX-512 / AVX2 FMA intrinsics by the target's
-  ISA, portable C for ``scalar``), partial sums between K steps in a per-thread buffer.
+  two tasks per thread); register tile ⟨T_Mi, T_Ni⟩ = ``mr × nr`` accumulators (AVX-512 / AVX2
+  FMA intrinsics by the target's ISA, portable C for ``scalar``), partial sums between K steps in
+  a per-thread buffer.
 * **direct depthwise** (:class:`DepthwiseAnalysis`, family ``conv-depthwise``): one input channel
   per group (``group = C``, channel multiplier allowed), where the GEMM would have K = KH·KW and
-  one row: per (n, oc, output row) the taps accumulate into a row buffer, vectorized along the
-  row (contiguous at stride 1).
+  one row: per (n, oc, output row) and kernel row, the interior output columns take all KW taps in
+  one vectorized pass (KW a constant, unrolled), the few edge columns test each tap.
 
 The fused epilogue (both strategies) is generated from the group's expression IR by the elementwise
 generator of :mod:`tscomp.codegen.cpu_groups` (:class:`TileEpilogue`): per finished tile of
@@ -749,6 +750,11 @@ def depthwise_source(analysis: DepthwiseAnalysis, isa: str) -> str:
                    DW=geo.dw))
     emit("static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }")
     emit("static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }")
+    emit_t("""/* output columns q whose tap at offset `off` (iw = q*SW + off) is >= 0 / < W */
+static inline int64_t tap_lo(int64_t off) { return off >= 0 ? 0 : (-off + SW - 1) / SW; }
+static inline int64_t tap_hi(int64_t off, int64_t W, int64_t OW)
+{ return min_i64(OW, W - 1 - off >= 0 ? (W - 1 - off) / SW + 1 : 0); }
+""")
     emit(a.math)
     if a.statics:
         emit(a.statics)
@@ -778,14 +784,26 @@ void {name}({_runtime_params()}{params})
                 for (int64_t kh = 0; kh < KH; ++kh) {{
                     const int64_t ih = oh * SH - PT + kh * DH;
                     if (ih < 0 || ih >= H) continue;
-                    for (int64_t kw = 0; kw < KW; ++kw) {{
-                        const int64_t off = kw * DW - PL;
-                        const int64_t lo = off >= 0 ? 0 : (-off + SW - 1) / SW;
-                        const int64_t hi = min_i64(OW, W - 1 - off >= 0 ? (W - 1 - off) / SW + 1 : 0);
-                        const float wv = wk[kh * KW + kw];
-                        const float* restrict row = src + ih * W;
-                        #pragma omp simd
-                        for (int64_t q = lo; q < hi; ++q) acc[q] += wv * row[q * SW + off];
+                    const float* restrict row = src + ih * W;
+                    const float* restrict wr = wk + kh * KW;
+                    /* interior columns [qa, qb): every tap of the row inside the image, all KW taps in one
+                     * pass (KW is a constant: unrolled); the few edge columns test each tap */
+                    const int64_t qa = min_i64(OW, tap_lo(-PL)), qb = max_i64(qa, tap_hi((KW - 1) * DW - PL, W, OW));
+                    for (int64_t q = 0; q < qa; ++q)
+                        for (int64_t kw = 0; kw < KW; ++kw) {{
+                            const int64_t iw = q * SW + kw * DW - PL;
+                            if (iw >= 0 && iw < W) acc[q] += wr[kw] * row[iw];
+                        }}
+                    for (int64_t q = qb; q < OW; ++q)
+                        for (int64_t kw = 0; kw < KW; ++kw) {{
+                            const int64_t iw = q * SW + kw * DW - PL;
+                            if (iw >= 0 && iw < W) acc[q] += wr[kw] * row[iw];
+                        }}
+                    #pragma omp simd
+                    for (int64_t q = qa; q < qb; ++q) {{
+                        float s = acc[q];
+                        for (int64_t kw = 0; kw < KW; ++kw) s += wr[kw] * row[q * SW + kw * DW - PL];
+                        acc[q] = s;
                     }}
                 }}
                 conv_epilogue(acc, OW, n, oc, oh * OW, 1, OW{names});
