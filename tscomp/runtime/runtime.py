@@ -3,7 +3,8 @@ on the request path (TSCompiler §6, the runtime half of Fig. 2).
 
 Per call: validate the inputs and bind the shape symbols; then, once per concrete shape (cached),
 pick one kernel variant per group with the wave model (:mod:`tscomp.runtime.wave`), plan the
-intermediate buffers (:mod:`tscomp.runtime.buffers`) and evaluate every symbolic size; then run
+intermediate buffers (evaluate the symbolic buffer plan made once at load,
+:mod:`tscomp.runtime.symbolic_buffers`) and evaluate every symbolic size; then run
 the groups in Plan order. Everything shape-dependent is decided by those cached steps, so a
 repeated shape costs only the kernel calls.
 
@@ -31,7 +32,9 @@ from tscomp.compiler import CompiledModel, default_threads
 from tscomp.errors import ExecutionError, TscompError
 from tscomp.graph.reference import bind_symbols, materialize
 from tscomp.runtime.artifact import ArtifactError, load_artifact
-from tscomp.runtime.buffers import BufferPlan, Lifetime, plan_buffers
+from tscomp.graph.symbols import numel
+from tscomp.runtime.buffers import BufferPlan
+from tscomp.runtime.symbolic_buffers import SymbolicBufferPlan, SymbolicLifetime, plan_buffers_symbolic
 from tscomp.runtime.threads import blas_single_threaded
 from tscomp.runtime.wave import pick_variant
 
@@ -124,6 +127,7 @@ class Runtime:
         self._consts = self._static_constants()
         self._shape_only = self._shape_only_groups()
         self._order = self._lifetimes_by_index()
+        self._buffer_plan = self._symbolic_buffer_plan()
         self.last_call_overhead = None
 
     def warm_up(self) -> None:
@@ -217,6 +221,18 @@ class Runtime:
                 static.update(g.outputs)
         return out
 
+    def _symbolic_buffer_plan(self) -> SymbolicBufferPlan:
+        """Where every intermediate lives in the arena, as expressions of the symbols (decided once:
+        per shape the offsets are only evaluated)."""
+        graph, symtab = self.graph, self.graph.symbols
+        produced_at, last_read = self._order
+        keep = set(graph.outputs) | set(graph.inputs)
+        lifetimes = [SymbolicLifetime(name, symtab.canon(numel(graph.values[name].shape)
+                                                         * np.dtype(graph.values[name].dtype).itemsize),
+                                      k, last_read.get(name, k))
+                     for name, k in produced_at.items() if name not in keep]
+        return plan_buffers_symbolic(lifetimes, symtab)
+
     def _lifetimes_by_index(self):
         produced_at, last_read = {}, {}
         for k, g in enumerate(self.plan.groups):
@@ -249,10 +265,7 @@ class Runtime:
         shapes = {name: tuple(int(symtab.evaluate(d, binding)) for d in graph.values[name].shape)
                   for name in produced_at}
         keep = set(graph.outputs) | set(graph.inputs)
-        lifetimes = [Lifetime(name, int(np.prod(shapes[name], dtype=np.int64)) * np.dtype(graph.values[name].dtype).itemsize,
-                              k, last_read.get(name, k))
-                     for name, k in produced_at.items() if name not in keep]
-        buffers = plan_buffers(lifetimes)
+        buffers = self._buffer_plan.evaluate(binding)      # placement decided once, at load
         shape_consts = {n: materialize(graph, graph.values[n], binding) for g in self.plan.groups
                         for n in g.inputs if graph.values[n].symdata is not None}
         steps = []

@@ -1,0 +1,120 @@
+"""The buffer plan decided once, symbolically (issue 10, "symbolic buffer plan"; TorchInductor and
+BladeDISC plan memory over symbolic sizes, onnxruntime plans per concrete shape).
+
+Every tensor that crosses between groups has a size that is an expression of the shape symbols
+and a lifetime (the step that writes it, the last step that reads it) that does not depend on the
+shape at all. :func:`plan_buffers_symbolic` decides the *placement* once, at load or compile time:
+tensors whose lifetimes do not overlap share a slot (greedy, largest at the top of the ranges
+first), and the slots are stacked, so every offset is
+
+    offset(t) = max(0, max over u in below(t) of offset(u) + size(u))
+
+with ``below(t)`` the members of the slot under t's. That holds for every binding in the ranges
+(two live tensors are in different slots, and slots never overlap, whatever the sizes come to), so
+per shape nothing is decided: the offsets are a fixed sequence of integer expressions, evaluated in
+order — in Python with compiled expressions (:meth:`SymbolicBufferPlan.evaluate`), or as C
+(:meth:`SymbolicBufferPlan.c_source`) by a native host program.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from tscomp.graph.symbols import SymbolTable, compile_int_expr
+from tscomp.runtime.buffers import ALIGN, BufferPlan
+
+
+@dataclass(frozen=True)
+class SymbolicLifetime:
+    name: str
+    nbytes: sympy.Expr
+    first: int
+    last: int
+
+
+@dataclass
+class SymbolicBufferPlan:
+    order: list[str]                      # placement order (each offset reads only earlier ones)
+    sizes: dict[str, sympy.Expr]          # aligned bytes
+    below: dict[str, tuple[str, ...]]     # the tensors each sits directly above
+    _fns: dict | None = None
+
+    def _compiled(self) -> dict:
+        if self._fns is None:
+            self._fns = {name: compile_int_expr(self.sizes[name]) for name in self.order}
+        return self._fns
+
+    def evaluate(self, binding: dict[str, int]) -> BufferPlan:
+        """Concrete offsets and arena size at ``binding`` (symbol name -> int)."""
+        fns = self._compiled()
+        offsets: dict[str, int] = {}
+        ends: dict[str, int] = {}
+        arena = 0
+        naive = 0
+        for name in self.order:
+            off = max((ends[u] for u in self.below[name]), default=0)
+            size = int(fns[name](binding))
+            offsets[name] = off
+            ends[name] = off + size
+            arena = max(arena, off + size)
+            naive += size
+        return BufferPlan(offsets, arena, naive)
+
+    def c_source(self, func: str = "tscomp_buffer_plan", symbol_names: list[str] | None = None) -> str:
+        """C: ``int64_t <func>(const int64_t *sym, int64_t *offsets)`` fills the offsets in
+        :attr:`order` and returns the arena size; ``sym`` holds the symbols in ``symbol_names``
+        order."""
+        from tscomp.codegen.c_expr import c_index
+
+        syms = symbol_names or sorted({s.name for e in self.sizes.values() for s in e.free_symbols})
+        names = {sympy.Symbol(n, integer=True, positive=True): f"sym[{k}]" for k, n in enumerate(syms)}
+        lines = [f"/* symbolic buffer plan: {len(self.order)} tensors, placed in this order */",
+                 f"int64_t {func}(const int64_t *sym, int64_t *offsets)", "{", "    int64_t arena = 0;"]
+        index = {name: k for k, name in enumerate(self.order)}
+        for k, name in enumerate(self.order):
+            size = c_index(self.sizes[name], names=names)
+            lines.append(f"    int64_t o{k} = 0;   /* {name} */")
+            for u in self.below[name]:
+                j = index[u]
+                lines.append(f"    o{k} = ts_max(o{k}, o{j} + e{j});")
+            lines.append(f"    int64_t e{k} = {size};")
+            lines.append(f"    offsets[{k}] = o{k}; arena = ts_max(arena, o{k} + e{k});")
+        lines += ["    return arena;", "}"]
+        return "\n".join(lines) + "\n"
+
+
+def _aligned(nbytes: sympy.Expr) -> sympy.Expr:
+    return ALIGN * sympy.ceiling(sympy.Max(1, nbytes) / ALIGN)
+
+
+def plan_buffers_symbolic(lifetimes: list[SymbolicLifetime], symtab: SymbolTable) -> SymbolicBufferPlan:
+    """Slots, then stacking: tensors (largest at the top of the ranges first) share a *slot* with
+    tensors whose lifetimes they do not overlap (the first slot that has room in time); a slot is as
+    large as its largest member at the binding, and slots sit one above the other. Valid at every
+    binding by construction; tensors of the same kind in successive layers share one slot."""
+    def top(lt: SymbolicLifetime) -> float:
+        return float(symtab.bounds(lt.nbytes)[1])
+
+    ordered = sorted(lifetimes, key=lambda t: (-top(t), t.first, t.name))
+    slots: list[list[SymbolicLifetime]] = []
+    for lt in ordered:
+        for slot in slots:
+            if all(u.last < lt.first or lt.last < u.first for u in slot):
+                slot.append(lt)
+                break
+        else:
+            slots.append([lt])
+    sizes = {lt.name: _aligned(lt.nbytes) for lt in lifetimes}
+    order, below, slot_of = [], {}, {}
+    previous: tuple[str, ...] = ()
+    for k, slot in enumerate(slots):
+        for lt in slot:
+            order.append(lt.name)
+            below[lt.name] = previous      # every member of the slot below: the top of the stack so far
+            slot_of[lt.name] = k
+        previous = tuple(lt.name for lt in slot)
+    return SymbolicBufferPlan(order, sizes, below)
+
+
+__all__ = ["SymbolicBufferPlan", "SymbolicLifetime", "plan_buffers_symbolic"]
