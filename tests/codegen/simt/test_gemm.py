@@ -122,3 +122,40 @@ ptxas info    : Used 40 registers, used 0 barriers, 380 bytes cmem[0]
     assert (res["a"].registers, res["a"].shared_bytes, res["a"].spill_stores, res["a"].spill_loads,
             res["a"].stack_bytes) == (255, 8256, 8, 4, 16)
     assert (res["b"].registers, res["b"].shared_bytes, res["b"].spill_stores) == (40, 0, 0)
+
+
+MMA = SimtTile(64, 64, 16, 32, 32, 4, 8, async_copy=True, mma=True)
+
+
+def test_tensor_core_tile_runs_its_plain_path_on_opencl(opencl):
+    rng = np.random.default_rng(5)
+    K, N = 97, 130
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    for M in (1, 13, 97):
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        Y = output_buffer((M, N), np.float32)
+        p = SimtProgram("/* t */\n", gemm_body("k", MMA, K, N, SimtEpilogue.from_cpu(Epilogue.bias_gelu())),
+                        {"TS_WANT_ASYNC": 1, "TS_WANT_MMA": 1})
+        p.run([Launch("k", (ceil_div(M, MMA.bm), ceil_div(N, MMA.bn), 1), (MMA.threads, 1, 1),
+                      [input_buffer(A, np.float32), input_buffer(W, np.float32), Y, scalar(M),
+                       input_buffer(bias, np.float32)])])
+        np.testing.assert_allclose(Y.array, _gelu(A.astype(np.float64) @ W + bias), rtol=1e-4, atol=1e-4)
+    assert "#if TS_MMA" in p.body and "nvcuda::wmma::mma_sync" in p.body and "#define TS_MMA 0" in p.opencl
+
+
+def test_tensor_core_tile_builds_mma_sync_on_sm80_sm90_and_plain_on_sm75(nvcc):
+    from tscomp.codegen.nvcc import compile_cubin, compile_ptx
+    p = SimtProgram("/* t */\n", gemm_body("k", MMA, 768, 768, SimtEpilogue.from_cpu(Epilogue.bias())),
+                    {"TS_WANT_ASYNC": 1, "TS_WANT_MMA": 1})
+    for arch in ("sm_80", "sm_90", "sm_75"):
+        b = compile_cubin(p.cuda, arch)
+        assert not b.spills and b.resources["k"].shared_bytes <= MMA.shared_bytes()
+    assert "mma.sync" in compile_ptx(p.cuda, "sm_80")
+    assert "mma.sync" not in compile_ptx(p.cuda, "sm_75")
+
+
+def test_tensor_core_tiles_need_wmma_multiples():
+    with pytest.raises(UnsupportedOperatorError, match="wmma"):
+        SimtTile(64, 64, 4, 32, 32, 4, 8, mma=True).validate()
+    assert MMA.validate().slug().endswith("_mma_async") and MMA.a_pad == 4

@@ -20,7 +20,7 @@ import sympy
 from tscomp.codegen.c_expr import broadcast_index, c_symbol_name, delinearize, reshape_index
 from tscomp.codegen.cpu_batched_gemm import _Generator
 from tscomp.codegen.kernel import KernelBase
-from tscomp.codegen.simt.config import A_PAD, WARP, SimtTile
+from tscomp.codegen.simt.config import WARP, SimtTile
 from tscomp.codegen.simt.dialect import hoist_statics
 from tscomp.codegen.simt.gemm import _compute, _indent, check_identifiers
 from tscomp.codegen.simt.launch import Launch, ceil_div, input_buffer, output_buffer, scalar
@@ -93,7 +93,7 @@ def batched_program(an, t: SimtTile) -> tuple[SimtProgram, str, list]:
 TS_KERNEL void {name}({', '.join(params)})
 {{
 {_indent(chr(10).join(decls), 4)}
-    TS_SHARED float As[1][{t.bk}][{t.bm + A_PAD}];   /* A tile, k-major, prologue applied, zero-padded */
+    TS_SHARED float As[1][{t.bk}][{t.bm + t.a_pad}];   /* A tile, k-major, prologue applied, zero-padded */
     TS_SHARED float Bs[1][{t.bk}][{t.bn}];            /* B tile, prologue applied, zero-padded */
     const int64_t tid = TS_THREAD(0);
     const int64_t n_mb = (ts_M + {t.bm - 1}) / {t.bm};

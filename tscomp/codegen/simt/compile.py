@@ -114,7 +114,7 @@ def translation_unit(kernels: dict) -> str:
             seen.add(k.func)
             parts.append(f"{k.program.header}namespace ts_k{n} {{\n{k.program.body}\n}}  /* namespace ts_k{n} */\n")
             n += 1
-    return CUDA.render("", "\n".join(parts), {"TS_WANT_ASYNC": 1})
+    return CUDA.render("", "\n".join(parts), {"TS_WANT_ASYNC": 1, "TS_WANT_MMA": 1})
 
 
 def _spilling(build: CudaBuild) -> set:

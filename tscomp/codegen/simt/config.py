@@ -1,7 +1,10 @@
 """The SIMT tile configuration (TSCompiler §5.1, Fig. 4): block tile ⟨T_Mb, T_Nb, T_Kb⟩ staged in
 shared memory, warp tile ⟨T_Mw, T_Nw⟩ (a warp's 32 threads cover it), thread register tile
 ⟨T_Mi, T_Ni⟩; ``async_copy`` asks for the sm_80+ ``cp.async`` double-buffered staging path
-(§5.4), compiled where the architecture has it, the plain path elsewhere (and on OpenCL)."""
+(§5.4), compiled where the architecture has it, the plain path elsewhere (and on OpenCL); ``mma``
+asks for the tensor-core inner product (§5.4 tensorization: wmma m16n16k8 TF32 on sm_80+, i.e.
+fp32 inputs rounded to a 10-bit mantissa, fp32 accumulation — about 1e-3 relative, so opt-in), with
+the SIMT inner product as its plain path in the same source."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +26,12 @@ class SimtTile:
     tm: int
     tn: int
     async_copy: bool = False
+    mma: bool = False
+
+    @property
+    def a_pad(self) -> int:
+        """Padding of the A tile's rows: 1 (conflict-free stores), 4 for wmma (16-byte leading dim)."""
+        return 4 if self.mma else A_PAD
 
     def validate(self) -> "SimtTile":
         bad = []
@@ -34,6 +43,8 @@ class SimtTile:
             bad.append("the warp tile must be a whole number of thread tiles")
         elif (self.wm // self.tm) * (self.wn // self.tn) != WARP:
             bad.append(f"a warp tile must hold {WARP} thread tiles, not {(self.wm // self.tm) * (self.wn // self.tn)}")
+        if not bad and self.mma and (self.wm % 16 or self.wn % 16 or self.bk % 8):
+            bad.append("a tensor-core (wmma m16n16k8) tile needs warp tiles of multiples of 16 and T_Kb of 8")
         if bad:
             raise UnsupportedOperatorError(f"SIMT tile {self.describe()}: {bad[0]}")
         return self
@@ -52,27 +63,28 @@ class SimtTile:
 
     def shared_bytes(self) -> int:
         """Static shared memory of one block (A tile k-major with padding, B tile)."""
-        return 4 * self.stages * self.bk * ((self.bm + A_PAD) + self.bn)
+        return 4 * self.stages * self.bk * ((self.bm + self.a_pad) + self.bn) + (4 * 256 * self.warps if self.mma else 0)
 
     def accumulators(self) -> int:
         return self.tm * self.tn
 
     def describe(self) -> str:
         return (f"block <{self.bm}, {self.bn}, {self.bk}>, warp <{self.wm}, {self.wn}>, thread <{self.tm}, {self.tn}>, "
-                f"{self.threads} threads, {'cp.async double-buffered' if self.async_copy else 'plain'} staging")
+                f"{self.threads} threads, {'cp.async double-buffered' if self.async_copy else 'plain'} staging"
+                + (", tensor cores (wmma TF32) on sm_80+" if self.mma else ""))
 
     def slug(self) -> str:
-        return f"b{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}" + ("_async" if self.async_copy
+        return f"b{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}" + ("_mma" if self.mma else "") + ("_async" if self.async_copy
                                                                                               else "")
 
     def to_json(self) -> dict:
         return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "wm": self.wm, "wn": self.wn, "tm": self.tm,
-                "tn": self.tn, "async_copy": self.async_copy}
+                "tn": self.tn, "async_copy": self.async_copy, "mma": self.mma}
 
     @classmethod
     def from_json(cls, d) -> "SimtTile":
         return cls(**{k: d[k] for k in ("bm", "bn", "bk", "wm", "wn", "tm", "tn")},
-                   async_copy=bool(d.get("async_copy", False)))
+                   async_copy=bool(d.get("async_copy", False)), mma=bool(d.get("mma", False)))
 
 
 __all__ = ["A_PAD", "SimtTile", "WARP"]

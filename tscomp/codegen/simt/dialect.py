@@ -20,6 +20,8 @@ vocabulary             CUDA                            OpenCL C
 ``TS_NTHREADS(d)``     ``blockDim.{x,y,z}``            ``get_local_size(d)``
 ``TS_ASYNC_COPY``      1 on sm_80+ when the config     0 (the plain staging path)
                        asks for it, else 0
+``TS_MMA``             1 on sm_80+ when the config     0 (the SIMT inner product)
+                       asks for tensor cores, else 0
 ``expf`` … ``fmaf``    CUDA's own                      the overloaded ``exp`` … ``fma``
 ``int64_t`` …          ``<stdint.h>``                  typedefs of ``long`` …
 =====================  ==============================  ==================================
@@ -94,6 +96,12 @@ CUDA_PRELUDE = r"""/* ---- CUDA prelude ---- */
 #else
 #define TS_ASYNC_COPY 0
 #endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && defined(TS_WANT_MMA) && TS_WANT_MMA
+#include <mma.h>
+#define TS_MMA 1     /* tensor-core inner product: wmma m16n16k8, TF32 inputs, fp32 accumulators */
+#else
+#define TS_MMA 0
+#endif
 """
 
 OPENCL_PRELUDE = r"""/* ---- OpenCL C prelude ---- */
@@ -124,6 +132,7 @@ typedef uchar uint8_t;
 #define TS_NBLOCKS(d) ((int64_t)get_num_groups(d))
 #define TS_NTHREADS(d) ((int64_t)get_local_size(d))
 #define TS_ASYNC_COPY 0
+#define TS_MMA 0
 #define TS_CAS64(p, v) (atom_cmpxchg((volatile TS_GLOBAL long*)(p), 0L, (long)(v)) == 0L)
 /* the C math names the expression IR prints, as OpenCL's overloaded built-ins */
 #define expf exp

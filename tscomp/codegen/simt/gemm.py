@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tscomp.codegen.simt.config import A_PAD, WARP, SimtTile
+from tscomp.codegen.simt.config import WARP, SimtTile
 from tscomp.codegen.simt.dialect import hoist_statics
 from tscomp.errors import UnsupportedOperatorError
 
@@ -141,6 +141,75 @@ for (int kk = 0; kk < {t.bk}; ++kk) {{
 }}"""
 
 
+def _compute_mma(t: SimtTile, buf: str) -> str:
+    """The warp's tensor-core inner product over one staged K tile (wmma m16n16k8, TF32): A is
+    k-major in shared memory (col-major for wmma, leading dim T_Mb + 4), W row-major (T_Nb)."""
+    fm, fn = t.wm // 16, t.wn // 16
+    return f"""for (int kk = 0; kk < {t.bk}; kk += 8) {{
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 8, nvcuda::wmma::precision::tf32, nvcuda::wmma::col_major> fa[{fm}];
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 8, nvcuda::wmma::precision::tf32, nvcuda::wmma::row_major> fb[{fn}];
+#pragma unroll
+    for (int x = 0; x < {fm}; ++x) {{
+        nvcuda::wmma::load_matrix_sync(fa[x], &As[{buf}][kk][wr + x * 16], {t.bm + t.a_pad});
+#pragma unroll
+        for (int q = 0; q < fa[x].num_elements; ++q) fa[x].x[q] = nvcuda::wmma::__float_to_tf32(fa[x].x[q]);
+    }}
+#pragma unroll
+    for (int y = 0; y < {fn}; ++y) {{
+        nvcuda::wmma::load_matrix_sync(fb[y], &Bs[{buf}][kk][wc + y * 16], {t.bn});
+#pragma unroll
+        for (int q = 0; q < fb[y].num_elements; ++q) fb[y].x[q] = nvcuda::wmma::__float_to_tf32(fb[y].x[q]);
+    }}
+#pragma unroll
+    for (int x = 0; x < {fm}; ++x)
+#pragma unroll
+        for (int y = 0; y < {fn}; ++y) nvcuda::wmma::mma_sync(fc[x][y], fa[x], fb[y], fc[x][y]);
+}}"""
+
+
+def _inner(t: SimtTile, buf: str) -> str:
+    if not t.mma:
+        return _compute(t, buf)
+    return "#if TS_MMA\n" + _compute_mma(t, buf) + "\n#else\n" + _compute(t, buf) + "\n#endif"
+
+
+def _mma_setup(t: SimtTile) -> str:
+    fm, fn = t.wm // 16, t.wn // 16
+    return f"""#if TS_MMA
+    /* tensor cores: this warp's accumulators, fragment by fragment over its warp tile */
+    const int wr = (int)((warp / {t.bn // t.wn}) * {t.wm}), wc = (int)((warp % {t.bn // t.wn}) * {t.wn});
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float> fc[{fm}][{fn}];
+#pragma unroll
+    for (int x = 0; x < {fm}; ++x)
+#pragma unroll
+        for (int y = 0; y < {fn}; ++y) nvcuda::wmma::fill_fragment(fc[x][y], 0.0f);
+    __shared__ float Fs[{t.warps}][16][16];   /* one fragment of each warp, on its way to the lanes' registers */
+#endif"""
+
+
+def _mma_gather(t: SimtTile) -> str:
+    """Each warp stores its fragments one at a time; every lane copies the elements of its own
+    register tile (which lies inside its warp's tile) into ``c``, so the epilogue is shared."""
+    fm, fn = t.wm // 16, t.wn // 16
+    return f"""#if TS_MMA
+#pragma unroll
+    for (int x = 0; x < {fm}; ++x)
+#pragma unroll
+        for (int y = 0; y < {fn}; ++y) {{
+            nvcuda::wmma::store_matrix_sync(&Fs[warp][0][0], fc[x][y], 16, nvcuda::wmma::mem_row_major);
+            __syncwarp();
+#pragma unroll
+            for (int r = 0; r < {t.tm}; ++r)
+#pragma unroll
+                for (int s = 0; s < {t.tn}; ++s) {{
+                    const int fr = tr + r - wr - x * 16, fcol = tc + s - wc - y * 16;
+                    if (fr >= 0 && fr < 16 && fcol >= 0 && fcol < 16) c[r][s] = Fs[warp][fr][fcol];
+                }}
+            __syncwarp();
+        }}
+#endif"""
+
+
 def gemm_body(name: str, t: SimtTile, K: int, N: int, epi: SimtEpilogue | None = None, *,
               y_arg: str = "Y", a_op: AOperand | None = None) -> str:
     """The dialect-neutral SIMT text of the GEMM macro-kernel ``name`` (and ``name_rows`` when the
@@ -161,7 +230,7 @@ def gemm_body(name: str, t: SimtTile, K: int, N: int, epi: SimtEpilogue | None =
     plain = f"""for (int64_t k0 = 0; k0 < K_; k0 += {t.bk}) {{
 {_indent(_stage(t, K, N, "0", "k0", "plain", a_op), 4)}
     TS_BARRIER();
-{_indent(_compute(t, "0"), 4)}
+{_indent(_inner(t, "0"), 4)}
     TS_BARRIER();
 }}"""
     staging = plain
@@ -180,7 +249,7 @@ for (int64_t kt = 0; kt < {kt}; ++kt) {{
     TS_COPY_COMMIT();
     TS_COPY_WAIT(1);
     TS_BARRIER();
-{_indent(_compute(t, "cur"), 4)}
+{_indent(_inner(t, "cur"), 4)}
     TS_BARRIER();
 }}
 #else
@@ -193,7 +262,7 @@ for (int64_t kt = 0; kt < {kt}; ++kt) {{
 {{
     const int64_t K_ = {K}, N_ = {N};
 {_indent(chr(10).join(a_op.decls), 4) if a_op else ""}
-    TS_SHARED float As[{t.stages}][{t.bk}][{t.bm + A_PAD}];   /* A tile, k-major, zero-padded */
+    TS_SHARED float As[{t.stages}][{t.bk}][{t.bm + t.a_pad}];   /* A tile, k-major, zero-padded */
     TS_SHARED float Bs[{t.stages}][{t.bk}][{t.bn}];   /* W tile, zero-padded */
     const int64_t tid = TS_THREAD(0);
     const int64_t m0 = TS_BLOCK(0) * {t.bm}, n0 = TS_BLOCK(1) * {t.bn};
@@ -206,7 +275,9 @@ for (int64_t kt = 0; kt < {kt}; ++kt) {{
     for (int r = 0; r < {t.tm}; ++r)
 #pragma unroll
         for (int s = 0; s < {t.tn}; ++s) c[r][s] = 0.0f;
+{_mma_setup(t) if t.mma else ""}
 {_indent(staging, 4)}
+{_mma_gather(t) if t.mma else ""}
     /* fused epilogue ({epi.label}) on the registers; the one guarded store */
 #pragma unroll
     for (int r = 0; r < {t.tm}; ++r) {{

@@ -84,7 +84,11 @@ def gemm_program(analysis, t: SimtTile) -> SimtProgram:
                     if t.async_copy else "plain staging"))
     if epi.row_pass.strip():
         lines.append(f"row pass kernel {name}_rows: one thread per row ({epi.row_label})")
-    return SimtProgram(header_comment(lines), body, {"TS_WANT_ASYNC": 1} if t.async_copy else {})
+    if t.mma:
+        lines.append("tensor cores: wmma m16n16k8 TF32 (inputs rounded to a 10-bit mantissa, fp32 accumulation) "
+                     "under TS_MMA (sm_80+); the SIMT inner product otherwise")
+    defines = {**({"TS_WANT_ASYNC": 1} if t.async_copy else {}), **({"TS_WANT_MMA": 1} if t.mma else {})}
+    return SimtProgram(header_comment(lines), body, defines)
 
 
 class _CpuLabel:
