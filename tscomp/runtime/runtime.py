@@ -2,7 +2,8 @@
 on the request path (TSCompiler §6, the runtime half of Fig. 2).
 
 Per call: validate the inputs and bind the shape symbols; then, once per concrete shape (cached),
-pick one kernel variant per group with the wave model (:mod:`tscomp.runtime.wave`), plan the
+pick one kernel variant per group (a table lookup: the wave model's choice at every binding of the
+ranges is tabulated at load, :mod:`tscomp.runtime.dispatch`; else :mod:`tscomp.runtime.wave`), plan the
 intermediate buffers (evaluate the symbolic buffer plan made once at load,
 :mod:`tscomp.runtime.symbolic_buffers`) and evaluate every symbolic size; then run
 the groups in Plan order. Everything shape-dependent is decided by those cached steps, so a
@@ -34,6 +35,7 @@ from tscomp.graph.reference import bind_symbols, materialize
 from tscomp.runtime.artifact import ArtifactError, load_artifact
 from tscomp.graph.symbols import numel
 from tscomp.runtime.buffers import BufferPlan
+from tscomp.runtime.dispatch import build_tables
 from tscomp.runtime.symbolic_buffers import SymbolicBufferPlan, SymbolicLifetime, plan_buffers_symbolic
 from tscomp.runtime.threads import blas_single_threaded
 from tscomp.runtime.wave import pick_variant
@@ -128,6 +130,7 @@ class Runtime:
         self._shape_only = self._shape_only_groups()
         self._order = self._lifetimes_by_index()
         self._buffer_plan = self._symbolic_buffer_plan()
+        self._dispatch = build_tables(model.kernels, self.graph.symbols, self.target)
         self.last_call_overhead = None
 
     def warm_up(self) -> None:
@@ -221,6 +224,17 @@ class Runtime:
                 static.update(g.outputs)
         return out
 
+    def _pick(self, group: str, binding: dict[str, int]):
+        """The group's variant at ``binding``: from the dispatch table made at load, else the wave model."""
+        variants = self.model.kernels[group]
+        table = self._dispatch.get(group)
+        if table is not None:
+            try:
+                return variants[table.pick(binding)]
+            except (KeyError, IndexError):
+                pass
+        return pick_variant(variants, binding, self.target)
+
     def _symbolic_buffer_plan(self) -> SymbolicBufferPlan:
         """Where every intermediate lives in the arena, as expressions of the symbols (decided once:
         per shape the offsets are only evaluated)."""
@@ -270,7 +284,7 @@ class Runtime:
                         for n in g.inputs if graph.values[n].symdata is not None}
         steps = []
         for k, g in enumerate(self.plan.groups):
-            kernel = pick_variant(self.model.kernels[g.name], binding, self.target)
+            kernel = self._pick(g.name, binding)
             if g.name in self._shape_only:
                 shape_consts.update(kernel.run({**self._consts, **shape_consts}, binding))
                 continue
