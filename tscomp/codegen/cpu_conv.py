@@ -151,6 +151,23 @@ MACROS = ("C_IN", "CG", "OCG", "G", "OC", "KH", "KW", "SH", "SW", "DH", "DW", "K
 _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 
 
+#: per-thread scratch kept across calls (grown when a call needs more): a call allocates nothing, so
+#: small shapes do not pay for a fresh mmap and its page faults every time
+WORKSPACE_C = """\
+static float* ts_workspace(size_t floats)
+{
+    static __thread float* buf = NULL;
+    static __thread size_t cap = 0;
+    if (floats > cap) {
+        free(buf);
+        buf = (float*)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        cap = buf ? floats : 0;
+    }
+    return buf;
+}
+"""
+
+
 def c_defines(**values) -> str:
     return "".join(f"#define TS_{k} {v}\n" for k, v in values.items())
 
@@ -668,6 +685,7 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
                    N_OCP=n_ocp))
     emit("static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }")
     emit("static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }")
+    emit(WORKSPACE_C)
     emit(a.math)
     if a.statics:
         emit(a.statics)
@@ -691,11 +709,11 @@ void {name}({_runtime_params()}{params})
     while (obt > 1 && NB * G * n_pb * ((n_ob + obt - 1) / obt) < two_per_thread) obt = (obt + 1) / 2;
     const int64_t n_obt = (n_ob + obt - 1) / obt;
     const int64_t n_tasks = NB * G * n_pb * n_obt;
+    const int64_t ncw = min_i64(NC, (P + NR - 1) / NR * NR);   /* widest column block of this call */
     #pragma omp parallel if (n_tasks > 1)
     {{
-        float* bpack = (float*)aligned_alloc(64, (sizeof(float) * KC * NC + 63) / 64 * 64);
-        float* cbuf = {'NULL' if single else
-                       '(float*)aligned_alloc(64, (sizeof(float) * obt * MC * NC + 63) / 64 * 64)'};
+        float* bpack = ts_workspace((size_t)(KC * ncw + {'0' if single else 'obt * MC * ncw'}));
+        float* cbuf = {'NULL' if single else 'bpack + KC * ncw'};
         float tile[MR * NR] __attribute__((aligned(64)));
         #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < n_tasks; ++t) {{
@@ -709,7 +727,7 @@ void {name}({_runtime_params()}{params})
                 pack_b(xg, H, W, OW, PT, PL, p0, nvb, ldb, k0, kl, bpack);
                 for (int64_t ob = ob_first; ob < ob_end; ++ob) {{
                     const int64_t oc0 = ob * MC, mvb = min_i64(MC, OCG - oc0);
-                    float* cb = {'NULL' if single else 'cbuf + (ob - ob_first) * (MC * NC)'};
+                    float* cb = {'NULL' if single else 'cbuf + (ob - ob_first) * (MC * ncw)'};
                     for (int64_t jp = 0; jp * NR < nvb; ++jp) {{
                         for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
                             const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
@@ -724,8 +742,6 @@ void {name}({_runtime_params()}{params})
                 }}
             }}
         }}
-        free(bpack);
-        free(cbuf);
     }}
 }}
 """)
@@ -750,6 +766,7 @@ def depthwise_source(analysis: DepthwiseAnalysis, isa: str) -> str:
                    DW=geo.dw))
     emit("static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }")
     emit("static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }")
+    emit(WORKSPACE_C)
     emit_t("""/* output columns q whose tap at offset `off` (iw = q*SW + off) is >= 0 / < W */
 static inline int64_t tap_lo(int64_t off) { return off >= 0 ? 0 : (-off + SW - 1) / SW; }
 static inline int64_t tap_hi(int64_t off, int64_t W, int64_t OW)
@@ -773,7 +790,7 @@ void {name}({_runtime_params()}{params})
     const int64_t n_tasks = NB * OC * n_rb;
     #pragma omp parallel if (n_tasks > 1)
     {{
-        float* acc = (float*)aligned_alloc(64, (sizeof(float) * (size_t)OW + 63) / 64 * 64);
+        float* acc = ts_workspace((size_t)OW);
         #pragma omp for schedule(dynamic, 4)
         for (int64_t t = 0; t < n_tasks; ++t) {{
             const int64_t rb = t % n_rb, oc = (t / n_rb) % OC, n = t / (n_rb * OC);
@@ -809,7 +826,6 @@ void {name}({_runtime_params()}{params})
                 conv_epilogue(acc, OW, n, oc, oh * OW, 1, OW{names});
             }}
         }}
-        free(acc);
     }}
 }}
 """)

@@ -31,7 +31,7 @@ import sympy
 
 from tscomp.codegen.build import build_library, load_library
 from tscomp.codegen.c_expr import PRELUDE, c_symbol_name, delinearize, math_helpers
-from tscomp.codegen.cpu_conv import Geometry2D, c_defines, param_of, strip_views, ts_macros, window_of
+from tscomp.codegen.cpu_conv import WORKSPACE_C, Geometry2D, c_defines, param_of, strip_views, ts_macros, window_of
 from tscomp.codegen.cpu_groups import PARALLEL_MIN_ELEMENTS, GroupGenerator, _Block
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
@@ -230,6 +230,7 @@ def windowed_source(a: PoolAnalysis, name: str) -> str:
     return a.header() + PRELUDE + c_defines(C_IN=a.C, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw, DH=geo.dh,
                                             DW=geo.dw) + ts_macros(f"""
 static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
+{WORKSPACE_C}
 static inline int64_t max_i64(int64_t a, int64_t b) {{ return a > b ? a : b; }}
 
 /* columns q of an output row whose tap at offset `off` (iw = q*SW + off) lies in [lo_w, hi_w) */
@@ -249,9 +250,9 @@ void {name}(const float* restrict X, float* restrict Y, int64_t NB, int64_t H, i
     if (n_rows <= 0 || OW <= 0) return;
     #pragma omp parallel if (n_rows * OW * KH * KW > {PARALLEL_MIN_ELEMENTS})
     {{
-        float* acc = (float*)aligned_alloc(64, (sizeof(float) * (size_t)OW + 63) / 64 * 64);
-        int64_t* cv = (int64_t*)aligned_alloc(64, (sizeof(int64_t) * (size_t)OW + 63) / 64 * 64);
-        int64_t* cin = (int64_t*)aligned_alloc(64, (sizeof(int64_t) * (size_t)OW + 63) / 64 * 64);
+        float* acc = ts_workspace((size_t)(5 * OW + 2));   /* acc, then cv and cin (int64, 8-byte aligned) */
+        int64_t* cv = (int64_t*)(acc + OW + (OW & 1));
+        int64_t* cin = cv + OW;
         /* per column: taps in the image (cv) and in the image plus the declared padding (cin) */
         for (int64_t q = 0; q < OW; ++q) {{ cv[q] = 0; cin[q] = 0; }}
         for (int64_t kw = 0; kw < KW; ++kw) {{
@@ -287,9 +288,6 @@ void {name}(const float* restrict X, float* restrict Y, int64_t NB, int64_t H, i
             #pragma omp simd
             for (int64_t q = 0; q < OW; ++q) {finish}
         }}
-        free(acc);
-        free(cv);
-        free(cin);
     }}
 }}
 """)
