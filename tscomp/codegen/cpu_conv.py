@@ -152,9 +152,11 @@ _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 
 
 #: per-thread scratch kept across calls (grown when a call needs more): a call allocates nothing, so
-#: small shapes do not pay for a fresh mmap and its page faults every time
+#: small shapes do not pay for a fresh mmap and its page faults every time. A weak symbol: every
+#: Conv/pool kernel linked into one library shares one buffer per thread (groups run one at a time),
+#: so the memory held is the largest single need, not the sum over kernels
 WORKSPACE_C = """\
-static float* ts_workspace(size_t floats)
+__attribute__((weak)) float* tscomp_thread_workspace(size_t floats)
 {
     static __thread float* buf = NULL;
     static __thread size_t cap = 0;
@@ -712,7 +714,7 @@ void {name}({_runtime_params()}{params})
     const int64_t ncw = min_i64(NC, (P + NR - 1) / NR * NR);   /* widest column block of this call */
     #pragma omp parallel if (n_tasks > 1)
     {{
-        float* bpack = ts_workspace((size_t)(KC * ncw + {'0' if single else 'obt * MC * ncw'}));
+        float* bpack = tscomp_thread_workspace((size_t)(KC * ncw + {'0' if single else 'obt * MC * ncw'}));
         float* cbuf = {'NULL' if single else 'bpack + KC * ncw'};
         float tile[MR * NR] __attribute__((aligned(64)));
         #pragma omp for schedule(dynamic, 1)
@@ -790,7 +792,7 @@ void {name}({_runtime_params()}{params})
     const int64_t n_tasks = NB * OC * n_rb;
     #pragma omp parallel if (n_tasks > 1)
     {{
-        float* acc = ts_workspace((size_t)OW);
+        float* acc = tscomp_thread_workspace((size_t)OW);
         #pragma omp for schedule(dynamic, 4)
         for (int64_t t = 0; t < n_tasks; ++t) {{
             const int64_t rb = t % n_rb, oc = (t / n_rb) % OC, n = t / (n_rb * OC);

@@ -250,7 +250,7 @@ void {name}(const float* restrict X, float* restrict Y, int64_t NB, int64_t H, i
     if (n_rows <= 0 || OW <= 0) return;
     #pragma omp parallel if (n_rows * OW * KH * KW > {PARALLEL_MIN_ELEMENTS})
     {{
-        float* acc = ts_workspace((size_t)(5 * OW + 2));   /* acc, then cv and cin (int64, 8-byte aligned) */
+        float* acc = tscomp_thread_workspace((size_t)(5 * OW + 2));   /* acc, then cv and cin (int64) */
         int64_t* cv = (int64_t*)(acc + OW + (OW & 1));
         int64_t* cin = cv + OW;
         /* per column: taps in the image (cv) and in the image plus the declared padding (cin) */
