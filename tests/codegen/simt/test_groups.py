@@ -16,12 +16,16 @@ def test_row_and_elementwise_groups_match_the_interpreter(opencl, exported_model
     kernels = {g.name: SimtGroup(simt_group_source(plan, g)) for g in plan.groups
                if g.kind in ("elementwise", "reduce")}
     kinds = {g.kind for g in plan.groups if g.name in kernels}
+    assert all(k.src.coop == (k.source_info.kind == "reduce") for k in kernels.values())
     assert kinds == {"elementwise", "reduce"}
     assert check_against_interpreter(plan, family, ranges, kernels) == 2 * len(kernels)
     for k in kernels.values():
         body = body_of(k.program.opencl)
         assert "#pragma omp" not in body and "malloc" not in body
-        assert "TS_BLOCK(0) * TS_NTHREADS(0) + TS_THREAD(0)" in body      # grid-stride loop
+        if k.src.coop:      # reduce groups: one work-group per row, tree reductions over its threads
+            assert "for (int64_t f0 = TS_BLOCK(0);" in body and "-reduction over the work-group" in body
+        else:               # elementwise: grid-stride loop, one element per thread per step
+            assert "TS_BLOCK(0) * TS_NTHREADS(0) + TS_THREAD(0)" in body
         assert k.source.startswith("/*\n * tscomp SIMT kernel for fused group")
 
 

@@ -30,7 +30,7 @@ from tscomp.codegen.cpu_groups import CompiledGroup, GroupGenerator, KernelArg, 
 from tscomp.codegen.kernel import KernelBase
 from tscomp.codegen.simt.dialect import hoist_statics
 from tscomp.codegen.simt.gemm import check_identifiers
-from tscomp.codegen.simt.launch import Buffer, grid_stride_launch, input_buffer, output_buffer, scalar
+from tscomp.codegen.simt.launch import Buffer, Launch, grid_stride_launch, input_buffer, output_buffer, scalar
 from tscomp.codegen.simt.program import SimtProgram
 from tscomp.errors import ExecutionError
 from tscomp.graph.fusion.expr import Input, walk
@@ -46,19 +46,30 @@ _CT = {"const": "TS_GLOBAL const {t}* TS_RESTRICT {n}", "out": "TS_GLOBAL {t}* T
 class SimtGroupGenerator(GroupGenerator):
     """The CPU group generator with grid-stride SIMT loops instead of OpenMP loop nests."""
 
-    def __init__(self, plan: Plan, group: Group):
+    def __init__(self, plan: Plan, group: Group, coop: bool = True):
         super().__init__(plan, group)
+        #: reduce groups: one work-group per row, its threads striding the row, partial results
+        #: combined by a shared-memory tree (``coop``); else one thread per row
+        self.coop = coop and group.kind == "reduce"
+        self.red_types: dict[str, str] = {}     # C type -> shared reduction array
         self.flat_count = 0
         self.scratch_len = None          # row length of the Softmax row buffers
         self.rows_flat: str | None = None
+        self.rows_expr = sympy.Integer(1)
 
-    def loops(self, shape, stem: str, mode: str, *, reductions: tuple[str, ...] = (), work=None, **_):
-        """("row" loops are serial within one thread, so they are always in order: ``sequential`` holds.)"""
+    def loops(self, shape, stem: str, mode: str, *, reductions: tuple[str, ...] = (), work=None,
+              sequential: bool = False, **_):
+        """(Serial "row" loops are always in order, so ``sequential`` holds; a cooperative row cannot
+        keep an order and falls back to one thread per row.)"""
         dims = list(shape)
         axes = [k for k, d in enumerate(dims) if d != 1]
         idx = [sympy.Integer(0)] * len(dims)
         for k in axes:
             idx[k] = self.ctx.var(f"{stem}{k}", dims[k])
+        if mode == "row" and self.coop:
+            if sequential:
+                raise _NotCooperative()
+            return self._coop_row(dims, axes, idx, reductions)
         if mode == "row":   # inside one thread: serial loops
             if not axes:
                 self.push(_Block([("{", 0)], [("}", 0)]))
@@ -68,13 +79,17 @@ class SimtGroupGenerator(GroupGenerator):
             tail = [("}", n) for n in reversed(range(len(axes)))]
             self.push(_Block(head, tail), [idx[k] for k in axes])
             return tuple(idx), self.pop
-        # "elements" / "rows": one grid-stride loop over the flattened axes
+        # "elements" / "rows": one grid-stride loop over the flattened axes (cooperative rows: one
+        # work-group per row, the loop uniform over the group so its barriers are reached by all)
         f = f"f{self.flat_count}"
         self.flat_count += 1
         sub = [dims[k] for k in axes]
         total = self.c(numel(sub)) if axes else "1"
-        head = [(f"for (int64_t {f} = TS_BLOCK(0) * TS_NTHREADS(0) + TS_THREAD(0); {f} < {total}; "
-                 f"{f} += TS_NBLOCKS(0) * TS_NTHREADS(0)) {{", 0)]
+        if mode == "rows" and self.coop:
+            head = [(f"for (int64_t {f} = TS_BLOCK(0); {f} < {total}; {f} += TS_NBLOCKS(0)) {{", 0)]
+        else:
+            head = [(f"for (int64_t {f} = TS_BLOCK(0) * TS_NTHREADS(0) + TS_THREAD(0); {f} < {total}; "
+                     f"{f} += TS_NBLOCKS(0) * TS_NTHREADS(0)) {{", 0)]
         for k, s in zip(axes, strides(sub)):
             q = f if s == 1 else f"{f} / ({self.c(s)})"
             expr = q if k == axes[0] else f"({q}) % ({self.c(dims[k])})"
@@ -82,7 +97,56 @@ class SimtGroupGenerator(GroupGenerator):
         self.push(_Block(head, [("}", 0)]), [idx[k] for k in axes])
         if mode == "rows":
             self.rows_flat = f
+            self.rows_expr = numel(sub) if axes else sympy.Integer(1)
         return tuple(idx), self.pop
+
+    def _coop_row(self, dims, axes, idx, reductions):
+        """The row's elements strided over the work-group's threads; on close, each reduction
+        variable (``op:var``) is combined over the group (tree in shared memory, barriers)."""
+        if not axes:
+            self.push(_Block([("{", 0)], [("}", 0)]))
+            return tuple(idx), self.pop
+        specs = []
+        for red in reductions:
+            op, var = red.split(":")
+            specs.append((op, var, self._decl_type(var)))
+        fr = f"fr{self.flat_count}"
+        self.flat_count += 1
+        sub = [dims[k] for k in axes]
+        head = [(f"for (int64_t {fr} = TS_THREAD(0); {fr} < {self.c(numel(sub))}; {fr} += TS_NTHREADS(0)) {{", 0)]
+        for k, st in zip(axes, strides(sub)):
+            q = fr if st == 1 else f"{fr} / ({self.c(st)})"
+            head.append((f"const int64_t {idx[k]} = {q if k == axes[0] else f'({q}) % ({self.c(dims[k])})'};", 1))
+        self.push(_Block(head, [("}", 0)]), [idx[k] for k in axes])
+
+        def close():
+            self.pop()
+            for op, var, ct in specs:
+                arr = self.red_types.setdefault(ct, f"ts_red{len(self.red_types)}")
+                comb = {"+": "{a} + {b}", "*": "{a} * {b}", "|": "{a} | {b}", "max": "({b} > {a} ? {b} : {a})",
+                        "min": "({b} < {a} ? {b} : {a})"}[op].format(a=f"{arr}[ts_t]", b=f"{arr}[ts_t + ts_o]")
+                self.emit(f"{{   /* {var}: {op}-reduction over the work-group */")
+                self.emit(f"    const int64_t ts_t = TS_THREAD(0);")
+                self.emit(f"    {arr}[ts_t] = {var};")
+                self.emit("    TS_BARRIER();")
+                self.emit(f"    for (int64_t ts_o = TS_NTHREADS(0) / 2; ts_o > 0; ts_o /= 2) {{")
+                self.emit(f"        if (ts_t < ts_o) {arr}[ts_t] = {comb};")
+                self.emit("        TS_BARRIER();")
+                self.emit("    }")
+                self.emit(f"    {var} = {arr}[0];")
+                self.emit("    TS_BARRIER();")
+                self.emit("}")
+        return tuple(idx), close
+
+    def _decl_type(self, var: str) -> str:
+        pat = re.compile(rf"^\s*([A-Za-z_][\w ]*?) {re.escape(var)} = ")
+        for block in reversed(self.stack):
+            for item in block.items:
+                if isinstance(item, str):
+                    m = pat.match(item)
+                    if m:
+                        return m.group(1)
+        self.fail(f"cannot find the declaration of reduction variable {var}")
 
     def scratch_row(self, ctype: str) -> str:
         name = self.fresh("row")
@@ -132,16 +196,22 @@ class SimtGroupGenerator(GroupGenerator):
         body_lines = [*dict.fromkeys(stables + tables)]
         if self.index_checks:
             body_lines.append("#define TSCOMP_ERR_RECORD tscomp_err")
-        body_lines += [f"TS_KERNEL void {kernel}({', '.join(params)})", "{", *lines, "}", ""]
+        shared = [f"    TS_SHARED {ct} {arr}[{BLOCK}];   /* work-group reductions */" for ct, arr in self.red_types.items()]
+        body_lines += [f"TS_KERNEL void {kernel}({', '.join(params)})", "{", *shared, *lines, "}", ""]
         body = "\n".join(body_lines)
         check_identifiers(body)
         src = KernelSource(g.name, g.kind, kernel, body, args, list(self.index_checks))
-        return SimtGroupSource(SimtProgram(header.replace("tscomp kernel for", "tscomp SIMT kernel for"), body), src,
-                               [(n, ct) for n, ct in self.scratch], self.scratch_len,
-                               self._rows_total())
+        header = header.replace("tscomp kernel for", "tscomp SIMT kernel for")
+        if self.coop:
+            header = header.replace(" */", f" * mapping: one work-group ({BLOCK} threads) per row, tree reductions in shared memory\n */", 1) \
+                if header.rstrip().endswith("*/") else header
+        return SimtGroupSource(SimtProgram(header, body), src, [(n, ct) for n, ct in self.scratch], self.scratch_len,
+                               self.coop, self.rows_expr)
 
-    def _rows_total(self):
-        return None
+
+
+class _NotCooperative(Exception):
+    """A row loop that must run in order (ArgMax/ArgMin): use one thread per row."""
 
 
 @dataclass
@@ -150,13 +220,17 @@ class SimtGroupSource:
     info: KernelSource
     scratch: list = field(default_factory=list)
     scratch_len: object = None
-    rows: object = None
+    coop: bool = False        # one work-group per row (else one thread per row)
+    rows: object = 1          # number of rows (symbolic)
 
 
 def simt_group_source(plan: Plan, group: Group) -> SimtGroupSource:
     """The analysis + source step of the SIMT row/elementwise family (UnsupportedOperatorError: not mine)."""
     name = "tscomp_simt_" + re.sub(r"\W", "_", group.name)
-    return SimtGroupGenerator(plan, group).generate_simt(name)
+    try:
+        return SimtGroupGenerator(plan, group).generate_simt(name)
+    except _NotCooperative:
+        return SimtGroupGenerator(plan, group, coop=False).generate_simt(name)
 
 
 _NP = {"float": np.float32, "double": np.float64, "int64_t": np.int64, "int32_t": np.int32, "int16_t": np.int16,
@@ -227,7 +301,11 @@ class SimtGroup(KernelBase):
         if self.source_info.checks_indices:
             err = Buffer(np.zeros(4, np.int64), upload=True, download=True)
             args.append(err)
-        launch = grid_stride_launch(self.func, total, args, block=BLOCK, max_blocks=MAX_BLOCKS)
+        if self.src.coop:   # one work-group per row: rows = the smallest output (a row statistic or rows x len)
+            rows = int(sympy.sympify(self.src.rows).xreplace(subs))
+            launch = Launch(self.func, (max(1, min(rows, MAX_BLOCKS)), 1, 1), (BLOCK, 1, 1), args)
+        else:
+            launch = grid_stride_launch(self.func, total, args, block=BLOCK, max_blocks=MAX_BLOCKS)
         return [launch], {n: b.array for n, b in outputs.items()}, err, sizes
 
     def run(self, env, binding, out=None):
