@@ -62,3 +62,95 @@ TS_KERNEL void twice(TS_GLOBAL float* TS_RESTRICT y, TS_GLOBAL float* TS_RESTRIC
     SimtProgram("/* t */\n", body).run([grid_stride_launch("fill", n, [scratch, scalar(n)], block=64),
                                         grid_stride_launch("twice", n, [scratch, out, scalar(n)], block=64)])
     np.testing.assert_array_equal(out.array, 2 * np.arange(n, dtype=np.float32))
+
+
+class _Mem(np.ndarray):
+    """Fake device memory (an ndarray subclass takes attributes)."""
+
+
+class _FakeDriver:
+    """A stand-in for pycuda.driver: device memory as numpy arrays, launches recorded."""
+
+    class Error(Exception):
+        pass
+
+    def __init__(self):
+        self.calls, self.allocs, self.loaded = [], [], []
+        drv = self
+
+        class Device:
+            def __init__(self, i):
+                pass
+
+            @staticmethod
+            def count():
+                return 1
+
+            def make_context(self):
+                return object()
+
+        class Module:
+            def get_function(self, name):
+                def launch(*args, grid, block):
+                    drv.calls.append((name, args, grid, block))
+                    for a in args:   # the "kernel": fills every written buffer with its launch index
+                        if isinstance(a, np.ndarray) and a.dtype == np.uint8 and getattr(a, "is_out", False):
+                            a[:] = len(drv.calls)
+                return launch
+
+        self.Device, self._Module = Device, Module
+
+    def init(self):
+        pass
+
+    def module_from_buffer(self, cubin):
+        self.loaded.append(cubin)
+        return self._Module()
+
+    def mem_alloc(self, n):
+        mem = np.zeros(n, np.uint8).view(_Mem)
+        self.allocs.append(mem)
+        return mem
+
+    def memcpy_htod(self, dst, src):
+        dst[:] = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
+
+    def memcpy_dtoh(self, dst, src):
+        dst.view(np.uint8).reshape(-1)[:] = src
+
+
+def test_cuda_device_marshals_the_shared_launches(monkeypatch):
+    """The pycuda path maps the same Launch lists the OpenCL path runs: one allocation per Buffer
+    object, inputs uploaded, scalars as int64, grid/block as given, outputs read back."""
+    import sys
+    import types
+
+    from tscomp.runtime import device_opencl as dev_mod
+    fake = _FakeDriver()
+    pkg = types.ModuleType("pycuda")
+    pkg.driver = fake
+    monkeypatch.setitem(sys.modules, "pycuda", pkg)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", fake)
+    monkeypatch.delitem(dev_mod._DEVICES, "cuda", raising=False)
+    cuda = dev_mod.device("cuda")
+    monkeypatch.delitem(dev_mod._DEVICES, "cuda", raising=False)
+    x = input_buffer(np.arange(6, dtype=np.float32), np.float32)
+    scratch = Buffer(np.empty(6, np.float32), upload=False)
+    out = output_buffer((6,), np.float32)
+    orig_alloc = fake.mem_alloc
+
+    def alloc(n):                  # mark allocations of non-uploaded buffers as kernel-written
+        mem = orig_alloc(n)
+        mem.is_out = len(fake.allocs) > 1
+        return mem
+    fake.mem_alloc = alloc
+    cuda.run_launches(b"cubin", [Launch("k1", (2, 1, 1), (64, 1, 1), [x, scratch, scalar(6)]),
+                                 Launch("k2", (0, 1, 1), (64, 1, 1), [x]),             # empty grid: skipped
+                                 Launch("k3", (1, 3, 1), (128, 1, 1), [scratch, out, scalar(-2)])])
+    assert fake.loaded == [b"cubin"] and [c[0] for c in fake.calls] == ["k1", "k3"]
+    assert len(fake.allocs) == 3                              # x, scratch (shared by k1 and k3), out
+    assert np.array_equal(fake.allocs[0].view(np.float32), x.array)
+    name, args, grid, block = fake.calls[1]
+    assert grid == (1, 3, 1) and block == (128, 1, 1)
+    assert args[0] is fake.allocs[1] and isinstance(args[2], np.int64) and args[2] == -2
+    assert out.array.view(np.uint8).tolist() == [2] * 24      # written by the second launch, read back
