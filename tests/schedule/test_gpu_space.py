@@ -21,7 +21,7 @@ def test_every_configuration_respects_the_hard_limits(space):
     assert space.configs
     for t in space.configs:
         t.validate()
-        assert t.threads <= s.max_threads_per_block and t.shared_bytes() <= s.smem_per_block
+        assert t.threads <= s.max_threads_per_block and t.shared_bytes() <= min(s.smem_per_block, 48 * 1024)
         assert estimated_registers(t) * t.threads <= s.regs_per_block
         assert s.blocks_per_sm(space.resources(t)) >= 1
 
@@ -65,3 +65,12 @@ def test_top_configuration_builds_without_spills(space):
     p = SimtProgram("/* top */\n", gemm_body("k", t, 768, 3072), {"TS_WANT_ASYNC": 1} if t.async_copy else {})
     b = compile_cubin(p.cuda, "sm_80")
     assert not b.spills and b.resources["k"].registers <= 255
+
+
+def test_tensor_core_tiles_only_on_request_and_ranked_faster():
+    plain = GpuGemmSpace(768, 768, cuda("sm_80"), (1, 4096))
+    assert not any(t.mma for t in plain.configs)
+    tf32 = GpuGemmSpace(768, 768, cuda("sm_80"), (1, 4096), tf32=True)
+    mma = [t for t in tf32.configs if t.mma]
+    assert mma and all(t.validate() for t in mma)
+    assert tf32.rank(1)[0].tile.mma        # the tensor cores' rate wins where allowed

@@ -37,8 +37,13 @@ from tscomp.schedule.target import GpuSpec, Target
 #: (DRAM bandwidth / SMs / clock; an estimate, the model only needs it relative to the FLOP rate)
 FLOP_PER_CYCLE = {"sm_80": 128, "sm_86": 256, "sm_89": 256, "sm_90": 256}
 BYTES_PER_CYCLE = {"sm_80": 10.0, "sm_86": 5.0, "sm_89": 4.0, "sm_90": 12.0}
+#: TF32 tensor-core FP32-equivalent throughput over the SIMT FP32 rate (A100: 156 vs 19.5 TFLOP/s)
+TF32_SPEEDUP = 8
 #: shared-memory bytes per cycle per SM (32 banks x 4 bytes)
 SHARED_BYTES_PER_CYCLE = 128.0
+#: the kernels declare their tiles as static shared arrays: 48 KiB per block on every architecture
+#: (more needs dynamic shared memory and an opt-in attribute, which the generated kernels do not use)
+STATIC_SHARED_LIMIT = 48 * 1024
 #: registers a kernel needs besides its accumulators and operand fragments (indices, pointers)
 REGISTER_OVERHEAD = 40
 
@@ -53,12 +58,15 @@ def gemm_cost(s: GpuSpec, t: SimtTile, M: int, K: int, N: int, registers: int | 
     bpw = per_sm * s.sms
     blocks = math.ceil(M / t.bm) * math.ceil(N / t.bn)
     kpad = math.ceil(K / t.bk) * t.bk
-    compute = 2.0 * t.bm * t.bn * kpad / (FLOP_PER_CYCLE.get(s.arch, 128) / per_sm)
+    flops = FLOP_PER_CYCLE.get(s.arch, 128) * (TF32_SPEEDUP if t.mma else 1)
+    compute = 2.0 * t.bm * t.bn * kpad / (flops / per_sm)
     memory = 4.0 * (t.bm + t.bn) * kpad / (BYTES_PER_CYCLE.get(s.arch, 8.0) / per_sm)
     if t.async_copy:
         memory *= 0.8
     # shared-memory reads of the inner product: T_Mi + T_Ni words per thread per k for T_Mi·T_Ni FMAs
-    shared = 4.0 * kpad * t.threads * (t.tm + t.tn) / (SHARED_BYTES_PER_CYCLE / per_sm)
+    # (tensor cores: each warp reads its A and B fragments once per k instead)
+    words = t.warps * (t.wm + t.wn) if t.mma else t.threads * (t.tm + t.tn)
+    shared = 4.0 * kpad * words / (SHARED_BYTES_PER_CYCLE / per_sm)
     stall = 1.0 / min(1.0, s.occupancy(r) / 0.25)
     return math.ceil(blocks / bpw) * max(compute, memory, shared) * stall
 
@@ -72,7 +80,8 @@ def _warp_skew(t: SimtTile) -> int:
 
 def estimated_registers(t: SimtTile) -> int:
     """Accumulators + one A and one B fragment + addressing (ptxas reports the real number)."""
-    return t.tm * t.tn + t.tm + t.tn + REGISTER_OVERHEAD
+    mma = (t.wm // 16) * (t.wn // 16) * 8 + 8 if t.mma else 0     # accumulator + operand fragments per lane
+    return t.tm * t.tn + t.tm + t.tn + mma + REGISTER_OVERHEAD
 
 
 @dataclass(frozen=True)
@@ -99,7 +108,9 @@ class GpuGemmSpace:
     BLOCK_K = (8, 16, 32)
     THREAD = (2, 4, 8)
 
-    def __init__(self, K: int, N: int, target: Target, m_range: tuple[int, int] = (1, 4096)):
+    def __init__(self, K: int, N: int, target: Target, m_range: tuple[int, int] = (1, 4096), *, tf32: bool = False):
+        """``tf32``: also tensor-core tiles (wmma TF32: ~1e-3 relative error, so only on request)."""
+        self.tf32 = tf32
         if not isinstance(target.spec, GpuSpec):
             raise ValueError(f"GpuGemmSpace needs a CUDA target, got {target.key()}")
         self.K, self.N, self.target, self.spec = int(K), int(N), target, target.spec
@@ -115,6 +126,8 @@ class GpuGemmSpace:
                 wm, wn = lanes_m * tm, lanes_n * tn
                 if bm % wm == 0 and bn % wn == 0:
                     yield SimtTile(bm, bn, bk, wm, wn, tm, tn, a)
+                    if self.tf32 and self.spec.arch >= "sm_80" and wm % 16 == 0 and wn % 16 == 0 and bk % 8 == 0:
+                        yield SimtTile(bm, bn, bk, wm, wn, tm, tn, a, mma=True)
 
     def resources(self, t: SimtTile) -> dict:
         return {"threads": t.threads, "registers": estimated_registers(t), "shared_bytes": t.shared_bytes()}
@@ -122,7 +135,8 @@ class GpuGemmSpace:
     def feasible(self, t: SimtTile) -> bool:
         s = self.spec
         r = self.resources(t)
-        return (r["threads"] <= s.max_threads_per_block and r["shared_bytes"] <= s.smem_per_block
+        return (r["threads"] <= s.max_threads_per_block
+                and r["shared_bytes"] <= min(s.smem_per_block, STATIC_SHARED_LIMIT)
                 and r["registers"] <= s.max_regs_per_thread and r["registers"] * r["threads"] <= s.regs_per_block
                 and s.blocks_per_sm(r) >= 1)
 
@@ -155,7 +169,7 @@ class GpuGemmSpace:
         picks = [ranked[0].tile]
 
         def shape(t):   # variants that differ only in warp layout or staging cost the same: keep one
-            return (t.bm, t.bn, t.bk, t.tm, t.tn)
+            return (t.bm, t.bn, t.bk, t.tm, t.tn, t.mma)
         for r in sorted(ranked, key=lambda x: -len(x.best_at)):
             if r.best_at and shape(r.tile) not in {shape(p) for p in picks}:
                 picks.append(r.tile)

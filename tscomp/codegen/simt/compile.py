@@ -39,9 +39,9 @@ class CudaCompiled:
 
 
 @functools.lru_cache(maxsize=64)
-def _ranked(K: int, N: int, arch: str, lo: int, hi: int, k: int):
+def _ranked(K: int, N: int, arch: str, lo: int, hi: int, k: int, tf32: bool = False):
     from tscomp.schedule.gpu_space import GpuGemmSpace
-    space = GpuGemmSpace(K, N, cuda(arch), (lo, hi))
+    space = GpuGemmSpace(K, N, cuda(arch), (lo, hi), tf32=tf32)
     ranked = space.rank()
     return space.variants(k), tuple(r.to_json() for r in ranked[:5]), tuple(r.tile for r in ranked[:40])
 
@@ -53,11 +53,11 @@ def _m_range(analysis) -> tuple[int, int]:
     return lo, max(lo, hi)
 
 
-def _gemm_variants(plan, group, arch, k, ranking):
+def _gemm_variants(plan, group, arch, k, ranking, tf32=False):
     from tscomp.codegen.cpu_gemm_group import GemmGroupAnalysis
     from tscomp.codegen.simt.gemm_group import SimtGemmGroup
     an = GemmGroupAnalysis(plan, group)
-    variants, top, reserve = _ranked(an.K, an.N, arch, *_m_range(an), k)
+    variants, top, reserve = _ranked(an.K, an.N, arch, *_m_range(an), k, tf32)
     ranking[group.name] = list(top)
     kernels = [SimtGemmGroup(an, t) for t in variants]
     for k_ in kernels:
@@ -66,7 +66,7 @@ def _gemm_variants(plan, group, arch, k, ranking):
 
 
 def _one(build):
-    return lambda plan, group, arch, k, ranking: [build(plan, group)]
+    return lambda plan, group, arch, k, ranking, tf32=False: [build(plan, group)]
 
 
 def _batched(plan, group):
@@ -85,7 +85,7 @@ FAMILIES = (("simt-gemm", ("gemm",), _gemm_variants), ("simt-batched-gemm", ("ge
             ("simt-row-or-elementwise", ("elementwise", "reduce"), _one(_rows)))
 
 
-def choose_kernels(plan: Plan, arch: str, max_variants: int, ranking: dict) -> dict:
+def choose_kernels(plan: Plan, arch: str, max_variants: int, ranking: dict, tf32: bool = False) -> dict:
     out = {}
     for g in plan.groups:
         reasons = []
@@ -93,7 +93,7 @@ def choose_kernels(plan: Plan, arch: str, max_variants: int, ranking: dict) -> d
             if g.kind not in kinds:
                 continue
             try:
-                out[g.name] = build(plan, g, arch, max_variants, ranking)
+                out[g.name] = build(plan, g, arch, max_variants, ranking, tf32)
                 break
             except UnsupportedOperatorError as exc:
                 reasons.append(f"{name}: {exc}")
@@ -155,24 +155,27 @@ def build_all(model: CudaCompiled) -> None:
     model.ptx = compile_ptx(model.source, model.archs[0])
 
 
-def compile_cuda_plan(plan: Plan, archs=DEFAULT_ARCHS, *, max_variants: int = 2) -> CudaCompiled:
+def compile_cuda_plan(plan: Plan, archs=DEFAULT_ARCHS, *, max_variants: int = 2, tf32: bool = False) -> CudaCompiled:
+    """``tf32``: let the ranking pick tensor-core (wmma TF32) tiles for GEMMs (~1e-3 relative error on
+    a GPU; OpenCL always runs their exact SIMT path)."""
     t0 = time.perf_counter()
     archs = tuple(archs)
     for a in archs:
         cuda(a)     # unknown architectures are refused by name
     ranking: dict = {}
-    kernels = choose_kernels(plan, archs[0], max_variants, ranking)
+    kernels = choose_kernels(plan, archs[0], max_variants, ranking, tf32)
     model = CudaCompiled(plan, kernels, archs, ranking=ranking)
     build_all(model)
     model.compile_seconds = time.perf_counter() - t0
     return model
 
 
-def compile_cuda(model_path: str, dims=(), archs=DEFAULT_ARCHS, *, max_variants: int = 2) -> CudaCompiled:
+def compile_cuda(model_path: str, dims=(), archs=DEFAULT_ARCHS, *, max_variants: int = 2,
+                 tf32: bool = False) -> CudaCompiled:
     from tscomp.graph import load_model
     from tscomp.graph.fusion import fuse
     graph = load_model(model_path, list(dims))
-    model = compile_cuda_plan(fuse(graph), archs, max_variants=max_variants)
+    model = compile_cuda_plan(fuse(graph), archs, max_variants=max_variants, tf32=tf32)
     model.dims = [str(d) for d in dims]
     return model
 
