@@ -57,6 +57,28 @@ def test_calls_at_one_shape_use_separate_arenas(compiled_artifact):
     shape = rt._shape_plan(binding)
     held = shape.free_arenas.pop()           # as if a concurrent call were using it
     out = rt.run(x)["last_hidden_state"]
-    assert len(shape.free_arenas) == 1 and shape.free_arenas[0] is not held
+    assert len(shape.free_arenas) == 1 and shape.free_arenas[0][0] is not held[0]
     shape.free_arenas.append(held)
     np.testing.assert_array_equal(out, rt.run(x)["last_hidden_state"])
+
+
+def test_evicted_shapes_hand_their_arena_to_new_shapes(compiled_artifact):
+    """A new shape reuses the buffer of a shape the cache dropped (memory already touched), and the
+    results stay right."""
+    from models.families import make_inputs
+    from tscomp.runtime import runtime as runtime_module
+
+    path, _, _ = compiled_artifact("bert")
+    rt = Runtime(path, num_threads=1, warmup=False)
+    n = runtime_module.SHAPE_CACHE_SIZE + 8
+    rng = np.random.default_rng(9)
+    requests = [make_inputs("bert", {"batch": 1, "sequence": L}, rng, size="tiny") for L in range(n + 40, 40, -1)]
+    raws, first = set(), []
+    for x in requests:                      # every shape new, each smaller than the last
+        first.append(rt.run(x)["last_hidden_state"])
+        binding, _ = rt._bind(x)
+        raws.add(id(rt._shape_plan(binding).free_arenas[0][0]))
+    assert len(raws) <= runtime_module.SHAPE_CACHE_SIZE + 1 < len(requests)   # later shapes reused buffers
+    again = [rt.run(x)["last_hidden_state"] for x in requests]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)

@@ -34,7 +34,7 @@ from tscomp.errors import ExecutionError, TscompError
 from tscomp.graph.reference import bind_symbols, materialize
 from tscomp.runtime.artifact import ArtifactError, load_artifact
 from tscomp.graph.symbols import numel
-from tscomp.runtime.buffers import BufferPlan
+from tscomp.runtime.buffers import BufferPlan, MemoryPool
 from tscomp.runtime.dispatch import build_tables
 from tscomp.runtime.symbolic_buffers import SymbolicBufferPlan, SymbolicLifetime, plan_buffers_symbolic
 from tscomp.runtime.threads import blas_single_threaded
@@ -66,19 +66,19 @@ class ShapePlan:
     dtypes: dict[str, np.dtype]
     buffers: BufferPlan
     shape_consts: dict[str, np.ndarray]   # shape-valued constants at this binding
-    free_arenas: list = None              # [per-step out dicts] of arenas not in use
+    free_arenas: list = None              # arenas not in use: (raw buffer, per-step out dicts)
 
     @property
     def has_numpy(self) -> bool:
         return any(s.kernel.target == "numpy" for s in self.steps)
 
-    def new_arena(self) -> list:
-        """One arena and, per step, the views its outputs are written into."""
-        arena = np.empty(self.buffers.arena_bytes, np.uint8)
+    def new_arena(self, pool: MemoryPool) -> tuple:
+        """An arena (a raw buffer from ``pool``) and, per step, the views its outputs are written into."""
+        raw = pool.take(self.buffers.arena_bytes)
         views = []
         for step in self.steps:
-            views.append({name: self._view(arena, name) for name in step.outputs} if step.takes_out else None)
-        return views
+            views.append({name: self._view(raw, name) for name in step.outputs} if step.takes_out else None)
+        return raw, views
 
     def _view(self, arena, name: str) -> np.ndarray:
         shape, dtype = self.shapes[name], self.dtypes[name]
@@ -131,6 +131,7 @@ class Runtime:
         self._order = self._lifetimes_by_index()
         self._buffer_plan = self._symbolic_buffer_plan()
         self._dispatch = build_tables(model.kernels, self.graph.symbols, self.target)
+        self._pool = MemoryPool()
         self.last_call_overhead = None
 
     def warm_up(self) -> None:
@@ -265,12 +266,19 @@ class Runtime:
             if cached is not None:
                 self._shapes.move_to_end(key)
                 return cached
-        plan = self._make_shape_plan(binding)   # outside the lock: two threads may both plan a new shape
+        made = self._make_shape_plan(binding)   # outside the lock: two threads may both plan a new shape
+        evicted = []
         with self._lock:
-            plan = self._shapes.setdefault(key, plan)
+            plan = self._shapes.setdefault(key, made)
             self._shapes.move_to_end(key)
             while len(self._shapes) > SHAPE_CACHE_SIZE:
-                self._shapes.popitem(last=False)
+                evicted.append(self._shapes.popitem(last=False)[1])
+            if plan is not made:
+                evicted.append(made)
+            for old in evicted:           # their arenas serve later shapes (in-flight ones are dropped)
+                for raw, _ in old.free_arenas:
+                    self._pool.give(raw)
+                old.free_arenas.clear()
         return plan
 
     def _make_shape_plan(self, binding: dict[str, int]) -> ShapePlan:
@@ -293,7 +301,7 @@ class Runtime:
             steps.append(Step(g.name, kernel, kernel.takes_out, free, outs))
         dtypes = {name: np.dtype(graph.values[name].dtype) for name in shapes}
         plan = ShapePlan(dict(binding), steps, shapes, dtypes, buffers, shape_consts, [])
-        plan.free_arenas.append(plan.new_arena())
+        plan.free_arenas.append(plan.new_arena(self._pool))
         return plan
 
     # ------------------------------------------------------------------ execution
@@ -301,14 +309,14 @@ class Runtime:
         with self._lock:
             arena = shape.free_arenas.pop() if shape.free_arenas else None
         if arena is None:
-            arena = shape.new_arena()        # another call at this shape holds the pooled one(s)
+            arena = shape.new_arena(self._pool)   # another call at this shape holds the pooled one(s)
         try:
             return self._execute_in(shape, arena, inputs, times)
         finally:
             with self._lock:
                 shape.free_arenas.append(arena)
 
-    def _execute_in(self, shape: ShapePlan, arena: list, inputs, times: list | None) -> dict[str, np.ndarray]:
+    def _execute_in(self, shape: ShapePlan, arena: tuple, inputs, times: list | None) -> dict[str, np.ndarray]:
         t_start = time.perf_counter()
         env: dict[str, np.ndarray] = dict(self._consts)
         env.update(shape.shape_consts)
@@ -318,10 +326,10 @@ class Runtime:
                 return self._run_steps(shape, arena, env, times, t_start, inputs)
         return self._run_steps(shape, arena, env, times, t_start, inputs)
 
-    def _run_steps(self, shape: ShapePlan, arena: list, env: dict, times, t_start: float, inputs):
+    def _run_steps(self, shape: ShapePlan, arena: tuple, env: dict, times, t_start: float, inputs):
         kernel_time = 0.0
         binding = shape.binding
-        for step, out in zip(shape.steps, arena):
+        for step, out in zip(shape.steps, arena[1]):
             t = time.perf_counter()
             try:
                 produced = step.kernel.run(env, binding, out) if step.takes_out else step.kernel.run(env, binding)
