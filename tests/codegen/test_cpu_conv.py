@@ -146,14 +146,14 @@ def test_patch_embedding_conv_matches_onnxruntime(tmp_path):
 
 def test_deep_conv_with_several_k_steps_and_channel_blocks_matches_onnxruntime(tmp_path):
     """K = 64·3·3 = 576 takes several K steps (partial sums), 70 channels a partial register tile,
-    200 channels several channel blocks (one task sweeping them all at 13x97, one block per task at
-    2x1x7), 13x97 positions several position blocks."""
+    200 channels several channel blocks (one task sweeping them all, or runs of them when one image
+    of 1x7 positions leaves fewer tasks than threads), 13x97 positions several position blocks."""
     path = tmp_path / "deep.onnx"
     branches = [("deep", 70, (3, 3), dict(pads=[1, 1, 1, 1]), ("relu",)),
                 ("deep_wide", 200, (3, 3), dict(pads=[1, 1, 1, 1]), ()),   # 3 channel blocks x K steps
                 ("wide1x1", 130, (1, 1), dict(), ())]
     spatial = _model(path, branches, channels=64)
-    model = _compile_and_compare(path, spatial, [(1, 13, 97), (2, 1, 7)], channels=64, variants=2)
+    model = _compile_and_compare(path, spatial, [(1, 13, 97), (2, 1, 7), (1, 1, 7)], channels=64, variants=2)
     kernels = [k for ks in model.kernels.values() for k in ks if k.cfg is not None and k.cfg.kc < 576]
     assert kernels, "expected a configuration with several K steps"
 

@@ -21,8 +21,8 @@ Two strategies (two families of :mod:`tscomp.codegen.families`):
   zero-filled, so the FMA loop has no bounds tests; 1x1/stride-1/unpadded convs copy whole
   channel rows). Tiles are TSCompiler §5.1's: block ⟨T_Mb = mc output channels, T_Nb = nc
   positions, T_Kb = kc⟩; one OpenMP task covers (n, g, a position block) and a run of channel
-  blocks that all consume each gathered column block (the whole OCg unless that leaves fewer than
-  two tasks per thread); register tile ⟨T_Mi, T_Ni⟩ = ``mr × nr`` accumulators (AVX-512 / AVX2
+  blocks that all consume each gathered column block (the whole OCg, cut into balanced runs only
+  when there are fewer other tasks than threads); register tile ⟨T_Mi, T_Ni⟩ = ``mr × nr`` accumulators (AVX-512 / AVX2
   FMA intrinsics by the target's ISA, portable C for ``scalar``), partial sums between K steps in
   a per-thread buffer.
 * **direct depthwise** (:class:`DepthwiseAnalysis`, family ``conv-depthwise``): one input channel
@@ -703,15 +703,16 @@ void {name}({_runtime_params()}{params})
 {{
     const int64_t P = OH * OW;
     if (NB <= 0 || P <= 0) return;{_prologue_call(a, pro_names)}
+    /* position blocks: ceil(P / NC) of them, balanced (P = 196 at NC = 192: 112 + 84, not 192 + 4) */
     const int64_t n_pb = (P + NC - 1) / NC, n_ob = (OCG + MC - 1) / MC;
+    const int64_t ncw = min_i64(NC, ((P + n_pb - 1) / n_pb + NR - 1) / NR * NR);
     /* channel blocks per task: all of them (the column block is gathered once per K step for every
-     * channel block) unless that leaves fewer than two tasks per thread; then halved */
-    const int64_t two_per_thread = 2 * (int64_t)omp_get_max_threads();
-    int64_t obt = n_ob;
-    while (obt > 1 && NB * G * n_pb * ((n_ob + obt - 1) / obt) < two_per_thread) obt = (obt + 1) / 2;
+     * channel block), cut into balanced runs only when there are fewer other tasks than threads */
+    const int64_t base = NB * G * n_pb, nth = omp_get_max_threads();
+    const int64_t runs = base >= nth ? 1 : min_i64(n_ob, (nth + base - 1) / base);
+    const int64_t obt = (n_ob + runs - 1) / runs;
     const int64_t n_obt = (n_ob + obt - 1) / obt;
-    const int64_t n_tasks = NB * G * n_pb * n_obt;
-    const int64_t ncw = min_i64(NC, (P + NR - 1) / NR * NR);   /* widest column block of this call */
+    const int64_t n_tasks = base * n_obt;
     #pragma omp parallel if (n_tasks > 1)
     {{
         float* bpack = tscomp_thread_workspace((size_t)(KC * ncw + {'0' if single else 'obt * MC * ncw'}));
@@ -721,7 +722,7 @@ void {name}({_runtime_params()}{params})
         for (int64_t t = 0; t < n_tasks; ++t) {{
             const int64_t og = t % n_obt, pb = (t / n_obt) % n_pb, g = (t / (n_obt * n_pb)) % G;
             const int64_t n = t / (n_obt * n_pb * G);
-            const int64_t p0 = pb * NC, nvb = min_i64(NC, P - p0), ldb = (nvb + NR - 1) / NR * NR;
+            const int64_t p0 = pb * ncw, nvb = min_i64(ncw, P - p0), ldb = (nvb + NR - 1) / NR * NR;
             const int64_t ob_first = og * obt, ob_end = min_i64(n_ob, ob_first + obt);
             const float* xg = X + (n * C_IN + g * CG) * H * W;
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
@@ -929,10 +930,12 @@ class CompiledConv(PicklableKernel):
             rows = max(1, min(OH, 4096 // max(OW, 1)))
             return xshape[0] * a.OC * -(-OH // rows)
         n_pb, n_ob = -(-(OH * OW) // self.cfg.nc), -(-a.OCg // self.cfg.mc)
-        obt, two_per_thread = n_ob, 2 * get_num_threads()      # the kernel's own rule (conv_source)
-        while obt > 1 and xshape[0] * a.G * n_pb * -(-n_ob // obt) < two_per_thread:
-            obt = (obt + 1) // 2
-        return xshape[0] * a.G * n_pb * -(-n_ob // obt)
+        base, nth = xshape[0] * a.G * n_pb, get_num_threads()      # the kernel's own rule (conv_source)
+        if base <= 0:
+            return 0
+        runs = 1 if base >= nth else min(n_ob, -(-nth // base))
+        obt = -(-n_ob // runs)
+        return base * -(-n_ob // obt)
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
         if self.fn is None:
