@@ -312,3 +312,13 @@ def test_shape_symbols_named_like_kernel_identifiers_do_not_collide(tmp_path):
     got = rt.run(feeds)
     np.testing.assert_allclose(got["a_1"], want[0], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got["dw_conv"], want[1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_range_reaching_an_empty_output_compiles_and_runs(tmp_path):
+    """A 4x4/4 patch Conv over sides from 1: below one patch the output is empty (0 positions)."""
+    path = tmp_path / "empty.onnx"
+    _model(path, [("patch", 8, (4, 4), dict(strides=[4, 4]), ())], channels=3)
+    model = compile_model(str(path), ["batch=1:2", "H=1:40", "W=1:40"], max_variants=2)
+    rt = Runtime.from_compiled(model, num_threads=2)
+    x = np.ones((1, 3, 3, 9), np.float32)
+    assert rt.run({"x": x})["patch_conv"].shape == (1, 8, 0, 2)
