@@ -75,6 +75,12 @@ def _batched(plan, group):
     return SimtBatchedGemm(BatchedGemmAnalysis(plan, group))
 
 
+def _conv(plan, group):
+    from tscomp.codegen.cpu_conv import ConvAnalysis
+    from tscomp.codegen.simt.conv import SimtConv
+    return SimtConv(ConvAnalysis(plan, group))
+
+
 def _rows(plan, group):
     from tscomp.codegen.simt.groups import SimtGroup, simt_group_source
     return SimtGroup(simt_group_source(plan, group))
@@ -82,6 +88,7 @@ def _rows(plan, group):
 
 #: (family, group kinds, variants builder), tried in order
 FAMILIES = (("simt-gemm", ("gemm",), _gemm_variants), ("simt-batched-gemm", ("gemm",), _one(_batched)),
+            ("simt-conv", ("gemm",), _one(_conv)),
             ("simt-row-or-elementwise", ("elementwise", "reduce"), _one(_rows)))
 
 

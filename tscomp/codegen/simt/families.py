@@ -4,6 +4,7 @@ whole-Plan executor on a SIMT device (DESIGN.md "Kernel family", "runtime": open
 
     simt-gemm                 constant-weight MatMul/Gemm + fused epilogue (+ row pass)
     simt-batched-gemm         two activation operands (QKᵀ, PV), prologue while staging
+    simt-conv                 Conv as an implicit GEMM, im2col gathered while staging
     simt-row-or-elementwise   elementwise/injective groups and row reductions
 
 A group none accepts runs on the numpy fallback with every family's reason (the same rule as the
@@ -41,6 +42,12 @@ def _batched(plan, group, tile):
     return SimtBatchedGemm(BatchedGemmAnalysis(plan, group), tile or DEFAULT_TILE)
 
 
+def _conv(plan, group, tile):
+    from tscomp.codegen.cpu_conv import ConvAnalysis
+    from tscomp.codegen.simt.conv import DEFAULT_TILE, SimtConv
+    return SimtConv(ConvAnalysis(plan, group), tile or DEFAULT_TILE)
+
+
 def _rows(plan, group, tile):
     from tscomp.codegen.simt.groups import SimtGroup, simt_group_source
     return SimtGroup(simt_group_source(plan, group))
@@ -49,6 +56,7 @@ def _rows(plan, group, tile):
 SIMT_FAMILIES: tuple[SimtFamily, ...] = (
     SimtFamily("simt-gemm", ("gemm",), _gemm),
     SimtFamily("simt-batched-gemm", ("gemm",), _batched),
+    SimtFamily("simt-conv", ("gemm",), _conv),
     SimtFamily("simt-row-or-elementwise", ("elementwise", "reduce"), _rows),
 )
 
