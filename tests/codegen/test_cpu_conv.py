@@ -322,3 +322,20 @@ def test_a_range_reaching_an_empty_output_compiles_and_runs(tmp_path):
     rt = Runtime.from_compiled(model, num_threads=2)
     x = np.ones((1, 3, 3, 9), np.float32)
     assert rt.run({"x": x})["patch_conv"].shape == (1, 8, 0, 2)
+
+
+def test_outputs_go_into_given_buffers_and_a_wrong_buffer_is_named(tmp_path):
+    from tscomp.errors import ExecutionError
+    plan = _plan(tmp_path, [("a", 8, (3, 3), dict(pads=[1, 1, 1, 1]), ("relu",))])
+    analysis = ConvAnalysis(plan, plan.groups[0])
+    from tscomp.codegen.families import link_native
+    kernel = link_native(CompiledConv(analysis, conv_candidate_configs("avx2", 8, 36)[0], "avx2"))
+    env = {n: plan.graph.values[n].const for n in plan.groups[0].inputs if n != "x"}
+    env["x"] = np.random.default_rng(0).standard_normal((1, C, 7, 13)).astype(np.float32)
+    binding = {"batch": 1, "H": 7, "W": 13}
+    want = kernel.run(env, binding)["a_0"]
+    buf = np.full((1, 8, 7, 13), np.nan, np.float32)
+    assert kernel.run(env, binding, {"a_0": buf})["a_0"] is buf
+    np.testing.assert_array_equal(buf, want)
+    with pytest.raises(ExecutionError, match="output buffer 'a_0' is float64"):
+        kernel.run(env, binding, {"a_0": np.empty((1, 8, 7, 13))})

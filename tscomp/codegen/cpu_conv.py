@@ -22,9 +22,10 @@ Two strategies (two families of :mod:`tscomp.codegen.families`):
   channel rows). Tiles are TSCompiler §5.1's: block ⟨T_Mb = mc output channels, T_Nb = nc
   positions, T_Kb = kc⟩; one OpenMP task covers (n, g, a position block) and a run of channel
   blocks that all consume each gathered column block (the whole OCg, cut into balanced runs only
-  when there are fewer other tasks than threads); register tile ⟨T_Mi, T_Ni⟩ = ``mr × nr`` accumulators (AVX-512 / AVX2
-  FMA intrinsics by the target's ISA, portable C for ``scalar``), partial sums between K steps in
-  a per-thread buffer.
+  when there are fewer other tasks than threads); register tile ⟨T_Mi, T_Ni⟩ = ``mr × nr``
+  accumulators (AVX-512 / AVX2 FMA intrinsics by the target's ISA, portable C for ``scalar``),
+  partial sums between K steps in a per-thread buffer. Outputs go straight into the runtime's
+  arena views (``takes_out``).
 * **direct depthwise** (:class:`DepthwiseAnalysis`, family ``conv-depthwise``): one input channel
   per group (``group = C``, channel multiplier allowed), where the GEMM would have K = KH·KW and
   one row: per (n, oc, output row) and kernel row, the interior output columns take all KW taps in
@@ -859,6 +860,20 @@ def prepack_conv_weight(W: np.ndarray, G: int, mr: int) -> np.ndarray:
 
 
 # ============================================================================ executor
+def output_buffers(group: str, shapes: Mapping[str, tuple], out: Mapping[str, np.ndarray] | None) -> dict:
+    """Every output's array: the runtime's arena view where given (checked), else a new one."""
+    outputs = {}
+    for name, shape in shapes.items():
+        arr = (out or {}).get(name)
+        if arr is None:
+            arr = np.empty(shape, np.float32)
+        elif arr.shape != shape or arr.dtype != np.float32 or not arr.flags.c_contiguous:
+            raise ExecutionError(f"group {group}: output buffer {name!r} is {arr.dtype}{list(arr.shape)}, "
+                                 f"expected a C-contiguous float32{list(shape)}")
+        outputs[name] = arr
+    return outputs
+
+
 class CompiledConv(PicklableKernel):
     """The executor step of both Conv families: a built macro-kernel under one configuration.
 
@@ -868,6 +883,7 @@ class CompiledConv(PicklableKernel):
     link_native` builds and binds)."""
 
     TRANSIENT = {"fn": None, "_memo": dict}
+    takes_out = True          # writes into the runtime's arena views when given
 
     def __init__(self, analysis: _ConvBase, cfg: TileConfig | None, isa: str):
         self.analysis = analysis
@@ -937,7 +953,8 @@ class CompiledConv(PicklableKernel):
         obt = -(-n_ob // runs)
         return base * -(-n_ob // obt)
 
-    def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
+    def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int],
+            out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         if self.fn is None:
             self._bind_function(load_library(build_library(self.source, self.func)))
         a = self.analysis
@@ -946,7 +963,7 @@ class CompiledConv(PicklableKernel):
             x = np.empty(xshape, np.float32)          # the kernel's prologue fills it
         else:
             x = self._input(env, ev, xshape)
-        outputs = {n: np.empty(s, np.float32) for n, s in shapes.items()}
+        outputs = output_buffers(self.group.name, shapes, out)
         keep, extra = [x], []
         sym_values = iter(syms)
         for role, name, _, info in a.arg_roles:

@@ -31,7 +31,8 @@ import sympy
 
 from tscomp.codegen.build import build_library, load_library
 from tscomp.codegen.c_expr import PRELUDE, c_symbol_name, delinearize, math_helpers
-from tscomp.codegen.cpu_conv import WORKSPACE_C, Geometry2D, c_defines, param_of, strip_views, ts_macros, window_of
+from tscomp.codegen.cpu_conv import (WORKSPACE_C, Geometry2D, c_defines, output_buffers, param_of, strip_views,
+                                     ts_macros, window_of)
 from tscomp.codegen.cpu_groups import PARALLEL_MIN_ELEMENTS, GroupGenerator, _Block
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
@@ -297,6 +298,7 @@ class CompiledPool(PicklableKernel):
     """The executor step of the ``pool`` family (nothing compiled until linked)."""
 
     TRANSIENT = {"fn": None, "_memo": dict}
+    takes_out = True          # writes into the runtime's arena views when given
     family = "pool"
 
     def __init__(self, analysis: PoolAnalysis, isa: str):
@@ -343,12 +345,13 @@ class CompiledPool(PicklableKernel):
     def tasks(self, binding: Mapping[str, int]) -> int:
         return 1
 
-    def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
+    def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int],
+            out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         if self.fn is None:
             self._bind_function(load_library(build_library(self.source, self.func)))
         a = self.analysis
         xshape, geo, shapes, syms, ev = self._ints(binding)
-        outputs = {n: np.empty(s, np.float32) for n, s in shapes.items()}
+        outputs = output_buffers(self.group.name, shapes, out)
         if a.windowed:
             x = np.asarray(env[a.x_input])
             for v in a.x_chain:
