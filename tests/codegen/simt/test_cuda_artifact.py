@@ -91,3 +91,39 @@ def test_a_corrupt_artifact_is_refused_and_cuda_without_gpu_is_a_clear_error(art
         from tscomp.runtime.device_opencl import DeviceError
         with pytest.raises(DeviceError, match="pycuda"):
             load_cuda_artifact(path, device="cuda")
+
+
+ALL = [(f, e) for f in ("bert", "gpt2", "vit") for e in ("dynamo", "torchscript")]
+
+
+@pytest.mark.models
+@pytest.mark.skipif(__import__("os").environ.get("TSCOMP_SIMT_ALL_MODELS") != "1",
+                    reason="about a minute per model: set TSCOMP_SIMT_ALL_MODELS=1 (tiny BERT runs by default above)")
+@pytest.mark.parametrize("family,exporter", ALL, ids=[f"{f}-{e}" for f, e in ALL])
+def test_every_tiny_model_compiles_for_cuda_and_matches_onnxruntime_on_opencl(exported_model, nvcc, opencl, tmp_path,
+                                                                               family, exporter):
+    from models.families import make_inputs, symbol_ranges
+    from tscomp.codegen.simt.compile import compile_cuda
+    from tscomp.runtime.simt_artifact import write_cuda_artifact
+    model = exported_model(family, "tiny", exporter)
+    ranges = symbol_ranges(family)
+    compiled = compile_cuda(str(model), [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()])
+    assert not any(b.spills for b in compiled.builds.values())
+    for g, vs in compiled.kernels.items():    # only shape-value groups (Range) and ViT's position Resize
+        if vs[0].family == "numpy":
+            assert {o.op_type for o in vs[0].group.ops()} <= {"Range", "Resize"}, g
+    rt = load_cuda_artifact(write_cuda_artifact(compiled, tmp_path / "m.tsc"))
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(11)
+    names = list(ranges)
+    picks = [{k: lo for k, (lo, hi) in ranges.items()}, {k: hi if k != "batch" else 1 for k, (lo, hi) in ranges.items()}]
+    primes = (2, 7, 13, 37, 61, 97)
+    for i in range(8):
+        picks.append({k: int(min(hi, max(lo, primes[(i + j) % len(primes)]))) for j, (k, (lo, hi)) in
+                      enumerate(ranges.items())})
+    for b in picks:
+        inputs = make_inputs(family, b, rng, size="tiny")
+        got = rt.run(inputs)
+        want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+        for name, w in want.items():
+            np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"{name} at {b} ({names})")
