@@ -50,7 +50,11 @@ class OpenCLDevice:
                 raise DeviceError(f"TSCOMP_OPENCL_DEVICE={want!r} matches none of "
                                   f"{', '.join(f'{p}: {d.name}' for p, d in devices)}")
         else:
-            dev = next((d for p, d in devices if "oclgrind" not in p.lower()), devices[0][1])
+            dev = next((d for p, d in devices if "oclgrind" not in p.lower()), None)
+            if dev is None:
+                raise DeviceError("only the Oclgrind simulator is installed (hundreds of times slower): install an "
+                                  "OpenCL runtime (Debian: apt-get install pocl-opencl-icd) or set "
+                                  "TSCOMP_OPENCL_DEVICE=oclgrind to use it anyway")
         self.device_name = dev.name
         self.ctx = cl.Context([dev])
         self.queue = cl.CommandQueue(self.ctx)
