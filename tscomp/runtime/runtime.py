@@ -97,9 +97,17 @@ class Runtime:
     def __init__(self, path, device: str = "cpu", num_threads: int | None = None, *,
                  allow_out_of_range: bool = False, verify: bool = True, warmup: bool = True,
                  expected_digest: str | None = None):
+        if device in ("opencl", "cuda"):    # a CUDA-target artifact on a SIMT device (issue 9)
+            from tscomp.runtime.simt_artifact import is_cuda_artifact, load_cuda_artifact
+            if not is_cuda_artifact(path):
+                raise TscompError(f"device {device!r} is not available for {path}: a cpu-target artifact "
+                                  f"(compile with --target cuda to run on {device})")
+            self._simt = load_cuda_artifact(path, device)
+            self.path, self.manifest, self.plan = self._simt.path, self._simt.manifest, self._simt.plan
+            self.graph, self.run = self.plan.graph, self._simt.run
+            return
         if device != "cpu":
-            raise TscompError(f"device {device!r} is not available: this tscomp runs artifacts on 'cpu' "
-                              "(the CUDA target is not built yet)")
+            raise TscompError(f"unknown device {device!r}: 'cpu', or 'opencl' / 'cuda' for a --target cuda artifact")
         self.path = Path(path)
         model, self.manifest = load_artifact(self.path, verify=verify, expected_digest=expected_digest)
         self._init(model, num_threads, allow_out_of_range)

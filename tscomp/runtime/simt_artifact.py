@@ -105,6 +105,14 @@ def write_cuda_artifact(model, path) -> Path:
     return path
 
 
+def is_cuda_artifact(path) -> bool:
+    """Whether ``path`` holds a CUDA-target artifact (by its manifest's format; nothing verified)."""
+    try:
+        return json.loads((Path(path) / "manifest.json").read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def read_cuda_manifest(path) -> dict:
     path = Path(path)
     try:
@@ -159,5 +167,5 @@ def load_cuda_artifact(path, device: str = "opencl") -> CudaArtifactRunner:
     return CudaArtifactRunner(path, device)
 
 
-__all__ = ["CudaArtifactError", "CudaArtifactRunner", "load_cuda_artifact", "read_cuda_manifest",
+__all__ = ["CudaArtifactError", "CudaArtifactRunner", "is_cuda_artifact", "load_cuda_artifact", "read_cuda_manifest",
            "write_cuda_artifact"]

@@ -57,7 +57,10 @@ def test_artifact_holds_cubins_ptx_and_resources_per_arch(artifact):
 def test_artifact_runs_on_opencl_and_matches_onnxruntime(artifact):
     from models.families import make_inputs, symbol_ranges
     model, path, _ = artifact
-    rt = load_cuda_artifact(path, device="opencl")
+    from tscomp.runtime import Runtime
+    runtime = Runtime(path, device="opencl")       # the runtime's device hook: the CUDA artifact on OpenCL
+    assert list(runtime.graph.inputs) == ["input_ids", "attention_mask", "token_type_ids"] or runtime.graph.inputs
+    rt = runtime._simt
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     (lb, hb), (ls, hs) = symbol_ranges("bert")["batch"], symbol_ranges("bert")["sequence"]
     rng = np.random.default_rng(3)
@@ -65,7 +68,7 @@ def test_artifact_runs_on_opencl_and_matches_onnxruntime(artifact):
     shapes += [(int(rng.integers(1, 4)), int(rng.integers(ls, hs + 1))) for _ in range(2)]
     for b, s in shapes:
         inputs = make_inputs("bert", {"batch": b, "sequence": s}, rng, size="tiny")
-        got = rt.run(inputs)
+        got = runtime.run(inputs)
         want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
         for name, w in want.items():
             np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"{name} at {b}x{s}")
