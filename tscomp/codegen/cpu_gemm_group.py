@@ -48,7 +48,10 @@ model, ``cost = T_single_wave × ceil(tasks(binding) / threads)``.
 
 Everything else raises :class:`UnsupportedOperatorError` naming the group and the reason: Conv,
 batched GEMMs with two activation operands, reductions over other axes
-or over a symbolic/too-long N, outputs outside the GEMM's space, non-float32 tensors.
+or over a symbolic/too-long N, outputs outside the GEMM's space that are not a permutation of
+it (a permuted output -- a channels-last block's final permute, a projection transposed into heads
+-- is stored element (i, j) where it lands, see :meth:`GemmGroupAnalysis._scatter_index`),
+non-float32 tensors.
 """
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ from its expression IR (:mod:`tscomp.graph.fusion.expr`); the numpy interpreter
   element is computed from the expression with common subexpressions in locals. Views and
   numpy broadcasting are index maps (:mod:`tscomp.codegen.c_expr`), elementwise ops are their
   registry entry's ``c_expr`` template, Gather/GatherElements/GatherND are indirect loads
-  (negative indices count from the end), Concat selects its source by index range.
+  (negative indices count from the end), Concat selects its source by index range, Tile reads
+  its input at the index modulo the input's shape.
 * **index checks**: every data-dependent index is range-checked where it is loaded (``ts_index``
   of the prelude: the check sits with the index's definition, so an embedding row's index is
   checked once per row, outside the vector loop over the row). A kernel with checks returns
@@ -24,7 +25,8 @@ from its expression IR (:mod:`tscomp.graph.fusion.expr`); the numpy interpreter
   position and the valid range, as onnxruntime does. :attr:`GroupGenerator.index_checks` lists
   what a generator emitted, so the GEMM families built on it can see them.
 * **reduce** groups whose heavy ops reduce *trailing* axes (Softmax/LogSoftmax, LayerNormalization,
-  ReduceSum/Mean/Max/Min/Prod/SumSquare/L1/L2/LogSum/LogSumExp with or without keepdims), several
+  ReduceSum/Mean/Max/Min/Prod/SumSquare/L1/L2/LogSum/LogSumExp with or without keepdims,
+  ArgMax/ArgMin: one in-order pass keeping the first or last extreme), several
   of them stitched over the same rows (a decomposed LayerNorm: mean, then the centred variance):
   one parallel loop over the rows; per row, one pass per statistic over the row, evaluating the
   fused prologue on the fly; then one pass that applies the epilogue and stores. Softmax subtracts
