@@ -137,3 +137,55 @@ def test_generator_lists_its_index_checks_for_the_families_built_on_it(tmp_path)
     source = gen.generate()
     assert [(c.node, c.op_type, c.input) for c in gen.index_checks] == [("pick", "GatherElements", "idx")]
     assert source.checks_indices and "ts_index(" in source.source and "int64_t* restrict tscomp_err" in source.source
+
+
+def gemm_with_gathers_model(path) -> str:
+    """y = Gather(table, ids) @ W + Gather(bias_table, ids): a checked gather in front of a GEMM (its A
+    operand) and one behind it (its epilogue) — wherever fusion puts them, a bad id must raise."""
+    rng = np.random.default_rng(1)
+    table = helper.make_tensor("table", TensorProto.FLOAT, [11, 8], rng.standard_normal(88).astype(np.float32))
+    btab = helper.make_tensor("btab", TensorProto.FLOAT, [11, 16], rng.standard_normal(176).astype(np.float32))
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 16], rng.standard_normal(128).astype(np.float32))
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 16])
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+             helper.make_node("MatMul", ["e", "w"], ["m"], name="proj"),
+             helper.make_node("Gather", ["btab", "ids"], ["b"], name="row_bias"),
+             helper.make_node("Add", ["m", "b"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "gg", [ids], [out], initializer=[table, btab, w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return str(path)
+
+
+def test_gathers_fused_around_a_gemm_raise_on_bad_index_instead_of_reading_out_of_bounds(tmp_path):
+    """The GEMM kernels carry no error record, so a gather in their prologue or epilogue is refused
+    by the GEMM family (GroupGenerator.reports_index_errors) and runs where it is checked."""
+    path = gemm_with_gathers_model(tmp_path / "gg.onnx")
+    rt = Runtime.from_compiled(compile_model(path, ["n=1:33"]))
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    good = np.array([0, 10, -1, 5, -11, 3, 7], dtype=np.int64)
+    np.testing.assert_allclose(rt.run({"ids": good})["y"], sess.run(None, {"ids": good})[0], rtol=1e-4, atol=1e-4)
+    for bad in (11, -12, 10 ** 6):
+        ids = good.copy()
+        ids[4] = bad
+        with pytest.raises(IndexOutOfRangeError, match=rf"'ids' has value {bad} "):
+            rt.run({"ids": ids})
+    np.testing.assert_allclose(rt.run({"ids": good})["y"], sess.run(None, {"ids": good})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_generators_without_an_error_record_refuse_a_data_dependent_index(tmp_path):
+    """Today's fusion keeps gathers out of GEMM groups (the test above); should a plan put one there,
+    the GEMM families' generators refuse it rather than emit an unchecked read or a trap."""
+    import tscomp
+    from tscomp.codegen import cpu_batched_gemm, cpu_gemm_group
+    from tscomp.codegen.cpu_groups import GroupGenerator
+    from tscomp.errors import UnsupportedOperatorError
+    from tscomp.graph.fusion import fuse
+    plan = fuse(tscomp.load_model(gather_elements_model(tmp_path / "ge.onnx"), ["n=1:17"]))
+    group = next(g for g in plan.groups if "pick" in g.nodes)
+    gen = GroupGenerator(plan, group)
+    gen.reports_index_errors = False
+    with pytest.raises(UnsupportedOperatorError, match=r"GatherElements node 'pick'.*without an error record"):
+        gen.generate()
+    for cls in (cpu_gemm_group._EpilogueGenerator, cpu_gemm_group._RowPassGenerator, cpu_batched_gemm._Generator):
+        assert cls.reports_index_errors is False, cls

@@ -146,6 +146,8 @@ class _Generator(GroupGenerator):
     epilogue) that share names, constant arrays and symbols. In the epilogue the MatMul's value at the
     element being computed is ``acc``; reading it anywhere else is refused."""
 
+    reports_index_errors = False
+
     def __init__(self, plan: Plan, group: Group, heavy: Op):
         super().__init__(plan, group)
         self.heavy = heavy

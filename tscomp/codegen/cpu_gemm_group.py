@@ -83,6 +83,8 @@ MAX_ROW_N = 4096
 class _EpilogueGenerator(GroupGenerator):
     """The elementwise generator with the GEMM's value at (i, j) as ``acc``."""
 
+    reports_index_errors = False
+
     def __init__(self, plan: Plan, group: Group, heavy: Op, M, N: int):
         super().__init__(plan, group)
         self.heavy = heavy
@@ -119,6 +121,8 @@ class _EpilogueGenerator(GroupGenerator):
 class _RowPassGenerator(GroupGenerator):
     """The row kernel of cpu_groups over rows ``i`` in [m0, m0 + mv) of Y, reading the
     pre-reduction value T from Y (row i, column j at ``Y[i*N + j]``) instead of recomputing it."""
+
+    reports_index_errors = False
 
     def __init__(self, plan: Plan, group: Group, backbone: Op, T: Expr, M, N: int, out_c: dict[str, str]):
         super().__init__(plan, group)
@@ -566,6 +570,7 @@ class GemmGroupAnalysis:
         pro_text = ""
         if self.a_prologue:
             pgen = GroupGenerator(self.plan, g)
+            pgen.reports_index_errors = False
             a = self.heavy.args[0]
             ashape = pgen.shape(a)
             if np.dtype(a.dtype) != np.float32:

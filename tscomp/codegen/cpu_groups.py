@@ -208,6 +208,10 @@ class GroupGenerator:
         #: it before the prelude, as :meth:`generate` does; a null pointer, so a trap, otherwise)
         self.index_checks: list[IndexCheck] = []
 
+    #: whether the generated kernel carries the ``tscomp_err`` record a checked gather reports to
+    #: (the GEMM families' prologue/epilogue generators do not: they refuse data-dependent indices)
+    reports_index_errors = True
+
     # ------------------------------------------------------------------ helpers
     def fail(self, what: str, e: Expr | None = None):
         where = f"{e.op_type} node {e.node!r}: " if isinstance(e, Op) else ""
@@ -432,6 +436,11 @@ class GroupGenerator:
         for block in reversed(self.stack):
             if key in block.cache:
                 return block.cache[key]
+        if not self.reports_index_errors:
+            # a bad index must raise, never read out of bounds: only kernels with an error record may
+            # contain a checked gather; elsewhere the group is refused and runs on a path that checks
+            self.fail("a data-dependent index inside a kernel without an error record (a GEMM's "
+                      "prologue/epilogue)", e)
         kv = self.value(ind, ind_idx)
         node = self.nodes.get(e.node)
         check = len(self.index_checks)

@@ -35,6 +35,7 @@ def a_operand(analysis) -> tuple[AOperand, list]:
     from tscomp.graph.fusion.expr import Input, walk
     g, h = analysis.group, analysis.heavy
     gen = GroupGenerator(analysis.plan, g)
+    gen.reports_index_errors = False
     a = h.args[0]
     ashape = gen.shape(a)
     vi, vk = gen.ctx.var("ts_i", analysis.M), gen.ctx.var("ts_k", analysis.K)
