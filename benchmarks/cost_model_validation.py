@@ -2,8 +2,8 @@
 
 For every distinct GEMM and batched-GEMM group of a compiled BERT-base artifact (one group per
 schedule signature: identical layers share their variants), at 62 random sequence lengths in
-[1, 512] (batch 1, seed 0): every kernel variant in the artifact is timed at that shape (median of
-repeats, in this process), and the variant the runtime's wave model picks
+[1, 512] (batch 1, seed 0): every kernel variant in the artifact is timed at that shape (the best
+of 3 interleaved rounds, each the median of repeats, in this process), and the variant the runtime's wave model picks
 (:func:`tscomp.runtime.wave.pick_variant`) is compared with the fastest one. Printed per group:
 mean and minimum of (fastest time / picked time), i.e. the fraction of the best throughput the
 cost model achieves (the paper reports 97.9% mean, 92.6% worst on BERT-large Dense layers).
@@ -40,8 +40,17 @@ def distinct_groups(rt) -> list:
     return out
 
 
+ROUNDS = 3
+
+
+WARMUP = 3
+
+
 def time_variant(k, env, binding, repeats: int) -> float:
-    k.run(env, binding)
+    # a variant's first runs after another variant's are 1.3-3x slow (its packed weights are out of
+    # cache): the tuner's measurement warms up 3 runs too
+    for _ in range(WARMUP):
+        k.run(env, binding)
     ts = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -67,7 +76,10 @@ def validate(path: Path, lengths: list[int], repeats: int, threads: int) -> dict
         for L in lengths:
             binding = {**base, "sequence": L}
             env = group_inputs_at(rt.plan, g, binding, rng)
-            times = [time_variant(k, env, binding, repeats) for k in ks]
+            # rounds interleave the variants, each variant's time the best of its round medians: a
+            # burst of noise during one variant's repeats must not make it look slow (or fast)
+            rounds = [[time_variant(k, env, binding, repeats) for k in ks] for _ in range(ROUNDS)]
+            times = list(np.min(rounds, axis=0))
             chosen = pick_variant(ks, binding, rt.target)
             t_pick = times[ks.index(chosen)]
             fractions.append(min(times) / t_pick)

@@ -31,6 +31,8 @@ from tscomp.graph import DimSpec, load_model, require_resolved_shapes
 from tscomp.graph.onnx_import import refuse_data_dependent_shapes
 from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.plan import Group, Plan
+from tscomp.runtime.wave import sample_point
+from tscomp.schedule.measure import time_case
 from tscomp.schedule.samples import group_inputs_at, sample_bindings, shape_size
 from tscomp.schedule.schedules import Schedules, TuningOptions, schedule_plan
 from tscomp.schedule.target import Target, host_cpu, host_threads
@@ -106,10 +108,7 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
     options.max_variants = max_variants
     schedules = schedule_plan(plan, choices, target, options, log=log)
     kernels = build_kernels(plan, choices, schedules, target, progress)
-    for g in plan.groups:
-        variants = kernels[g.name]
-        if len(variants) > 1 and any(not k.samples for k in variants):
-            measure_variants(plan, g, variants, target.threads)
+    measure_for_dispatch(plan, kernels, target.threads)
     if progress:
         progress(len(plan.groups), len(plan.groups), "done")
     return CompiledModel(plan, kernels, target, schedules, source_model=source_model,
@@ -149,10 +148,36 @@ def build_kernels(plan: Plan, choices: dict, schedules: Schedules, target: Targe
     return kernels
 
 
-def measure_variants(plan: Plan, group: Group, kernels: list, threads: int, *, repeats: int = 3) -> None:
+def measure_for_dispatch(plan: Plan, kernels: dict[str, list], threads: int) -> None:
+    """The wave model's samples for every group with a choice to make, measured here, side by
+    side, after the search: the tuner's own timings are its objective, taken one candidate at a
+    time amid its model fitting, and disagreed with calm re-measurement by up to 2x (up to 25x
+    at the smallest shapes) on these machines. Identical groups (same family, signature and
+    configurations: a model's repeated layers) are measured once and share the samples."""
+    measured: dict = {}
+    for g in plan.groups:
+        variants = kernels[g.name]
+        if len(variants) < 2:
+            continue
+        sig = (variants[0].tuning or {}).get("signature")
+        key = (variants[0].family, sig, tuple(str(k.cfg) for k in variants)) if sig else None
+        twins = measured.get(key) if key else None
+        if twins is None:
+            measure_variants(plan, g, variants, threads)
+            if key:
+                measured[key] = variants
+            continue
+        for k, twin in zip(variants, twins):
+            k.samples = list(twin.samples)
+            _set_wave_time(k, threads)
+
+
+def measure_variants(plan: Plan, group: Group, kernels: list, threads: int, *, warmup: int = 3,
+                     repeats: int = 5) -> None:
     """Time every variant at the :func:`~tscomp.schedule.samples.sample_bindings` shapes:
-    ``kernel.samples`` holds ``(size, tasks, seconds)`` per shape, size being the product of the
-    symbol values (what the runtime's wave model interpolates in), ``kernel.t_wave`` the
+    ``kernel.samples`` holds ``(size, tasks, seconds, work)`` per shape (size: the product of the
+    symbol values; work: the heaviest task's padded work, what the runtime's wave model
+    interpolates in where the family defines it), ``kernel.t_wave`` the
     single-wave time at the largest sample (for the manifest)."""
     rng = np.random.default_rng(0)
     for k in kernels:
@@ -160,22 +185,19 @@ def measure_variants(plan: Plan, group: Group, kernels: list, threads: int, *, r
     for binding in sample_bindings(plan):
         env = group_inputs_at(plan, group, binding, rng)
         for k in kernels:
-            k.run(env, binding)                    # warm: page in the weights, fill the caches
-            best = math.inf
-            for _ in range(repeats):
-                t = time.perf_counter()
-                k.run(env, binding)
-                best = min(best, time.perf_counter() - t)
-            k.samples.append((shape_size(binding), int(k.tasks(binding)), best))
+            # warm-up runs page in the weights and refill the caches another variant evicted (a
+            # variant's first runs after another's measure 2-10x slow); then the tuner's timing rule
+            seconds = time_case(k, env, binding, warmup=warmup, repeats=repeats, max_spread=0.15)
+            k.samples.append(sample_point(k, binding, seconds))
     for k in kernels:
         _set_wave_time(k, threads)
 
 
 def _set_wave_time(kernel, threads: int) -> None:
-    size, tasks, seconds = max(kernel.samples)
+    size, tasks, seconds = max(kernel.samples)[:3]
     kernel.t_wave = seconds / max(1, math.ceil(tasks / threads))
     kernel.probe = {"size": size}
 
 
 __all__ = ["CompiledModel", "build_kernels", "compile_model", "compile_plan", "default_threads", "group_inputs_at",
-           "measure_variants", "sample_bindings", "shape_size"]
+           "measure_for_dispatch", "measure_variants", "sample_bindings", "shape_size"]

@@ -82,3 +82,55 @@ def test_gpu_blocks_per_wave_follow_the_occupancy_formula():
     assert a100.blocks_per_wave(heavy.resources()) == 1 * spec.sms
     assert wave_cost(light, {"M": 10 * spec.sms}, a100) == 1.0
     assert wave_cost(heavy, {"M": 10 * spec.sms}, a100) == 10.0
+
+
+class _Symtab:
+    @staticmethod
+    def evaluate(expr, binding):
+        return int(expr.subs(binding)) if hasattr(expr, "subs") else int(expr)
+
+
+class FakeGemm(KernelBase):
+    """A GEMM variant as the wave model sees it: M rows, register tile mr, block tile mc."""
+    family = "gemm"
+    symtab = _Symtab()
+
+    def __init__(self, mr, mc):
+        import sympy
+        from tscomp.codegen.tile_config import TileConfig
+        self.M = sympy.Symbol("M")
+        self.cfg = TileConfig(mr=mr, nr=16, mc=mc, nc=64, kc=64)
+
+    def tasks(self, binding):
+        return -(-binding["M"] // self.cfg.mc)
+
+
+def test_gemm_per_wave_time_follows_the_register_tile_steps_not_the_shape_size():
+    """A task computes whole register tiles: with mr = 8, rows 1..8 cost the same and 9..16 the
+    same; interpolating in the raw row count would predict M = 9 cheaper than M = 16."""
+    from tscomp.runtime.wave import sample_point, task_work
+    k = FakeGemm(mr=8, mc=64)
+    per_rows = lambda m: 10.0 * -(-m // 8)          # noqa: E731  the kernel's true time (one task)
+    k.samples = [sample_point(k, {"M": m}, per_rows(m)) for m in (1, 4, 16, 64)]
+    assert [s[3] for s in k.samples] == [8, 8, 16, 64]
+    assert task_work(k, {"M": 5}) == 8 and task_work(k, {"M": 9}) == 16 and task_work(k, {"M": 200}) == 64
+    assert wave_cost(k, {"M": 5}, CPU2) == per_rows(5)
+    assert wave_cost(k, {"M": 9}, CPU2) == per_rows(16) == per_rows(9)
+    assert wave_cost(k, {"M": 40}, CPU2) == per_rows(40)
+
+
+def test_samples_at_the_same_work_merge_by_their_median():
+    """Every full-task shape has the same work: one noisy sample among them does not move the cost."""
+    from tscomp.runtime.wave import wave_points
+    k = FakeGemm(mr=8, mc=16)
+    k.samples = [(16, 1, 1.0, 16), (64, 4, 2.0, 16), (128, 8, 40.0, 16), (256, 16, 8.0, 16)]
+    xs, ys = wave_points(k, 2)
+    assert list(xs) == [16] and list(ys) == [1.0]      # per-wave: 1.0, 1.0, 10.0, 1.0
+    assert wave_cost(k, {"M": 96}, CPU2) == 1.0 * 3      # 6 tasks: 3 waves
+
+
+def test_samples_without_work_use_the_shape_size_axis():
+    """Artifacts measured before the work coordinate was recorded keep the size interpolation."""
+    k = FakeGemm(mr=8, mc=64)
+    k.samples = [(1, 1, 1.0), (16, 1, 2.0)]
+    assert wave_cost(k, {"M": 10}, CPU2) == 1.0 + (2.0 - 1.0) * 9 / 15

@@ -83,7 +83,8 @@ def _variant_entry(kernel) -> dict:
         entry["single_wave_us"] = round(kernel.t_wave * 1e6, 3)
         entry["measured_at"] = kernel.probe
     if kernel.samples:
-        entry["samples"] = [{"size": z, "tasks": t, "us": round(sec * 1e6, 3)} for z, t, sec in kernel.samples]
+        entry["samples"] = [{"size": s[0], "tasks": s[1], "us": round(s[2] * 1e6, 3),
+                             **({"work": s[3]} if len(s) > 3 else {})} for s in kernel.samples]
     if kernel.reasons:
         entry["why_no_native_kernel"] = list(kernel.reasons)
     return entry

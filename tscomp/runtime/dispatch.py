@@ -3,9 +3,10 @@ dispatcher as a decision tree): the wave model's choice (:mod:`tscomp.runtime.wa
 once, at load, for *every* binding of the symbol ranges, into a table the request path indexes.
 A never-seen shape then costs the same lookup as a seen one.
 
-The wave model's cost of a variant is ``T_wave(size) x ceil(tasks(binding) / blocks_per_wave)``.
+The wave model's cost of a variant is ``T_wave(x) x ceil(tasks(binding) / blocks_per_wave)``.
 Both factors are vectorized over the grid of all bindings: the per-wave time is the same linear
-interpolation between the compile-time samples (``numpy.interp``), and ``tasks`` comes from the
+interpolation between the compile-time samples (``numpy.interp`` over the wave model's coordinate
+``x``, :data:`~tscomp.runtime.wave.WORK` evaluated on the grid, or the shape size), and ``tasks`` comes from the
 family's tile-task expression (:data:`TASKS`: which sizes the family's ``tasks()`` divides by its
 tile extents) evaluated with numpy. The table is built at load rather than at compile time because
 blocks per wave depend on the thread count the runtime is given. A group whose family has no
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 
+from tscomp.runtime.wave import WORK, uses_work_axis, wave_points
 from tscomp.schedule.target import Target
 
 #: largest number of bindings a table covers (one byte per binding and group)
@@ -86,9 +88,9 @@ def _costs(kernel, ev, size: np.ndarray, target: Target) -> np.ndarray:
     per_wave = max(1, target.blocks_per_wave(kernel.resources()))
     waves = _ceil_div(np.asarray(TASKS[kernel.family](kernel, ev), dtype=np.int64), per_wave)
     if kernel.samples:
-        pts = sorted((s, t / math.ceil(max(1, n) / per_wave)) for s, n, t in kernel.samples)
-        xs, ys = zip(*pts)
-        return np.interp(size, xs, ys) * waves
+        xs, ys = wave_points(kernel, per_wave)
+        x = np.asarray(WORK[kernel.family](kernel, ev)) if uses_work_axis(kernel) else size
+        return np.interp(x, xs, ys) * waves
     if kernel.t_wave is None:
         return np.full(size.shape, np.inf)
     return kernel.t_wave * waves

@@ -9,7 +9,8 @@ forking a process whose OpenMP runtime has started can hang libgomp in the child
 DietCode §4.2 shape-generic objective: one ``(binding, env)`` case per sample value of the dynamic
 axis) are sent to the worker once per key and cached there.
 
-Timing per candidate and case: ``warmup`` runs, ``repeats`` timed runs, the median; when the
+Timing per candidate and case: ``warmup`` runs (3: a kernel run right after another one runs
+2-3x slow until its weights are back in cache), ``repeats`` timed runs, the median; when the
 repeats spread more than ``max_spread`` of the median (a noisy neighbour, a page-fault storm) the
 case is measured once more and the lower median kept. The worker answers per case; the parent
 waits at most ``timeout_s`` for the whole candidate. A dead worker (segfault, abort) gives
@@ -70,15 +71,23 @@ class Measurement:
 
 # -- timing (shared by the worker and the inline path) -----------------------------------------
 
+#: a case is timed for at least this long (more runs than ``repeats`` for short kernels: a 10 us
+#: kernel timed 5 times is at the mercy of one preemption or thread wake-up)
+MIN_CASE_SECONDS = 2e-3
+MAX_RUNS = 400
+
+
 def _repeat(candidate, env, binding, repeats: int) -> tuple[float, float]:
-    """(median, relative spread) of ``repeats`` timed runs."""
-    times = []
-    for _ in range(max(1, repeats)):
+    """(median, relative spread) of at least ``repeats`` timed runs lasting ``MIN_CASE_SECONDS``."""
+    times: list[float] = []
+    while len(times) < max(1, repeats) or (sum(times) < MIN_CASE_SECONDS and len(times) < MAX_RUNS):
         t0 = time.perf_counter()
         candidate.run(env, binding)
         times.append(time.perf_counter() - t0)
     med = statistics.median(times)
-    return med, (max(times) - min(times)) / med if med > 0 else 0.0
+    # spread over the middle runs: with hundreds of runs the extremes are always far apart
+    lo, hi = (statistics.quantiles(times, n=10)[i] for i in (0, 8)) if len(times) >= 20 else (min(times), max(times))
+    return med, (hi - lo) / med if med > 0 else 0.0
 
 
 def time_case(candidate, env, binding, *, warmup: int, repeats: int, max_spread: float) -> float:
@@ -91,7 +100,7 @@ def time_case(candidate, env, binding, *, warmup: int, repeats: int, max_spread:
     return med
 
 
-def measure_inline(candidate, workload: Workload, *, warmup: int = 1, repeats: int = 5,
+def measure_inline(candidate, workload: Workload, *, warmup: int = 3, repeats: int = 5,
                    max_spread: float = 0.15) -> Measurement:
     """Time ``candidate`` in this process (a crash here is a crash of the caller)."""
     seconds = []
@@ -173,7 +182,7 @@ def _thread_env(threads: int):
 class Measurer:
     """Times candidates in an isolated worker process (see the module docstring)."""
 
-    def __init__(self, *, threads: int, timeout_s: float = 60.0, repeats: int = 5, warmup: int = 1,
+    def __init__(self, *, threads: int, timeout_s: float = 60.0, repeats: int = 5, warmup: int = 3,
                  max_spread: float = 0.15):
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")

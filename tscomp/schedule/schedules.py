@@ -31,7 +31,8 @@ import numpy as np
 from tscomp.codegen.tile_config import TileConfig
 from tscomp.errors import TscompError
 from tscomp.graph.fusion.plan import Plan
-from tscomp.schedule.samples import group_inputs_at, sample_bindings, shape_size
+from tscomp.runtime.wave import sample_point
+from tscomp.schedule.samples import group_inputs_at, sample_bindings
 from tscomp.schedule.target import Target
 
 #: trials per distinct tunable group when no budget is given (the heuristic's ~8 candidates, then
@@ -40,7 +41,7 @@ DEFAULT_TRIALS = 24
 #: wall-clock seconds a compile may spend tuning when no budget is given
 DEFAULT_SECONDS = 420.0
 
-Sample = tuple[int, int, float]            # (shape size, tasks, seconds)
+Sample = tuple[int, int, float, int]       # (shape size, tasks, seconds, task work): runtime.wave.sample_point
 
 
 @dataclass
@@ -213,8 +214,7 @@ def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options:
         if not m.ok:
             errors.append(f"{point}: {m.error}")
             return math.inf
-        per_sample[space.key(point)] = [(shape_size(b), int(kernel.tasks(b)), float(t))
-                                        for b, t in zip(bindings, m.seconds)]
+        per_sample[space.key(point)] = [sample_point(kernel, b, t) for b, t in zip(bindings, m.seconds)]
         return float(np.exp(np.mean(np.log(np.maximum(m.seconds, 1e-9)))))
 
     t0 = time.perf_counter()
