@@ -14,7 +14,6 @@ FAMILIES = ("bert", "albert", "roberta", "distilbert", "gpt2", "vit", "llama", "
 # Issue 11: numpy fallbacks accepted per new family until their kernels land (one reason substring each),
 # on top of the opaque index groups accepted for every family (Conv and pooling groups never fall back).
 KNOWN_FALLBACKS = {
-    "llama": ("the row pass reads the GEMM through 2 different values",),  # RMSNorm fused after a GEMM
     "resnet": (),
 }
 MODELS = [pytest.param(f, e, id=f"{f}-{e}") for f in FAMILIES for e in ("dynamo", "torchscript")]
