@@ -26,7 +26,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tscomp.codegen.build import build_object, set_num_threads
-from tscomp.codegen.families import DEFAULT_VARIANTS, choose_family, fallback_kernel
+from tscomp.codegen.families import DEFAULT_VARIANTS, FamilyChoice, choose_family, fallback_kernel
+from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph import DimSpec, load_model, require_resolved_shapes
 from tscomp.graph.onnx_import import refuse_data_dependent_shapes
 from tscomp.graph.fusion import fuse
@@ -120,10 +121,13 @@ def build_kernels(plan: Plan, choices: dict, schedules: Schedules, target: Targe
     """The codegen stage: every scheduled configuration's source, compiled in parallel (the C
     compiler runs as a subprocess, so threads suffice), then built and bound per group."""
     unbuilt = {}
-    for choice in choices.values():
+    for name, choice in list(choices.items()):
         if choice.family is not None:
-            unbuilt[choice.group.name] = [(v, choice.family.executor(choice.analysis, v.config, target))
-                                          for v in schedules.groups[choice.group.name].variants]
+            pairs, refused = generate_sources(choice, schedules.groups[name].variants, target)
+            if pairs:
+                unbuilt[name] = pairs
+            else:   # the family's analysis took the group but no configuration could be generated
+                choices[name] = FamilyChoice(choice.group, None, None, choice.reasons + tuple(refused))
     todo = {k.func: k.source for pairs in unbuilt.values() for _, k in pairs}
     with ThreadPoolExecutor(max_workers=max(1, target.threads)) as pool:
         list(pool.map(lambda item: build_object(item[1], item[0]), todo.items()))
@@ -146,6 +150,20 @@ def build_kernels(plan: Plan, choices: dict, schedules: Schedules, target: Targe
             unique.setdefault(kernel.func, kernel)     # two configurations may come out as one kernel
         kernels[group.name] = list(unique.values())
     return kernels
+
+
+def generate_sources(choice: FamilyChoice, variants: list, target: Target) -> tuple[list, list[str]]:
+    """(variant, unbuilt kernel) for every scheduled variant whose source the family can generate,
+    and the refusals of the others. Some refusals surface only while generating the source (an
+    epilogue reading the GEMM at a fixed element, found by the differential fuzzer): a group none
+    of whose variants generates goes to the numpy fallback with the family's reason."""
+    pairs, refused = [], []
+    for v in variants:
+        try:
+            pairs.append((v, choice.family.executor(choice.analysis, v.config, target)))
+        except UnsupportedOperatorError as exc:
+            refused.append(f"{choice.family.name}: {exc}")
+    return pairs, refused
 
 
 def measure_for_dispatch(plan: Plan, kernels: dict[str, list], threads: int) -> None:

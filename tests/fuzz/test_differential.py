@@ -108,3 +108,17 @@ def test_softmax_over_a_one_element_row_keeps_its_exp_inside_the_row():
              "ax": np.array([-1], np.int64), "sp": np.array([1], np.int64)}
     check_against_onnxruntime(regression_case(nodes, {"x": (3, "n")}, inits, ["s", "sl", "y"],
                                               [{"n": 1}, {"n": 7}]))
+
+
+def test_a_group_whose_source_the_family_refuses_falls_back_instead_of_failing_the_compile():
+    """x·xᵀ of a [1, 3] reduction: the batched GEMM family's analysis took the group, and only
+    source generation found its output reading the MatMul at a fixed element (compile failed with
+    UnsupportedOperatorError); such a group now falls back to numpy with that reason."""
+    from onnx import helper
+    nodes = [helper.make_node("Relu", ["x"], ["t1"]),
+             helper.make_node("ReduceSum", ["t1", "axes"], ["t4"], keepdims=1),
+             helper.make_node("Relu", ["t4"], ["t6"]),
+             helper.make_node("Transpose", ["t6"], ["t8"], perm=[1, 0]),
+             helper.make_node("MatMul", ["t6", "t8"], ["t10"])]
+    check_against_onnxruntime(regression_case(nodes, {"x": ("n", 3)}, {"axes": np.array([0], np.int64)},
+                                              ["t1", "t4", "t6", "t10"], [{"n": 1}, {"n": 5}, {"n": 13}]))
