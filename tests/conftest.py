@@ -43,6 +43,20 @@ def _require_export_extra() -> None:
         pytest.importorskip(module, reason=f"{module} missing: install the 'export' extra")
 
 
+def _export_in_a_clean_process(family, size, exporter, opset) -> pathlib.Path:
+    """Under ``make test-asan`` libasan is preloaded into Python, and torch's exporter aborts in
+    it: the export runs in a child without the sanitizer (the ONNX file is all the tests need)."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TSCOMP_SANITIZE")}
+    code = ("import sys; from models.export import export_model; "
+            "print(export_model(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], "
+            "opset=None if sys.argv[5] == 'None' else int(sys.argv[5])))")
+    out = subprocess.run([sys.executable, "-c", code, family, size, exporter, str(model_cache_dir()), str(opset)],
+                         env=env, capture_output=True, text=True, check=True, cwd=pathlib.Path(__file__).parents[1])
+    return pathlib.Path(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="session")
 def exported_model():
     """Callable (family, size="tiny", exporter="dynamo") -> Path of the cached ONNX export."""
@@ -51,6 +65,8 @@ def exported_model():
         if size == "base" and not base_models_enabled():
             pytest.skip(SKIP_BASE_REASON)
         _require_export_extra()
+        if os.environ.get("TSCOMP_SANITIZE"):
+            return _export_in_a_clean_process(family, size, exporter, opset)
         from models.export import export_model
 
         return export_model(family, size, exporter, model_cache_dir(), opset=opset)
