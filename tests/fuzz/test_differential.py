@@ -7,7 +7,8 @@ declared ranges, compared with onnxruntime at rtol = atol = 1e-4.
     TSCOMP_FUZZ_EXAMPLES=2000 .venv/bin/python -m pytest -p no:xdist tests/fuzz -q
 
 (``TSCOMP_FUZZ_SEED=<int>`` explores other graphs than the fixed slice, ``TSCOMP_FUZZ_LOG=<file>``
-appends one line per graph checked; hypothesis shrinks a
+appends one line per graph checked and keeps the graph being checked in ``<file>.current.onnx``
+/ ``.current.txt``, which outlive a native crash; hypothesis shrinks a
 failure to a minimal graph, printed with its ops, inputs and bindings). Regression cases for bugs
 the fuzzer found live at the end of this file.
 """
@@ -39,6 +40,11 @@ def check_against_onnxruntime(case: GraphCase) -> None:
     from tscomp.compiler import compile_model
     from tscomp.runtime import Runtime
 
+    log = os.environ.get("TSCOMP_FUZZ_LOG")
+    if log:   # a native crash kills the process before hypothesis can report: keep the graph first
+        onnx.save(case.model, log + ".current.onnx")
+        with open(log + ".current.txt", "w") as f:
+            f.write(f"{case.describe()}\nbindings {case.bindings}\ndims {case.dims}\n")
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "fuzz.onnx"
         onnx.save(case.model, str(path))
@@ -54,7 +60,6 @@ def check_against_onnxruntime(case: GraphCase) -> None:
                 np.testing.assert_allclose(got[name], w, rtol=RTOL, atol=ATOL,
                                            err_msg=f"{name} at {binding}; {case.describe()}")
             STATS["bindings"] += 1
-    log = os.environ.get("TSCOMP_FUZZ_LOG")
     if log:                      # progress of a long run, readable while it runs
         with open(log, "a") as f:
             f.write(f"graph {STATS['graphs']} ok ({len(case.bindings)} bindings, {STATS['bindings']} in all): "
