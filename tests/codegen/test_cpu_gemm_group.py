@@ -287,3 +287,31 @@ def test_a_constant_weight_read_through_views_is_prepacked_not_refused(tmp_path)
     for B in (1, 4, 9):
         x = rng.standard_normal((B, 3, 8)).astype(np.float32)
         np.testing.assert_allclose(rt.run({"x": x})["z"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_a_row_statistic_alone_is_not_stored_in_place_of_the_gemm_result(tmp_path, keepdims):
+    """x·W then ReduceSum over the columns, the sum the only output: with keepdims=1 the [M, 1]
+    sum has the GEMM's rank and was taken for the normalized row, so the kernel used the M-element
+    output as its M x N result (heap-buffer-overflow found by the differential fuzzer under ASan).
+    The GEMM result goes to a scratch; the sum to its own output."""
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((6, 4)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"]),
+             helper.make_node("ReduceSum", ["mm", "axes"], ["s"], keepdims=keepdims)]
+    graph = helper.make_graph(nodes, "row_sum", [helper.make_tensor_value_info("x", TP.FLOAT, ["M", 6])],
+                              [helper.make_tensor_value_info("s", TP.FLOAT, None)],
+                              initializer=[helper.make_tensor("W", TP.FLOAT, W.shape, W.reshape(-1).tolist()),
+                                           helper.make_tensor("axes", TP.INT64, [1], [-1])])
+    path = tmp_path / "row_sum.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+    plan = fuse(G.load_model(path, ["M=1:300"]))
+    (group,) = [g for g in plan.groups if g.kind == "gemm"]
+    kernel = compile_gemm_group(plan, group)
+    assert kernel.has_row_pass and kernel.y_output is None, (kernel.y_output, group.outputs)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for M in (1, 13, 64, 65, 300):
+        x = rng.standard_normal((M, 6)).astype(np.float32)
+        got = kernel.run({"x": x}, bind_symbols(plan.graph, {"x": x}))
+        close(got["s"], sess.run(None, {"x": x})[0], f"M={M}")

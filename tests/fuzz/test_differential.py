@@ -127,3 +127,15 @@ def test_a_group_whose_source_the_family_refuses_falls_back_instead_of_failing_t
              helper.make_node("MatMul", ["t6", "t8"], ["t10"])]
     check_against_onnxruntime(regression_case(nodes, {"x": ("n", 3)}, {"axes": np.array([0], np.int64)},
                                               ["t1", "t4", "t6", "t10"], [{"n": 1}, {"n": 5}, {"n": 13}]))
+
+
+def test_a_row_sum_of_a_gemm_writes_one_value_per_row():
+    """ReduceSum over the columns of x·W: found by the fuzzer under ASan (heap-buffer-overflow
+    write in the GEMM kernel's row pass)."""
+    from onnx import helper
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["t2"]),
+             helper.make_node("ReduceSum", ["t2", "axes"], ["t5"], keepdims=1)]
+    inits = {"w": np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32),
+             "axes": np.array([-1], np.int64)}
+    check_against_onnxruntime(regression_case(nodes, {"x": ("n", 6)}, inits, ["t5"],
+                                              [{"n": 13}, {"n": 1}, {"n": 5}]))

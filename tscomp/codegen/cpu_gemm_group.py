@@ -173,6 +173,8 @@ class _RowPassGenerator(GroupGenerator):
         for h in reductions:
             self.emit_stats(h)
         for name in stat:
+            if self.out_c[name] == "Y" and not same(numel(self.shape(self.group.outputs[name])), numel(space)):
+                self.fail(f"row statistic {name} stored in place into the GEMM result Y (Y holds full rows)")
             e = self.group.outputs[name]
             shape = self.shape(e)
             self.store(name, e, tuple(outer) + (sympy.Integer(0),) * (len(shape) - k), shape)
@@ -555,7 +557,11 @@ class GemmGroupAnalysis:
         if self.T is not None:
             rgen = None
             if self.y_output is None:
-                full_rows = [n for n in row_outs if len(self.out_shapes[n]) == len(self.T.shape)]
+                # only a full row can take T's place; a keepdims statistic ([M, 1]) has T's rank
+                # but one value per row, and Y is M x N
+                t_shape = tuple(symtab.canon(d) for d in self.T.shape)
+                full_rows = [n for n in row_outs if len(self.out_shapes[n]) == len(t_shape)
+                             and all(same(a, b) for a, b in zip(self.out_shapes[n], t_shape))]
                 if len(full_rows) == 1:   # try the normalized output as Y, overwritten in place
                     try:
                         rgen = self._row_generator(row_outs, {full_rows[0]: "Y"})
