@@ -72,7 +72,7 @@ def validate(path: Path, lengths: list[int], repeats: int, threads: int) -> dict
     out = {}
     for g in distinct_groups(rt):
         ks = rt.model.kernels[g.name]
-        fractions, picks = [], []
+        fractions, picks, all_times = [], [], []
         for L in lengths:
             binding = {**base, "sequence": L}
             env = group_inputs_at(rt.plan, g, binding, rng)
@@ -80,6 +80,7 @@ def validate(path: Path, lengths: list[int], repeats: int, threads: int) -> dict
             # burst of noise during one variant's repeats must not make it look slow (or fast)
             rounds = [[time_variant(k, env, binding, repeats) for k in ks] for _ in range(ROUNDS)]
             times = list(np.min(rounds, axis=0))
+            all_times.append([float(t) for t in times])
             chosen = pick_variant(ks, binding, rt.target)
             t_pick = times[ks.index(chosen)]
             fractions.append(min(times) / t_pick)
@@ -87,7 +88,10 @@ def validate(path: Path, lengths: list[int], repeats: int, threads: int) -> dict
         fam = ks[0].family
         out[g.name] = {"family": fam, "variants": [k.cfg.slug() for k in ks], "mean": float(np.mean(fractions)),
                        "min": float(np.min(fractions)), "worst_at": int(lengths[int(np.argmin(fractions))]),
-                       "method": (ks[0].tuning or {}).get("method", "?")}
+                       "method": (ks[0].tuning or {}).get("method", "?"),
+                       # per length: each variant's measured time and the index the runtime picked
+                       # (to evaluate a changed cost model offline against the same measurements)
+                       "times": all_times, "picks": picks}
         print(f"  {g.name:<14} {fam:<13} {len(ks)} variants  mean {np.mean(fractions):.3f}  "
               f"min {np.min(fractions):.3f} (L={out[g.name]['worst_at']})", flush=True)
     return out
