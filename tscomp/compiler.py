@@ -34,7 +34,7 @@ from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.runtime.wave import sample_point
 from tscomp.schedule.measure import time_case
-from tscomp.schedule.samples import group_inputs_at, sample_bindings, shape_size
+from tscomp.schedule.samples import DISPATCH_POINTS, group_inputs_at, sample_bindings, shape_size
 from tscomp.schedule.schedules import Schedules, TuningOptions, schedule_plan
 from tscomp.schedule.target import Target, host_cpu, host_threads
 
@@ -190,23 +190,33 @@ def measure_for_dispatch(plan: Plan, kernels: dict[str, list], threads: int) -> 
             _set_wave_time(k, threads)
 
 
+#: passes over the dispatch samples; each (shape, variant) keeps its fastest pass. On a shared
+#: 2-core machine a burst of load slows a two-thread variant far more than a one-thread one (its
+#: wave waits for the slower thread), and a pass lasts seconds: two passes, seconds apart, rarely
+#: both meet a burst at the same shape
+DISPATCH_PASSES = 2
+
+
 def measure_variants(plan: Plan, group: Group, kernels: list, threads: int, *, warmup: int = 3,
-                     repeats: int = 5) -> None:
-    """Time every variant at the :func:`~tscomp.schedule.samples.sample_bindings` shapes:
-    ``kernel.samples`` holds ``(size, tasks, seconds, work)`` per shape (size: the product of the
-    symbol values; work: the heaviest task's padded work, what the runtime's wave model
-    interpolates in where the family defines it), ``kernel.t_wave`` the
+                     repeats: int = 5, passes: int = DISPATCH_PASSES) -> None:
+    """Time every variant at the :func:`~tscomp.schedule.samples.sample_bindings` shapes of
+    :data:`~tscomp.schedule.samples.DISPATCH_POINTS`:
+    ``kernel.samples`` holds :func:`~tscomp.runtime.wave.sample_point` per shape (size, tasks, seconds,
+    the heaviest task's padded work, the task classes), ``kernel.t_wave`` the
     single-wave time at the largest sample (for the manifest)."""
     rng = np.random.default_rng(0)
-    for k in kernels:
-        k.samples = []
-    for binding in sample_bindings(plan):
-        env = group_inputs_at(plan, group, binding, rng)
-        for k in kernels:
-            # warm-up runs page in the weights and refill the caches another variant evicted (a
-            # variant's first runs after another's measure 2-10x slow); then the tuner's timing rule
-            seconds = time_case(k, env, binding, warmup=warmup, repeats=repeats, max_spread=0.15)
-            k.samples.append(sample_point(k, binding, seconds))
+    bindings = sample_bindings(plan, points=DISPATCH_POINTS)
+    best = {(i, j): math.inf for i in range(len(bindings)) for j in range(len(kernels))}
+    for _ in range(max(1, passes)):
+        for i, binding in enumerate(bindings):
+            env = group_inputs_at(plan, group, binding, rng)
+            for j, k in enumerate(kernels):
+                # warm-up runs page in the weights and refill the caches another variant evicted (a
+                # variant's first runs after another's measure 2-10x slow); then the tuner's timing rule
+                seconds = time_case(k, env, binding, warmup=warmup, repeats=repeats, max_spread=0.15)
+                best[i, j] = min(best[i, j], seconds)
+    for j, k in enumerate(kernels):
+        k.samples = [sample_point(k, b, best[i, j]) for i, b in enumerate(bindings)]
     for k in kernels:
         _set_wave_time(k, threads)
 

@@ -1,5 +1,9 @@
-"""Variant choice by the wave model: cost = T_single_wave x ceil(tasks / threads)."""
+"""Variant choice by the wave model: cost = T_single_wave x ceil(tasks / threads), refined to the
+makespan of task classes where the last block holds a remainder."""
 from __future__ import annotations
+
+import numpy as np
+import pytest
 
 from tscomp.codegen.kernel import KernelBase
 from tscomp.runtime.wave import pick_variant, wave_cost
@@ -41,10 +45,10 @@ def test_per_wave_time_is_interpolated_between_samples_and_scaled_by_waves():
     k = FakeKernel("k", None, 10)
     # (size, tasks, seconds): per-wave times 1.0 at size 1, 2.0 at size 16, 2.0 at size 64
     k.samples = [(1, 1, 1.0), (16, 2, 2.0), (64, 8, 8.0)]
-    assert wave_cost(k, {"M": 1}, CPU2) == 1.0
-    assert wave_cost(k, {"M": 10}, CPU2) == 1.0 + (2.0 - 1.0) * 9 / 15      # 1 task: one wave
-    assert wave_cost(k, {"M": 40}, CPU2) == 2.0 * 2                          # 4 tasks: two waves
-    assert wave_cost(k, {"M": 640}, CPU2) == 2.0 * 32                        # past the last sample
+    assert wave_cost(k, {"M": 1}, CPU2) == pytest.approx(1.0)
+    assert wave_cost(k, {"M": 10}, CPU2) == pytest.approx(1.0 + (2.0 - 1.0) * 9 / 15)   # 1 task: one wave
+    assert wave_cost(k, {"M": 40}, CPU2) == pytest.approx(2.0 * 2)                       # 4 tasks: two waves
+    assert wave_cost(k, {"M": 640}, CPU2) == pytest.approx(2.0 * 32)                     # past the last sample
 
 
 def test_measured_samples_choose_per_shape():
@@ -91,21 +95,24 @@ class _Symtab:
 
 
 class FakeGemm(KernelBase):
-    """A GEMM variant as the wave model sees it: M rows, register tile mr, block tile mc."""
+    """A GEMM variant as the wave model sees it: M rows, register tile mr, block tile mc, and
+    ``n_nblocks`` column blocks."""
     family = "gemm"
     symtab = _Symtab()
 
-    def __init__(self, mr, mc):
+    def __init__(self, mr, mc, n_nblocks=1):
         import sympy
+        from types import SimpleNamespace
         from tscomp.codegen.tile_config import TileConfig
         self.M = sympy.Symbol("M")
         self.cfg = TileConfig(mr=mr, nr=16, mc=mc, nc=64, kc=64)
+        self.geometry = SimpleNamespace(n_nblocks=n_nblocks)
 
     def tasks(self, binding):
-        return -(-binding["M"] // self.cfg.mc)
+        return -(-binding["M"] // self.cfg.mc) * self.geometry.n_nblocks
 
 
-def test_gemm_per_wave_time_follows_the_register_tile_steps_not_the_shape_size():
+def test_gemm_per_task_time_follows_the_register_tile_steps_not_the_shape_size():
     """A task computes whole register tiles: with mr = 8, rows 1..8 cost the same and 9..16 the
     same; interpolating in the raw row count would predict M = 9 cheaper than M = 16."""
     from tscomp.runtime.wave import sample_point, task_work
@@ -114,23 +121,92 @@ def test_gemm_per_wave_time_follows_the_register_tile_steps_not_the_shape_size()
     k.samples = [sample_point(k, {"M": m}, per_rows(m)) for m in (1, 4, 16, 64)]
     assert [s[3] for s in k.samples] == [8, 8, 16, 64]
     assert task_work(k, {"M": 5}) == 8 and task_work(k, {"M": 9}) == 16 and task_work(k, {"M": 200}) == 64
-    assert wave_cost(k, {"M": 5}, CPU2) == per_rows(5)
-    assert wave_cost(k, {"M": 9}, CPU2) == per_rows(16) == per_rows(9)
-    assert wave_cost(k, {"M": 40}, CPU2) == per_rows(40)
+    assert wave_cost(k, {"M": 5}, CPU2) == pytest.approx(per_rows(5))
+    assert wave_cost(k, {"M": 9}, CPU2) == pytest.approx(per_rows(16)) and per_rows(16) == per_rows(9)
+    assert wave_cost(k, {"M": 40}, CPU2) == pytest.approx(per_rows(40))
 
 
-def test_samples_at_the_same_work_merge_by_their_median():
-    """Every full-task shape has the same work: one noisy sample among them does not move the cost."""
+def test_the_last_partial_block_costs_its_own_rows_not_a_full_wave():
+    """M = 136 under 64-row blocks, two column blocks: 4 full tasks and 2 of 8 rows. Two workers
+    run the full ones in two waves and the light ones in a third, short one: 2 x t(64) + t(8),
+    not the 3 x t(64) whole waves would say."""
+    from tscomp.runtime.wave import sample_point, task_classes
+    k = FakeGemm(mr=8, mc=64, n_nblocks=2)
+    t = lambda rows: 1.0 + rows / 8                  # noqa: E731  per-task time of a task's padded rows
+    assert task_classes(k, {"M": 136}) == ((4, 64), (2, 8))
+    assert task_classes(k, {"M": 128}) == ((2, 64), (2, 64))
+    k.samples = [sample_point(k, {"M": 8}, t(8)), sample_point(k, {"M": 128}, 2 * t(64))]
+    assert wave_cost(k, {"M": 136}, CPU2) == pytest.approx(2 * t(64) + t(8))
+    # on 4 workers (samples measured there): 2 full and 2 light tasks run in one wave
+    k4 = FakeGemm(mr=8, mc=64, n_nblocks=2)
+    k4.samples = [sample_point(k4, {"M": 8}, t(8)), sample_point(k4, {"M": 128}, t(64))]
+    assert wave_cost(k4, {"M": 72}, FakeWorkers(4)) == pytest.approx(t(64))
+
+
+class FakeWorkers:
+    def __init__(self, n):
+        self.n = n
+
+    def blocks_per_wave(self, resources):
+        return self.n
+
+
+def test_samples_mixing_full_and_partial_blocks_give_the_full_task_time():
+    """A sample at M = 100 (one full 64-row task and one of 40 rows, per column block) measured
+    t(64) + t(40) on one worker; the fitted per-task time at 64 rows is t(64), not the sample's
+    seconds over its waves."""
+    from tscomp.runtime.wave import sample_point, wave_points
+    k = FakeGemm(mr=8, mc=64, n_nblocks=1)
+    t = lambda rows: 2.0 + rows                      # noqa: E731
+    k.samples = [sample_point(k, {"M": m}, t(m)) for m in (8, 16, 40)] + [sample_point(k, {"M": 100}, t(64) + t(40))]
+    xs, ys, t0 = wave_points(k, 1)
+    assert t0 == pytest.approx(0.0, abs=1e-6)
+    assert list(xs) == [8, 16, 40, 64]
+    assert ys == pytest.approx([t(8), t(16), t(40), t(64)])
+
+
+def test_one_disturbed_sample_barely_moves_the_fit():
+    """Every full-task shape has the same work: one sample 5x slow among them (timing noise is
+    upward) moves the per-task time by well under its share (robust soft-L1 fit)."""
     from tscomp.runtime.wave import wave_points
     k = FakeGemm(mr=8, mc=16)
-    k.samples = [(16, 1, 1.0, 16), (64, 4, 2.0, 16), (128, 8, 40.0, 16), (256, 16, 8.0, 16)]
-    xs, ys = wave_points(k, 2)
-    assert list(xs) == [16] and list(ys) == [1.0]      # per-wave: 1.0, 1.0, 10.0, 1.0
-    assert wave_cost(k, {"M": 96}, CPU2) == 1.0 * 3      # 6 tasks: 3 waves
+    k.samples = [(16, 1, 1.0, 16), (64, 4, 2.0, 16), (128, 8, 20.0, 16), (256, 16, 8.0, 16)]
+    xs, ys, t0 = wave_points(k, 2)
+    assert list(xs) == [16] and ys[0] + t0 == pytest.approx(1.0, rel=0.02)   # per-wave: 1, 1, 5, 1
+    assert wave_cost(k, {"M": 96}, CPU2) == pytest.approx(3.0, rel=0.05)      # 6 tasks: 3 waves
 
 
 def test_samples_without_work_use_the_shape_size_axis():
     """Artifacts measured before the work coordinate was recorded keep the size interpolation."""
-    k = FakeGemm(mr=8, mc=64)
+    k = FakeKernel("k", None, 10)
     k.samples = [(1, 1, 1.0), (16, 1, 2.0)]
-    assert wave_cost(k, {"M": 10}, CPU2) == 1.0 + (2.0 - 1.0) * 9 / 15
+    assert wave_cost(k, {"M": 10}, CPU2) == pytest.approx(1.0 + (2.0 - 1.0) * 9 / 15)
+
+
+def test_a_fixed_launch_time_is_separated_from_the_per_task_time():
+    """Full tasks at one work timed in 1, 4 and 8 waves: seconds = T0 + waves x t. The one-wave
+    sample alone would make a wave cost T0 + t, and 8 waves 8 (T0 + t)."""
+    from tscomp.runtime.wave import sample_point, wave_points
+    k = FakeGemm(mr=8, mc=16)
+    t0, t = 3.0, 2.0
+    k.samples = [sample_point(k, {"M": m}, t0 + -(-m // 32) * t) for m in (32, 128, 256)]
+    xs, ys, got_t0 = wave_points(k, 2)
+    assert got_t0 == pytest.approx(t0, rel=0.02) and list(xs) == [16] and ys[0] == pytest.approx(t, rel=0.02)
+    assert wave_cost(k, {"M": 160}, CPU2) == pytest.approx(t0 + 5 * t, rel=0.01)
+
+
+def test_a_light_task_after_whole_waves_runs_alone_and_one_beside_a_heavy_task_is_free():
+    """Two workers, tasks pulled in order: 2 heavy + 1 light is t_h + t_l (the light task runs
+    after the wave, whole: it cannot be split over both workers); 3 heavy + 1 light is 2 t_h (it
+    runs beside the third heavy one)."""
+    from tscomp.runtime.wave import makespan
+    t = {64: 10.0, 32: 6.0}.__getitem__
+    tv = np.vectorize(lambda w: t(int(w)))
+    assert float(makespan([(2, 64), (1, 32)], tv, 2)) == 16.0
+    assert float(makespan([(3, 64), (1, 32)], tv, 2)) == 20.0
+    # many light tasks beside the odd heavy one: one worker runs the heavy task (10), the other
+    # light ones (6 + 6 = 12 > 10): the light ones set the end
+    assert float(makespan([(1, 64), (2, 32)], tv, 2)) == 12.0
+    # vectorized over bindings, the same answers
+    got = makespan([(np.array([2, 3, 1]), np.array([64, 64, 64])), (np.array([1, 1, 2]), np.array([32, 32, 32]))], tv, 2)
+    assert list(got) == [16.0, 20.0, 12.0]

@@ -84,7 +84,9 @@ def _variant_entry(kernel) -> dict:
         entry["measured_at"] = kernel.probe
     if kernel.samples:
         entry["samples"] = [{"size": s[0], "tasks": s[1], "us": round(s[2] * 1e6, 3),
-                             **({"work": s[3]} if len(s) > 3 else {})} for s in kernel.samples]
+                             **({"work": s[3]} if len(s) > 3 else {}),
+                             **({"task_classes": [list(c) for c in s[4]]} if len(s) > 4 else {})}
+                            for s in kernel.samples]
     if kernel.reasons:
         entry["why_no_native_kernel"] = list(kernel.reasons)
     return entry

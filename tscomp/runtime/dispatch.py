@@ -3,15 +3,14 @@ dispatcher as a decision tree): the wave model's choice (:mod:`tscomp.runtime.wa
 once, at load, for *every* binding of the symbol ranges, into a table the request path indexes.
 A never-seen shape then costs the same lookup as a seen one.
 
-The wave model's cost of a variant is ``T_wave(x) x ceil(tasks(binding) / blocks_per_wave)``.
-Both factors are vectorized over the grid of all bindings: the per-wave time is the same linear
-interpolation between the compile-time samples (``numpy.interp`` over the wave model's coordinate
-``x``, :data:`~tscomp.runtime.wave.WORK` evaluated on the grid, or the shape size), and ``tasks`` comes from the
-family's tile-task expression (:data:`TASKS`: which sizes the family's ``tasks()`` divides by its
-tile extents) evaluated with numpy. The table is built at load rather than at compile time because
-blocks per wave depend on the thread count the runtime is given. A group whose family has no
-entry in :data:`TASKS`, or a model whose grid is larger than :data:`MAX_GRID` bindings, keeps the
-per-shape wave model (:func:`~tscomp.runtime.wave.pick_variant`).
+The wave model's cost of a variant (the makespan of its task classes, :func:`~tscomp.runtime.wave.makespan`)
+is vectorized over the grid of all bindings: the family's task classes
+(:data:`~tscomp.runtime.wave.CLASSES`: counts and padded work per task) evaluated with numpy, the
+per-task time the same linear interpolation between the compile-time samples. Families without
+classes count :data:`TASKS` tasks alike in the shape size. The table is built at load rather than
+at compile time because blocks per wave depend on the thread count the runtime is given. A group
+whose family has neither, or a model whose grid is larger than :data:`MAX_GRID` bindings, keeps
+the per-shape wave model (:func:`~tscomp.runtime.wave.pick_variant`).
 """
 from __future__ import annotations
 
@@ -21,32 +20,20 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 
-from tscomp.runtime.wave import WORK, uses_work_axis, wave_points
+from tscomp.runtime.wave import CLASSES, cost_of
 from tscomp.schedule.target import Target
 
 #: largest number of bindings a table covers (one byte per binding and group)
 MAX_GRID = 1 << 20
 
 
-def _ceil_div(a, b: int):
-    return -(-a // int(b))
-
-
-def _gemm_tasks(k, ev):
-    return _ceil_div(ev(k.M), k.cfg.mc) * k.geometry.n_nblocks
-
-
-def _batched_tasks(k, ev):
-    return ev(k.NB) * _ceil_div(ev(k.M), k.cfg.mc) * _ceil_div(ev(k.N), k.cfg.nc)
-
-
 def _one(k, ev):
     return 1
 
 
-#: family -> tasks(kernel, ev) with ev evaluating a symbolic size over the whole grid (the same
-#: arithmetic as the family's Kernel.tasks(binding))
-TASKS = {"gemm": _gemm_tasks, "batched-gemm": _batched_tasks, "row-or-elementwise": _one, "numpy": _one}
+#: family -> tasks(kernel, ev) for families without task classes (one task whatever the shape);
+#: the families of :data:`~tscomp.runtime.wave.CLASSES` count theirs there
+TASKS = {"row-or-elementwise": _one, "numpy": _one}
 
 
 @dataclass
@@ -86,14 +73,9 @@ def _evaluator(symtab, grid: dict[str, np.ndarray]):
 
 def _costs(kernel, ev, size: np.ndarray, target: Target) -> np.ndarray:
     per_wave = max(1, target.blocks_per_wave(kernel.resources()))
-    waves = _ceil_div(np.asarray(TASKS[kernel.family](kernel, ev), dtype=np.int64), per_wave)
-    if kernel.samples:
-        xs, ys = wave_points(kernel, per_wave)
-        x = np.asarray(WORK[kernel.family](kernel, ev)) if uses_work_axis(kernel) else size
-        return np.interp(x, xs, ys) * waves
-    if kernel.t_wave is None:
-        return np.full(size.shape, np.inf)
-    return kernel.t_wave * waves
+    fn = CLASSES.get(kernel.family)
+    classes = fn(kernel, ev) if fn else [(np.asarray(TASKS[kernel.family](kernel, ev)), size)]
+    return np.broadcast_to(cost_of(kernel, classes, per_wave), size.shape)
 
 
 def build_tables(kernels: dict[str, list], symtab, target: Target) -> dict[str, DispatchTable]:
@@ -108,7 +90,8 @@ def build_tables(kernels: dict[str, list], symtab, target: Target) -> dict[str, 
     ev = _evaluator(symtab, grid)
     tables = {}
     for name, variants in kernels.items():
-        if len(variants) < 2 or len(variants) > 255 or any(k.family not in TASKS for k in variants):
+        if len(variants) < 2 or len(variants) > 255 \
+                or any(k.family not in TASKS and k.family not in CLASSES for k in variants):
             continue
         try:
             costs = np.stack([_costs(k, ev, size, target) for k in variants])

@@ -6,24 +6,44 @@ Blocks per wave come from the :class:`~tscomp.schedule.target.Target` and the ke
 (``target.blocks_per_wave(kernel.resources())``): on the CPU a "block" is one parallel tile task of
 the macro-kernel and a wave is one task per worker thread; on a GPU it is §6's occupancy formula.
 T_single_wave is measured at compile time (by the tuner, or
-:func:`tscomp.compiler.measure_variants`) at a few sample shapes, because a CPU task's time depends
+:func:`tscomp.compiler.measure_variants`) at a few sample shapes, because a task's time depends
 on how full its tiles are (a 64-row task holding one row costs far less than a full one); the
-runtime interpolates the per-wave time between the samples around the shape. A group with one variant has nothing to choose.
+runtime interpolates the per-task time between the samples. A group with one variant has nothing
+to choose.
 
-The interpolation axis is the *padded work of the heaviest task* where the family defines it
-(:data:`WORK`): a task computes whole register tiles, so a GEMM task holding 5 rows under an 8-row
-register tile costs what 8 rows cost, and one holding 9 rows what 16 cost (TSCompiler §5.1's
-hardware-aligned view; DietCode §4.1 pads to the micro-kernel the same way). Interpolating in the
-raw shape size instead smooths those steps away and mispicks small shapes. Samples at the same
-work (every full-task shape) give one point, their median; for :data:`MONOTONE` families the
-per-wave time is made non-decreasing in the work (more padded work is never cheaper; a sample that
-says otherwise met noise, which only slows a measurement down). Families without an entry, and samples
-measured before the work was recorded, use the shape size.
+**Task classes.** A shape's tasks are not all alike: the last block along a tiled dynamic axis
+holds the remainder (M = 327 under 64-row blocks is five full blocks and one of 7 rows). Where the
+family defines them (:data:`CLASSES`), the tasks of a shape come as classes ``(count, work)`` with
+work the *padded* work of one task of the class: a task computes whole register tiles, so a task
+holding 5 rows under an 8-row register tile costs what 8 rows cost (TSCompiler §5.1's
+hardware-aligned view; DietCode §4.1 pads to the micro-kernel the same way). The per-task time
+``t(work)`` is interpolated in the work, and the cost is the makespan of the classes on
+``P`` = blocks-per-wave workers pulling tasks dynamically::
+
+    cost = T0 + a_h × t(w_heavy) + a_l × t̄_light
+
+with ``a_h`` whole waves of the heaviest tasks and ``a_l`` rounds of the light ones, counted as
+the workers pull them (:func:`_wave_coefficients`: the heavy tasks fill whole waves; in the last,
+partly filled one the idle workers start on the light tasks), and T0 a fixed launch time per
+call. With one class this is §6's T_single_wave × waves; with a light last block it charges that
+block its own time instead of a full wave
+(counting it as a full wave made 64-row variants look 15-25% dearer than they run just past a
+multiple of 64 rows). T0 (starting the parallel region, the first touches of the weights: a
+one-wave run costs more per wave than a many-wave one) is the intercept of the samples that ran
+the same full tasks in different numbers of waves; without it one-wave samples made a variant
+look dear at every shape.
+
+The compile-time samples are read with the same model: each sample stores its classes, the
+lighter classes' times come from the lighter samples, and the heaviest class's time is what
+makes the model reproduce the measured seconds. Samples at the same heaviest work (every shape
+made of full tasks) give one point, their minimum (timing noise only slows a run down); for
+:data:`MONOTONE` families the per-task time is made non-decreasing in the work. Families without
+classes count every task alike in the shape size, and so do samples recorded before classes were.
 """
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -37,75 +57,213 @@ def _padded(extent, block: int, reg: int):
     return np.minimum(-(-extent // reg) * reg, block)
 
 
-def _gemm_work(k, ev):
-    return _padded(ev(k.M), k.cfg.mc, k.cfg.mr)
+def _axis_classes(extent, block: int, reg: int) -> list[tuple]:
+    """``[(count, padded extent)]`` of the blocks along one tiled axis: the full blocks, then the
+    last one holding the remainder (itself full when ``block`` divides ``extent``)."""
+    extent = np.maximum(extent, 1)
+    n = -(-extent // block)
+    last = extent - (n - 1) * block
+    return [(n - 1, _padded(np.minimum(extent, block), block, reg)), (n * 0 + 1, _padded(last, block, reg))]
 
 
-def _batched_work(k, ev):
-    return _padded(ev(k.M), k.cfg.mc, k.cfg.mr) * _padded(ev(k.N), k.cfg.nc, k.cfg.nr) * ev(k.K)
+def _gemm_classes(k, ev):
+    return [(c * k.geometry.n_nblocks, w) for c, w in _axis_classes(ev(k.M), k.cfg.mc, k.cfg.mr)]
 
 
-#: family -> work(kernel, ev): padded work of the heaviest task, ``ev`` evaluating a symbolic size
-#: (to an int for one binding, to an array over a grid of bindings in :mod:`tscomp.runtime.dispatch`)
-WORK = {"gemm": _gemm_work, "batched-gemm": _batched_work}
+def _batched_classes(k, ev):
+    nb, K = ev(k.NB), ev(k.K)
+    return [(nb * cm * cn, wm * wn * K) for cm, wm in _axis_classes(ev(k.M), k.cfg.mc, k.cfg.mr)
+            for cn, wn in _axis_classes(ev(k.N), k.cfg.nc, k.cfg.nr)]
 
 
-#: families whose per-wave time never falls as the task's work grows (one big task per thread;
-#: the batched GEMM's many small tasks amortize their start-up, so its per-wave time can fall)
+#: family -> classes(kernel, ev): the tasks of a shape as ``[(count, padded work per task)]``, ``ev``
+#: evaluating a symbolic size (to an int for one binding, to an array over a grid of bindings in
+#: :mod:`tscomp.runtime.dispatch`)
+CLASSES: dict[str, Callable] = {"gemm": _gemm_classes, "batched-gemm": _batched_classes}
+
+
+#: families whose per-task time never falls as the task's work grows (one big task per thread;
+#: the batched GEMM's many small tasks amortize their start-up, so its per-task time can fall)
 MONOTONE = {"gemm"}
 
 
-def uses_work_axis(kernel) -> bool:
-    return kernel.family in WORK and bool(kernel.samples) and all(len(s) > 3 for s in kernel.samples)
+def task_classes(kernel, binding: Mapping[str, int]) -> tuple[tuple[int, int], ...]:
+    """The tasks of ``kernel`` at ``binding`` as ``((count, work), ...)``, empty classes dropped; one
+    class (every task, the shape size) for families without :data:`CLASSES`."""
+    fn = CLASSES.get(kernel.family)
+    if fn is None:
+        return ((int(kernel.tasks(binding)), shape_size(binding)),)
+    b = dict(binding)
+    return tuple((int(c), int(w)) for c, w in fn(kernel, lambda x: int(kernel.symtab.evaluate(x, b))) if int(c) > 0)
 
 
 def task_work(kernel, binding: Mapping[str, int]) -> int:
-    """The wave model's interpolation coordinate at ``binding`` (see the module docstring)."""
-    work = WORK.get(kernel.family)
-    if work is None:
-        return shape_size(binding)
-    b = dict(binding)
-    return int(work(kernel, lambda x: int(kernel.symtab.evaluate(x, b))))
+    """The padded work of the heaviest task at ``binding`` (the shape size without classes)."""
+    return max(w for _, w in task_classes(kernel, binding))
 
 
 def sample_point(kernel, binding: Mapping[str, int], seconds: float) -> tuple:
-    """One compile-time sample: (shape size, tasks, seconds, task work)."""
-    return (shape_size(binding), int(kernel.tasks(binding)), float(seconds), task_work(kernel, binding))
+    """One compile-time sample: (shape size, tasks, seconds, heaviest task's work, task classes)."""
+    classes = task_classes(kernel, binding)
+    return (shape_size(binding), int(kernel.tasks(binding)), float(seconds), max(w for _, w in classes), classes)
 
 
-def wave_points(kernel, per_wave: int) -> tuple[np.ndarray, np.ndarray]:
-    """(coordinate, per-wave seconds) of the samples, sorted, equal coordinates merged by their
-    median; kept on the kernel per blocks-per-wave."""
+def _sample_classes(s) -> tuple:
+    """A sample's task classes; samples recorded without them: every task alike (at the work,
+    or at the shape size before the work was recorded too)."""
+    if len(s) > 4:
+        return tuple((int(c), int(w)) for c, w in s[4])
+    return ((max(1, int(s[1])), int(s[3] if len(s) > 3 else s[0])),)
+
+
+def _interp_row(w: float, knots: list[int]) -> np.ndarray:
+    """Weights of the knot values in ``numpy.interp(w, knots, values)`` (clamped at the ends)."""
+    row = np.zeros(len(knots))
+    j = int(np.searchsorted(knots, w))
+    if j == 0:
+        row[0] = 1.0
+    elif j >= len(knots):
+        row[-1] = 1.0
+    elif knots[j] == w:
+        row[j] = 1.0
+    else:
+        f = (w - knots[j - 1]) / (knots[j] - knots[j - 1])
+        row[j - 1], row[j] = 1.0 - f, f
+    return row
+
+
+def _wave_coefficients(ch, nl, th, tl, per_wave: int):
+    """(a_h, a_l) with makespan = a_h x t_heavy + a_l x t_light: ``ch`` heavy tasks of ``th`` and ``nl``
+    light ones of mean time ``tl``, pulled in order by ``per_wave`` = P workers (scalars or arrays).
+
+    The heavy tasks fill ``q`` whole waves and leave ``r``. In the last stretch ``r`` workers run a
+    heavy task while the ``P - r`` others start on the light ones: when those finish all the light
+    tasks within ``floor(th / tl)`` rounds each, the stretch lasts ``max(th, their rounds)``;
+    otherwise every worker ends up on light tasks and it lasts ``ceil((nl + r th / tl) / P)``
+    light rounds (the heavy tasks counted in light-task units; off by at most one light task)."""
+    P = per_wave
+    ch, nl = np.asarray(ch), np.asarray(nl)
+    th, tl = np.asarray(th, dtype=np.float64), np.asarray(tl, dtype=np.float64)
+    q, r = ch // P, ch % P
+    free = P - r
+    ratio = th / np.maximum(tl, 1e-300)
+    fits = nl <= free * np.floor(ratio)
+    rounds = np.where(fits, -(-nl // free), np.ceil((nl + r * ratio) / P - 1e-9))
+    heavy_longer = (r > 0) & (rounds * tl < th)
+    a_h = q + np.where((r > 0) & ((nl == 0) | heavy_longer), 1, 0)
+    a_l = np.where((nl == 0) | heavy_longer, 0, rounds)
+    return a_h.astype(np.float64), a_l.astype(np.float64)
+
+
+def _split(classes):
+    """(heavy work, heavy count, light count, [(count, work) of the light classes]) of one
+    sample's classes."""
+    wh = max(w for _, w in classes)
+    ch = sum(c for c, w in classes if w == wh)
+    light = [(c, w) for c, w in classes if w != wh]
+    return wh, ch, sum(c for c, _ in light), light
+
+
+def makespan(classes, t: Callable, per_wave: int):
+    """The module docstring's cost of task ``classes`` (``[(count, work)]``, scalars or arrays over a
+    grid of bindings), each task of work ``w`` taking ``t(w)``, on ``per_wave`` workers."""
+    counts = [np.asarray(c) for c, _ in classes]
+    works = [np.asarray(w, dtype=np.float64) for _, w in classes]
+    heavy = np.max([np.where(c > 0, w, -np.inf) for c, w in zip(counts, works)], axis=0)
+    ch = np.sum([np.where((c > 0) & (w == heavy), c, 0) for c, w in zip(counts, works)], axis=0)
+    light = [np.where((c > 0) & (w < heavy), c, 0) for c, w in zip(counts, works)]
+    nl = np.sum(light, axis=0)
+    tl = np.sum([c * t(w) for c, w in zip(light, works)], axis=0) / np.maximum(nl, 1)
+    th = t(heavy)
+    a_h, a_l = _wave_coefficients(ch, nl, th, tl, per_wave)
+    return a_h * th + a_l * tl
+
+
+#: scale of the relative residual past which a sample counts as disturbed (soft-L1 loss): timing
+#: noise is upward and sometimes 2x, and one such sample must not bend the fit
+NOISE_SCALE = 0.05
+
+#: weight pulling the launch time T0 toward 0 where the samples leave it undetermined
+T0_PRIOR = 0.05
+
+
+def _fit(samples, per_wave: int) -> tuple[list[int], np.ndarray, float]:
+    """Knots (every sample's heaviest work), the per-task time at each, and the launch time T0,
+    fitted to all samples at once: nonnegative robust least squares (soft-L1) on the relative
+    error of ``T0 + makespan``. The makespan is linear in the task times once its whole-wave
+    structure (:func:`_wave_coefficients`) is fixed; that structure is taken from the previous
+    estimate (first: times in proportion to the work) until it settles."""
+    from scipy.optimize import least_squares, nnls
+
+    parts = [_split(_sample_classes(s)) for s in samples]
+    seconds = np.array([max(float(s[2]), 1e-12) for s in samples])
+    knots = sorted({wh for wh, *_ in parts})
+    rows_h = [_interp_row(wh, knots) for wh, *_ in parts]
+    rows_l = [sum((c * _interp_row(w, knots) for c, w in light), np.zeros(len(knots))) / max(nl, 1)
+              for _, _, nl, light in parts]
+    prior = np.append(np.zeros(len(knots)), T0_PRIOR / seconds.min())
+    t = np.array(knots, dtype=np.float64)          # first structure: time in proportion to the work
+    x, structure = np.append(t, 0.0), None
+    for _ in range(6):
+        coef = [_wave_coefficients(ch, nl, rh @ t, rl @ t, per_wave)
+                for (wh, ch, nl, _), rh, rl in zip(parts, rows_h, rows_l)]
+        now = [(float(a), float(b)) for a, b in coef]
+        if now == structure:
+            break
+        structure = now
+        A = np.array([np.append(a * rh + b * rl, 1.0) for (a, b), rh, rl in zip(structure, rows_h, rows_l)])
+        A = np.vstack([A / seconds[:, None], prior])
+        b = np.append(np.ones(len(parts)), 0.0)
+        x0, _ = nnls(A, b)
+        x = least_squares(lambda v: A @ v - b, x0, bounds=(0.0, np.inf), loss="soft_l1", f_scale=NOISE_SCALE).x
+        t = x[:-1]
+    return knots, x[:-1], float(x[-1])
+
+
+def wave_points(kernel, per_wave: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """(work, per-task seconds, launch seconds) fitted to the samples (:func:`_fit`), sorted by
+    work; kept on the kernel per blocks-per-wave."""
     key = f"_wave_points_{per_wave}"
     cached = kernel.__dict__.get(key)
     if cached is None:
-        axis = 3 if uses_work_axis(kernel) else 0
-        by_x: dict[int, list[float]] = {}
-        for s in kernel.samples:
-            by_x.setdefault(int(s[axis]), []).append(s[2] / math.ceil(max(1, s[1]) / per_wave))
-        xs = sorted(by_x)
-        ys = np.array([np.median(by_x[x]) for x in xs])
-        if axis == 3 and kernel.family in MONOTONE:
-            # a task with more padded work is never faster: a sample dearer than one with more work
-            # was disturbed (timing noise is upward), so it takes that cheaper time
-            ys = np.minimum.accumulate(ys[::-1])[::-1]
-        cached = (np.array(xs, dtype=np.float64), ys)
+        # a model's repeated layers share their samples (measured once): fitted once
+        shared = (kernel.family, per_wave, tuple(_plain(s) for s in kernel.samples))
+        cached = _FITS.get(shared)
+        if cached is None:
+            knots, ys, t0 = _fit(kernel.samples, per_wave)
+            if kernel.family in MONOTONE:
+                # a task with more padded work is never faster: a knot dearer than one with more
+                # work is noise (timing noise is upward), so it takes that cheaper time
+                ys = np.minimum.accumulate(ys[::-1])[::-1]
+            cached = _FITS[shared] = (np.array(knots, dtype=np.float64), ys, t0)
         kernel.__dict__[key] = cached
     return cached
 
 
-def wave_cost(kernel, binding: Mapping[str, int], target: Target) -> float:
-    """T_single_wave × waves. T_single_wave is interpolated (linearly) between the two measured
-    samples around this shape's coordinate — per-wave time grows as tiles fill up, which a single
-    measured constant misses at small shapes — and the waves are this shape's. Without samples,
-    the one measured ``t_wave``; unmeasured variants cost infinity."""
-    per_wave = max(1, target.blocks_per_wave(kernel.resources()))
-    waves = math.ceil(kernel.tasks(binding) / per_wave)
+#: fits by (family, workers, samples); bounded by the kernels a process has loaded
+_FITS: dict = {}
+
+
+def _plain(s) -> tuple:
+    """A sample as a hashable tuple (classes read back from an artifact may be lists)."""
+    return tuple(tuple(tuple(c) for c in v) if isinstance(v, (list, tuple)) else v for v in s)
+
+
+def cost_of(kernel, classes, per_wave: int):
+    """Makespan of ``classes`` under ``kernel``'s measured samples (infinity when unmeasured; the
+    one measured ``t_wave`` per wave when it has no samples)."""
     if kernel.samples:
-        xs, ys = wave_points(kernel, per_wave)
-        x = task_work(kernel, binding) if uses_work_axis(kernel) else shape_size(binding)
-        return float(np.interp(x, xs, ys)) * waves
-    return math.inf if kernel.t_wave is None else kernel.t_wave * waves
+        xs, ys, t0 = wave_points(kernel, per_wave)
+        return t0 + makespan(classes, lambda w: np.interp(w, xs, ys), per_wave)
+    if kernel.t_wave is None:
+        return math.inf
+    return makespan(classes, lambda w: kernel.t_wave, per_wave)
+
+
+def wave_cost(kernel, binding: Mapping[str, int], target: Target) -> float:
+    """The variant's predicted time at ``binding`` (see the module docstring)."""
+    per_wave = max(1, target.blocks_per_wave(kernel.resources()))
+    return float(cost_of(kernel, task_classes(kernel, binding), per_wave))
 
 
 def pick_variant(variants: list, binding: Mapping[str, int], target: Target):
@@ -115,4 +273,5 @@ def pick_variant(variants: list, binding: Mapping[str, int], target: Target):
     return min(variants, key=lambda k: wave_cost(k, binding, target))
 
 
-__all__ = ["WORK", "pick_variant", "sample_point", "task_work", "wave_cost", "wave_points"]
+__all__ = ["CLASSES", "cost_of", "makespan", "pick_variant", "sample_point", "task_classes", "task_work",
+           "wave_cost", "wave_points"]

@@ -3,7 +3,8 @@
 DietCode §4.2 makes the tuning objective *shape-generic*: a configuration is judged over a few
 samples of the dynamic axis, not at one static shape, and the runtime's cost model interpolates
 between those same samples (TSCompiler §6: T_single_wave measured offline). The samples are the
-widest-ranged symbol at :data:`SAMPLE_POINTS` and its maximum, every other symbol at its minimum.
+widest-ranged symbol at :data:`SAMPLE_POINTS` (the tuner's objective) or :data:`DISPATCH_POINTS` (the
+wave model's samples) and its maximum, every other symbol at its minimum.
 
 The samples are capped by a memory budget, never by the declared maximum alone: a range such as
 ``batch=1:1000000`` would otherwise make the compiler allocate inputs for a million-row batch. A
@@ -21,8 +22,14 @@ import numpy as np
 from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.graph.reference import materialize
 
-#: values the widest dynamic symbol takes when kernels are measured (clipped to its range)
+#: values the widest dynamic symbol takes when kernels are measured for the tuner's objective
+#: (clipped to its range)
 SAMPLE_POINTS = (1, 4, 16, 64, 128, 256)
+
+#: the denser values the runtime's wave model is measured at (:func:`tscomp.compiler.measure_variants`):
+#: every register-tile step of a small block, so that each partial last block has a sample at its
+#: own padded work, and sizes between the powers of two, where tiles are partly filled
+DISPATCH_POINTS = (1, 2, 3, 5, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 448, 512)
 
 
 def memory_budget() -> int:
@@ -56,14 +63,15 @@ def footprint(plan: Plan, binding: dict[str, int]) -> int:
     return best
 
 
-def sample_bindings(plan: Plan, *, budget: int | None = None) -> list[dict[str, int]]:
-    """Shapes at which kernels are timed (see the module docstring)."""
+def sample_bindings(plan: Plan, *, budget: int | None = None,
+                    points: tuple[int, ...] = SAMPLE_POINTS) -> list[dict[str, int]]:
+    """Shapes at which kernels are timed: the widest symbol at ``points`` (see the module docstring)."""
     live = plan.graph.symbols.live_symbols()
     if not live:
         return [{}]
     grow = max(live, key=lambda i: (i.max - i.min, i.name))
     base = {i.name: max(1, i.min) for i in live}
-    values = sorted({v for v in (*SAMPLE_POINTS, grow.max) if grow.min <= v <= grow.max} | {max(1, grow.min)})
+    values = sorted({v for v in (*points, grow.max) if grow.min <= v <= grow.max} | {max(1, grow.min)})
     budget = memory_budget() if budget is None else budget
     kept = []
     for v in values:
