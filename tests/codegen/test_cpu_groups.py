@@ -13,7 +13,7 @@ from onnx import helper
 
 import tscomp.graph as G
 from tscomp.codegen.cpu_groups import CompiledGroup, generate_group
-from tscomp.errors import UnsupportedOperatorError
+from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion import Group, fuse
 from tscomp.graph.fusion.interpret import evaluate_group
 from tscomp.graph.reference import bind_symbols
@@ -384,3 +384,19 @@ def test_model_groups_match_the_interpreter(exported_model, record_property, fam
     # every reduction group of these transformers is a trailing-axis row reduction
     assert all(g.name in kernels for g in candidates if g.kind == "reduce"), refused
     assert len(kernels) >= len(candidates) - len(refused) and kernels
+
+
+def test_group_sizes_come_from_compiled_expressions_and_a_missing_symbol_is_named(tmp_path):
+    """A group kernel's argument sizes at a new shape are evaluated by compiled integer expressions
+    (no SymPy per call), read from the inputs where the binding lacks a symbol, memoized per
+    binding; a symbol neither gives is an ExecutionError naming it."""
+    path = save_model(tmp_path, "relu", [helper.make_node("Relu", ["X"], ["Y"])],
+                      [("X", TP.FLOAT, ["rows", "cols"])], [("Y", TP.FLOAT, ["rows", "cols"])])
+    cp = CompiledPlan(path, ["rows=1:8", "cols=1:64"])
+    (kernel,) = cp.kernels.values()
+    x = np.arange(-15, 20, dtype=np.float32).reshape(5, 7)
+    np.testing.assert_array_equal(kernel.run({"X": x}, {})["Y"], np.maximum(x, 0))   # rows, cols from X's shape
+    np.testing.assert_array_equal(kernel.run({"X": x[:2, :3]}, {"rows": 2, "cols": 3})["Y"], np.maximum(x[:2, :3], 0))
+    assert kernel._sizes_at({}, {"rows": 2, "cols": 3}) == kernel._sizes_at({"X": x[:2, :3]}, {"rows": 2, "cols": 3})
+    with pytest.raises(ExecutionError, match=r"no value for shape symbol cols, rows"):
+        kernel._sizes_at({}, {})

@@ -55,14 +55,14 @@ from tscomp.codegen.build import build_library, load_library
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group
 from tscomp.codegen.c_expr import (PRELUDE, CPrinter, math_helpers, IndexContext, broadcast_index, c_literal,
                                    c_symbol_name, linearize, view_index)
-from tscomp.errors import ExecutionError, IndexOutOfRangeError, UnsupportedOperatorError
+from tscomp.errors import ExecutionError, IndexOutOfRangeError, ShapeError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.graph.ops import registry
 from tscomp.graph.ops.nn import REDUCTIONS
 from tscomp.graph.ops.registry import CTypes, c_type
 from tscomp.graph.shape_propagation import node_context
-from tscomp.graph.symbols import numel, same, shape_str
+from tscomp.graph.symbols import compile_int_expr, numel, same, shape_str
 
 #: normalizing reductions the row kernel implements (besides the Reduce* family)
 ROW_KERNEL_OPS = ("Softmax", "LogSoftmax", "LayerNormalization", "ArgMax", "ArgMin")
@@ -941,34 +941,58 @@ class CompiledGroup(PicklableKernel):
     def tasks(self, binding: Mapping[str, int]) -> int:
         return 1              # static OpenMP schedule over the whole space: one launch
 
-    def _bind(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[sympy.Symbol, sympy.Integer]:
-        subs = {}
+    def _names(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, int]:
+        """Symbol name -> value: ``binding``, plus the symbols only the inputs' shapes determine."""
         names = dict(binding)
-        for a in self.source_info.inputs:  # symbols only the inputs' shapes determine
+        for a in self.source_info.inputs:
             arr = env.get(a.name)
             if arr is None:
                 continue
             for d, n in zip(a.shape, np.shape(arr)):
                 if isinstance(d, sympy.Symbol):
                     names.setdefault(d.name, int(n))
+        return names
+
+    def _bind(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[sympy.Symbol, sympy.Integer]:
+        """The symbols the kernel's arguments use, as a SymPy substitution (for code that still
+        substitutes: the SIMT executor's scratch length)."""
+        names = self._names(env, binding)
         syms = {s for a in self.source_info.args for d in a.shape for s in sympy.sympify(d).free_symbols}
         syms |= {a.symbol for a in self.source_info.symbols}
-        for s in syms:
-            if s.name not in names:
-                raise ExecutionError(f"group {self.source_info.group}: no value for shape symbol {s.name}")
-            subs[s] = sympy.Integer(names[s.name])
-        return subs
+        missing = sorted(s.name for s in syms if s.name not in names)
+        if missing:
+            raise ExecutionError(f"group {self.source_info.group}: no value for shape symbol {', '.join(missing)}")
+        return {s: sympy.Integer(names[s.name]) for s in syms}
+
+    def _size_functions(self) -> tuple:
+        """Per argument: its value (symbols) or the tuple of its extents (tensors) as compiled integer
+        expressions of a binding (:func:`~tscomp.graph.symbols.compile_int_expr`: a generated
+        lambda, no SymPy per call: a new shape's first call costs microseconds, not a substitution
+        per extent); built once per kernel, not pickled."""
+        fns = self._sizes.get("__functions__")
+        if fns is None:
+            fns = self._sizes["__functions__"] = tuple(
+                compile_int_expr(a.symbol) if a.role == "symbol" else
+                tuple(compile_int_expr(sympy.sympify(d)) for d in a.shape)
+                for a in self.source_info.args)
+        return fns
 
     def _sizes_at(self, env, binding) -> tuple:
         """Per argument: its concrete shape (tensors) or value (symbols); memoized per binding."""
         key = binding_key(binding)
         sizes = self._sizes.get(key)
         if sizes is None:
-            subs = self._bind(env, binding)
-            sizes = tuple(int(subs[a.symbol]) if a.role == "symbol" else
-                          tuple(int(sympy.sympify(d).xreplace(subs)) for d in a.shape)
-                          for a in self.source_info.args)
-            if all(s.name in binding for s in subs):  # complete binding: safe to reuse
+            names = self._names(env, binding)
+            try:
+                sizes = tuple(int(f(names)) if not isinstance(f, tuple) else tuple(int(g(names)) for g in f)
+                              for f in self._size_functions())
+            except (KeyError, ShapeError) as exc:
+                needed = {s.name for a in self.source_info.args for d in a.shape
+                          for s in sympy.sympify(d).free_symbols} | {a.symbol.name for a in self.source_info.symbols}
+                missing = sorted(needed - set(names)) or [str(exc)]
+                raise ExecutionError(f"group {self.source_info.group}: no value for shape symbol "
+                                     f"{', '.join(missing)}") from None
+            if len(names) == len(binding):  # nothing read from the inputs: safe to reuse per binding
                 self._sizes[key] = sizes
         return sizes
 

@@ -244,6 +244,8 @@ class SimtGroup(KernelBase):
     target = "cuda"
 
     _bind = CompiledGroup._bind
+    _names = CompiledGroup._names
+    _size_functions = CompiledGroup._size_functions
     _sizes_at = CompiledGroup._sizes_at
     index_error = CompiledGroup.index_error
 
