@@ -42,18 +42,10 @@ SETTLE_S = 0.1
 BLOCKS = 3
 
 
-def _block(fn, repeats: int) -> float:
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
 def _measure(rt, sess, lengths, repeats) -> dict[int, tuple[float, float]]:
     """Per length: (tscomp, onnxruntime) seconds, each the best of BLOCKS alternating blocks of
     ``repeats`` calls (block median), an idle SETTLE_S before every block."""
+    from tscomp.bench import _timed as block_median
     from tscomp.sample_inputs import random_inputs
     import numpy as np
 
@@ -67,9 +59,9 @@ def _measure(rt, sess, lengths, repeats) -> dict[int, tuple[float, float]]:
         ts, to = [], []
         for _ in range(BLOCKS):
             time.sleep(SETTLE_S)
-            ts.append(_block(lambda: rt.run(inputs), repeats))
+            ts.append(block_median(lambda: rt.run(inputs), repeats))
             time.sleep(SETTLE_S)
-            to.append(_block(lambda: sess.run(None, feed), repeats))
+            to.append(block_median(lambda: sess.run(None, feed), repeats))
         out[L] = (min(ts), min(to))
     return out
 
