@@ -910,7 +910,7 @@ _LIBS: dict[str, ctypes.CDLL] = {}
 class CompiledGroup(PicklableKernel):
     """A generated group kernel built into a shared library and callable on numpy arrays."""
 
-    TRANSIENT = {"fn": None, "_sizes": dict}
+    TRANSIENT = {"fn": None, "_sizes": dict, "_size_fns": None}
     family = "row-or-elementwise"
     takes_out = True          # writes into the runtime's arena views when given
     cfg = None                # one loop nest per group: no tile configuration to choose
@@ -969,9 +969,9 @@ class CompiledGroup(PicklableKernel):
         expressions of a binding (:func:`~tscomp.graph.symbols.compile_int_expr`: a generated
         lambda, no SymPy per call: a new shape's first call costs microseconds, not a substitution
         per extent); built once per kernel, not pickled."""
-        fns = self._sizes.get("__functions__")
+        fns = self.__dict__.get("_size_fns")
         if fns is None:
-            fns = self._sizes["__functions__"] = tuple(
+            fns = self._size_fns = tuple(
                 compile_int_expr(a.symbol) if a.role == "symbol" else
                 tuple(compile_int_expr(sympy.sympify(d)) for d in a.shape)
                 for a in self.source_info.args)
@@ -987,11 +987,8 @@ class CompiledGroup(PicklableKernel):
                 sizes = tuple(int(f(names)) if not isinstance(f, tuple) else tuple(int(g(names)) for g in f)
                               for f in self._size_functions())
             except (KeyError, ShapeError) as exc:
-                needed = {s.name for a in self.source_info.args for d in a.shape
-                          for s in sympy.sympify(d).free_symbols} | {a.symbol.name for a in self.source_info.symbols}
-                missing = sorted(needed - set(names)) or [str(exc)]
-                raise ExecutionError(f"group {self.source_info.group}: no value for shape symbol "
-                                     f"{', '.join(missing)}") from None
+                self._bind(env, binding)          # raises, naming the symbols neither gives
+                raise ExecutionError(f"group {self.source_info.group}: cannot size its arguments: {exc}") from None
             if len(names) == len(binding):  # nothing read from the inputs: safe to reuse per binding
                 self._sizes[key] = sizes
         return sizes

@@ -21,7 +21,7 @@ class Kernel(Protocol):
     source: str | None               # generated C text
     cfg: Any                         # tile configuration (None: nothing to configure)
     takes_out: bool                  # run() accepts ``out=`` (arena views for its outputs)
-    samples: list                    # [(shape size, tasks, seconds, task work)] measured at compile time
+    samples: list                    # [wave.sample_point(...)] measured at compile time
     t_wave: float | None             # single-wave time at the largest sample
     tuning: dict | None              # where its configuration came from (method, trials, record)
 

@@ -41,7 +41,7 @@ DEFAULT_TRIALS = 24
 #: wall-clock seconds a compile may spend tuning when no budget is given
 DEFAULT_SECONDS = 420.0
 
-Sample = tuple[int, int, float, int]       # (shape size, tasks, seconds, task work): runtime.wave.sample_point
+Sample = tuple  # (shape size, tasks, seconds, heaviest task's work, task classes): runtime.wave.sample_point
 
 
 @dataclass
