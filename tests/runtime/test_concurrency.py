@@ -50,7 +50,7 @@ def test_eight_threads_at_random_shapes_match_sequential_runs(compiled_artifact)
 def test_calls_at_one_shape_use_separate_arenas(compiled_artifact):
     """While one call holds a shape's pooled arena, another call at that shape gets a new one."""
     path, _, _ = compiled_artifact("bert")
-    rt = Runtime(path, num_threads=1, warmup=False)
+    rt = Runtime(path, num_threads=1, warmup=False, executor="python")
     x = _requests(1, seed=1)[0]
     rt.run(x)
     binding, _ = rt._bind(x)
@@ -69,7 +69,7 @@ def test_evicted_shapes_hand_their_arena_to_new_shapes(compiled_artifact):
     from tscomp.runtime import runtime as runtime_module
 
     path, _, _ = compiled_artifact("bert")
-    rt = Runtime(path, num_threads=1, warmup=False)
+    rt = Runtime(path, num_threads=1, warmup=False, executor="python")
     n = runtime_module.SHAPE_CACHE_SIZE + 8
     rng = np.random.default_rng(9)
     requests = [make_inputs("bert", {"batch": 1, "sequence": L}, rng, size="tiny") for L in range(n + 40, 40, -1)]

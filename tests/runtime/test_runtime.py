@@ -74,6 +74,13 @@ def bert(compiled_artifact):
     return Runtime(path, num_threads=2), onnx_path
 
 
+@pytest.fixture(scope="module")
+def bert_per_group(compiled_artifact):
+    """The same artifact on the per-group Python executor (the path profile() and debugging use)."""
+    path, onnx_path, ranges = compiled_artifact("bert")
+    return Runtime(path, num_threads=2, executor="python"), onnx_path
+
+
 def _inputs(batch=2, seq=7):
     """Valid BERT inputs; batches past the family's range (8) are stacked from two draws."""
     from models.families import make_inputs
@@ -144,13 +151,21 @@ def test_non_dict_inputs_and_unknown_device_are_clear_errors(bert, compiled_arti
         Runtime(path, device="cuda")
 
 
-def test_repeated_shape_reuses_its_plan_and_results_are_not_clobbered(bert):
-    rt, _ = bert
+@pytest.mark.parametrize("executor", ["bert", "bert_per_group"])
+def test_outputs_of_a_call_are_not_clobbered_by_later_calls(executor, request):
+    rt, _ = request.getfixturevalue(executor)
     a, b = _inputs(seq=11), _inputs(batch=3, seq=5)
     first = rt.run(a)["last_hidden_state"].copy()
     keep = rt.run(a)["last_hidden_state"]
     rt.run(b)
     np.testing.assert_array_equal(keep, first)   # outputs are never arena views
+
+
+def test_the_per_group_executor_plans_a_repeated_shape_once(bert_per_group):
+    rt, _ = bert_per_group
+    a, b = _inputs(seq=11), _inputs(batch=3, seq=5)
+    rt.run(a)
+    rt.run(b)
     planned = dict(rt._shapes)
     assert (("batch", 2), ("sequence", 11)) in planned and (("batch", 3), ("sequence", 5)) in planned
     rt.run(a)
@@ -175,9 +190,10 @@ def test_compiled_model_at_awkward_sizes_of_each_dynamic_dim(compiled_artifact, 
     _check_against_onnxruntime(rt, onnx_path, family, bindings, "tiny")
 
 
-def test_groups_that_read_only_constants_and_shapes_run_once_per_shape(bert):
-    """Range/position-id groups depend on the shape alone: planned once per shape, not per call."""
-    rt, onnx_path = bert
+def test_groups_that_read_only_constants_and_shapes_run_once_per_shape(bert_per_group):
+    """Range/position-id groups depend on the shape alone: the per-group executor plans them once
+    per shape, not per call (the host program recomputes them natively, which costs less)."""
+    rt, onnx_path = bert_per_group
     opaque = {g.name for g in rt.plan.groups if g.kind == "opaque"}
     assert opaque and opaque <= rt._shape_only
     x = _inputs(batch=2, seq=19)

@@ -57,6 +57,7 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import (PRELUDE, broadcast_index, math_helpers, c_symbol_name, delinearize, linearize,
                                    reshape_index)
 from tscomp.codegen.cpu_gemm import ISA_RANK, _Vec, emit_accumulators
+from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
                                    structural_signature)
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
@@ -629,6 +630,13 @@ void {self.func}({', '.join(params)})
         symtab, b = self.symtab, dict(binding)
         NB, M, N = (int(symtab.evaluate(x, b)) for x in (self.NB, self.M, self.N))
         return NB * -(-M // self.cfg.mc) * -(-N // self.cfg.nc)
+
+    def native_call(self) -> NativeCall:
+        """Operands and outputs by name, then NB, M, N, K and the epilogue's shape symbols."""
+        tensors = [NativeArg("tensor", name, dtype=np.dtype(dt).name) for role, name, dt in self.arg_roles
+                   if role != "symbol"]
+        ints = [NativeArg("int", expr=e) for e in (self.NB, self.M, self.N, self.K, *self.syms)]
+        return NativeCall(self.func, (*tensors, *ints), guard=self.NB * self.M * self.N)
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
         NB, M, N, K, outs, ins, syms, _ = self._evaluate(binding)

@@ -66,6 +66,7 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, linearize
 from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, generate_gemm,
                                      prepack_weights)
+from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
                                    structural_signature)
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block, _Row
@@ -777,6 +778,21 @@ class CompiledGemmGroup(PicklableKernel):
         runtime asks every variant this when it meets a new shape."""
         M = int(self.symtab.evaluate(self.M, dict(binding)))
         return -(-M // self.cfg.mc) * self.geometry.n_nblocks
+
+    def native_call(self) -> NativeCall:
+        """X (the A input, a contiguous copy of its view chain, or scratch the A prologue fills),
+        the packed weight, Y (the stored output or scratch), M, then the epilogue's arguments."""
+        M, K, N = self.M, self.K, self.N
+        if self.a_prologue:
+            x = NativeArg("scratch", expr=M * K * 4)
+        elif self.analysis.a_identity:
+            x = NativeArg("tensor", self.a_input, dtype="float32")
+        else:
+            x = NativeArg("view", self.a_input, views=tuple(reversed(self.a_chain)), dtype="float32")
+        y = NativeArg("tensor", self.y_output, dtype="float32") if self.y_output is not None else NativeArg("scratch", expr=M * N * 4)
+        extra = [NativeArg("int", expr=info) if role == "symbol" else NativeArg("tensor", name, dtype=np.dtype(info).name)
+                 for role, name, info in self.arg_roles]
+        return NativeCall(self.func, (x, NativeArg("packed"), y, NativeArg("int", expr=M), *extra), guard=M)
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
         if self.fn is None:   # unpickled without a library: the kernel's own (cached by content)

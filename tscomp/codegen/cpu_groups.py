@@ -52,6 +52,7 @@ import numpy as np
 import sympy
 
 from tscomp.codegen.build import build_library, load_library
+from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group
 from tscomp.codegen.c_expr import (PRELUDE, CPrinter, math_helpers, IndexContext, broadcast_index, c_literal,
                                    c_symbol_name, linearize, view_index)
@@ -1031,6 +1032,13 @@ class CompiledGroup(PicklableKernel):
         if self.fn(*call, err.ctypes.data):
             raise self.index_error(err, sizes)
         return outputs
+
+    def native_call(self) -> NativeCall:
+        """Tensors by name, symbols as expressions, the error record last when indices are checked."""
+        args = [NativeArg("int", expr=a.symbol) if a.role == "symbol" else NativeArg("tensor", a.name, dtype=np.dtype(a.dtype).name)
+                for a in self.source_info.args]
+        checked = self.source_info.checks_indices
+        return NativeCall(self.func, tuple(args) + ((NativeArg("error"),) if checked else ()), checked=checked)
 
     def index_error(self, err: np.ndarray, sizes: tuple) -> IndexOutOfRangeError:
         """The exception for a failed call's error record (check id + 1, value, position, extent)."""

@@ -34,6 +34,7 @@ from tscomp.codegen.c_expr import PRELUDE, c_symbol_name, delinearize, math_help
 from tscomp.codegen.cpu_conv import (WORKSPACE_C, Geometry2D, c_defines, output_buffers, param_of, strip_views,
                                      ts_macros, window_of)
 from tscomp.codegen.cpu_groups import PARALLEL_MIN_ELEMENTS, GroupGenerator, _Block
+from tscomp.codegen.kernel import NativeArg, NativeCall, NotNativeError
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Input, Op, walk
@@ -344,6 +345,14 @@ class CompiledPool(PicklableKernel):
 
     def tasks(self, binding: Mapping[str, int]) -> int:
         return 1
+
+    def native_call(self) -> NativeCall:
+        """The global pool's arguments by role; a windowed pool resolves its window in Python."""
+        if self.analysis.windowed:
+            raise NotNativeError(f"group {self.group.name}: a windowed pool's geometry is resolved in Python")
+        return NativeCall(self.func, tuple(
+            NativeArg("int", expr=info) if role == "symbol" else NativeArg("tensor", name, dtype=np.dtype(info).name)
+            for role, name, _, info in self.analysis.arg_roles))
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int],
             out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:

@@ -8,9 +8,47 @@ attributes with ``getattr`` or inspects signatures.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, runtime_checkable
 
 import numpy as np
+
+from tscomp.errors import TscompError
+
+
+class NotNativeError(TscompError):
+    """A kernel whose call cannot be written as C by the host program (the numpy fallback, a
+    geometry resolved in Python, ...): the runtime runs that step from Python instead."""
+
+
+@dataclass(frozen=True)
+class NativeArg:
+    """One argument of a kernel's C entry point, described symbolically so that the host program
+    (:mod:`tscomp.runtime.host_program`) can compute it for any binding:
+
+    - ``tensor``: pointer to the graph tensor ``name`` (C-contiguous, its graph shape and dtype);
+    - ``packed``: pointer to this kernel's prepacked weight;
+    - ``scratch``: pointer to ``expr`` private bytes (the arena, live during this step only);
+    - ``view``: pointer to a contiguous copy of tensor ``name`` read through ``views`` (View
+      expressions, innermost first) -- a materialized transpose, say;
+    - ``int``: the int64 value of the symbolic ``expr``;
+    - ``error``: the int64[4] error record of a kernel that range-checks indices.
+    """
+    kind: str
+    name: str | None = None
+    expr: Any = None
+    views: tuple = ()
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class NativeCall:
+    """A kernel's C call: entry point ``func`` with ``args``; made only when ``guard`` (an
+    expression of the symbols) is positive; ``checked``: returns nonzero after an index error."""
+    func: str
+    args: tuple[NativeArg, ...]
+    checked: bool = False
+    guard: Any = None
 
 
 @runtime_checkable
@@ -29,6 +67,7 @@ class Kernel(Protocol):
     def tasks(self, binding: Mapping[str, int]) -> int: ...
     def resources(self) -> dict[str, int]: ...
     def bind(self, lib) -> None: ...
+    def native_call(self) -> NativeCall: ...
 
 
 class KernelBase:
@@ -51,6 +90,11 @@ class KernelBase:
     def resources(self) -> dict[str, int]:
         return {}
 
+    def native_call(self) -> NativeCall:
+        """This kernel's C call as data, for the host program; raises :class:`NotNativeError`
+        when the step must run from Python."""
+        raise NotNativeError(f"{self.family} kernels ({type(self).__name__}) run from Python")
+
     def bind(self, lib) -> None:
         """Attach the entry point from ``lib`` (a library exporting ``func``)."""
         bind = getattr(self, "_bind_function", None)
@@ -58,4 +102,4 @@ class KernelBase:
             bind(lib)
 
 
-__all__ = ["Kernel", "KernelBase"]
+__all__ = ["Kernel", "KernelBase", "NativeArg", "NativeCall", "NotNativeError"]

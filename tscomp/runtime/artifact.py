@@ -39,6 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from tscomp.codegen.build import build_object, link_library, load_library
+from tscomp.codegen.native import sha256_text
+from tscomp.runtime.host_library import HOST_NAME
 from tscomp.codegen.cpu_gemm import aligned_copy
 from tscomp.compiler import CompiledModel
 from tscomp.errors import TscompError
@@ -205,6 +207,10 @@ def _write_contents(model: CompiledModel, tmp: Path, progress, embed_source: boo
     for k in natives:
         (tmp / "kernels" / f"{k.func}.c").write_text(k.source)
     objects = _build_objects(natives, progress)
+    host = _host_program(model)
+    if host is not None and objects:
+        (tmp / "kernels" / f"{HOST_NAME}.c").write_text(host.source)
+        objects.append(build_object(host.source, HOST_NAME))
     if objects:
         link_library(objects, tmp / "kernels.so")
     blobs = BlobWriter()
@@ -231,6 +237,9 @@ def _write_contents(model: CompiledModel, tmp: Path, progress, embed_source: boo
         _copy_source_model(model.source_model, tmp / "model")
     manifest = manifest_of(model)
     manifest["embedded_source"] = bool(embed_source and (tmp / "model").is_dir())
+    if host is not None and objects:
+        manifest["host"] = {"sha256": sha256_text(host.source), "steps": len(host.steps),
+                            "native_steps": sum(st.native for st in host.steps)}
     manifest["weights_bytes"] = blobs.size
     manifest["files"] = {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     manifest["digest"] = manifest_digest(manifest)
@@ -320,6 +329,17 @@ def _copy_source_model(source: str, dest: Path) -> None:
                 locations.add(entry.value)
     for loc in locations:
         shutil.copy2(src.parent / loc, dest / loc)
+
+
+def _host_program(model: CompiledModel):
+    """The model's host program (linked into ``kernels.so``; the runtime regenerates it at load
+    and uses the linked one when the two sources agree), or None when it cannot be generated."""
+    from tscomp.runtime.host_program import program_for
+
+    try:
+        return program_for(model)
+    except TscompError:
+        return None
 
 
 def _build_objects(kernels, progress) -> list[Path]:

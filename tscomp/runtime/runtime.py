@@ -96,7 +96,7 @@ class Runtime:
 
     def __init__(self, path, device: str = "cpu", num_threads: int | None = None, *,
                  allow_out_of_range: bool = False, verify: bool = True, warmup: bool = True,
-                 expected_digest: str | None = None):
+                 expected_digest: str | None = None, executor: str = "native"):
         if device in ("opencl", "cuda"):    # a CUDA-target artifact on a SIMT device (issue 9)
             from tscomp.runtime.simt_artifact import is_cuda_artifact, load_cuda_artifact
             if not is_cuda_artifact(path):
@@ -110,20 +110,20 @@ class Runtime:
             raise TscompError(f"unknown device {device!r}: 'cpu', or 'opencl' / 'cuda' for a --target cuda artifact")
         self.path = Path(path)
         model, self.manifest = load_artifact(self.path, verify=verify, expected_digest=expected_digest)
-        self._init(model, num_threads, allow_out_of_range)
+        self._init(model, num_threads, allow_out_of_range, executor)
         if warmup:
             self.warm_up()
 
     @classmethod
     def from_compiled(cls, model: CompiledModel, num_threads: int | None = None, *,
-                      allow_out_of_range: bool = False) -> "Runtime":
+                      allow_out_of_range: bool = False, executor: str = "native") -> "Runtime":
         """A runtime over an in-memory compiled model (no artifact on disk)."""
         self = cls.__new__(cls)
         self.path, self.manifest = None, {}
-        self._init(model, num_threads, allow_out_of_range)
+        self._init(model, num_threads, allow_out_of_range, executor)
         return self
 
-    def _init(self, model: CompiledModel, num_threads, allow_out_of_range) -> None:
+    def _init(self, model: CompiledModel, num_threads, allow_out_of_range, executor: str = "native") -> None:
         if ISA_RANK.get(model.isa, 99) > ISA_RANK[host_isa()]:
             raise ArtifactError(f"artifact was compiled for {model.isa} but this CPU supports only {host_isa()}")
         self.model = model
@@ -141,6 +141,33 @@ class Runtime:
         self._dispatch = build_tables(model.kernels, self.graph.symbols, self.target)
         self._pool = MemoryPool()
         self.last_call_overhead = None
+        if executor not in ("native", "python"):
+            raise TscompError(f"unknown executor {executor!r}: 'native' (the host program) or 'python' (per group)")
+        self.executor_note = ""
+        self._native = self._native_executor() if executor == "native" else None
+
+    def _native_executor(self):
+        """The host program's executor (:mod:`tscomp.runtime.native_executor`), or None with
+        ``executor_note`` saying why the per-group Python path serves instead."""
+        from tscomp.runtime.host_library import host_library
+        from tscomp.runtime.host_program import program_for
+        from tscomp.runtime.native_executor import NativeExecutor
+
+        try:
+            program = program_for(self.model)
+            lib = host_library(program, self.path, self.manifest)
+            native = NativeExecutor(self.model, program, lib, self._dispatch, self._consts)
+        except (TscompError, OSError, AttributeError) as exc:
+            self.executor_note = f"native executor unavailable ({type(exc).__name__}: {exc}); groups run from Python"
+            warnings.warn(self.executor_note, RuntimeWarning, stacklevel=3)
+            return None
+        self.executor_note = program.describe()
+        return native
+
+    @property
+    def executor(self) -> str:
+        """'native' (one host-program call per request) or 'python' (one call per group)."""
+        return "native" if self._native is not None else "python"
 
     def warm_up(self) -> None:
         """Run every kernel variant once at the smallest shape and plan that shape, so no request
@@ -159,6 +186,8 @@ class Runtime:
             for k in variants:
                 k.run(env, binding)
         self._shape_plan(binding)   # compiles every shape expression the planning evaluates
+        if self._native is not None:   # this thread's arena at the top of the ranges, touched
+            self._native.reserve({i.name: i.max for i in self.graph.symbols.live_symbols()})
     # ------------------------------------------------------------------ public
     @property
     def input_names(self) -> list[str]:
@@ -171,10 +200,15 @@ class Runtime:
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model. Safe to call from several threads at once: calls share the per-shape
         decisions, each runs in its own arena (the OpenMP team count applies per calling thread)."""
+        t_start = time.perf_counter()
         binding, in_range = self._bind(inputs)
         if not in_range:
             return self._run_out_of_range(inputs, binding)
         set_num_threads(self.num_threads)
+        if self._native is not None:
+            out = self._native.run(inputs, binding, self._pick)
+            self.last_call_overhead = time.perf_counter() - t_start - self._native.last_kernel_seconds
+            return out
         return self._execute(self._shape_plan(binding), inputs, None)
 
     def profile(self, inputs: Mapping[str, np.ndarray]) -> list[tuple[str, str, float]]:

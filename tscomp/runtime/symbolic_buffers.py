@@ -65,23 +65,32 @@ class SymbolicBufferPlan:
         """C: ``int64_t <func>(const int64_t *sym, int64_t *offsets)`` fills the offsets in
         :attr:`order` and returns the arena size; ``sym`` holds the symbols in ``symbol_names``
         order."""
-        from tscomp.codegen.c_expr import c_index
-
         syms = symbol_names or sorted({s.name for e in self.sizes.values() for s in e.free_symbols})
-        names = {sympy.Symbol(n, integer=True, positive=True): f"sym[{k}]" for k, n in enumerate(syms)}
         lines = [f"/* symbolic buffer plan: {len(self.order)} tensors, placed in this order */",
-                 f"int64_t {func}(const int64_t *sym, int64_t *offsets)", "{", "    int64_t arena = 0;"]
-        index = {name: k for k, name in enumerate(self.order)}
-        for k, name in enumerate(self.order):
-            size = c_index(self.sizes[name], names=names)
-            lines.append(f"    int64_t o{k} = 0;   /* {name} */")
-            for u in self.below[name]:
-                j = index[u]
-                lines.append(f"    o{k} = ts_max(o{k}, o{j} + e{j});")
-            lines.append(f"    int64_t e{k} = {size};")
-            lines.append(f"    offsets[{k}] = o{k}; arena = ts_max(arena, o{k} + e{k});")
+                 f"int64_t {func}(const int64_t *sym, int64_t *offsets)", "{"]
+        lines += self.c_statements(syms)
+        lines += [f"    offsets[{k}] = o{k};" for k in range(len(self.order))]
         lines += ["    return arena;", "}"]
         return "\n".join(lines) + "\n"
+
+    def c_statements(self, symbol_names: list[str], indent: str = "    ") -> list[str]:
+        """C statements declaring ``o<k>`` (offset) and ``e<k>`` (bytes) of the k-th tensor of
+        :attr:`order` and ``arena`` (the total), from ``sym[]`` in ``symbol_names`` order."""
+        from tscomp.codegen.c_expr import c_index
+
+        index_of = {n: k for k, n in enumerate(symbol_names)}
+        lines = [f"{indent}int64_t arena = 0;"]
+        index = {name: k for k, name in enumerate(self.order)}
+        for k, name in enumerate(self.order):
+            size = self.sizes[name]
+            names = {s: f"sym[{index_of[s.name]}]" for s in size.free_symbols}
+            lines.append(f"{indent}int64_t o{k} = 0;   /* {name} */")
+            for u in self.below[name]:
+                j = index[u]
+                lines.append(f"{indent}o{k} = ts_max(o{k}, o{j} + e{j});")
+            lines.append(f"{indent}const int64_t e{k} = {c_index(size, names=names)};")
+            lines.append(f"{indent}arena = ts_max(arena, o{k} + e{k});")
+        return lines
 
 
 def _aligned(nbytes: sympy.Expr) -> sympy.Expr:

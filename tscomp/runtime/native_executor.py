@@ -1,0 +1,224 @@
+"""Running a compiled model through its host program (issue 10): one native call per request.
+
+:class:`NativeExecutor` loads the host program (:mod:`tscomp.runtime.host_program`) and prepares,
+once, everything that does not depend on the call: the pointer table's constant part (constants,
+prepacked weights), the kernel entry points, the dispatch tables and the compiled output-shape
+expressions. A call then validates nothing itself (the runtime has bound and checked the
+inputs), fills the table's inputs and outputs, takes this thread's arena (grown, never shrunk)
+and makes one ``tscomp_host_run`` call per native segment; a step that must run from Python (the
+numpy fallback) runs between two segments on arena views. Python does nothing per group.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from time import perf_counter
+from typing import Mapping
+
+import numpy as np
+
+from tscomp.errors import ExecutionError
+from tscomp.graph.reference import materialize
+from tscomp.graph.symbols import compile_int_expr
+from tscomp.runtime.host_program import HostProgram
+from tscomp.runtime.threads import blas_single_threaded
+
+#: an arena is allocated in whole multiples of this (fewer regrowths as request sizes wander)
+ARENA_GRANULE = 1 << 20
+#: arena bytes the warm-up preallocates at most (the top of the ranges, if it fits)
+WARM_ARENA_CAP = 1 << 30
+
+
+def _address(arr: np.ndarray) -> int:
+    return arr.__array_interface__["data"][0]
+
+
+class NativeExecutor:
+    def __init__(self, model, program: HostProgram, lib, tables: Mapping[str, object], constants: Mapping[str, np.ndarray]):
+        self.model, self.program = model, program
+        self.graph = model.plan.graph
+        self.symbols = program.symbols
+        self.library = str(lib._name)          # where the host program's code was loaded from
+        self._run = lib.tscomp_host_run
+        self._run.restype = ctypes.c_int
+        self._run.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7
+        self._arena_bytes = lib.tscomp_host_arena_bytes
+        self._arena_bytes.restype = ctypes.c_int64
+        self._arena_bytes.argtypes = [ctypes.c_void_p]
+        self._keep = []
+        self._base = np.zeros(len(program.slots), np.uintp)
+        self._inputs, self._outputs = [], []
+        for k, slot in enumerate(program.slots):
+            if slot.kind == "const":
+                arr = np.ascontiguousarray(constants[slot.name] if slot.name in constants
+                                           else self.graph.values[slot.name].const)
+                self._keep.append(arr)
+                self._base[k] = _address(arr)
+            elif slot.kind == "packed":
+                packed = model.kernels[slot.group][slot.variant].packed
+                self._base[k] = _address(packed)
+            elif slot.kind == "input":
+                self._inputs.append((slot.name, k))
+            elif slot.kind == "output":
+                self._outputs.append((slot.name, k))
+        self._fn = (ctypes.c_void_p * max(1, len(program.functions)))(
+            *[ctypes.cast(model.kernels[g][v].fn, ctypes.c_void_p).value for g, v in program.functions])
+        self._tables, self._picks, self._dynamic = self._dispatch(tables)
+        self._out_shapes = {name: (tuple(compile_int_expr(self.graph.symbols.canon(d)) for d in self.graph.values[name].shape),
+                                   np.dtype(self.graph.values[name].dtype)) for name in self.graph.outputs}
+        self._arena_shapes = {}
+        self._python_steps = {s.index: s for s in program.steps if not s.native}
+        self._numpy = any(self.model.kernels[s.group][0].target == "numpy" for s in self._python_steps.values())
+        self._local = threading.local()
+        self.last_kernel_seconds = 0.0
+
+    def _dispatch(self, tables):
+        """Per group: its table (uint8 over the symbol grid) or a fixed pick; groups with several
+        variants and no table are picked per call by the runtime's wave model (``_dynamic``)."""
+        ptrs = (ctypes.c_void_p * max(1, len(self.program.groups)))()
+        picks = np.zeros(max(1, len(self.program.groups)), np.int32)
+        dynamic = []
+        for g, name in enumerate(self.program.groups):
+            variants = len(self.model.kernels[name])
+            table = tables.get(name)
+            usable = (table is not None and table.symbols == self.symbols and table.choice.flags.c_contiguous
+                      and table.choice.dtype == np.uint8)
+            if variants == 1:
+                picks[g] = 0
+            elif usable:
+                self._keep.append(table.choice)
+                ptrs[g] = _address(table.choice)
+                picks[g] = -1
+            else:
+                dynamic.append((g, name))
+        return ptrs, picks, dynamic
+
+    @property
+    def native_steps(self) -> int:
+        return sum(s.native for s in self.program.steps)
+
+    # ------------------------------------------------------------ arena
+    def arena_bytes(self, binding: Mapping[str, int]) -> int:
+        sym = np.array([binding[s] for s in self.symbols] or [0], np.int64)
+        return int(self._arena_bytes(_address(sym)))
+
+    def _arena(self, nbytes: int) -> np.ndarray:
+        arena = getattr(self._local, "arena", None)
+        if arena is None or arena.nbytes < nbytes:
+            size = -(-max(nbytes, 1) // ARENA_GRANULE) * ARENA_GRANULE
+            raw = np.empty(size + 64, np.uint8)
+            arena = raw[(-_address(raw)) % 64:][:size]
+            self._local.arena = arena
+        return arena
+
+    def reserve(self, binding: Mapping[str, int]) -> None:
+        """Give this thread an arena for ``binding`` (the top of the ranges at warm-up), touched
+        now so that no request pays its page faults."""
+        need = self.arena_bytes(binding)
+        if need <= WARM_ARENA_CAP:
+            self._arena(need).fill(0)
+
+    # ------------------------------------------------------------ call
+    def run(self, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int], pick) -> dict[str, np.ndarray]:
+        """The model's outputs; ``pick(group, binding)`` is the variant of a group the host
+        program cannot choose itself (no dispatch table, or a step run from Python)."""
+        sym = np.array([binding[s] for s in self.symbols] or [0], np.int64)
+        t = self._base.copy()
+        keep = []
+        for name, k in self._inputs:
+            arr = np.ascontiguousarray(inputs[name])
+            keep.append(arr)
+            t[k] = _address(arr)
+        outputs = {}
+        for name, k in self._outputs:
+            fns, dtype = self._out_shapes[name]
+            arr = outputs[name] = np.empty(tuple(int(f(binding)) for f in fns), dtype)
+            t[k] = _address(arr)
+        picks = self._picks
+        if self._dynamic:
+            picks = picks.copy()
+            for g, name in self._dynamic:
+                picks[g] = self.model.kernels[name].index(pick(name, binding))
+        arena = self._arena(int(self._arena_bytes(_address(sym))))
+        err = np.zeros(8, np.int64)
+        produced: dict[str, np.ndarray] = {}      # outputs of Python steps that live outside the arena
+        args = (_address(sym), _address(t), _address(arena), self._fn, self._tables, _address(picks), _address(err))
+        with blas_single_threaded if self._numpy else contextlib.nullcontext():
+            native = 0.0
+            for kind, i in self.program.order:
+                if kind == "native":
+                    t0 = perf_counter()
+                    rc = self._run(i, *args)
+                    native += perf_counter() - t0
+                    if rc:
+                        raise self._index_error(rc - 1, err, binding)
+                else:
+                    t0 = perf_counter()
+                    self._python_step(i, t, arena, inputs, outputs, binding, keep, produced, pick)
+                    native += perf_counter() - t0
+        self.last_kernel_seconds = native   # the kernels' share of the call (for the overhead report)
+        for name in self.graph.outputs:      # outputs no step writes: inputs, constants, shapes
+            if name in self.graph.inputs:
+                outputs[name] = np.array(inputs[name], copy=True)
+            elif self.graph.values[name].const is not None or self.graph.values[name].symdata is not None:
+                outputs[name] = np.array(materialize(self.graph, self.graph.values[name], binding), copy=True)
+        return outputs
+
+    def _index_error(self, step: int, err: np.ndarray, binding):
+        group = self.program.steps[step].group
+        kernel = self.model.kernels[group][int(err[4])]
+        try:
+            sizes = kernel._sizes_at({}, binding)
+        except Exception:      # noqa: BLE001 - the record is still worth reporting without a shape
+            sizes = ()
+        return kernel.index_error(err[:4], sizes)
+
+    # ------------------------------------------------------------ Python steps
+    def _view(self, name: str, t, arena: np.ndarray, binding) -> np.ndarray:
+        fns = self._arena_shapes.get(name)
+        if fns is None:
+            v = self.graph.values[name]
+            fns = self._arena_shapes[name] = (tuple(compile_int_expr(self.graph.symbols.canon(d)) for d in v.shape),
+                                              np.dtype(v.dtype))
+        shape = tuple(int(f(binding)) for f in fns[0])
+        off = int(t[self.program.slot_of[name]]) - _address(arena)
+        n = int(np.prod(shape, dtype=np.int64)) * fns[1].itemsize
+        if not 0 <= off <= arena.nbytes - n:     # a pointer a Python step replaced (not in the arena)
+            raise ExecutionError(f"tensor {name} is not in the arena")
+        return arena[off:off + n].view(fns[1]).reshape(shape)
+
+    def _tensor(self, name, t, arena, inputs, outputs, binding, produced):
+        if name in produced:
+            return produced[name]
+        if name in outputs:
+            return outputs[name]
+        if name in inputs:
+            return np.asarray(inputs[name])
+        v = self.graph.values[name]
+        if v.const is not None:
+            return v.const
+        return self._view(name, t, arena, binding)
+
+    def _python_step(self, index: int, t, arena, inputs, outputs, binding, keep, produced, pick) -> None:
+        group = self.model.plan.groups[index]
+        variants = self.model.kernels[group.name]
+        kernel = variants[0] if len(variants) == 1 else pick(group.name, binding)
+        env = {n: self._tensor(n, t, arena, inputs, outputs, binding, produced) for n in group.inputs}
+        slot_of = self.program.slot_of
+        if kernel.takes_out:
+            out = {n: outputs[n] if n in outputs else self._view(n, t, arena, binding) for n in group.outputs}
+            kernel.run(env, binding, out)
+            return
+        got = kernel.run(env, binding)
+        for n, arr in got.items():
+            if n in outputs:
+                np.copyto(outputs[n], arr)
+            elif n in slot_of:
+                arr = np.ascontiguousarray(arr, dtype=self.graph.values[n].dtype)
+                keep.append(arr)
+                t[slot_of[n]] = _address(arr)
+                produced[n] = arr
+
+
+__all__ = ["NativeExecutor"]
