@@ -54,6 +54,7 @@ from tscomp.codegen.build import build_library, get_num_threads, load_library
 from tscomp.codegen.c_expr import PRELUDE, c_literal, c_symbol_name, delinearize, linearize, math_helpers
 from tscomp.codegen.cpu_gemm import _Vec, emit_accumulators
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
+from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
                                    structural_signature)
 from tscomp.codegen.tile_config import (MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError,
@@ -143,6 +144,15 @@ class Geometry2D:
             return 1, int(spatial[0]), 1, o, 0, b, 0, e
         (bt, et, _, oh), (bl, el, _, ow) = geo
         return int(spatial[0]), int(spatial[1]), oh, ow, bt, bl, et, el
+
+    def runtime_expr(self, win: Window, spatial: tuple) -> tuple:
+        """:meth:`runtime` as expressions of symbolic input sizes (for the native host program)."""
+        geo = [win.geometry_expr(i, s) for i, s in enumerate(spatial)]
+        if self.rank == 1:
+            (b, e, _, o), = geo
+            return 1, spatial[0], 1, o, 0, b, 0, e
+        (bt, et, _, oh), (bl, el, _, ow) = geo
+        return spatial[0], spatial[1], oh, ow, bt, bl, et, el
 
 
 #: compile-time constants of the generated kernels; spelled TS_<name> in the C so that no shape
@@ -952,6 +962,21 @@ class CompiledConv(PicklableKernel):
         runs = 1 if base >= nth else min(n_ob, -(-nth // base))
         obt = -(-n_ob // runs)
         return base * -(-n_ob // obt)
+
+    def native_call(self) -> NativeCall:
+        """X (its input, a contiguous copy through its views, or scratch the prologue fills), the
+        packed weight, N, H, W, OH, OW and the top/left pads as expressions, then the epilogue's."""
+        a = self.analysis
+        if a.x_input is None:
+            x = NativeArg("scratch", expr=numel(a.x_shape) * 4)
+        else:
+            x = NativeArg("view", a.x_input, views=tuple(reversed(a.x_chain))) if a.x_chain else \
+                NativeArg("tensor", a.x_input, dtype="float32")
+        H, W, OH, OW, PT, PL, _, _ = a.geo.runtime_expr(a.win, a.x_shape[2:])
+        ints = [NativeArg("int", expr=e) for e in (a.x_shape[0], H, W, OH, OW, PT, PL)]
+        extra = [NativeArg("int", expr=info) if role == "symbol" else NativeArg("tensor", name, dtype=np.dtype(info).name)
+                 for role, name, _, info in a.arg_roles]
+        return NativeCall(self.func, (x, NativeArg("packed"), *ints, *extra))
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int],
             out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:

@@ -34,7 +34,7 @@ from tscomp.codegen.c_expr import PRELUDE, c_symbol_name, delinearize, math_help
 from tscomp.codegen.cpu_conv import (WORKSPACE_C, Geometry2D, c_defines, output_buffers, param_of, strip_views,
                                      ts_macros, window_of)
 from tscomp.codegen.cpu_groups import PARALLEL_MIN_ELEMENTS, GroupGenerator, _Block
-from tscomp.codegen.kernel import NativeArg, NativeCall, NotNativeError
+from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Input, Op, walk
@@ -348,8 +348,13 @@ class CompiledPool(PicklableKernel):
 
     def native_call(self) -> NativeCall:
         """The global pool's arguments by role; a windowed pool resolves its window in Python."""
-        if self.analysis.windowed:
-            raise NotNativeError(f"group {self.group.name}: a windowed pool's geometry is resolved in Python")
+        a = self.analysis
+        if a.windowed:
+            x = NativeArg("view", a.x_input, views=tuple(reversed(a.x_chain))) if a.x_chain else \
+                NativeArg("tensor", a.x_input, dtype="float32")
+            geo = a.geo.runtime_expr(a.win, a.x_shape[2:])
+            return NativeCall(self.func, (x, NativeArg("tensor", a.y_output, dtype="float32"),
+                                          *[NativeArg("int", expr=e) for e in (a.x_shape[0], *geo)]))
         return NativeCall(self.func, tuple(
             NativeArg("int", expr=info) if role == "symbol" else NativeArg("tensor", name, dtype=np.dtype(info).name)
             for role, name, _, info in self.analysis.arg_roles))

@@ -30,7 +30,7 @@ class NativeArg:
     - ``packed``: pointer to this kernel's prepacked weight;
     - ``scratch``: pointer to ``expr`` private bytes (the arena, live during this step only);
     - ``view``: pointer to a contiguous copy of tensor ``name`` read through ``views`` (View
-      expressions, innermost first) -- a materialized transpose, say;
+      expressions, outermost first: as read back from the consumer) -- a materialized transpose;
     - ``int``: the int64 value of the symbolic ``expr``;
     - ``error``: the int64[4] error record of a kernel that range-checks indices.
     """

@@ -386,3 +386,22 @@ def test_ceil_mode_pool_keeps_the_last_window_inside_the_input_symbolically():
     for lv in (1, 2, 7, 8, 13):
         assert out.subs(length, lv) == (lv + 1) // 2
         assert_matches_onnxruntime(model, graph, {"x": rand(1, 2, lv)})
+
+
+@pytest.mark.parametrize("auto_pad", ["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"])
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_window_geometry_as_expressions_equals_the_concrete_geometry(auto_pad, ceil_mode):
+    """The host program evaluates a window's pads and output length from expressions of the input
+    length: they must agree with the concrete rule at every length."""
+    import sympy
+
+    from tscomp.graph.ops.nn import Window
+
+    n = sympy.Symbol("n", integer=True, positive=True)
+    for kernel, stride, dil, pads in [(3, 1, 1, (1, 1)), (3, 2, 1, (1, 0)), (7, 2, 1, (3, 3)), (2, 3, 2, (0, 1)),
+                                      (1, 1, 1, (0, 0))]:
+        win = Window((kernel,), (stride,), (dil,), pads, auto_pad, ceil_mode)
+        exprs = win.geometry_expr(0, n)
+        for size in range(max(1, win.span(0) - pads[0] - pads[1]), 40):
+            got = tuple(int(sympy.sympify(e).subs(n, size)) for e in exprs)
+            assert got == win.geometry(0, size), (kernel, stride, dil, pads, size)

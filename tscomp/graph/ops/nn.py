@@ -180,17 +180,25 @@ class Window:
     def geometry(self, i: int, size: int) -> tuple[int, int, int, int]:
         """(pad_begin, pad_end, extra_end, out) used at a concrete input length: SAME pads
         resolved, and ``extra_end`` the padding ceil mode needs beyond the declared pads."""
-        out = int(self.out_dim(i, size))
+        return tuple(int(x) for x in self._geometry(i, int(size), max, lambda t: t // 2))
+
+    def geometry_expr(self, i: int, size) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr, sympy.Expr]:
+        """:meth:`geometry` as expressions of a symbolic length (what generated host code evaluates)."""
+        return self._geometry(i, sympy.sympify(size), sympy.Max, lambda t: sympy.floor(t / 2))
+
+    def _geometry(self, i: int, size, maximum, half) -> tuple:
+        out = self.out_dim(i, size)
+        out = int(out) if isinstance(size, int) else out
         stride, span = self.strides[i], self.span(i)
         if self.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            total = max((out - 1) * stride + span - size, 0)
-            begin = total // 2 if self.auto_pad == "SAME_UPPER" else total - total // 2
+            total = maximum((out - 1) * stride + span - size, 0)
+            begin = half(total) if self.auto_pad == "SAME_UPPER" else total - half(total)
             end = total - begin
         elif self.auto_pad == "VALID":
             begin = end = 0
         else:
             begin, end = self.pads[i], self.pads[i + self.rank]
-        extra = max(0, (out - 1) * stride + span - (size + begin + end))
+        extra = maximum(0, (out - 1) * stride + span - (size + begin + end))
         return begin, end, extra, out
 
 
