@@ -22,15 +22,15 @@ the runtime runs the Python step between two segments (:class:`HostProgram.order
 C entry points (``sym``: the live symbols in :attr:`HostProgram.symbols` order)::
 
     int64_t tscomp_host_arena_bytes(const int64_t *sym);
-    int tscomp_host_run(int segment, const int64_t *sym, void **t, char *arena, void *const *fn,
-                        const uint8_t *const *tables, const int32_t *picks, int64_t *err);
+    int tscomp_host_run(int segment, const ts_call *call);   /* see CALL_STRUCT */
 
-``tscomp_host_run`` returns 0, or ``step + 1`` after a kernel reported an index error (its
-record in ``err[0..3]``, the variant in ``err[4]``). Segment 0 places the arena first.
+``tscomp_host_run`` returns 0; or ``step + 1`` after a kernel reported an index error (its record
+in ``err[0..3]``, the variant in ``err[4]``); or -1 when the arena is smaller than the call needs
+(the size in ``err[5]``: the caller grows it and calls again). Segment 0 places the arena first.
 """
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +45,22 @@ from tscomp.runtime.symbolic_buffers import SymbolicLifetime, plan_buffers_symbo
 #: C types of tensor elements the host program writes (shape-valued tensors) or copies (views)
 C_TYPES = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "int8": "int8_t",
            "uint8": "uint8_t", "bool": "uint8_t", "float16": "uint16_t", "bfloat16": "uint16_t"}
+
+
+#: what one call passes (a struct, so that the caller builds it once per thread and a call
+#: marshals two arguments); mirrored by :class:`tscomp.runtime.native_executor.CallStruct`
+CALL_STRUCT = """\
+typedef struct {
+    const int64_t *sym;             /* the live symbols' values */
+    void **t;                       /* the pointer table */
+    char *arena;                    /* intermediates (64-byte aligned) ... */
+    int64_t arena_bytes;            /* ... of this many bytes */
+    void *const *fn;                /* kernel entry points */
+    const uint8_t *const *tables;   /* dispatch table per group (or NULL) */
+    const int32_t *picks;           /* fixed variant per group, or -1: use the table */
+    int64_t *err;                   /* [0..3] a kernel's error record, [4] its variant, [5] arena bytes needed */
+} ts_call;
+"""
 
 
 @dataclass
@@ -77,7 +93,7 @@ class HostProgram:
     groups: list[str]                          # tables[] / picks[] index -> group
     arena_tensors: dict[str, int] = field(default_factory=dict)   # tensor -> slot, placed in the arena
 
-    @property
+    @functools.cached_property
     def slot_of(self) -> dict[str, int]:
         return {s.name: k for k, s in enumerate(self.slots) if s.kind != "packed"}
 
@@ -352,16 +368,25 @@ def _source(w: _Writer, name: str, steps, segments) -> str:
     for s in steps:
         if not s.native:
             head.insert(-1, f" *   step {s.index} ({s.group}) runs from Python: {s.reason}"[:300])
-    lines = head + [PRELUDE, "#include <stddef.h>", ""]
+    lines = head + [PRELUDE, "#include <stddef.h>", "", CALL_STRUCT]
     lines += _place_block(w)
     lines += ["", "int64_t tscomp_host_arena_bytes(const int64_t *sym)", "{",
               "    return ts_place(sym, NULL, NULL);", "}", ""]
-    lines += ["int tscomp_host_run(int segment, const int64_t *sym, void **t, char *arena, void *const *fn,",
-              "                    const uint8_t *const *tables, const int32_t *picks, int64_t *err)", "{",
+    lines += ["int tscomp_host_run(int segment, const ts_call *call)", "{",
+              "    const int64_t *sym = call->sym;",
+              "    void **t = call->t;",
+              "    void *const *fn = call->fn;",
+              "    const uint8_t *const *tables = call->tables;",
+              "    const int32_t *picks = call->picks;",
+              "    int64_t *err = call->err;",
               f"    const int64_t ts_cell = {cell};",
-              "    (void)ts_cell; (void)tables; (void)picks; (void)err; (void)fn;",
+              "    (void)ts_cell; (void)tables; (void)picks; (void)err; (void)fn; (void)t;",
               "#define ts_variant(g) (picks[g] >= 0 ? picks[g] : (int)tables[g][ts_cell])",
-              "    if (segment == 0) ts_place(sym, t, arena);",
+              "    if (segment == 0) {",
+              "        const int64_t need = ts_place(sym, NULL, NULL);",
+              "        if (need > call->arena_bytes) { err[5] = need; return -1; }   /* the caller grows it */",
+              "        ts_place(sym, t, call->arena);",
+              "    }",
               "    switch (segment) {"]
     for k, seg in enumerate(segments):
         lines.append(f"    case {k}: {{")

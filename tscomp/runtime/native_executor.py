@@ -42,7 +42,7 @@ class NativeExecutor:
         self.library = str(lib._name)          # where the host program's code was loaded from
         self._run = lib.tscomp_host_run
         self._run.restype = ctypes.c_int
-        self._run.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7
+        self._run.argtypes = [ctypes.c_int, ctypes.c_void_p]
         self._arena_bytes = lib.tscomp_host_arena_bytes
         self._arena_bytes.restype = ctypes.c_int64
         self._arena_bytes.argtypes = [ctypes.c_void_p]
@@ -72,11 +72,13 @@ class NativeExecutor:
         self._numpy = any(self.model.kernels[s.group][0].target == "numpy" for s in self._python_steps.values())
         self._local = threading.local()
         self.last_kernel_seconds = 0.0
+        self._computed_outputs = [n for n in self.graph.outputs if n in self.graph.inputs
+                                  or self.graph.values[n].const is not None or self.graph.values[n].symdata is not None]
 
     def _dispatch(self, tables):
         """Per group: its table (uint8 over the symbol grid) or a fixed pick; groups with several
         variants and no table are picked per call by the runtime's wave model (``_dynamic``)."""
-        ptrs = (ctypes.c_void_p * max(1, len(self.program.groups)))()
+        ptrs = (ctypes.c_void_p * max(1, len(self.program.groups)))()    # NULL: no table
         picks = np.zeros(max(1, len(self.program.groups)), np.int32)
         dynamic = []
         for g, name in enumerate(self.program.groups):
@@ -98,74 +100,70 @@ class NativeExecutor:
     def native_steps(self) -> int:
         return sum(s.native for s in self.program.steps)
 
-    # ------------------------------------------------------------ arena
+    # ------------------------------------------------------------ per-thread call state
+    def _state(self) -> "_CallState":
+        state = getattr(self._local, "state", None)
+        if state is None:
+            state = self._local.state = _CallState(self)
+        return state
+
     def arena_bytes(self, binding: Mapping[str, int]) -> int:
         sym = np.array([binding[s] for s in self.symbols] or [0], np.int64)
         return int(self._arena_bytes(_address(sym)))
-
-    def _arena(self, nbytes: int) -> np.ndarray:
-        arena = getattr(self._local, "arena", None)
-        if arena is None or arena.nbytes < nbytes:
-            size = -(-max(nbytes, 1) // ARENA_GRANULE) * ARENA_GRANULE
-            raw = np.empty(size + 64, np.uint8)
-            arena = raw[(-_address(raw)) % 64:][:size]
-            self._local.arena = arena
-        return arena
 
     def reserve(self, binding: Mapping[str, int]) -> None:
         """Give this thread an arena for ``binding`` (the top of the ranges at warm-up), touched
         now so that no request pays its page faults."""
         need = self.arena_bytes(binding)
         if need <= WARM_ARENA_CAP:
-            self._arena(need).fill(0)
+            self._state().grow(need).fill(0)
 
     # ------------------------------------------------------------ call
     def run(self, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int], pick) -> dict[str, np.ndarray]:
         """The model's outputs; ``pick(group, binding)`` is the variant of a group the host
         program cannot choose itself (no dispatch table, or a step run from Python)."""
-        sym = np.array([binding[s] for s in self.symbols] or [0], np.int64)
-        t = self._base.copy()
+        st = self._state()
+        sym, t = st.sym, st.t
+        for k, name in enumerate(self.symbols):
+            sym[k] = binding[name]
         keep = []
         for name, k in self._inputs:
             arr = np.ascontiguousarray(inputs[name])
             keep.append(arr)
-            t[k] = _address(arr)
+            t[k] = arr.ctypes.data
         outputs = {}
         for name, k in self._outputs:
             fns, dtype = self._out_shapes[name]
             arr = outputs[name] = np.empty(tuple(int(f(binding)) for f in fns), dtype)
-            t[k] = _address(arr)
-        picks = self._picks
-        if self._dynamic:
-            picks = picks.copy()
-            for g, name in self._dynamic:
-                picks[g] = self.model.kernels[name].index(pick(name, binding))
-        arena = self._arena(int(self._arena_bytes(_address(sym))))
-        err = np.zeros(8, np.int64)
+            t[k] = arr.ctypes.data
+        for g, name in self._dynamic:
+            st.picks[g] = self.model.kernels[name].index(pick(name, binding))
         produced: dict[str, np.ndarray] = {}      # outputs of Python steps that live outside the arena
-        args = (_address(sym), _address(t), _address(arena), self._fn, self._tables, _address(picks), _address(err))
+        native = 0.0
         with blas_single_threaded if self._numpy else contextlib.nullcontext():
-            native = 0.0
             for kind, i in self.program.order:
+                t0 = perf_counter()
                 if kind == "native":
-                    t0 = perf_counter()
-                    rc = self._run(i, *args)
-                    native += perf_counter() - t0
+                    rc = self._run(i, st.address)
+                    if rc == -1:                    # the arena is too small for this call: grow, again
+                        st.grow(int(st.err[5]))
+                        rc = self._run(i, st.address)
                     if rc:
-                        raise self._index_error(rc - 1, err, binding)
+                        raise self._index_error(rc - 1, st, binding)
                 else:
-                    t0 = perf_counter()
-                    self._python_step(i, t, arena, inputs, outputs, binding, keep, produced, pick)
-                    native += perf_counter() - t0
+                    self._python_step(i, t, st.arena, inputs, outputs, binding, keep, produced, pick)
+                native += perf_counter() - t0
         self.last_kernel_seconds = native   # the kernels' share of the call (for the overhead report)
-        for name in self.graph.outputs:      # outputs no step writes: inputs, constants, shapes
+        for name in self._computed_outputs:      # outputs no step writes: inputs, constants, shapes
             if name in self.graph.inputs:
                 outputs[name] = np.array(inputs[name], copy=True)
-            elif self.graph.values[name].const is not None or self.graph.values[name].symdata is not None:
+            else:
                 outputs[name] = np.array(materialize(self.graph, self.graph.values[name], binding), copy=True)
         return outputs
 
-    def _index_error(self, step: int, err: np.ndarray, binding):
+    def _index_error(self, step: int, st: "_CallState", binding):
+        err = st.err.copy()
+        st.err[:] = 0                      # the kernels record only into a clear record
         group = self.program.steps[step].group
         kernel = self.model.kernels[group][int(err[4])]
         try:
@@ -221,4 +219,38 @@ class NativeExecutor:
                 produced[n] = arr
 
 
-__all__ = ["NativeExecutor"]
+class CallStruct(ctypes.Structure):
+    """The host program's ``ts_call`` (:data:`tscomp.runtime.host_program.CALL_STRUCT`)."""
+    _fields_ = [("sym", ctypes.c_void_p), ("t", ctypes.c_void_p), ("arena", ctypes.c_void_p),
+                ("arena_bytes", ctypes.c_int64), ("fn", ctypes.c_void_p), ("tables", ctypes.c_void_p),
+                ("picks", ctypes.c_void_p), ("err", ctypes.c_void_p)]
+
+
+class _CallState:
+    """One thread's call buffers, reused by every call on that thread (their addresses are in the
+    call struct once): the symbol values, the pointer table (its constant entries filled once; the
+    host program re-places the arena entries every call), the variant picks, the error record and
+    the arena, grown when a call needs more and never shrunk."""
+
+    def __init__(self, ex: NativeExecutor):
+        self.sym = np.zeros(max(1, len(ex.symbols)), np.int64)
+        self.t = ex._base.copy()
+        self.picks = ex._picks.copy()
+        self.err = np.zeros(8, np.int64)
+        self.arena = np.zeros(0, np.uint8)
+        self.struct = CallStruct(self.sym.ctypes.data, self.t.ctypes.data, 0, 0,
+                                 ctypes.cast(ex._fn, ctypes.c_void_p).value,
+                                 ctypes.cast(ex._tables, ctypes.c_void_p).value,
+                                 self.picks.ctypes.data, self.err.ctypes.data)
+        self.address = ctypes.addressof(self.struct)
+
+    def grow(self, nbytes: int) -> np.ndarray:
+        if self.arena.nbytes < nbytes:
+            size = -(-max(nbytes, 1) // ARENA_GRANULE) * ARENA_GRANULE
+            raw = np.empty(size + 64, np.uint8)
+            self.arena = raw[(-raw.ctypes.data) % 64:][:size]
+            self.struct.arena, self.struct.arena_bytes = self.arena.ctypes.data, size
+        return self.arena
+
+
+__all__ = ["CallStruct", "NativeExecutor"]

@@ -19,6 +19,7 @@ a warning.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 import warnings
@@ -173,6 +174,7 @@ class Runtime:
         """Run every kernel variant once at the smallest shape and plan that shape, so no request
         pays for first touches (library code pages, weight pages, OpenMP thread start-up) or for
         compiling shape expressions."""
+        from tscomp.sample_inputs import random_inputs
         from tscomp.schedule.samples import group_inputs_at
 
         set_num_threads(self.num_threads)
@@ -186,8 +188,10 @@ class Runtime:
             for k in variants:
                 k.run(env, binding)
         self._shape_plan(binding)   # compiles every shape expression the planning evaluates
-        if self._native is not None:   # this thread's arena at the top of the ranges, touched
+        if self._native is not None:   # this thread's arena at the top of the ranges, touched;
             self._native.reserve({i.name: i.max for i in self.graph.symbols.live_symbols()})
+            with contextlib.suppress(TscompError):   # and the host program's own pages, once
+                self._native.run(random_inputs(self.graph, binding, rng), binding, self._pick)
     # ------------------------------------------------------------------ public
     @property
     def input_names(self) -> list[str]:
