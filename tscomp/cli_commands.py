@@ -107,6 +107,10 @@ def _summary(compiled, path: Path) -> list[str]:
              + ", ".join(f"{k} {v}" for k, v in sorted(fams.items())),
              f"schedules ({compiled.target.describe()}): {compiled.config_source}"
              + (f", {compiled.schedules.seconds:.0f}s" if compiled.schedules is not None else "")]
+    host = json.loads((path / "manifest.json").read_text()).get("host")
+    lines.append(f"host program: {host['native_steps']} of {host['steps']} groups called natively, one native call "
+                 f"per request (kernels.so: tscomp_host_run)" if host else
+                 "host program: not generated; the runtime calls the groups one by one from Python")
     fallback = compiled.fallback_groups()
     if fallback:
         lines.append(f"{len(fallback)} group(s) run on the numpy fallback (no macro-kernel family accepts them):")

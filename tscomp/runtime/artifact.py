@@ -481,10 +481,25 @@ def _attach_weights(packs, blobs: BlobReader) -> None:
         key = (entry["raw"], kernel.family, repr(kernel.cfg))
         if key not in jobs:
             jobs[key] = (PACKERS[kernel.family][1], kernel, blobs.get(entry["raw"]))
-    packed = dict(zip(jobs, pack_all(list(jobs.values()), workers=default_threads())))
+    packed = _share_equal_panels(dict(zip(jobs, pack_all(list(jobs.values()), workers=default_threads()))))
     for kernel, entry in packs:
         if "raw" in entry:
             kernel.packed = packed[(entry["raw"], kernel.family, repr(kernel.cfg))]
+
+
+def _share_equal_panels(packed: dict) -> dict:
+    """Configurations of one weight often pack to the same bytes (one K block: the N blocking does
+    not change the panel order), so variants share one copy: less memory, and a request switching
+    between such variants finds their weights in cache."""
+    kept: dict = {}
+    out = {}
+    for key, arr in packed.items():
+        candidates = kept.setdefault((key[0], key[1], arr.shape, arr.dtype.str), [])
+        out[key] = next((c for c in candidates if np.array_equal(c, arr)), None)
+        if out[key] is None:
+            candidates.append(arr)
+            out[key] = arr
+    return out
 
 
 def _check_against_manifest(path: Path, state: dict, manifest: dict) -> None:
