@@ -258,3 +258,21 @@ def test_bench_prints_a_ratio_table_and_writes_a_plot(mlp_file, tmp_path):
     again = run_cli("bench", mlp_file, "--dim", "batch=1:4", "--dim", "sequence=1:64", "--samples", "1",
                     "--threads", "1", "--artifact", art, "--plot", plot)
     assert again.returncode == 0 and "using the compiled artifact" in again.stderr
+
+
+def test_bench_within_samples_inside_the_sub_range_and_refuses_one_outside_the_declared_range():
+    from types import SimpleNamespace
+
+    from tscomp.bench import sample_bindings
+    from tscomp.cli_commands import parse_ranges
+    from tscomp.errors import TscompError
+
+    infos = [SimpleNamespace(name="batch", min=1, max=8), SimpleNamespace(name="sequence", min=1, max=512)]
+    rt = SimpleNamespace(graph=SimpleNamespace(symbols=SimpleNamespace(live_symbols=lambda: infos)))
+    got = sample_bindings(rt, 40, 0, {"batch": 1}, parse_ranges(["sequence=9:39"]))
+    assert all(b["batch"] == 1 and 9 <= b["sequence"] <= 39 for b in got)
+    assert len({b["sequence"] for b in got}) > 10
+    with pytest.raises(TscompError, match="not inside the declared range"):
+        sample_bindings(rt, 4, 0, {}, {"sequence": (0, 600)})
+    with pytest.raises(TscompError, match="NAME=LO:HI"):
+        parse_ranges(["sequence=39:9"])

@@ -51,14 +51,25 @@ class BenchResult:
         return max(self.results, key=lambda r: r.ratio)
 
 
-def sample_bindings(runtime: Runtime, samples: int, seed: int, fixed: dict[str, int]) -> list[dict[str, int]]:
-    """``samples`` random shapes (uniform per symbol over its range, fixed symbols held), sorted."""
+def sample_bindings(runtime: Runtime, samples: int, seed: int, fixed: dict[str, int],
+                    within: dict[str, tuple[int, int]] | None = None) -> list[dict[str, int]]:
+    """``samples`` random shapes (uniform per symbol over its range, or over the sub-range
+    ``within`` gives it; fixed symbols held), sorted."""
     rng = np.random.default_rng(seed)
     infos = [i for i in runtime.graph.symbols.live_symbols()]
+    within = within or {}
+    for name, (lo, hi) in within.items():
+        info = next((i for i in infos if i.name == name), None)
+        if info is None or not info.min <= lo <= hi <= info.max:
+            declared = f"{info.min}:{info.max}" if info else "not a symbol of this model"
+            raise TscompError(f"--within {name}={lo}:{hi} is not inside the declared range ({declared})")
     out = []
     for _ in range(samples):
-        out.append({i.name: int(fixed[i.name]) if i.name in fixed else int(rng.integers(i.min, i.max + 1))
-                    for i in infos})
+        binding = {}
+        for i in infos:
+            lo, hi = within.get(i.name, (i.min, i.max))
+            binding[i.name] = int(fixed[i.name]) if i.name in fixed else int(rng.integers(lo, hi + 1))
+        out.append(binding)
     return sorted(out, key=lambda b: tuple(b[i.name] for i in infos))
 
 

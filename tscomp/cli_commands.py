@@ -183,6 +183,22 @@ def _artifact_for_bench(args) -> Path:
     return path
 
 
+def parse_ranges(specs) -> dict[str, tuple[int, int]]:
+    """``NAME=LO:HI`` flags -> {name: (lo, hi)}."""
+    out = {}
+    for spec in specs:
+        name, _, rng = spec.partition("=")
+        lo, sep, hi = rng.partition(":")
+        try:
+            lo_i, hi_i = int(lo), int(hi)
+        except ValueError:
+            raise TscompError(f"--within {spec!r}: expected NAME=LO:HI with integers") from None
+        if not name or not sep or lo_i > hi_i:
+            raise TscompError(f"--within {spec!r}: expected NAME=LO:HI with LO <= HI")
+        out[name] = (lo_i, hi_i)
+    return out
+
+
 def cmd_bench(args) -> int:
     from tscomp.bench import bench, plot, sample_bindings, table
     from tscomp.compiler import default_threads
@@ -198,7 +214,7 @@ def cmd_bench(args) -> int:
     if not onnx_path or not Path(onnx_path).is_file():
         raise TscompError(f"bench needs the ONNX model for onnxruntime; {onnx_path!r} is not a file")
     fixed = parse_shapes(args.fix)
-    bindings = sample_bindings(rt, args.samples, args.seed, fixed)
+    bindings = sample_bindings(rt, args.samples, args.seed, fixed, parse_ranges(args.within))
 
     def show(done, total, r):
         print(f"bench [{done}/{total}] {r.binding}: ort {r.ort_s * 1e3:.2f} ms, tscomp {r.tscomp_s * 1e3:.2f} ms",
@@ -249,6 +265,8 @@ def add_commands(sub, add_dim_flag) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
                    help="hold a dimension at a value (e.g. --fix batch=1)")
+    p.add_argument("--within", action="append", default=[], metavar="NAME=LO:HI",
+                   help="sample a dimension only within LO:HI, inside its declared range (e.g. --within sequence=9:39)")
     p.add_argument("--threads", type=int, default=None, help="threads for both systems (default: all cores)")
     p.add_argument("--artifact", help="where to write/reuse the compiled artifact (default: MODEL.tsc)")
     p.add_argument("--variants", type=int, default=DEFAULT_VARIANTS)
