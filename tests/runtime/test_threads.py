@@ -3,6 +3,7 @@ BLAS kept to the calling thread during a tscomp call."""
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -39,3 +40,29 @@ def test_blas_is_single_threaded_inside_and_restored_after():
         assert threads.blas_threads() == 1
         np.dot(np.ones((64, 64)), np.ones((64, 64)))
     assert threads.blas_threads() == before
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to place a worker on another")
+def test_after_an_idle_gap_workers_wake_off_the_callers_cpu_and_get_their_affinity_back():
+    import time
+
+    from tscomp.codegen.build import set_num_threads
+
+    placement = threads.TeamPlacement()
+    set_num_threads(2)
+    allowed = os.sched_getaffinity(0)
+    placement.exit(False)
+    assert placement.enter(2) is False          # back to back: nothing to do
+    placement.exit(False)
+    time.sleep(placement.IDLE_S * 20)
+    placed = placement.enter(2)
+    try:
+        assert placed
+        worker = int(placement._local.tids[1])
+        assert worker != threading.get_native_id()
+        during = os.sched_getaffinity(worker)
+        assert during and during < allowed and os.sched_getaffinity(0) == allowed
+    finally:
+        placement.exit(placed)
+    assert os.sched_getaffinity(worker) == allowed
+    assert placement.enter(1) is False          # a one-thread team has no workers to place
