@@ -35,3 +35,33 @@ def test_runtime_runs_the_tabled_variant(compiled_artifact):
     for g, table in rt._dispatch.items():
         if g in chosen:
             assert chosen[g] is rt.model.kernels[g][table.pick(binding)]
+
+
+def test_tables_are_indexed_by_each_groups_extents_and_agree_with_the_wave_model(compiled_artifact):
+    """ViT: three symbols (batch, height, width), but a GEMM's choice depends on its M alone: the
+    table's key is that extent, and the pick agrees with the per-shape wave model."""
+    import math
+
+    from tscomp.runtime.dispatch import build_tables
+
+    path, _, ranges = compiled_artifact("vit")
+    rt = Runtime(path, num_threads=2, warmup=False)
+    symtab = rt.graph.symbols
+    tables = build_tables(rt.model.kernels, symtab, rt.target.with_threads(2))
+    multi = [g for g, ks in rt.model.kernels.items() if len(ks) > 1 and ks[0].family in ("gemm", "batched-gemm")]
+    assert multi and set(multi) <= set(tables)
+    symbol_names = {s.name for s in symtab.live_symbols()}
+    for g in multi:
+        key = tables[g].key
+        assert key.exprs and all(e.free_symbols for e in key.exprs)
+        assert {e.name for e in key.exprs if e.is_Symbol} != symbol_names   # never simply the symbol grid
+        assert tables[g].choice.size == math.prod(key.extents)
+    rng = np.random.default_rng(1)
+    for _ in range(60):
+        binding = {n: int(rng.integers(lo, hi + 1)) for n, (lo, hi) in ranges.items()}
+        for g in multi:
+            variants = rt.model.kernels[g]
+            got, want = variants[tables[g].pick(binding)], pick_variant(variants, binding, rt.target)
+            if got is not want:
+                a, b = wave_cost(got, binding, rt.target), wave_cost(want, binding, rt.target)
+                assert abs(a - b) <= 1e-9 * b, (g, binding, a, b)

@@ -1,16 +1,20 @@
 """Variant dispatch decided before the first request (issue 10; DietCode §4.2 exports its
 dispatcher as a decision tree): the wave model's choice (:mod:`tscomp.runtime.wave`) evaluated
-once, at load, for *every* binding of the symbol ranges, into a table the request path indexes.
+once, at load, for every value a group's shape can take, into a table the request path indexes.
 A never-seen shape then costs the same lookup as a seen one.
 
-The wave model's cost of a variant (the makespan of its task classes, :func:`~tscomp.runtime.wave.makespan`)
-is vectorized over the grid of all bindings: the family's task classes
-(:data:`~tscomp.runtime.wave.CLASSES`: counts and padded work per task) evaluated with numpy, the
-per-task time the same linear interpolation between the compile-time samples. Families without
-classes count :data:`TASKS` tasks alike in the shape size. The table is built at load rather than
-at compile time because blocks per wave depend on the thread count the runtime is given. A group
-whose family has neither, or a model whose grid is larger than :data:`MAX_GRID` bindings, keeps
-the per-shape wave model (:func:`~tscomp.runtime.wave.pick_variant`).
+A group's choice depends on its shape only through a few extents -- a GEMM's M, a batched GEMM's
+batch count, M, N and K: the expressions its family's task classes
+(:data:`~tscomp.runtime.wave.CLASSES`) evaluate. Those expressions are the group's *dispatch key*
+(:func:`dispatch_key`, found by running the classes on a recording evaluator), and the table is
+indexed by the key's values over their ranges (interval bounds from the symbol ranges), not by the
+model's symbols: ViT's QKV GEMM has one axis of at most 6,280 token counts, where its symbols
+(batch, height, width) span 1.5 million bindings. The key is a pure function of the kernels, so
+the host program (:mod:`tscomp.runtime.host_program`) computes it in C at compile time; the table
+is made at load because blocks per wave depend on the thread count the runtime is given. The
+cost of every variant is the makespan of its task classes (:func:`~tscomp.runtime.wave.cost_of`),
+vectorized over the key grid. A group without classes (Conv), or whose key grid exceeds
+:data:`MAX_GRID`, is picked per binding by the wave model (the runtime memoizes those picks).
 """
 from __future__ import annotations
 
@@ -20,86 +24,107 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 
+from tscomp.graph.symbols import compile_int_expr
 from tscomp.runtime.wave import CLASSES, cost_of
 from tscomp.schedule.target import Target
 
-#: largest number of bindings a table covers (one byte per binding and group)
+#: largest number of key values a table covers (one byte each)
 MAX_GRID = 1 << 20
 
 
-def _one(k, ev):
-    return 1
+@dataclass(frozen=True)
+class DispatchKey:
+    """The extents a group's choice depends on, each with its value range [min, min + extent)."""
+    exprs: tuple[sympy.Expr, ...]
+    mins: tuple[int, ...]
+    extents: tuple[int, ...]
 
+    @property
+    def cells(self) -> int:
+        return math.prod(self.extents)
 
-#: family -> tasks(kernel, ev) for families without task classes (one task whatever the shape);
-#: the families of :data:`~tscomp.runtime.wave.CLASSES` count theirs there
-TASKS = {"row-or-elementwise": _one, "numpy": _one}
+    def strides(self) -> tuple[int, ...]:
+        """Row-major strides of the table over the key axes."""
+        out, acc = [], 1
+        for e in reversed(self.extents):
+            out.append(acc)
+            acc *= e
+        return tuple(reversed(out))
 
 
 @dataclass
 class DispatchTable:
-    symbols: tuple[str, ...]
-    mins: tuple[int, ...]
-    choice: np.ndarray            # uint8, one axis per symbol: index of the variant to run
+    key: DispatchKey
+    choice: np.ndarray            # uint8, C order over the key axes: the variant to run
+    _fns: tuple | None = None
 
     def pick(self, binding) -> int:
-        return int(self.choice[tuple(binding[s] - m for s, m in zip(self.symbols, self.mins))])
+        if self._fns is None:
+            self._fns = tuple(compile_int_expr(e) for e in self.key.exprs)
+        index = 0
+        for f, lo, n, stride in zip(self._fns, self.key.mins, self.key.extents, self.key.strides()):
+            index += min(max(int(f(binding)) - lo, 0), n - 1) * stride
+        return int(self.choice.reshape(-1)[index])
 
 
-def _grid(infos) -> dict[str, np.ndarray] | None:
-    extents = [i.max - i.min + 1 for i in infos]
-    if not infos or math.prod(extents) > MAX_GRID:
+def dispatch_key(variants: list, symtab) -> DispatchKey | None:
+    """The expressions the wave model reads to cost ``variants`` (None: no table can be made --
+    one variant, a family without task classes, an unbounded extent or too many cells)."""
+    if len(variants) < 2 or len(variants) > 255 or any(k.family not in CLASSES for k in variants):
         return None
-    axes = np.meshgrid(*[np.arange(i.min, i.max + 1, dtype=np.int64) for i in infos], indexing="ij")
-    return {i.name: a for i, a in zip(infos, axes)}
+    seen: dict[sympy.Expr, None] = {}
+
+    def record(expr):
+        seen.setdefault(symtab.canon(sympy.sympify(expr)), None)
+        return np.ones(1, np.int64)
+
+    try:
+        for k in variants:
+            CLASSES[k.family](k, record)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    exprs = sorted((e for e in seen if not e.is_Integer), key=sympy.default_sort_key)
+    mins, extents = [], []
+    for e in exprs:
+        lo, hi = symtab.bounds(e)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return None
+        lo, hi = max(0, math.floor(lo)), math.ceil(hi)
+        mins.append(lo)
+        extents.append(hi - lo + 1)
+    key = DispatchKey(tuple(exprs), tuple(mins), tuple(extents))
+    return key if key.cells <= MAX_GRID else None
 
 
-def _evaluator(symtab, grid: dict[str, np.ndarray]):
-    cache: dict = {}
+def _costs(kernel, key: DispatchKey, target: Target, symtab) -> np.ndarray:
+    axes = np.meshgrid(*[np.arange(lo, lo + n, dtype=np.int64) for lo, n in zip(key.mins, key.extents)],
+                       indexing="ij") if key.exprs else []
+    grid = dict(zip(key.exprs, axes))
+    shape = tuple(key.extents)
 
     def ev(expr):
-        expr = symtab.canon(sympy.sympify(expr))
-        got = cache.get(expr)
-        if got is None:
-            syms = sorted(expr.free_symbols, key=lambda s: s.name)
-            if any(s.name not in grid for s in syms):
-                raise KeyError(f"{expr}: a symbol outside the grid")
-            fn = sympy.lambdify(syms, expr, modules="numpy")
-            val = np.asarray(fn(*[grid[s.name] for s in syms]))
-            got = cache[expr] = np.broadcast_to(np.rint(val).astype(np.int64), next(iter(grid.values())).shape)
-        return got
-    return ev
+        e = symtab.canon(sympy.sympify(expr))
+        if e.is_Integer:
+            return np.full(shape, int(e), np.int64)
+        return grid[e]
 
-
-def _costs(kernel, ev, size: np.ndarray, target: Target) -> np.ndarray:
     per_wave = max(1, target.blocks_per_wave(kernel.resources()))
-    fn = CLASSES.get(kernel.family)
-    classes = fn(kernel, ev) if fn else [(np.asarray(TASKS[kernel.family](kernel, ev)), size)]
-    return np.broadcast_to(cost_of(kernel, classes, per_wave), size.shape)
+    return np.broadcast_to(cost_of(kernel, CLASSES[kernel.family](kernel, ev), per_wave), shape)
 
 
 def build_tables(kernels: dict[str, list], symtab, target: Target) -> dict[str, DispatchTable]:
     """Group name -> its table, for every group with more than one variant that can have one."""
-    infos = symtab.live_symbols()
-    grid = _grid(infos)
-    if grid is None:
-        return {}
-    size = np.ones(next(iter(grid.values())).shape, dtype=np.float64)
-    for a in grid.values():
-        size = size * a
-    ev = _evaluator(symtab, grid)
     tables = {}
     for name, variants in kernels.items():
-        if len(variants) < 2 or len(variants) > 255 \
-                or any(k.family not in TASKS and k.family not in CLASSES for k in variants):
+        key = dispatch_key(variants, symtab)
+        if key is None:
             continue
         try:
-            costs = np.stack([_costs(k, ev, size, target) for k in variants])
+            costs = np.stack([_costs(k, key, target, symtab) for k in variants])
         except (KeyError, TypeError, ValueError, AttributeError):
             continue                      # the per-shape wave model decides for this group
-        tables[name] = DispatchTable(tuple(i.name for i in infos), tuple(i.min for i in infos),
-                                     np.argmin(costs, axis=0).astype(np.uint8))   # ties: the first variant
+        tables[name] = DispatchTable(key, np.ascontiguousarray(np.argmin(costs, axis=0).astype(np.uint8)))
     return tables
 
 
-__all__ = ["DispatchTable", "MAX_GRID", "TASKS", "build_tables"]
+__all__ = ["DispatchKey", "DispatchTable", "MAX_GRID", "build_tables", "dispatch_key"]

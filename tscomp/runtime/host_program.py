@@ -40,6 +40,7 @@ from tscomp.codegen.c_expr import PRELUDE, CPrinter, IndexContext, linearize, vi
 from tscomp.codegen.kernel import NativeArg, NativeCall, NotNativeError
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.symbols import numel
+from tscomp.runtime.dispatch import dispatch_key
 from tscomp.runtime.symbolic_buffers import SymbolicLifetime, plan_buffers_symbolic
 
 #: C types of tensor elements the host program writes (shape-valued tensors) or copies (views)
@@ -92,6 +93,7 @@ class HostProgram:
     order: list[tuple[str, int]]              # ("native", segment) | ("python", step index)
     groups: list[str]                          # tables[] / picks[] index -> group
     arena_tensors: dict[str, int] = field(default_factory=dict)   # tensor -> slot, placed in the arena
+    keys: dict[str, object] = field(default_factory=dict)          # group -> dispatch key its table must have
 
     @functools.cached_property
     def slot_of(self) -> dict[str, int]:
@@ -117,6 +119,7 @@ class _Writer:
         self.slot_index: dict[str, int] = {}
         self.functions: list[tuple[str, int]] = []
         self.lifetimes: dict[str, list] = {}          # arena tensor -> [nbytes, first, last]
+        self.keys: dict[str, object] = {}             # group -> its dispatch key (None: picks[] decides)
 
     # ------------------------------------------------------------ expressions
     def c(self, expr, ctx: IndexContext | None = None) -> str:
@@ -165,6 +168,20 @@ class _Writer:
         else:
             life[1], life[2] = min(life[1], first), max(life[2], last)
         return k
+
+    # ------------------------------------------------------------ dispatch
+    def variant_choice(self, group: str, variants) -> str:
+        """C for the variant a multi-variant group runs: ``picks[g]`` when the runtime fixed it,
+        else its dispatch table indexed by the group's key (clamped: a bound is never exceeded in
+        range, and a wrong index must not read outside the table)."""
+        g = self.groups.index(group)
+        key = dispatch_key(variants, self.symtab)
+        self.keys[group] = key
+        if key is None:
+            return f"picks[{g}]"
+        terms = [f"ts_min(ts_max({self.c(e)} - {lo}, 0), {n - 1}) * INT64_C({st})"
+                 for e, lo, n, st in zip(key.exprs, key.mins, key.extents, key.strides())]
+        return f"(picks[{g}] >= 0 ? picks[{g}] : (int)tables[{g}][{' + '.join(terms) or '0'}])"
 
     # ------------------------------------------------------------ calls
     def call(self, step: int, group: str, v: int, kernel, nc: NativeCall, prep: list[str]) -> str:
@@ -262,7 +279,7 @@ def _step_block(w: _Writer, step: int, group, variants) -> list[str]:
     if len(cases) == 1:
         body += ["    " + ln for ln in cases[0]]
     else:
-        body.append(f"    switch (ts_variant({w.groups.index(group.name)})) {{")
+        body.append(f"    switch ({w.variant_choice(group.name, variants)}) {{")
         for v, stmt in enumerate(cases):
             body.append(f"    case {v}:")
             body += ["        " + ln for ln in stmt]
@@ -335,7 +352,7 @@ def generate_host_program(plan, kernels: dict[str, list], name: str = "model") -
         order.append(("native", 0))
     source = _source(w, name, steps, segments)
     return HostProgram(source, w.symbols, w.slots, w.functions, steps, order, w.groups,
-                       {n: w.slot_index[n] for n in w.lifetimes})
+                       {n: w.slot_index[n] for n in w.lifetimes}, dict(w.keys))
 
 
 def program_for(model) -> HostProgram:
@@ -348,12 +365,6 @@ def program_for(model) -> HostProgram:
 
 def _source(w: _Writer, name: str, steps, segments) -> str:
     infos = w.infos
-    strides, acc = [], 1
-    for i in reversed(infos):
-        strides.append(acc)
-        acc *= i.max - i.min + 1
-    strides.reverse()
-    cell = " + ".join(f"(sym[{k}] - {i.min}) * INT64_C({s})" for k, (i, s) in enumerate(zip(infos, strides))) or "0"
     native = sum(s.native for s in steps)
     head = [
         "/*",
@@ -362,7 +373,7 @@ def _source(w: _Writer, name: str, steps, segments) -> str:
         f"{len(steps) - native} run from Python",
         " * symbols: " + (", ".join(f"sym[{k}] = {i.name} in [{i.min}, {i.max}]" for k, i in enumerate(infos)) or "-"),
         f" * pointer table t[]: {len(w.slots)} entries; kernel entry points fn[]: {len(w.functions)}",
-        " * variant choice: picks[g] when >= 0, else the dispatch table tables[g] over the symbol grid",
+        " * variant choice: picks[g] when >= 0, else the dispatch table tables[g] over the group's key extents",
         " */",
     ]
     for s in steps:
@@ -379,9 +390,7 @@ def _source(w: _Writer, name: str, steps, segments) -> str:
               "    const uint8_t *const *tables = call->tables;",
               "    const int32_t *picks = call->picks;",
               "    int64_t *err = call->err;",
-              f"    const int64_t ts_cell = {cell};",
-              "    (void)ts_cell; (void)tables; (void)picks; (void)err; (void)fn; (void)t;",
-              "#define ts_variant(g) (picks[g] >= 0 ? picks[g] : (int)tables[g][ts_cell])",
+              "    (void)tables; (void)picks; (void)err; (void)fn; (void)t;",
               "    if (segment == 0) {",
               "        const int64_t need = ts_place(sym, NULL, NULL);",
               "        if (need > call->arena_bytes) { err[5] = need; return -1; }   /* the caller grows it */",
@@ -393,7 +402,7 @@ def _source(w: _Writer, name: str, steps, segments) -> str:
         for block in seg:
             lines += ["        " + ln for ln in block]
         lines.append("        return 0; }")
-    lines += ["    }", "#undef ts_variant", "    return 0;", "}", ""]
+    lines += ["    }", "    return 0;", "}", ""]
     return "\n".join(lines)
 
 

@@ -84,8 +84,8 @@ class NativeExecutor:
         for g, name in enumerate(self.program.groups):
             variants = len(self.model.kernels[name])
             table = tables.get(name)
-            usable = (table is not None and table.symbols == self.symbols and table.choice.flags.c_contiguous
-                      and table.choice.dtype == np.uint8)
+            usable = (table is not None and self.program.keys.get(name) == table.key
+                      and table.choice.flags.c_contiguous and table.choice.dtype == np.uint8)
             if variants == 1:
                 picks[g] = 0
             elif usable:

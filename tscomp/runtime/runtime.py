@@ -45,6 +45,8 @@ ISA_RANK = {"scalar": 0, "avx2": 1, "avx512": 2}
 
 #: how many concrete shapes keep their decisions and arena
 SHAPE_CACHE_SIZE = 16
+#: how many (group, binding) wave-model picks are memoized for groups without a dispatch table
+PICK_MEMO_SIZE = 1 << 16
 
 
 @dataclass
@@ -140,6 +142,7 @@ class Runtime:
         self._order = self._lifetimes_by_index()
         self._buffer_plan = self._symbolic_buffer_plan()
         self._dispatch = build_tables(model.kernels, self.graph.symbols, self.target)
+        self._picked: dict[tuple, object] = {}
         self._pool = MemoryPool()
         self.last_call_overhead = None
         if executor not in ("native", "python"):
@@ -276,7 +279,8 @@ class Runtime:
         return out
 
     def _pick(self, group: str, binding: dict[str, int]):
-        """The group's variant at ``binding``: from the dispatch table made at load, else the wave model."""
+        """The group's variant at ``binding``: from the dispatch table made at load, else the wave
+        model (memoized per binding: a group without a table costs one evaluation per shape)."""
         variants = self.model.kernels[group]
         table = self._dispatch.get(group)
         if table is not None:
@@ -284,7 +288,13 @@ class Runtime:
                 return variants[table.pick(binding)]
             except (KeyError, IndexError):
                 pass
-        return pick_variant(variants, binding, self.target)
+        key = (group, *sorted(binding.items()))
+        got = self._picked.get(key)
+        if got is None:
+            if len(self._picked) >= PICK_MEMO_SIZE:
+                self._picked.clear()
+            got = self._picked[key] = pick_variant(variants, binding, self.target)
+        return got
 
     def _symbolic_buffer_plan(self) -> SymbolicBufferPlan:
         """Where every intermediate lives in the arena, as expressions of the symbols (decided once:
