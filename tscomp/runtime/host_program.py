@@ -120,10 +120,21 @@ class _Writer:
         self.functions: list[tuple[str, int]] = []
         self.lifetimes: dict[str, list] = {}          # arena tensor -> [nbytes, first, last]
         self.keys: dict[str, object] = {}             # group -> its dispatch key (None: picks[] decides)
+        self._printed: dict = {}
 
     # ------------------------------------------------------------ expressions
     def c(self, expr, ctx: IndexContext | None = None) -> str:
-        """An integer expression of the live symbols (and ``ctx``'s loop variables) as C."""
+        """An integer expression of the live symbols (and ``ctx``'s loop variables) as C (memoized:
+        a model's layers repeat the same sizes)."""
+        if ctx is None:
+            key = sympy.sympify(expr)
+            got = self._printed.get(key)
+            if got is None:
+                got = self._printed[key] = self._c(key, None)
+            return got
+        return self._c(expr, ctx)
+
+    def _c(self, expr, ctx: IndexContext | None) -> str:
         expr = self.symtab.canon(sympy.sympify(expr))
         ctx = ctx or IndexContext(self.symtab)
         names = {}
