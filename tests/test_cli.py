@@ -229,6 +229,11 @@ def test_compile_then_run_prints_shapes_and_latency(mlp_file, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "output y: float32[3, 37, 80]" in result.stdout
     assert "first call" in result.stdout and "steady" in result.stdout
+    assert "native executor" in result.stdout
+    result = run_cli("run", out, "--shape", "sequence=5", "--repeat", "1", "--executor", "python")
+    assert result.returncode == 0 and "python executor" in result.stdout, result.stderr
+    result = run_cli("run", out, "--device", "opencl")
+    assert result.returncode == 1 and "cpu-target artifact" in result.stderr.strip().splitlines()[-1]
 
 
 def test_run_errors_are_one_line(mlp_file, tmp_path):

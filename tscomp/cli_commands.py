@@ -139,7 +139,11 @@ def cmd_run(args) -> int:
     from tscomp.runtime import Runtime
     from tscomp.sample_inputs import random_inputs, shape_binding
 
-    rt = Runtime(args.artifact, num_threads=args.threads, allow_out_of_range=args.allow_out_of_range)
+    if args.device == "cpu":
+        rt = Runtime(args.artifact, num_threads=args.threads, allow_out_of_range=args.allow_out_of_range,
+                     executor=args.executor)
+    else:
+        rt = Runtime(args.artifact, device=args.device)
     binding = shape_binding(rt.graph, parse_shapes(args.shape))
     inputs = random_inputs(rt.graph, binding, np.random.default_rng(args.seed))
     t = time.perf_counter()
@@ -156,8 +160,10 @@ def cmd_run(args) -> int:
     for name, arr in outputs.items():
         print(f"  output {name}: {arr.dtype}{list(arr.shape)}  mean {float(np.mean(arr)):.6g}")
     steady = sorted(times)[len(times) // 2] if times else first
-    print(f"latency: first call {first * 1e3:.3f} ms, steady {steady * 1e3:.3f} ms (median of {len(times)}), "
-          f"{rt.num_threads} threads; runtime overhead per call {rt.last_call_overhead * 1e6:.0f} us")
+    where = f"{rt.num_threads} threads, {rt.executor} executor" if args.device == "cpu" else f"device {args.device}"
+    overhead = getattr(rt, "last_call_overhead", None)
+    print(f"latency: first call {first * 1e3:.3f} ms, steady {steady * 1e3:.3f} ms (median of {len(times)}), {where}"
+          + (f"; runtime overhead per call {overhead * 1e6:.0f} us" if overhead is not None else ""))
     return 0
 
 
@@ -255,6 +261,10 @@ def add_commands(sub, add_dim_flag) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--allow-out-of-range", action="store_true",
                    help="run shapes outside the compiled ranges on the reference executor")
+    p.add_argument("--device", choices=("cpu", "opencl", "cuda"), default="cpu",
+                   help="cpu (default), or opencl / cuda for a --target cuda artifact")
+    p.add_argument("--executor", choices=("native", "python"), default="native",
+                   help="cpu: one host-program call per request (default) or one Python call per group")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("bench", help="benchmark against onnxruntime at random shapes")
