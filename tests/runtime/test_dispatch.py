@@ -65,3 +65,24 @@ def test_tables_are_indexed_by_each_groups_extents_and_agree_with_the_wave_model
             if got is not want:
                 a, b = wave_cost(got, binding, rt.target), wave_cost(want, binding, rt.target)
                 assert abs(a - b) <= 1e-9 * b, (g, binding, a, b)
+
+
+def test_convolutions_get_tables_over_their_own_extents_too(compiled_artifact):
+    """ResNet: a Conv group's choice depends on its batch and output positions; with task classes
+    for the Conv families it is tabled like a GEMM's, and the table agrees with the wave model."""
+    from tscomp.runtime.dispatch import build_tables
+
+    path, _, ranges = compiled_artifact("resnet")
+    rt = Runtime(path, num_threads=2, warmup=False)
+    tables = build_tables(rt.model.kernels, rt.graph.symbols, rt.target)
+    convs = [g for g, ks in rt.model.kernels.items() if len(ks) > 1 and ks[0].family.startswith("conv")]
+    assert convs and set(convs) <= set(tables)
+    rng = np.random.default_rng(2)
+    for _ in range(40):
+        binding = {n: int(rng.integers(lo, hi + 1)) for n, (lo, hi) in ranges.items()}
+        for g in convs:
+            variants = rt.model.kernels[g]
+            got, want = variants[tables[g].pick(binding)], pick_variant(variants, binding, rt.target)
+            if got is not want:
+                a, b = wave_cost(got, binding, rt.target), wave_cost(want, binding, rt.target)
+                assert abs(a - b) <= 1e-9 * b, (g, binding, a, b)

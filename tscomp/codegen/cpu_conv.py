@@ -912,6 +912,7 @@ class CompiledConv(PicklableKernel):
             self.packed = _aligned(flat.size)
             self.packed[:] = flat.reshape(-1)
         self.weight_name = analysis.weight_name
+        self.task_model = 2          # samples recorded with task classes (runtime.wave.CLASSES_SINCE)
         self._memo: dict = {}
         self.fn = None
 

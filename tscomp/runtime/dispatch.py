@@ -25,7 +25,7 @@ import numpy as np
 import sympy
 
 from tscomp.graph.symbols import compile_int_expr
-from tscomp.runtime.wave import CLASSES, cost_of
+from tscomp.runtime.wave import classes_fn, cost_of
 from tscomp.schedule.target import Target
 
 #: largest number of key values a table covers (one byte each)
@@ -70,7 +70,7 @@ class DispatchTable:
 def dispatch_key(variants: list, symtab) -> DispatchKey | None:
     """The expressions the wave model reads to cost ``variants`` (None: no table can be made --
     one variant, a family without task classes, an unbounded extent or too many cells)."""
-    if len(variants) < 2 or len(variants) > 255 or any(k.family not in CLASSES for k in variants):
+    if len(variants) < 2 or len(variants) > 255 or any(classes_fn(k) is None for k in variants):
         return None
     seen: dict[sympy.Expr, None] = {}
 
@@ -80,7 +80,7 @@ def dispatch_key(variants: list, symtab) -> DispatchKey | None:
 
     try:
         for k in variants:
-            CLASSES[k.family](k, record)
+            classes_fn(k)(k, record, 2)
     except (TypeError, ValueError, AttributeError):
         return None
     exprs = sorted((e for e in seen if not e.is_Integer), key=sympy.default_sort_key)
@@ -109,7 +109,7 @@ def _costs(kernel, key: DispatchKey, target: Target, symtab) -> np.ndarray:
         return grid[e]
 
     per_wave = max(1, target.blocks_per_wave(kernel.resources()))
-    return np.broadcast_to(cost_of(kernel, CLASSES[kernel.family](kernel, ev), per_wave), shape)
+    return np.broadcast_to(cost_of(kernel, classes_fn(kernel)(kernel, ev, target.threads), per_wave), shape)
 
 
 def build_tables(kernels: dict[str, list], symtab, target: Target) -> dict[str, DispatchTable]:

@@ -47,6 +47,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from tscomp.codegen.build import get_num_threads
+from tscomp.graph.symbols import numel
 from tscomp.schedule.samples import shape_size
 from tscomp.schedule.target import Target
 
@@ -66,20 +68,61 @@ def _axis_classes(extent, block: int, reg: int) -> list[tuple]:
     return [(n - 1, _padded(np.minimum(extent, block), block, reg)), (n * 0 + 1, _padded(last, block, reg))]
 
 
-def _gemm_classes(k, ev):
+def _gemm_classes(k, ev, threads: int):
     return [(c * k.geometry.n_nblocks, w) for c, w in _axis_classes(ev(k.M), k.cfg.mc, k.cfg.mr)]
 
 
-def _batched_classes(k, ev):
+def _conv_classes(k, ev, threads: int):
+    """Implicit-GEMM Conv (``cpu_conv.conv_source``'s own split): per image and channel group, blocks
+    of T_Nb output positions (the last one partial); when those are fewer than the threads, the
+    output-channel blocks are split into ``runs`` tasks too. A task's work: its padded positions x
+    its output channels x the reduction depth."""
+    a, cfg = k.analysis, k.cfg
+    n, P = ev(a.x_shape[0]), ev(numel(a.out_shape[2:]))
+    n_pb, n_ob = -(-np.maximum(P, 1) // cfg.nc), -(-a.OCg // cfg.mc)
+    base = n * a.G * n_pb
+    runs = np.where(base >= threads, 1, np.minimum(n_ob, -(-threads // np.maximum(base, 1))))
+    obt = -(-n_ob // runs)
+    per_block = -(-n_ob // obt)
+    depth = a.Cg * a.geo.kh * a.geo.kw
+    return [(n * a.G * c * per_block, w * obt * cfg.mc * depth) for c, w in _axis_classes(P, cfg.nc, cfg.nr)]
+
+
+def _depthwise_classes(k, ev, threads: int):
+    """Direct depthwise Conv: per image and channel, blocks of ``rows`` output rows (4,096 outputs
+    at most, the kernel's own rule), the last one partial; work = outputs x taps."""
+    a = k.analysis
+    n = ev(a.x_shape[0])
+    OH, OW = (1, ev(a.out_shape[2])) if len(a.out_shape) == 3 else (ev(a.out_shape[2]), ev(a.out_shape[3]))
+    rows = np.maximum(1, np.minimum(OH, 4096 // np.maximum(OW, 1)))
+    blocks = -(-OH // rows)
+    taps = a.geo.kh * a.geo.kw * OW
+    return [(n * a.OC * (blocks - 1), rows * taps), (n * a.OC, (OH - (blocks - 1) * rows) * taps)]
+
+
+def _batched_classes(k, ev, threads: int):
     nb, K = ev(k.NB), ev(k.K)
     return [(nb * cm * cn, wm * wn * K) for cm, wm in _axis_classes(ev(k.M), k.cfg.mc, k.cfg.mr)
             for cn, wn in _axis_classes(ev(k.N), k.cfg.nc, k.cfg.nr)]
 
 
-#: family -> classes(kernel, ev): the tasks of a shape as ``[(count, padded work per task)]``, ``ev``
-#: evaluating a symbolic size (to an int for one binding, to an array over a grid of bindings in
-#: :mod:`tscomp.runtime.dispatch`)
-CLASSES: dict[str, Callable] = {"gemm": _gemm_classes, "batched-gemm": _batched_classes}
+#: family -> classes(kernel, ev, threads): the tasks of a shape as ``[(count, padded work per task)]``,
+#: ``ev`` evaluating a symbolic size (to an int for one binding, to an array over a grid of bindings
+#: in :mod:`tscomp.runtime.dispatch`), ``threads`` the OpenMP team size (a Conv splits by it)
+CLASSES: dict[str, Callable] = {"gemm": _gemm_classes, "batched-gemm": _batched_classes,
+                                 "conv": _conv_classes, "conv-depthwise": _depthwise_classes}
+
+#: families that got task classes later: a kernel compiled before (``task_model`` below this)
+#: recorded its samples as one class at the shape size, and keeps being costed that way
+CLASSES_SINCE = {"conv": 2, "conv-depthwise": 2}
+
+
+def classes_fn(kernel) -> Callable | None:
+    """The task-classes function that matches how ``kernel``'s samples were recorded, or None."""
+    fn = CLASSES.get(kernel.family)
+    if fn is not None and getattr(kernel, "task_model", 1) < CLASSES_SINCE.get(kernel.family, 1):
+        return None
+    return fn
 
 
 #: families whose per-task time never falls as the task's work grows (one big task per thread;
@@ -90,11 +133,12 @@ MONOTONE = {"gemm"}
 def task_classes(kernel, binding: Mapping[str, int]) -> tuple[tuple[int, int], ...]:
     """The tasks of ``kernel`` at ``binding`` as ``((count, work), ...)``, empty classes dropped; one
     class (every task, the shape size) for families without :data:`CLASSES`."""
-    fn = CLASSES.get(kernel.family)
+    fn = classes_fn(kernel)
     if fn is None:
         return ((int(kernel.tasks(binding)), shape_size(binding)),)
     b = dict(binding)
-    return tuple((int(c), int(w)) for c, w in fn(kernel, lambda x: int(kernel.symtab.evaluate(x, b))) if int(c) > 0)
+    classes = fn(kernel, lambda x: int(kernel.symtab.evaluate(x, b)), get_num_threads())
+    return tuple((int(c), int(w)) for c, w in classes if int(c) > 0)
 
 
 def task_work(kernel, binding: Mapping[str, int]) -> int:
@@ -273,5 +317,5 @@ def pick_variant(variants: list, binding: Mapping[str, int], target: Target):
     return min(variants, key=lambda k: wave_cost(k, binding, target))
 
 
-__all__ = ["CLASSES", "cost_of", "makespan", "pick_variant", "sample_point", "task_classes", "task_work",
+__all__ = ["CLASSES", "CLASSES_SINCE", "classes_fn", "cost_of", "makespan", "pick_variant", "sample_point", "task_classes", "task_work",
            "wave_cost", "wave_points"]
