@@ -56,15 +56,7 @@ def test_tables_are_indexed_by_each_groups_extents_and_agree_with_the_wave_model
         assert key.exprs and all(e.free_symbols for e in key.exprs)
         assert {e.name for e in key.exprs if e.is_Symbol} != symbol_names   # never simply the symbol grid
         assert tables[g].choice.size == math.prod(key.extents)
-    rng = np.random.default_rng(1)
-    for _ in range(60):
-        binding = {n: int(rng.integers(lo, hi + 1)) for n, (lo, hi) in ranges.items()}
-        for g in multi:
-            variants = rt.model.kernels[g]
-            got, want = variants[tables[g].pick(binding)], pick_variant(variants, binding, rt.target)
-            if got is not want:
-                a, b = wave_cost(got, binding, rt.target), wave_cost(want, binding, rt.target)
-                assert abs(a - b) <= 1e-9 * b, (g, binding, a, b)
+    _assert_tables_pick_what_the_wave_model_picks(rt, tables, multi, ranges, seed=1, draws=60)
 
 
 def test_convolutions_get_tables_over_their_own_extents_too(compiled_artifact):
@@ -77,10 +69,16 @@ def test_convolutions_get_tables_over_their_own_extents_too(compiled_artifact):
     tables = build_tables(rt.model.kernels, rt.graph.symbols, rt.target)
     convs = [g for g, ks in rt.model.kernels.items() if len(ks) > 1 and ks[0].family.startswith("conv")]
     assert convs and set(convs) <= set(tables)
-    rng = np.random.default_rng(2)
-    for _ in range(40):
+    _assert_tables_pick_what_the_wave_model_picks(rt, tables, convs, ranges, seed=2, draws=40)
+
+
+def _assert_tables_pick_what_the_wave_model_picks(rt, tables, groups, ranges, *, seed: int, draws: int):
+    """At random bindings, each group's table gives the per-shape wave model's variant (or one of
+    equal cost: only a float tie may differ)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(draws):
         binding = {n: int(rng.integers(lo, hi + 1)) for n, (lo, hi) in ranges.items()}
-        for g in convs:
+        for g in groups:
             variants = rt.model.kernels[g]
             got, want = variants[tables[g].pick(binding)], pick_variant(variants, binding, rt.target)
             if got is not want:
