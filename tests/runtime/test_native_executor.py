@@ -151,3 +151,19 @@ def test_gemm_operands_read_through_transposes_and_slices_are_copied_natively(tm
         got = rt.run({"x": x})
         for name, want in zip(("y1", "y2"), sess.run(None, {"x": x})):
             np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4, err_msg=f"{name} at {batch}x{seq}")
+
+
+def test_a_model_whose_host_program_cannot_be_generated_runs_per_group_with_a_warning(bert, monkeypatch):
+    from tscomp.runtime import host_program
+
+    def broken(*args, **kw):
+        raise RuntimeError("generator bug")
+    monkeypatch.setattr(host_program, "generate_host_program", broken)
+    with pytest.warns(RuntimeWarning, match="native executor unavailable.*generator bug"):
+        rt = Runtime(bert[0], warmup=False)
+    assert rt.executor == "python"
+    inputs = _inputs(rt, 2, 5)
+    want = Runtime(bert[0], warmup=False, executor="python").run(inputs)
+    got = rt.run(inputs)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
+import warnings
 import json
 import os
 import shutil
@@ -338,7 +339,9 @@ def _host_program(model: CompiledModel):
 
     try:
         return program_for(model)
-    except TscompError:
+    except Exception as exc:    # noqa: BLE001 - the artifact stays valid: the runtime calls groups from Python
+        warnings.warn(f"no host program for this artifact ({type(exc).__name__}: {exc}); its groups will be "
+                      f"called from Python", RuntimeWarning, stacklevel=2)
         return None
 
 

@@ -30,6 +30,7 @@ in ``err[0..3]``, the variant in ``err[4]``); or -1 when the arena is smaller th
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 
@@ -241,13 +242,10 @@ class _Writer:
         ctx = IndexContext(self.symtab)
         idx = tuple(ctx.var(f"i{k}", d) for k, d in enumerate(shape))
         cur = idx
-        e = outer
-        for view in a.views:
-            op = view.op
-            op = type(op)(op.kind, tuple(canon(d) for d in op.shape), op.perm,
-                          tuple((ax, canon(s), canon(t), canon(st)) for ax, s, t, st in op.slices))
+        for view in a.views:          # back from the consumer's index to the source tensor's
+            op = dataclasses.replace(view.op, shape=tuple(canon(d) for d in view.op.shape),
+                                     slices=tuple((ax, canon(s), canon(t), canon(st)) for ax, s, t, st in view.op.slices))
             cur = tuple(ctx.simplify(x) for x in view_index(cur, op, [canon(d) for d in view.src.shape], ctx))
-            e = view.src
         src_shape = [canon(d) for d in self.graph.values[a.name].shape]
         ctype = C_TYPES.get(a.dtype)
         if ctype is None:
@@ -314,7 +312,9 @@ def _place_block(w: _Writer) -> list[str]:
         v = w.graph.values.get(name)
         if v is None or v.symdata is None:
             continue
-        ctype = C_TYPES[np.dtype(v.dtype).name]
+        ctype = C_TYPES.get(np.dtype(v.dtype).name)
+        if ctype is None:
+            raise NotNativeError(f"shape-valued tensor {name} of type {np.dtype(v.dtype)}")
         for j, e in enumerate(np.asarray(v.symdata).reshape(-1)):
             lines.append(f"        (({ctype}*)t[{w.slot_index[name]}])[{j}] = ({ctype})({w.c(e)});   /* {name} */")
     lines += ["    }", "    return arena;", "}"]

@@ -161,7 +161,7 @@ class Runtime:
             program = program_for(self.model)
             lib = host_library(program, self.path, self.manifest)
             native = NativeExecutor(self.model, program, lib, self._dispatch, self._consts)
-        except (TscompError, OSError, AttributeError) as exc:
+        except Exception as exc:    # noqa: BLE001 - any failure here leaves the (correct) per-group path
             self.executor_note = f"native executor unavailable ({type(exc).__name__}: {exc}); groups run from Python"
             warnings.warn(self.executor_note, RuntimeWarning, stacklevel=3)
             return None
