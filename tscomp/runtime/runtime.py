@@ -1,13 +1,16 @@
 """The runtime: execute a compiled model at any shape in its declared ranges, with no compilation
 on the request path (TSCompiler §6, the runtime half of Fig. 2).
 
-Per call: validate the inputs and bind the shape symbols; then, once per concrete shape (cached),
-pick one kernel variant per group (a table lookup: the wave model's choice at every binding of the
-ranges is tabulated at load, :mod:`tscomp.runtime.dispatch`; else :mod:`tscomp.runtime.wave`), plan the
-intermediate buffers (evaluate the symbolic buffer plan made once at load,
-:mod:`tscomp.runtime.symbolic_buffers`) and evaluate every symbolic size; then run
-the groups in Plan order. Everything shape-dependent is decided by those cached steps, so a
-repeated shape costs only the kernel calls.
+Per call: validate the inputs and bind the shape symbols, then make one native call: the model's
+host program (:mod:`tscomp.runtime.host_program`, run by :mod:`tscomp.runtime.native_executor`)
+places the intermediates by the symbolic buffer plan, picks each group's variant from the dispatch
+tables made at load (:mod:`tscomp.runtime.dispatch`) and calls the kernels in Plan order. Nothing
+is planned per shape, so a never-seen shape costs what a seen one does.
+
+``executor="python"`` (and ``profile()``) keeps the per-group path: once per concrete shape
+(cached), pick one kernel variant per group (the same tables; else :mod:`tscomp.runtime.wave`),
+evaluate the symbolic buffer plan (:mod:`tscomp.runtime.symbolic_buffers`) and every symbolic size;
+then call the groups one by one from Python.
 
 Out-of-range shapes are refused unless the caller opts in (``allow_out_of_range=True``). The
 compiled kernels and every shape simplification were derived under the declared ranges, so an
