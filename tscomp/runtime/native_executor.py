@@ -35,6 +35,8 @@ def _address(arr: np.ndarray) -> int:
 
 
 class NativeExecutor:
+    """One compiled model's host program, ready to call: ``run(inputs, binding, pick)``."""
+
     def __init__(self, model, program: HostProgram, lib, tables: Mapping[str, object], constants: Mapping[str, np.ndarray]):
         self.model, self.program = model, program
         self.graph = model.plan.graph
@@ -76,8 +78,9 @@ class NativeExecutor:
                                   or self.graph.values[n].const is not None or self.graph.values[n].symdata is not None]
 
     def _dispatch(self, tables):
-        """Per group: its table (uint8 over the symbol grid) or a fixed pick; groups with several
-        variants and no table are picked per call by the runtime's wave model (``_dynamic``)."""
+        """Per group: its table (uint8 over its key extents, the host program indexes it) or a
+        fixed pick; groups with several variants and no usable table are picked per call by the
+        runtime (``_dynamic``: its memoized wave model)."""
         ptrs = (ctypes.c_void_p * max(1, len(self.program.groups)))()    # NULL: no table
         picks = np.zeros(max(1, len(self.program.groups)), np.int32)
         dynamic = []
