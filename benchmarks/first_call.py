@@ -11,7 +11,9 @@ OpenMP team went to sleep while Python made inputs), then the first call at the 
 median of 7 more calls at it (*steady*), and, as a control, the first call at a length the process
 has served before after the same reference calls (*seen*: what returning to a shape costs once the
 reference shape's variants and data filled the caches). ``first/seen`` isolates what a new shape
-costs beyond any shape switch: 1.0 when nothing is planned on the request path.
+costs beyond any shape switch: 1.0 when nothing is planned on the request path. The last column
+is a control near each length: the first call at another never-seen length right after a third
+never-seen length that runs the very same variants (so their code and weights are warm).
 
 A shape is new only once per process, so each first call is one sample of a ~0.1 ms call on a
 noisy machine: ``--processes N`` repeats the whole measurement in N fresh processes, one after
@@ -64,7 +66,32 @@ def measure(args) -> list[dict]:
         seen = _timed(rt, requests[L])
         rows.append({"L": L, "first": first, "seen": seen, "steady": statistics.median(steady),
                      "overhead": statistics.median(over), "load": load, "executor": rt.executor})
+    used = set(lengths) | {REFERENCE_LENGTH}
+    for row in rows:
+        row["warm"] = _first_with_warm_variants(rt, base, row["L"], used, reference)
     return rows
+
+
+def _first_with_warm_variants(rt, base: dict, near: int, used: set, reference) -> float | None:
+    """Control: first call at a never-seen length whose variants a *different* never-seen length
+    just ran (the same variant for every group), over its steady time -- what a shape's novelty
+    costs once its variants' code and weights are warm. None when no such pair is near ``near``."""
+    hi = max(i.max for i in rt.graph.symbols.live_symbols() if i.name == "sequence")
+    pool = [L for L in range(max(1, near - 8), min(hi, near + 24) + 1) if L not in used]
+    picks = {L: tuple(id(k) for k in rt.selected_variants(base | {"sequence": L}).values()) for L in pool}
+    pair = next(((a, b) for a in pool for b in pool if a != b and picks[a] == picks[b]), None)
+    if pair is None:
+        return None
+    target, twin = pair
+    used.update(pair)
+    inputs = {L: random_inputs(rt.graph, base | {"sequence": L}, np.random.default_rng(L)) for L in pair}
+    for _ in range(3):
+        rt.run(reference)
+    for _ in range(2):
+        rt.run(inputs[twin])
+    first = _timed(rt, inputs[target])
+    steady = statistics.median(_timed(rt, inputs[target]) for _ in range(7))
+    return first / steady
 
 
 def main() -> None:
@@ -87,7 +114,7 @@ def main() -> None:
     print(f"{args.artifact}: executor {runs[0][0]['executor']}, load + verify + warm-up "
           f"{statistics.median(r[0]['load'] for r in runs):.2f} s; medians over {len(runs)} process(es)")
     print(f"{'sequence':>8}  {'first ms':>9}  {'seen ms':>8}  {'steady ms':>9}  {'first/steady':>12}  "
-          f"{'seen/steady':>11}  {'first/seen':>10}  {'overhead us':>11}")
+          f"{'seen/steady':>11}  {'first/seen':>10}  {'overhead us':>11}  {'warm-first/steady':>17}")
     cols = {"fs": [], "ss": [], "fn": [], "ov": []}
     for k, L in enumerate(r["L"] for r in runs[0]):
         med = {key: statistics.median(run[k][key] for run in runs) for key in ("first", "seen", "steady", "overhead")}
@@ -96,8 +123,10 @@ def main() -> None:
         fn = statistics.median(run[k]["first"] / run[k]["seen"] for run in runs)
         for key, v in zip(cols, (fs, ss, fn, med["overhead"])):
             cols[key].append(v)
+        warm = [run[k]["warm"] for run in runs if run[k]["warm"] is not None]
         print(f"{L:>8}  {med['first'] * 1e3:9.3f}  {med['seen'] * 1e3:8.3f}  {med['steady'] * 1e3:9.3f}  {fs:12.2f}  "
-              f"{ss:11.2f}  {fn:10.2f}  {med['overhead'] * 1e6:11.1f}")
+              f"{ss:11.2f}  {fn:10.2f}  {med['overhead'] * 1e6:11.1f}  "
+              f"{statistics.median(warm) if warm else float('nan'):17.2f}")
     print(f"first/steady: max {max(cols['fs']):.2f}, median {statistics.median(cols['fs']):.2f} (target <= 1.10); "
           f"seen/steady: max {max(cols['ss']):.2f}; first/seen: max {max(cols['fn']):.2f}, "
           f"median {statistics.median(cols['fn']):.2f}; overhead per call: median "
