@@ -167,3 +167,26 @@ def test_a_model_whose_host_program_cannot_be_generated_runs_per_group_with_a_wa
     got = rt.run(inputs)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_the_fast_input_binder_agrees_with_bind_symbols_and_defers_its_errors(bert):
+    from tscomp.errors import ExecutionError
+    from tscomp.graph.reference import bind_symbols
+    from tscomp.runtime.binding import InputBinder
+
+    rt = Runtime(bert[0], warmup=False)
+    binder = InputBinder(rt.graph)
+    for batch, seq in BINDINGS:
+        inputs = _inputs(rt, batch, seq)
+        assert binder.bind(inputs) == bind_symbols(rt.graph, inputs, check_ranges=False) == \
+            {"batch": batch, "sequence": seq}
+    inputs = _inputs(rt, 2, 9)
+    bad_len = dict(inputs, token_type_ids=inputs["token_type_ids"][:, :5])
+    with pytest.raises(ExecutionError, match=r"token_type_ids.*axis 1 is 5.*sequence is already 9"):
+        binder.bind(bad_len)
+    with pytest.raises(ExecutionError, match="dtype int32"):
+        binder.bind(dict(inputs, input_ids=inputs["input_ids"].astype(np.int32)))
+    with pytest.raises(ExecutionError, match="missing input"):
+        binder.bind({k: v for k, v in inputs.items() if k != "attention_mask"})
+    as_lists = {k: v.tolist() for k, v in inputs.items()}     # not arrays: the general path
+    np.testing.assert_array_equal(rt.run(as_lists)["last_hidden_state"], rt.run(inputs)["last_hidden_state"])

@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from tscomp.errors import TscompError
@@ -138,13 +139,20 @@ def _openmp_runtime() -> ctypes.CDLL:
     return load_library(probe)
 
 
+_THREADS_SET = threading.local()
+
+
 def set_num_threads(n: int) -> None:
-    """Thread count of every OpenMP kernel in this process."""
+    """Thread count of the OpenMP kernels this thread calls (an OpenMP setting of the calling thread;
+    skipped when this thread last set the same count here: a request pays no ctypes call for it)."""
     if n < 1:
         raise ValueError(f"num_threads must be >= 1, got {n}")
+    if getattr(_THREADS_SET, "n", None) == n:
+        return
     f = _openmp_runtime().omp_set_num_threads
     f.argtypes, f.restype = [ctypes.c_int], None
     f(int(n))
+    _THREADS_SET.n = n
 
 
 def get_num_threads() -> int:

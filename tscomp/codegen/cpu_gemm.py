@@ -614,10 +614,10 @@ class GemmKernel:
         self.packed = prepack_weights(W, self.cfg)
 
     def set_num_threads(self, n: int) -> None:
-        """Set the OpenMP thread count used by this (and every) OpenMP kernel in the process."""
-        f = self._lib.omp_set_num_threads
-        f.argtypes, f.restype = [ctypes.c_int], None
-        f(int(n))
+        """Set the OpenMP thread count of this thread's kernels (one place sets it:
+        :func:`tscomp.codegen.build.set_num_threads`, which remembers the last count per thread)."""
+        from tscomp.codegen.build import set_num_threads
+        set_num_threads(n)
 
     def run(self, X: np.ndarray, *, out: np.ndarray | None = None, **arrays) -> np.ndarray:
         X = _check_array("X", X, np.float32, 2)

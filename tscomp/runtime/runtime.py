@@ -35,9 +35,10 @@ import numpy as np
 from tscomp.codegen.build import host_isa, set_num_threads
 from tscomp.compiler import CompiledModel, default_threads
 from tscomp.errors import ExecutionError, TscompError
-from tscomp.graph.reference import bind_symbols, materialize
+from tscomp.graph.reference import materialize
 from tscomp.runtime.artifact import ArtifactError, load_artifact
 from tscomp.graph.symbols import numel
+from tscomp.runtime.binding import InputBinder
 from tscomp.runtime.buffers import BufferPlan, MemoryPool
 from tscomp.runtime.dispatch import build_tables
 from tscomp.runtime.symbolic_buffers import SymbolicBufferPlan, SymbolicLifetime, plan_buffers_symbolic
@@ -139,6 +140,8 @@ class Runtime:
         self.target = model.target.with_threads(self.num_threads)
         self.allow_out_of_range = allow_out_of_range
         self._lock = threading.Lock()
+        self._binder = InputBinder(self.graph)
+        self._ranges = {i.name: (i.min, i.max) for i in self.graph.symbols.infos.values()}
         self._shapes: collections.OrderedDict[tuple, ShapePlan] = collections.OrderedDict()
         self._consts = self._static_constants()
         self._shape_only = self._shape_only_groups()
@@ -248,12 +251,13 @@ class Runtime:
     def _bind(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, int], bool]:
         if not isinstance(inputs, Mapping):
             raise ExecutionError(f"run() takes a dict of input name -> numpy array, got {type(inputs).__name__}")
-        binding = bind_symbols(self.graph, inputs, check_ranges=False)
+        binding = self._binder.bind(inputs)
         outside = []
+        ranges = self._ranges
         for sym, val in binding.items():
-            info = self.graph.symbols.get(sym)
-            if not info.min <= val <= info.max:
-                outside.append(f"{sym} = {val} (declared {info.min}:{info.max})")
+            lo, hi = ranges[sym]
+            if not lo <= val <= hi:
+                outside.append(f"{sym} = {val} (declared {lo}:{hi})")
         if outside and not self.allow_out_of_range:
             raise ExecutionError(f"input shape outside the compiled ranges: {', '.join(outside)}; recompile "
                                  f"with a wider --dim, or pass allow_out_of_range=True to run it on the "
