@@ -54,7 +54,7 @@ from tscomp.codegen.build import build_library, get_num_threads, load_library
 from tscomp.codegen.c_expr import PRELUDE, c_literal, c_symbol_name, delinearize, linearize, math_helpers
 from tscomp.codegen.cpu_gemm import _Vec, emit_accumulators
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
-from tscomp.codegen.kernel import NativeArg, NativeCall
+from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
 from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
                                    structural_signature)
 from tscomp.codegen.tile_config import (MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError,
@@ -975,8 +975,7 @@ class CompiledConv(PicklableKernel):
                 NativeArg("tensor", a.x_input, dtype="float32")
         H, W, OH, OW, PT, PL, _, _ = a.geo.runtime_expr(a.win, a.x_shape[2:])
         ints = [NativeArg("int", expr=e) for e in (a.x_shape[0], H, W, OH, OW, PT, PL)]
-        extra = [NativeArg("int", expr=info) if role == "symbol" else NativeArg("tensor", name, dtype=np.dtype(info).name)
-                 for role, name, _, info in a.arg_roles]
+        extra = args_by_role((role, name, info) for role, name, _, info in a.arg_roles)
         return NativeCall(self.func, (x, NativeArg("packed"), *ints, *extra))
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int],

@@ -66,7 +66,7 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, linearize
 from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, generate_gemm,
                                      prepack_weights)
-from tscomp.codegen.kernel import NativeArg, NativeCall
+from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
 from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
                                    structural_signature)
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block, _Row
@@ -790,8 +790,7 @@ class CompiledGemmGroup(PicklableKernel):
         else:
             x = NativeArg("view", self.a_input, views=tuple(reversed(self.a_chain)), dtype="float32")
         y = NativeArg("tensor", self.y_output, dtype="float32") if self.y_output is not None else NativeArg("scratch", expr=M * N * 4)
-        extra = [NativeArg("int", expr=info) if role == "symbol" else NativeArg("tensor", name, dtype=np.dtype(info).name)
-                 for role, name, info in self.arg_roles]
+        extra = args_by_role(self.arg_roles)
         return NativeCall(self.func, (x, NativeArg("packed"), y, NativeArg("int", expr=M), *extra), guard=M)
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:

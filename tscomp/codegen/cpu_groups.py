@@ -365,10 +365,7 @@ class GroupGenerator:
         self.fail(f"expression node {type(e).__name__} is not supported")
 
     def canon_view(self, e: View):
-        op = e.op
-        return dataclasses.replace(op, shape=self.shape(op.shape),
-                                   slices=tuple((a, self.canon(s), self.canon(t), self.canon(st))
-                                                for a, s, t, st in op.slices))
+        return e.op.canonical(self.canon)
 
     def const_value(self, e: Const, idx) -> str:
         val = np.asarray(e.value)

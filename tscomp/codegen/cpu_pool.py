@@ -34,7 +34,7 @@ from tscomp.codegen.c_expr import PRELUDE, c_symbol_name, delinearize, math_help
 from tscomp.codegen.cpu_conv import (WORKSPACE_C, Geometry2D, c_defines, output_buffers, param_of, strip_views,
                                      ts_macros, window_of)
 from tscomp.codegen.cpu_groups import PARALLEL_MIN_ELEMENTS, GroupGenerator, _Block
-from tscomp.codegen.kernel import NativeArg, NativeCall
+from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Input, Op, walk
@@ -355,9 +355,7 @@ class CompiledPool(PicklableKernel):
             geo = a.geo.runtime_expr(a.win, a.x_shape[2:])
             return NativeCall(self.func, (x, NativeArg("tensor", a.y_output, dtype="float32"),
                                           *[NativeArg("int", expr=e) for e in (a.x_shape[0], *geo)]))
-        return NativeCall(self.func, tuple(
-            NativeArg("int", expr=info) if role == "symbol" else NativeArg("tensor", name, dtype=np.dtype(info).name)
-            for role, name, _, info in self.analysis.arg_roles))
+        return NativeCall(self.func, args_by_role((role, name, info) for role, name, _, info in a.arg_roles))
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int],
             out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:

@@ -41,6 +41,14 @@ class NativeArg:
     dtype: str = "float32"
 
 
+def args_by_role(roles) -> tuple[NativeArg, ...]:
+    """The trailing arguments of the families whose analysis lists ``(role, name, info)``: a
+    ``symbol`` role passes ``info`` (its expression) as an int, any other role the tensor ``name``
+    (of dtype ``info``)."""
+    return tuple(NativeArg("int", expr=info) if role == "symbol" else NativeArg("tensor", name, dtype=np.dtype(info).name)
+                 for role, name, info in roles)
+
+
 @dataclass(frozen=True)
 class NativeCall:
     """A kernel's C call: entry point ``func`` with ``args``; made only when ``guard`` (an
@@ -102,4 +110,4 @@ class KernelBase:
             bind(lib)
 
 
-__all__ = ["Kernel", "KernelBase", "NativeArg", "NativeCall", "NotNativeError"]
+__all__ = ["Kernel", "KernelBase", "NativeArg", "NativeCall", "NotNativeError", "args_by_role"]

@@ -10,7 +10,7 @@ evaluates a chain with numpy at a concrete binding.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -26,6 +26,12 @@ class ViewOp:
     perm: tuple[int, ...] = ()     # permute
     #: slice: (axis, start, stop, step) per sliced axis, with ONNX/Python clamping semantics
     slices: tuple[tuple[int, Expr, Expr, Expr], ...] = ()
+
+    def canonical(self, canon: Callable[[Expr], Expr]) -> "ViewOp":
+        """This view with every size and slice bound passed through ``canon`` (the symbol table's
+        canonical form, so index maps built from it simplify against the symbol ranges)."""
+        return replace(self, shape=tuple(canon(d) for d in self.shape),
+                       slices=tuple((a, canon(s), canon(t), canon(st)) for a, s, t, st in self.slices))
 
     def describe(self) -> str:
         if self.kind == "permute":

@@ -13,8 +13,9 @@ model's symbols: ViT's QKV GEMM has one axis of at most 6,280 token counts, wher
 the host program (:mod:`tscomp.runtime.host_program`) computes it in C at compile time; the table
 is made at load because blocks per wave depend on the thread count the runtime is given. The
 cost of every variant is the makespan of its task classes (:func:`~tscomp.runtime.wave.cost_of`),
-vectorized over the key grid. A group without classes (Conv), or whose key grid exceeds
-:data:`MAX_GRID`, is picked per binding by the wave model (the runtime memoizes those picks).
+vectorized over the key grid. A group without classes (a kernel compiled before its family had
+them, :data:`~tscomp.runtime.wave.CLASSES_SINCE`), or whose key grid exceeds :data:`MAX_GRID`, is
+picked per binding by the wave model (the runtime memoizes those picks).
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def dispatch_key(variants: list, symtab) -> DispatchKey | None:
 
     try:
         for k in variants:
-            classes_fn(k)(k, record, 2)
+            classes_fn(k)(k, record, 2)       # any thread count: only which sizes are read matters
     except (TypeError, ValueError, AttributeError):
         return None
     exprs = sorted((e for e in seen if not e.is_Integer), key=sympy.default_sort_key)

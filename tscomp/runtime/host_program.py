@@ -30,14 +30,13 @@ in ``err[0..3]``, the variant in ``err[4]``); or -1 when the arena is smaller th
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 import sympy
 
-from tscomp.codegen.c_expr import PRELUDE, CPrinter, IndexContext, linearize, view_index
+from tscomp.codegen.c_expr import PRELUDE, CPrinter, IndexContext, compose, linearize
 from tscomp.codegen.kernel import NativeArg, NativeCall, NotNativeError
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.symbols import numel
@@ -219,16 +218,11 @@ class _Writer:
             return "const void*", f"t[{self.slot(group + f'/v{v}', 'packed', group=group, variant=v)}]"
         if a.kind == "scratch":
             return "void*", f"t[{self.arena(f'{group}/v{v}/scratch{j}', a.expr, step, step)}]"
-        if a.kind == "tensor":
-            v_ = self.graph.values[a.name]
-            if np.dtype(v_.dtype).name != a.dtype:
-                raise NotNativeError(f"group {group}: tensor {a.name} is {np.dtype(v_.dtype)}, the kernel "
-                                     f"takes {a.dtype}")
-            return "void*", f"t[{self.tensor_slot(a.name, step)}]"
-        if a.kind == "view":
-            if np.dtype(self.graph.values[a.name].dtype).name != a.dtype:
-                raise NotNativeError(f"group {group}: tensor {a.name} is not {a.dtype}")
-            if all(x.op.kind == "reshape" for x in a.views):    # the same memory, read in order
+        if a.kind in ("tensor", "view"):
+            have = np.dtype(self.graph.values[a.name].dtype)
+            if have.name != a.dtype:
+                raise NotNativeError(f"group {group}: tensor {a.name} is {have}, the kernel takes {a.dtype}")
+            if a.kind == "tensor" or all(x.op.kind == "reshape" for x in a.views):   # reshapes: same memory
                 return "void*", f"t[{self.tensor_slot(a.name, step)}]"
             return "void*", f"t[{self.view_copy(step, group, v, j, a, prep)}]"
         raise NotNativeError(f"group {group}: argument kind {a.kind!r}")
@@ -241,11 +235,8 @@ class _Writer:
         shape = tuple(canon(d) for d in outer.shape)
         ctx = IndexContext(self.symtab)
         idx = tuple(ctx.var(f"i{k}", d) for k, d in enumerate(shape))
-        cur = idx
-        for view in a.views:          # back from the consumer's index to the source tensor's
-            op = dataclasses.replace(view.op, shape=tuple(canon(d) for d in view.op.shape),
-                                     slices=tuple((ax, canon(s), canon(t), canon(st)) for ax, s, t, st in view.op.slices))
-            cur = tuple(ctx.simplify(x) for x in view_index(cur, op, [canon(d) for d in view.src.shape], ctx))
+        # back from the consumer's index to the source tensor's
+        cur = compose(idx, [(view.op.canonical(canon), [canon(d) for d in view.src.shape]) for view in a.views], ctx)
         src_shape = [canon(d) for d in self.graph.values[a.name].shape]
         ctype = C_TYPES.get(a.dtype)
         if ctype is None:

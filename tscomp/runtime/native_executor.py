@@ -30,10 +30,6 @@ ARENA_GRANULE = 1 << 20
 WARM_ARENA_CAP = 1 << 30
 
 
-def _address(arr: np.ndarray) -> int:
-    return arr.__array_interface__["data"][0]
-
-
 def _data_address(arr: np.ndarray) -> int:
     """Where a C-contiguous array's data starts; through ctypes' buffer view (a third of
     ``arr.ctypes.data``'s cost: this runs per input and output of every request), read-only
@@ -66,10 +62,10 @@ class NativeExecutor:
                 arr = np.ascontiguousarray(constants[slot.name] if slot.name in constants
                                            else self.graph.values[slot.name].const)
                 self._keep.append(arr)
-                self._base[k] = _address(arr)
+                self._base[k] = _data_address(arr)
             elif slot.kind == "packed":
                 packed = model.kernels[slot.group][slot.variant].packed
-                self._base[k] = _address(packed)
+                self._base[k] = _data_address(packed)
             elif slot.kind == "input":
                 self._inputs.append((slot.name, k))
             elif slot.kind == "output":
@@ -77,11 +73,9 @@ class NativeExecutor:
         self._fn = (ctypes.c_void_p * max(1, len(program.functions)))(
             *[ctypes.cast(model.kernels[g][v].fn, ctypes.c_void_p).value for g, v in program.functions])
         self._tables, self._picks, self._dynamic = self._dispatch(tables)
-        self._out_shapes = {name: (tuple(compile_int_expr(self.graph.symbols.canon(d)) for d in self.graph.values[name].shape),
-                                   np.dtype(self.graph.values[name].dtype)) for name in self.graph.outputs}
-        self._arena_shapes = {}
-        self._python_steps = {s.index: s for s in program.steps if not s.native}
-        self._numpy = any(self.model.kernels[s.group][0].target == "numpy" for s in self._python_steps.values())
+        self._shapes: dict[str, tuple] = {}
+        self._out_shapes = {name: self._shape_fns(name) for name in self.graph.outputs}
+        self._numpy = any(self.model.kernels[s.group][0].target == "numpy" for s in program.steps if not s.native)
         self._local = threading.local()
         self.last_kernel_seconds = 0.0
         self._computed_outputs = [n for n in self.graph.outputs if n in self.graph.inputs
@@ -103,7 +97,7 @@ class NativeExecutor:
                 picks[g] = 0
             elif usable:
                 self._keep.append(table.choice)
-                ptrs[g] = _address(table.choice)
+                ptrs[g] = _data_address(table.choice)
                 picks[g] = -1
             else:
                 dynamic.append((g, name))
@@ -122,7 +116,7 @@ class NativeExecutor:
 
     def arena_bytes(self, binding: Mapping[str, int]) -> int:
         sym = np.array([binding[s] for s in self.symbols] or [0], np.int64)
-        return int(self._arena_bytes(_address(sym)))
+        return int(self._arena_bytes(_data_address(sym)))
 
     def reserve(self, binding: Mapping[str, int]) -> None:
         """Give this thread an arena for ``binding`` (the top of the ranges at warm-up), touched
@@ -185,15 +179,20 @@ class NativeExecutor:
             sizes = ()
         return kernel.index_error(err[:4], sizes)
 
+    def _shape_fns(self, name: str) -> tuple:
+        """(compiled extent functions of a binding, dtype) of a graph tensor (made once)."""
+        got = self._shapes.get(name)
+        if got is None:
+            v = self.graph.values[name]
+            got = self._shapes[name] = (tuple(compile_int_expr(self.graph.symbols.canon(d)) for d in v.shape),
+                                        np.dtype(v.dtype))
+        return got
+
     # ------------------------------------------------------------ Python steps
     def _view(self, name: str, t, arena: np.ndarray, binding) -> np.ndarray:
-        fns = self._arena_shapes.get(name)
-        if fns is None:
-            v = self.graph.values[name]
-            fns = self._arena_shapes[name] = (tuple(compile_int_expr(self.graph.symbols.canon(d)) for d in v.shape),
-                                              np.dtype(v.dtype))
+        fns = self._shape_fns(name)
         shape = tuple(int(f(binding)) for f in fns[0])
-        off = int(t[self.program.slot_of[name]]) - _address(arena)
+        off = int(t[self.program.slot_of[name]]) - _data_address(arena)
         n = int(np.prod(shape, dtype=np.int64)) * fns[1].itemsize
         if not 0 <= off <= arena.nbytes - n:     # a pointer a Python step replaced (not in the arena)
             raise ExecutionError(f"tensor {name} is not in the arena")
@@ -228,7 +227,7 @@ class NativeExecutor:
             elif n in slot_of:
                 arr = np.ascontiguousarray(arr, dtype=self.graph.values[n].dtype)
                 keep.append(arr)
-                t[slot_of[n]] = _address(arr)
+                t[slot_of[n]] = _data_address(arr)
                 produced[n] = arr
 
 

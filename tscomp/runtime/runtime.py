@@ -196,8 +196,9 @@ class Runtime:
             env = group_inputs_at(self.plan, g, binding, rng)
             for k in variants:
                 k.run(env, binding)
-        self._shape_plan(binding)   # compiles every shape expression the planning evaluates
-        if self._native is not None:   # this thread's arena at the top of the ranges, touched;
+        if self._native is None:
+            self._shape_plan(binding)   # compiles every shape expression the planning evaluates
+        else:                          # this thread's arena at the top of the ranges, touched;
             self._native.reserve({i.name: i.max for i in self.graph.symbols.live_symbols()})
             with contextlib.suppress(TscompError):   # and the host program's own pages, once
                 self._native.run(random_inputs(self.graph, binding, rng), binding, self._pick)

@@ -216,13 +216,16 @@ class TeamPlacement:
         self._local = threading.local()
 
     def _team(self, n: int):
+        """This thread's team for ``n`` threads: ``tids`` (kernel thread ids, the caller first) and
+        ``size`` (how many the team really has), asked once per requested count."""
         st = self._local
-        if getattr(st, "n", None) != n:
+        if getattr(st, "requested", None) != n:
             import numpy as np
 
             st.tids = np.zeros(max(n, 1), np.int64)
-            st.n = _placement_library().tscomp_team_tids(st.tids.ctypes.data, n)
+            st.size = _placement_library().tscomp_team_tids(st.tids.ctypes.data, n)
             st.addr = st.tids.ctypes.data
+            st.requested = n
         return st
 
     def enter(self, n: int) -> bool:
@@ -232,17 +235,17 @@ class TeamPlacement:
             return False
         try:
             st = self._team(n)
-            placed = _placement_library().tscomp_place_workers(st.addr, st.n)
+            placed = _placement_library().tscomp_place_workers(st.addr, st.size)
         except OSError:
             return False
-        if placed < st.n - 1:          # a worker exited (the pool was rebuilt): ask again next time
-            st.n = None
+        if placed < st.size - 1:       # a worker exited (the pool was rebuilt): ask again next time
+            st.requested = None
         return placed > 0
 
     def exit(self, placed: bool) -> None:
         if placed:
             st = self._local
-            _placement_library().tscomp_release_workers(st.addr, len(st.tids))
+            _placement_library().tscomp_release_workers(st.addr, st.size)
         self._local.last_end = time.perf_counter()
 
 
