@@ -99,6 +99,61 @@ class IndexKernelWriter:
         """The OpenMP ``if`` clause of a loop over ``work`` elements."""
         return f" if(parallel: ({work}) > {min_work})"
 
+    # ------------------------------------------------------------------ loop structure
+    # The only target-specific part of a writer's output; the SIMT writer
+    # (:class:`tscomp.codegen.simt.index.SimtIndexWriter`) renders the same calls as grid-stride
+    # loops, a one-thread serial section and per-thread table rows.
+    def parallel_for(self, loops, *, work: str | None = None, min_work: int = PARALLEL_MIN, simd: bool = False,
+                     brace: bool = True) -> None:
+        """Open a loop nest whose iterations are independent: ``loops`` is ``[(var, extent), ...]``
+        (C), outermost first, collapsed into one parallel iteration space; ``work`` the element
+        count that decides whether threads are worth it (default: the extent of a single loop).
+        With ``brace`` the writer closes the nest with one ``}``; without, one statement follows."""
+        if work is None:
+            if len(loops) != 1:
+                raise ValueError("parallel_for over several loops needs its work count")
+            work = loops[0][1]
+        collapse = f" collapse({len(loops)})" if len(loops) > 1 else ""
+        self.emit(f"#pragma omp parallel for{' simd' if simd else ''}{collapse} schedule(static)"
+                  f"{self.parallel(work, min_work)}")
+        for k, (v, n) in enumerate(loops):
+            opener = " {" if brace and k == len(loops) - 1 else ""
+            self.emit(f"for (int64_t {v} = 0; {v} < {n}; ++{v}){opener}")
+
+    def serial(self):
+        """A section whose statements must run once, in order, after every earlier loop (a scatter
+        after its copy): plain sequential code here."""
+        return _NoSection()
+
+    def index_table(self, stem: str, rows: str, width: str, max_width: int | None, columns, head, body) -> "IndexTable":
+        """A table of a function of one index ``i`` in ``[0, rows)``: per row ``width`` entries of
+        each column ``(array, ctype, row pointer)``; ``head`` then ``body`` (C lines over ``i``)
+        fill one row through its row pointers. Here: built once per call into ``malloc``'d arrays
+        (freed by :meth:`free_table`). ``max_width`` bounds ``width`` when the compiler knows a
+        bound (the SIMT writer computes each thread's row into private arrays of that size)."""
+        for arr, ct, _ in columns:
+            self.emit(f"{ct} *{arr} = malloc(sizeof({ct}) * ({rows}) * {width});")
+        self.emit(f"for (int64_t i = 0; i < {rows}; ++i) {{")
+        for line in head:
+            self.emit("    " + line)
+        for arr, ct, ptr in columns:
+            self.emit(f"    {ct} *{ptr} = {arr} + i * {width};")
+        for line in body:
+            self.emit("    " + line)
+        self.emit("}")
+        return IndexTable(stem, rows, width, max_width, tuple(columns), tuple(head), tuple(body))
+
+    def table_row(self, table: "IndexTable", row: str, indent: str = "    ") -> None:
+        """Make row ``row`` of ``table`` readable through :meth:`IndexTable.at` (here: nothing to do)."""
+        table.row = row
+
+    def table_at(self, table: "IndexTable", column: str, j: str) -> str:
+        """Entry ``j`` of the current row (:meth:`table_row`) of ``column`` (C rvalue)."""
+        return f"{column}[{table.row} * {table.width} + {j}]"
+
+    def free_table(self, table: "IndexTable") -> None:
+        self.emit(" ".join(f"free({arr});" for arr, _, _ in table.columns))
+
     def const_ints(self, i: int) -> list[int] | None:
         """Input ``i``'s values when the compiler knows them as integers, else None."""
         a = self.op.args[i] if i < len(self.op.args) else None
@@ -197,6 +252,23 @@ class IndexKernelWriter:
         return Operand(a.dtype, shape, ct, name, val)
 
 
+class _NoSection:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class IndexTable:
+    """A writer's per-index table (:meth:`IndexKernelWriter.index_table`)."""
+
+    def __init__(self, stem, rows, width, max_width, columns, head, body):
+        self.stem, self.rows, self.width, self.max_width = stem, rows, width, max_width
+        self.columns, self.head, self.body = columns, head, body
+        self.row = "i"
+
+
 def _the_op(plan: Plan, group: Group) -> Op:
     ops = [e for e in walk(group.outputs.values()) if isinstance(e, Op)]
     nodes = {o.node for o in ops}
@@ -206,8 +278,9 @@ def _the_op(plan: Plan, group: Group) -> Op:
     return ops[0]
 
 
-def analyze_index_group(plan: Plan, group: Group) -> KernelSource:
-    """Analysis and source at once (one loop nest per op, nothing to configure)."""
+def write_index_op(plan: Plan, group: Group, writer=IndexKernelWriter) -> IndexKernelWriter:
+    """Run the group's one op's registry writer (``OpDef.c_kernel``) through a ``writer`` (this
+    module's C one or the SIMT one); "not mine" as :class:`UnsupportedOperatorError` naming the group."""
     with refusals_name_group(group.name):
         op = _the_op(plan, group)
         node = next(n for n in plan.graph.nodes if n.name == op.node)
@@ -215,29 +288,42 @@ def analyze_index_group(plan: Plan, group: Group) -> KernelSource:
         if opdef.c_kernel is None:
             raise UnsupportedOperatorError(f"{op.op_type} node {op.node!r}: no C kernel for this op "
                                            f"(OpDef.c_kernel)")
-        w = IndexKernelWriter(plan, group, op)
+        w = writer(plan, group, op)
         opdef.c_kernel(w)
-        return _source(w)
+        return w
 
 
-def _source(w: IndexKernelWriter) -> KernelSource:
+def analyze_index_group(plan: Plan, group: Group) -> KernelSource:
+    """Analysis and source at once (one loop nest per op, nothing to configure)."""
+    with refusals_name_group(group.name):
+        return _source(write_index_op(plan, group))
+
+
+def kernel_args(w: IndexKernelWriter) -> list[KernelArg]:
+    """The kernel's parameters after its writer ran: group inputs, group outputs, then the shape
+    symbols the body prints (the calling convention of every row/elementwise/index kernel)."""
     g = w.group
-    func = "tscomp_" + re.sub(r"\W", "_", g.name)
-    args, params = [], []
+    args = []
     inputs = {e.name: e for e in walk(g.outputs.values()) if isinstance(e, Input)}
     for name in g.inputs:
         e = inputs.get(name)
         v = e if e is not None else w.plan.graph.values[name]
         dtype, shape = np.dtype(v.dtype), tuple(w.canon(d) for d in v.shape)
         args.append(KernelArg("input", name, w.in_c[name], dtype, shape))
-        params.append(f"const {w._ctype(dtype)}* restrict {w.in_c[name]}")
     for name, e in g.outputs.items():
         args.append(KernelArg("output", name, w.out_c[name], np.dtype(e.dtype), tuple(w.canon(d) for d in e.shape)))
-        params.append(f"{w._ctype(e.dtype)}* restrict {w.out_c[name]}")
     for s in sorted((s for s in w.pr.used if s not in w.ctx.upper_bounds), key=lambda s: s.name):
-        cname = c_symbol_name(s.name)
-        args.append(KernelArg("symbol", s.name, cname, symbol=s))
-        params.append(f"int64_t {cname}")
+        args.append(KernelArg("symbol", s.name, c_symbol_name(s.name), symbol=s))
+    return args
+
+
+def _source(w: IndexKernelWriter) -> KernelSource:
+    g = w.group
+    func = "tscomp_" + re.sub(r"\W", "_", g.name)
+    args = kernel_args(w)
+    params = [f"const {w._ctype(a.dtype)}* restrict {a.cname}" if a.role == "input" else
+              f"{w._ctype(a.dtype)}* restrict {a.cname}" if a.role == "output" else f"int64_t {a.cname}"
+              for a in args]
     prelude = PRELUDE
     if w.index_checks:
         prelude = "#define TSCOMP_ERR_RECORD tscomp_err\n" + prelude
@@ -272,4 +358,5 @@ def link_index_kernel(source: KernelSource) -> CompiledGroup:
     return kernel
 
 
-__all__ = ["IndexKernelWriter", "Operand", "analyze_index_group", "link_index_kernel"]
+__all__ = ["IndexKernelWriter", "IndexTable", "Operand", "analyze_index_group", "kernel_args", "link_index_kernel",
+           "write_index_op"]

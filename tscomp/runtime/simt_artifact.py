@@ -6,8 +6,10 @@ Layout::
     model.tsc/
       manifest.json              format, archs, inputs/outputs, per group its variants: family,
                                  entry point, tile configuration, ptxas resources per architecture
-                                 (registers, shared bytes, spills), the analytic ranking (measured:
-                                 false); sha256 of every file and a digest over the manifest
+                                 (registers, shared bytes, spills), the schedule stage's provenance
+                                 (method analytic/single, measured: false) with the model's
+                                 prediction per variant and the group's analytic ranking; the
+                                 Schedules summary; sha256 of every file and a digest over it all
       plan.json + weights.bin    the Plan and the kernel objects as plain data (no pickle)
       kernels/model.<sm_XY>.cubin  one cubin per architecture (every kernel of the model)
       kernels/model.<compute_XY>.ptx  PTX for forward compatibility
@@ -44,7 +46,9 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _variant_entry(k, ranking) -> dict:
+def _variant_entry(k, sched=None, variant=None) -> dict:
+    """One kernel variant; ``sched``/``variant``: its group's GroupSchedule and ScheduledVariant
+    (provenance: method analytic/single, unmeasured; the analytic model's prediction)."""
     e = {"family": k.family, "target": k.target, "func": k.func}
     if k.target == "cuda":
         cfg = getattr(k, "cfg", None)
@@ -53,12 +57,26 @@ def _variant_entry(k, ranking) -> dict:
             e["tile_config_text"] = cfg.describe()
         e["resources"] = {arch: {name: r.to_json() for name, r in res.items()} for arch, res in k.ptxas.items()}
         e["launch"] = {kk: v for kk, v in k.resources().items() if kk in ("threads", "shared_bytes")}
-        e["schedule"] = {"method": "analytic" if ranking else "heuristic", "measured": False}
+        e["schedule"] = {"method": sched.method if sched is not None else "heuristic", "measured": False}
+        if variant is not None and variant.model is not None:
+            e["schedule"]["model"] = {kk: v for kk, v in variant.to_json().items() if kk not in ("config", "measured")}
         if k.family == "simt-gemm":
             e["paths"] = ["plain", "cp.async double-buffered (sm_80+)"] if cfg.async_copy else ["plain"]
     else:
         e["reasons"] = list(k.reasons)
     return e
+
+
+def _group_entry(model, g: str, vs: list) -> dict:
+    schedules = getattr(model, "schedules", None)
+    sched = schedules.groups.get(g) if schedules is not None else None
+    variants = sched.variants if sched is not None and len(sched.variants) == len(vs) else [None] * len(vs)
+    out = {"name": g, "variants": [_variant_entry(k, sched, v) for k, v in zip(vs, variants)]}
+    if sched is not None:
+        out["schedule"] = sched.provenance()
+    if g in model.ranking:
+        out["analytic_ranking"] = model.ranking[g]
+    return out
 
 
 def write_cuda_artifact(model, path) -> Path:
@@ -92,11 +110,11 @@ def write_cuda_artifact(model, path) -> Path:
         "inputs": [{"name": n, "dtype": str(np.dtype(graph.values[n].dtype)),
                     "shape": [str(d) for d in graph.values[n].shape]} for n in graph.inputs],
         "outputs": [{"name": n, "shape": [str(d) for d in graph.values[n].shape]} for n in graph.outputs],
-        "groups": [{"name": g, "variants": [_variant_entry(k, model.ranking.get(g)) for k in vs],
-                    **({"analytic_ranking": model.ranking[g]} if g in model.ranking else {})}
-                   for g, vs in model.kernels.items()],
+        "groups": [_group_entry(model, g, vs) for g, vs in model.kernels.items()],
         "notes": list(model.notes), "compile_seconds": round(model.compile_seconds, 2), "files": shas,
     }
+    if getattr(model, "schedules", None) is not None:
+        manifest["schedules"] = model.schedules.to_json()
     manifest["digest"] = _sha(json.dumps(manifest, sort_keys=True).encode())
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
     if path.exists():

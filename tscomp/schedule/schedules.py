@@ -13,7 +13,10 @@ configurations, each with its times at the sample shapes, and where they came fr
   L=512);
 * ``record``    — reused from a tuning record (same family, group signature and target);
 * ``heuristic`` — the family's hardware-aligned candidates, untuned (``--no-tune``);
-* ``single``    — the family has nothing to configure (row and elementwise loop nests).
+* ``single``    — the family has nothing to configure (row and elementwise loop nests);
+* ``analytic``  — a target that is not present (a CUDA architecture, :func:`schedule_analytic`):
+  the family's configurations ranked by the analytic model (:mod:`tscomp.schedule.gpu_space`),
+  never measured; each kept variant carries the model's prediction.
 
 Groups with the same signature (BERT's 12 identical layers) are tuned once and share the result.
 The kept set is *diverse*: greedily, the configuration that most reduces the summed log-loss against
@@ -49,8 +52,14 @@ class ScheduledVariant:
     config: TileConfig | None
     samples: list[Sample] | None = None    # measured while tuning; None: measure before dispatch
     value: float | None = None             # the objective (geometric mean seconds) if tuned
+    #: a target that is not present (GPU): the analytic model's prediction instead of measurements
+    #: (occupancy, blocks per wave, estimated resources, predicted cycles per sample extent)
+    model: dict | None = None
 
     def to_json(self) -> dict:
+        if self.model is not None:
+            return {"config": None if self.config is None else self.config.to_json(), "measured": False,
+                    **self.model}
         out: dict[str, Any] = {"config": None if self.config is None else vars(self.config).copy()}
         if self.value is not None:
             out["objective_us"] = round(self.value * 1e6, 3)
@@ -68,6 +77,11 @@ class GroupSchedule:
     space_size: int = 0
     seconds: float = 0.0
     shared_with: str | None = None         # the group whose tuning this one reuses
+    measured: bool = True                  # False: ranked by a model (method "analytic"), never timed
+    #: analytic schedules: the next-ranked configurations, best first (a variant the build rejects,
+    #: e.g. for spilling registers, is replaced by the first that fits), and the top of the ranking
+    reserve: list[ScheduledVariant] = field(default_factory=list)
+    ranking: list[dict] = field(default_factory=list)
 
     def provenance(self) -> dict:
         out = {"method": self.method, "signature": self.signature, "trials": self.trials}
@@ -75,6 +89,8 @@ class GroupSchedule:
             out["space_size"] = self.space_size
         if self.shared_with:
             out["tuned_on"] = self.shared_with
+        if not self.measured:
+            out["measured"] = False
         return out
 
 
@@ -162,6 +178,62 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
         if measurer is not None:
             measurer.close()
     return Schedules(target, out, objective, time.perf_counter() - t0)
+
+
+def schedule_analytic(plan: Plan, choices: dict, target: Target, max_variants: int = 2,
+                      reserve: int = 40) -> Schedules:
+    """The schedule stage for a target that is not present to measure on (``target.measurable`` is
+    False: a CUDA architecture here), TSCompiler §5.1/§6 without a GPU, FTuner §III-IV: per group the
+    family's analytic space (``choice.family.space(analysis, target)``, e.g.
+    :class:`~tscomp.schedule.gpu_space.GpuGemmSpace`; None for a family with nothing to configure)
+    ranks its configurations with the cost model; the schedule keeps ``space.variants(max_variants)``
+    (the best-ranked plus per-sample winners), each with the model's prediction, and the next
+    ``reserve`` ranked ones for the build to fall back on. Method ``analytic``, ``measured`` False.
+    Groups with the same signature share one ranking. ``choices``: group name -> an object with
+    ``group``, ``family`` (``name``, ``space``; None: no family) and ``analysis``."""
+    if target.measurable:
+        raise ScheduleError(f"schedule_analytic ranks for a target that cannot be measured; {target.key()} can be "
+                            f"(use schedule_plan)")
+    t0 = time.perf_counter()
+    out: dict[str, GroupSchedule] = {}
+    ranked: dict[str, GroupSchedule] = {}
+    for name, choice in choices.items():
+        fam = choice.family
+        if fam is None:
+            out[name] = GroupSchedule(name, "numpy", "-", "fallback", [ScheduledVariant(None)], measured=False)
+            continue
+        space = fam.space(choice.analysis, target) if fam.space is not None else None
+        if space is None:
+            out[name] = GroupSchedule(name, fam.name, "-", "single", [ScheduledVariant(None)], measured=False)
+            continue
+        sig = _signature(choice)
+        first = ranked.get(sig)
+        if first is not None:
+            out[name] = GroupSchedule(name, fam.name, sig, "analytic", list(first.variants), 0, first.space_size,
+                                      shared_with=first.group, measured=False, reserve=list(first.reserve),
+                                      ranking=first.ranking)
+            continue
+        t1 = time.perf_counter()
+        order = space.rank()
+        if not order:
+            raise ScheduleError(f"group {name}: the {fam.name} space on {target.key()} has no feasible configuration")
+        by_tile = {r.tile: r for r in order}
+        picks = space.variants(max_variants)
+        samples = space.samples()
+
+        def variant(tile, by_tile=by_tile, space=space, samples=samples):
+            r = by_tile[tile]
+            model = {k: v for k, v in r.to_json().items() if k not in ("tile", "measured")}
+            model["predicted_cycles"] = {str(m): round(space.cost(tile, m), 1) for m in samples}
+            return ScheduledVariant(tile, model=model)
+        sched = GroupSchedule(name, fam.name, sig, "analytic", [variant(t) for t in picks], 0, len(order),
+                              time.perf_counter() - t1, measured=False,
+                              reserve=[variant(r.tile) for r in order[:reserve] if r.tile not in picks],
+                              ranking=[r.to_json() for r in order[:5]])
+        ranked[sig] = sched
+        out[name] = sched
+    return Schedules(target, out, "analytic cost model (cycles) over the samples of each group's dynamic extent",
+                     time.perf_counter() - t0)
 
 
 def _signature(choice) -> str:
@@ -280,4 +352,4 @@ def _remember(records, sched: GroupSchedule, target: Target, objective: str) -> 
 
 
 __all__ = ["DEFAULT_SECONDS", "DEFAULT_TRIALS", "GroupSchedule", "ScheduleError", "ScheduledVariant", "Schedules",
-           "TuningOptions", "diverse_set", "schedule_plan"]
+           "TuningOptions", "diverse_set", "schedule_analytic", "schedule_plan"]

@@ -40,17 +40,22 @@ def test_artifact_holds_cubins_ptx_and_resources_per_arch(artifact):
     for g in man["groups"]:
         for v in g["variants"]:
             families.add(v["family"])
-            if v["family"] == "numpy":      # only shape-value groups (Range of the sequence length)
-                assert g["name"].endswith("opaque"), g
-                continue
+            assert v["family"] != "numpy", g   # every group a SIMT kernel (the position Range: simt-index)
             assert v["schedule"]["measured"] is False
             for arch in ("sm_80", "sm_90"):
                 res = v["resources"][arch][v["func"]]
                 assert 0 < res["registers"] <= 255 and res["spill_stores"] == 0 and res["spill_loads"] == 0
-            if v["family"] == "simt-gemm":
+            if v["family"] == "simt-gemm":   # variants from the schedule stage's analytic ranking
                 assert v["resources"]["sm_80"][v["func"]]["shared_bytes"] == v["launch"]["shared_bytes"]
                 assert g["analytic_ranking"][0]["method"] == "analytic"
+                assert g["schedule"]["method"] == v["schedule"]["method"] == "analytic"
+                assert g["schedule"]["measured"] is False and 0 < v["schedule"]["model"]["occupancy"] <= 1
+                assert v["schedule"]["model"]["predicted_cycles"]
+            else:
+                assert g["schedule"]["method"] == "single"
     assert {"simt-gemm", "simt-batched-gemm", "simt-row-or-elementwise"} <= families
+    assert man["schedules"]["target"]["key"] == "cuda-sm_80" and man["schedules"]["target"]["measurable"] is False
+    assert man["schedules"]["methods"]["analytic"] >= 1
 
 
 @pytest.mark.models
@@ -112,9 +117,11 @@ def test_every_tiny_model_compiles_for_cuda_and_matches_onnxruntime_on_opencl(ex
     ranges = symbol_ranges(family)
     compiled = compile_cuda(str(model), [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()])
     assert not any(b.spills for b in compiled.builds.values())
-    for g, vs in compiled.kernels.items():    # only shape-value groups (Range) and ViT's position Resize
-        if vs[0].family == "numpy":
-            assert {o.op_type for o in vs[0].group.ops()} <= {"Range", "Resize"}, g
+    # every group a SIMT kernel: ViT's bicubic position Resize and the Range over a shape value too
+    assert not [(g, vs[0].reasons) for g, vs in compiled.kernels.items() if vs[0].family == "numpy"]
+    if family == "vit":
+        assert any(vs[0].family == "simt-index" and "ONNX op: Resize" in vs[0].source
+                   for vs in compiled.kernels.values())
     rt = load_cuda_artifact(write_cuda_artifact(compiled, tmp_path / "m.tsc"))
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(11)

@@ -1,5 +1,7 @@
 """Compiling a Plan for the CUDA target (TSCompiler §5, §6 without a GPU): every group gets its
-SIMT family's kernel (GEMM groups: the analytic ranking's variants, :mod:`tscomp.schedule.gpu_space`),
+SIMT family's kernel; configurable families (GEMM) get their variants from the schedule stage
+(:func:`tscomp.schedule.schedules.schedule_analytic` on the CUDA :class:`~tscomp.schedule.target.Target`:
+the analytic ranking of :mod:`tscomp.schedule.gpu_space`, method "analytic", unmeasured),
 all kernels go into one CUDA translation unit (one prelude; each group's body in its own C++
 namespace, entry points ``extern "C"``) built by nvcc into a cubin per architecture plus PTX, with
 ptxas resources recorded per kernel and architecture. A GEMM variant that spills is rejected (the
@@ -33,17 +35,10 @@ class CudaCompiled:
     ptx_arch: str = ""
     source: str = ""                   # the translation unit
     ranking: dict = field(default_factory=dict)  # group -> top analytic rankings (unmeasured)
+    schedules: object = None           # the schedule stage's Schedules (method "analytic", unmeasured)
     notes: list = field(default_factory=list)
     compile_seconds: float = 0.0
     dims: list = field(default_factory=list)
-
-
-@functools.lru_cache(maxsize=64)
-def _ranked(K: int, N: int, arch: str, lo: int, hi: int, k: int, tf32: bool = False):
-    from tscomp.schedule.gpu_space import GpuGemmSpace
-    space = GpuGemmSpace(K, N, cuda(arch), (lo, hi), tf32=tf32)
-    ranked = space.rank()
-    return space.variants(k), tuple(r.to_json() for r in ranked[:5]), tuple(r.tile for r in ranked[:40])
 
 
 def _m_range(analysis) -> tuple[int, int]:
@@ -53,59 +48,146 @@ def _m_range(analysis) -> tuple[int, int]:
     return lo, max(lo, hi)
 
 
-def _gemm_variants(plan, group, arch, k, ranking, tf32=False):
+@functools.lru_cache(maxsize=64)
+def _gemm_space_cached(K: int, N: int, target, lo: int, hi: int, tf32: bool):
+    from tscomp.schedule.gpu_space import GpuGemmSpace
+    return GpuGemmSpace(K, N, target, (lo, hi), tf32=tf32)
+
+
+@dataclass(frozen=True)
+class SimtCompileFamily:
+    """A SIMT family as the CUDA compile sees it (DESIGN.md "Kernel family"): ``analyze`` (plan,
+    group) -> analysis or UnsupportedOperatorError; ``space`` (analysis, target, tf32) -> the
+    analytic search space the schedule stage ranks (None: nothing to configure); ``build``
+    (analysis, configuration or None) -> the executor."""
+    name: str
+    kinds: tuple
+    analyze: object
+    build: object
+    space: object = None
+
+
+def _gemm_analyze(plan, group):
     from tscomp.codegen.cpu_gemm_group import GemmGroupAnalysis
+    return GemmGroupAnalysis(plan, group)
+
+
+def _gemm_build(an, tile):
     from tscomp.codegen.simt.gemm_group import SimtGemmGroup
-    an = GemmGroupAnalysis(plan, group)
-    variants, top, reserve = _ranked(an.K, an.N, arch, *_m_range(an), k, tf32)
-    ranking[group.name] = list(top)
-    kernels = [SimtGemmGroup(an, t) for t in variants]
-    for k_ in kernels:
-        k_.reserve = [t for t in reserve if t not in variants]
-    return kernels
+    return SimtGemmGroup(an, tile)
 
 
-def _one(build):
-    return lambda plan, group, arch, k, ranking, tf32=False: [build(plan, group)]
+def _gemm_space(an, target, tf32=False):
+    return _gemm_space_cached(an.K, an.N, target, *_m_range(an), tf32)
 
 
-def _batched(plan, group):
+def _batched_analyze(plan, group):
     from tscomp.codegen.cpu_batched_gemm import BatchedGemmAnalysis
+    return BatchedGemmAnalysis(plan, group)
+
+
+def _batched_build(an, tile):
     from tscomp.codegen.simt.batched import SimtBatchedGemm
-    return SimtBatchedGemm(BatchedGemmAnalysis(plan, group))
+    return SimtBatchedGemm(an) if tile is None else SimtBatchedGemm(an, tile)
 
 
-def _conv(plan, group):
+def _conv_analyze(plan, group):
     from tscomp.codegen.cpu_conv import ConvAnalysis
+    return ConvAnalysis(plan, group)
+
+
+def _conv_build(an, tile):
     from tscomp.codegen.simt.conv import SimtConv
-    return SimtConv(ConvAnalysis(plan, group))
+    return SimtConv(an) if tile is None else SimtConv(an, tile)
 
 
-def _rows(plan, group):
-    from tscomp.codegen.simt.groups import SimtGroup, simt_group_source
-    return SimtGroup(simt_group_source(plan, group))
+def _rows_analyze(plan, group):
+    from tscomp.codegen.simt.groups import simt_group_source
+    return simt_group_source(plan, group)
 
 
-#: (family, group kinds, variants builder), tried in order
-FAMILIES = (("simt-gemm", ("gemm",), _gemm_variants), ("simt-batched-gemm", ("gemm",), _one(_batched)),
-            ("simt-conv", ("gemm",), _one(_conv)),
-            ("simt-row-or-elementwise", ("elementwise", "reduce"), _one(_rows)))
+def _rows_build(src, _tile):
+    from tscomp.codegen.simt.groups import SimtGroup
+    return SimtGroup(src)
 
 
-def choose_kernels(plan: Plan, arch: str, max_variants: int, ranking: dict, tf32: bool = False) -> dict:
+def _index_analyze(plan, group):
+    from tscomp.codegen.simt.index import simt_index_source
+    return simt_index_source(plan, group)
+
+
+def _index_build(src, _tile):
+    from tscomp.codegen.simt.index import SimtIndexGroup
+    return SimtIndexGroup(src)
+
+
+#: tried in order; the first whose analysis accepts a group compiles it
+FAMILIES = (SimtCompileFamily("simt-gemm", ("gemm",), _gemm_analyze, _gemm_build, _gemm_space),
+            SimtCompileFamily("simt-batched-gemm", ("gemm",), _batched_analyze, _batched_build),
+            SimtCompileFamily("simt-conv", ("gemm",), _conv_analyze, _conv_build),
+            SimtCompileFamily("simt-row-or-elementwise", ("elementwise", "reduce"), _rows_analyze, _rows_build),
+            SimtCompileFamily("simt-index", ("opaque", "reduce"), _index_analyze, _index_build))
+
+
+_FAMILY = {f.name: f for f in FAMILIES}
+
+
+@dataclass
+class _ScheduleFamily:
+    """What the schedule stage reads of a family: its name and its analytic space for a target."""
+    name: str
+    space: object
+
+
+@dataclass
+class SimtChoice:
+    """Which SIMT family took a group, with its analysis, or why none did (the schedule stage's input)."""
+    group: object
+    compile_family: SimtCompileFamily | None
+    analysis: object = None
+    reasons: list = field(default_factory=list)
+    tf32: bool = False
+
+    @property
+    def family(self):
+        f = self.compile_family
+        if f is None:
+            return None
+        space = None if f.space is None else (lambda an, target, _s=f.space: _s(an, target, self.tf32))
+        return _ScheduleFamily(f.name, space)
+
+
+def choose_families(plan: Plan, tf32: bool = False) -> dict[str, SimtChoice]:
     out = {}
     for g in plan.groups:
         reasons = []
-        for name, kinds, build in FAMILIES:
-            if g.kind not in kinds:
+        for fam in FAMILIES:
+            if g.kind not in fam.kinds:
                 continue
             try:
-                out[g.name] = build(plan, g, arch, max_variants, ranking, tf32)
+                out[g.name] = SimtChoice(g, fam, fam.analyze(plan, g), tf32=tf32)
                 break
             except UnsupportedOperatorError as exc:
-                reasons.append(f"{name}: {exc}")
+                reasons.append(f"{fam.name}: {exc}")
         else:
-            out[g.name] = [InterpretedGroup(plan, g, reasons or [f"no SIMT macro-kernel family for {g.kind} groups"])]
+            out[g.name] = SimtChoice(g, None, reasons=reasons or [f"no SIMT macro-kernel family for {g.kind} groups"])
+    return out
+
+
+def kernels_for(plan: Plan, choices: dict, schedules) -> dict:
+    """Each group's executors for its scheduled variants (the numpy fallback where no family took it);
+    analytic variants carry the schedule's reserve for the build's spill rejection."""
+    out = {}
+    for name, choice in choices.items():
+        if choice.compile_family is None:
+            out[name] = [InterpretedGroup(plan, choice.group, choice.reasons)]
+            continue
+        sched = schedules.groups[name]
+        ks = [choice.compile_family.build(choice.analysis, v.config) for v in sched.variants]
+        if sched.reserve:
+            for k in ks:
+                k.reserve = [v for v in sched.reserve if v.config not in {x.config for x in sched.variants}]
+        out[name] = ks
     return out
 
 
@@ -130,7 +212,6 @@ def _spilling(build: CudaBuild) -> set:
 
 def build_all(model: CudaCompiled) -> None:
     """nvcc the translation unit per architecture; replace spilling GEMM variants (reject, re-rank)."""
-    from tscomp.codegen.simt.gemm_group import SimtGemmGroup
     for _attempt in range(4):
         model.source = translation_unit(model.kernels)
         model.builds = {arch: compile_cubin(model.source, arch) for arch in model.archs}
@@ -141,13 +222,20 @@ def build_all(model: CudaCompiled) -> None:
             for i, k in enumerate(variants):
                 if k.func not in spills:
                     continue
-                if not isinstance(k, SimtGemmGroup) or not k.reserve:
+                reserve = k.__dict__.get("reserve") or []
+                if not reserve:
                     raise TscompError(f"group {g}: kernel {k.func} spills registers on "
                                       f"{[a for a, b in model.builds.items() if k.func in _spilling(b)]}")
                 model.notes.append(f"group {g}: rejected {k.cfg.slug()} (spills); next in the ranking")
-                repl = SimtGemmGroup(k.analysis, k.reserve[0])
-                repl.reserve = k.reserve[1:]
+                taken = {v.cfg for v in variants}
+                reserve = [v for v in reserve if v.config not in taken]
+                repl = _FAMILY[k.family].build(k.analysis, reserve[0].config)
+                repl.reserve = reserve[1:]
                 variants[i] = repl
+                sched = model.schedules.groups.get(g) if model.schedules is not None else None
+                if sched is not None:     # the schedule records what was built
+                    sched.variants = list(sched.variants)
+                    sched.variants[i] = reserve[0]
     else:
         raise TscompError("kernels still spill after re-ranking")
     for variants in model.kernels.values():
@@ -169,9 +257,12 @@ def compile_cuda_plan(plan: Plan, archs=DEFAULT_ARCHS, *, max_variants: int = 2,
     archs = tuple(archs)
     for a in archs:
         cuda(a)     # unknown architectures are refused by name
-    ranking: dict = {}
-    kernels = choose_kernels(plan, archs[0], max_variants, ranking, tf32)
-    model = CudaCompiled(plan, kernels, archs, ranking=ranking)
+    from tscomp.schedule.schedules import schedule_analytic
+    choices = choose_families(plan, tf32)
+    # the schedule stage ranks for the first architecture (the wave model's and the PTX's)
+    schedules = schedule_analytic(plan, choices, cuda(archs[0]), max_variants)
+    ranking = {name: list(s.ranking) for name, s in schedules.groups.items() if s.ranking}
+    model = CudaCompiled(plan, kernels_for(plan, choices, schedules), archs, ranking=ranking, schedules=schedules)
     build_all(model)
     model.compile_seconds = time.perf_counter() - t0
     return model
@@ -187,7 +278,8 @@ def compile_cuda(model_path: str, dims=(), archs=DEFAULT_ARCHS, *, max_variants:
     return model
 
 
-__all__ = ["CudaCompiled", "DEFAULT_ARCHS", "build_all", "choose_kernels", "compile_cuda", "compile_cuda_command", "compile_cuda_plan",
+__all__ = ["CudaCompiled", "DEFAULT_ARCHS", "FAMILIES", "SimtChoice", "SimtCompileFamily", "build_all",
+           "choose_families", "compile_cuda", "kernels_for", "compile_cuda_command", "compile_cuda_plan",
            "translation_unit"]
 
 

@@ -14,6 +14,9 @@ vocabulary             CUDA                            OpenCL C
 ``TS_DEVICE``          ``static __device__ inline``    ``static inline``
 ``TS_RESTRICT``        ``__restrict__``                ``restrict``
 ``TS_BARRIER()``       ``__syncthreads()``             ``barrier(CLK_LOCAL_MEM_FENCE)``
+``TS_BARRIER_GLOBAL()`` ``__syncthreads()``            ``barrier(CLK_GLOBAL_MEM_FENCE |
+                       (orders the block's global      CLK_LOCAL_MEM_FENCE)``
+                       writes too)
 ``TS_BLOCK(d)``        ``blockIdx.{x,y,z}``            ``get_group_id(d)``
 ``TS_THREAD(d)``       ``threadIdx.{x,y,z}``           ``get_local_id(d)``
 ``TS_NBLOCKS(d)``      ``gridDim.{x,y,z}``             ``get_num_groups(d)``
@@ -73,6 +76,7 @@ CUDA_PRELUDE = r"""/* ---- CUDA prelude ---- */
 #define TS_DEVICE static __device__ __forceinline__
 #define TS_RESTRICT __restrict__
 #define TS_BARRIER() __syncthreads()
+#define TS_BARRIER_GLOBAL() __syncthreads()
 #define TS_DIM_0 x
 #define TS_DIM_1 y
 #define TS_DIM_2 z
@@ -127,6 +131,7 @@ typedef uchar uint8_t;
 #define TS_DEVICE static inline
 #define TS_RESTRICT restrict
 #define TS_BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
+#define TS_BARRIER_GLOBAL() barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE)
 #define TS_BLOCK(d) ((int64_t)get_group_id(d))
 #define TS_THREAD(d) ((int64_t)get_local_id(d))
 #define TS_NBLOCKS(d) ((int64_t)get_num_groups(d))

@@ -6,6 +6,8 @@ whole-Plan executor on a SIMT device (DESIGN.md "Kernel family", "runtime": open
     simt-batched-gemm         two activation operands (QKᵀ, PV), prologue while staging
     simt-conv                 Conv as an implicit GEMM, im2col gathered while staging
     simt-row-or-elementwise   elementwise/injective groups and row reductions
+    simt-index                one opaque index op (Resize, CumSum, Range, Pad, Scatter*, ...) from
+                              the op's registry writer (:mod:`.index`)
 
 A group none accepts runs on the numpy fallback with every family's reason (the same rule as the
 CPU target). :func:`simt_kernels` builds nothing but text; :func:`build_cuda` compiles every
@@ -53,11 +55,17 @@ def _rows(plan, group, tile):
     return SimtGroup(simt_group_source(plan, group))
 
 
+def _index(plan, group, tile):
+    from tscomp.codegen.simt.index import SimtIndexGroup, simt_index_source
+    return SimtIndexGroup(simt_index_source(plan, group))
+
+
 SIMT_FAMILIES: tuple[SimtFamily, ...] = (
     SimtFamily("simt-gemm", ("gemm",), _gemm),
     SimtFamily("simt-batched-gemm", ("gemm",), _batched),
     SimtFamily("simt-conv", ("gemm",), _conv),
     SimtFamily("simt-row-or-elementwise", ("elementwise", "reduce"), _rows),
+    SimtFamily("simt-index", ("opaque", "reduce"), _index),
 )
 
 

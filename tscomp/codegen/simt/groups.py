@@ -222,6 +222,7 @@ class SimtGroupSource:
     scratch_len: object = None
     coop: bool = False        # one work-group per row (else one thread per row)
     rows: object = 1          # number of rows (symbolic)
+    one_group: bool = False   # the whole kernel is one work-group (an index kernel's serial section)
 
 
 def simt_group_source(plan: Plan, group: Group) -> SimtGroupSource:
@@ -303,7 +304,9 @@ class SimtGroup(KernelBase):
         if self.source_info.checks_indices:
             err = Buffer(np.zeros(4, np.int64), upload=True, download=True)
             args.append(err)
-        if self.src.coop:   # one work-group per row: rows = the smallest output (a row statistic or rows x len)
+        if getattr(self.src, "one_group", False):
+            launch = Launch(self.func, (1, 1, 1), (BLOCK, 1, 1), args)
+        elif self.src.coop:   # one work-group per row: rows = the smallest output (a row statistic or rows x len)
             rows = int(sympy.sympify(self.src.rows).xreplace(subs))
             launch = Launch(self.func, (max(1, min(rows, MAX_BLOCKS)), 1, 1), (BLOCK, 1, 1), args)
         else:

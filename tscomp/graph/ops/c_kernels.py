@@ -9,11 +9,18 @@ The writer gives operands (``w.arg(i)``, ``w.out(k)``) with their C element type
 and flat loads (``x.at(off)``), shape expressions printed as C (``w.c``, ``w.numel``), compile-time
 integer inputs (``w.const_ints``), element literals, range-checked data-dependent indices
 (``w.index``: ``ts_index`` with the kernel's error record, so a bad index becomes
-:class:`~tscomp.errors.IndexOutOfRangeError` naming node, input, value and position) and the
-OpenMP condition of a loop over ``n`` elements (``w.parallel(n)``). Loops are written out in C
-over ``int64_t``; shapes enter as kernel arguments, so one kernel serves every binding.
+:class:`~tscomp.errors.IndexOutOfRangeError` naming node, input, value and position). Loops are
+written out in C over ``int64_t``; shapes enter as kernel arguments, so one kernel serves every
+binding. The loop *structure* goes through the writer, the one part that differs per target:
+``w.parallel_for`` (independent iterations: OpenMP here, a grid-stride loop in the SIMT writer),
+``w.serial()`` (statements that run once, in order, after the earlier loops) and
+``w.index_table`` / ``w.table_row`` / ``w.table_at`` (a table of a function of one output index:
+built once per call here, computed per thread on a GPU) — so the same writer is also the CUDA
+target's kernel (:mod:`tscomp.codegen.simt.index`, TSCompiler §5).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import sympy
@@ -42,9 +49,7 @@ def cumsum_c(w) -> None:
     rev, exc = bool(w.attr("reverse", 0)), bool(w.attr("exclusive", 0))
     w.emit(f"/* CumSum over axis {a}{' reversed' if rev else ''}{' exclusive' if exc else ''}: "
            f"[{outer}] lines x [{n}] x [{inner}] */")
-    w.emit(f"#pragma omp parallel for collapse(2) schedule(static){w.parallel(f'({outer}) * ({inner})', 64)}")
-    w.emit(f"for (int64_t o = 0; o < {outer}; ++o)")
-    w.emit(f"for (int64_t q = 0; q < {inner}; ++q) {{")
+    w.parallel_for([("o", outer), ("q", inner)], work=f"({outer}) * ({inner})", min_work=64)
     w.emit(f"    {y.ctype} acc = 0;")
     w.emit(f"    for (int64_t t = 0; t < {n}; ++t) {{")
     w.emit(f"        const int64_t p = (o * ({n}) + {f'({n}) - 1 - t' if rev else 't'}) * ({inner}) + q;")
@@ -65,8 +70,7 @@ def range_c(w) -> None:
     start, delta = w.arg(0).at("0"), w.arg(2).at("0")
     n = w.c(y.shape[0])
     w.emit(f"/* Range: [{n}] elements start + i * delta */")
-    w.emit(f"#pragma omp parallel for simd schedule(static){w.parallel(n)}")
-    w.emit(f"for (int64_t i = 0; i < {n}; ++i)")
+    w.parallel_for([("i", n)], simd=True, brace=False)
     w.emit(f"    {y.at('i')} = ({y.ctype})({start} + ({y.ctype})i * {delta});")
 
 
@@ -75,8 +79,7 @@ def constant_of_shape_c(w) -> None:
     value = w.literal(_fill_value(w.attr)[0], y.dtype)
     n = w.numel(y.shape)
     w.emit(f"/* ConstantOfShape: [{n}] elements = {value} */")
-    w.emit(f"#pragma omp parallel for simd schedule(static){w.parallel(n)}")
-    w.emit(f"for (int64_t i = 0; i < {n}; ++i)")
+    w.parallel_for([("i", n)], simd=True, brace=False)
     w.emit(f"    {y.at('i')} = {value};")
 
 
@@ -94,9 +97,7 @@ def _arg_c(better: str):
         take = f"v {better} best || v == best || v != v" if last else f"v {better} best || (v != v && best == best)"
         w.emit(f"/* {w.op_type} over axis {a} ({'last' if last else 'first'} index): "
                f"[{outer}] x [{n}] x [{inner}] */")
-        w.emit(f"#pragma omp parallel for collapse(2) schedule(static){w.parallel(f'({outer}) * ({n}) * ({inner})')}")
-        w.emit(f"for (int64_t o = 0; o < {outer}; ++o)")
-        w.emit(f"for (int64_t q = 0; q < {inner}; ++q) {{")
+        w.parallel_for([("o", outer), ("q", inner)], work=f"({outer}) * ({n}) * ({inner})")
         w.emit("    int64_t bi = 0;")
         w.emit(f"    if ({n} > 0) {{")
         w.emit(f"        {x.ctype} best = {x.at(f'o * ({n}) * ({inner}) + q')};")
@@ -119,8 +120,7 @@ assert set(SCATTER_UPDATES) == set(SCATTER_REDUCTIONS)
 
 def _copy(w, src, dst) -> None:
     n = w.numel(dst.shape)
-    w.emit(f"#pragma omp parallel for simd schedule(static){w.parallel(n)}")
-    w.emit(f"for (int64_t p = 0; p < {n}; ++p)")
+    w.parallel_for([("p", n)], simd=True, brace=False)
     w.emit(f"    {dst.at('p')} = {src.at('p')};")
 
 
@@ -145,20 +145,21 @@ def scatter_elements_c(w) -> None:
     # index p over the indices' shape, the data offset with the axis coordinate replaced
     dims = [w.c(d) for d in ind.shape]
     strides = [w.numel(data.shape[k + 1:]) for k in range(r)]
-    w.emit("{")
-    w.emit("    int64_t p = 0;")
-    for k in range(r):
-        w.emit("    " * (k + 1) + f"for (int64_t c{k} = 0; c{k} < {dims[k]}; ++c{k})")
-    body = "    " * (r + 1)
-    w.emit(body[:-4] + "{")
-    k_c = w.index(ind.at("p"), w.c(data.shape[a]), 1, "p")
-    w.emit(body + f"const int64_t k = {k_c};")
-    off = " + ".join(f"{'k' if k == a else f'c{k}'} * ({strides[k]})" for k in range(r))
-    w.emit(body + f"const int64_t d = {off};")
-    w.emit(body + update.format(d=y.at("d"), u=upd.at("p")))
-    w.emit(body + "++p;")
-    w.emit(body[:-4] + "}")
-    w.emit("}")
+    with w.serial():
+        w.emit("{")
+        w.emit("    int64_t p = 0;")
+        for k in range(r):
+            w.emit("    " * (k + 1) + f"for (int64_t c{k} = 0; c{k} < {dims[k]}; ++c{k})")
+        body = "    " * (r + 1)
+        w.emit(body[:-4] + "{")
+        k_c = w.index(ind.at("p"), w.c(data.shape[a]), 1, "p")
+        w.emit(body + f"const int64_t k = {k_c};")
+        off = " + ".join(f"{'k' if k == a else f'c{k}'} * ({strides[k]})" for k in range(r))
+        w.emit(body + f"const int64_t d = {off};")
+        w.emit(body + update.format(d=y.at("d"), u=upd.at("p")))
+        w.emit(body + "++p;")
+        w.emit(body[:-4] + "}")
+        w.emit("}")
 
 
 def scatter_nd_c(w) -> None:
@@ -174,16 +175,17 @@ def scatter_nd_c(w) -> None:
     rows, piece = w.numel(ind.shape[:-1]), w.numel(data.shape[q:])
     w.emit(f"/* ScatterND: copy data, then [{rows}] index tuples of length {q}, slices of [{piece}] */")
     _copy(w, data, y)
-    w.emit(f"for (int64_t r = 0; r < {rows}; ++r) {{")
-    terms = []
-    for j in range(q):
-        g = w.index(ind.at(f"r * {q} + {j}"), w.c(data.shape[j]), 1, f"r * {q} + {j}")
-        w.emit(f"    const int64_t g{j} = {g};")
-        terms.append(f"g{j} * ({w.numel(data.shape[j + 1:])})")
-    w.emit(f"    const int64_t base = {' + '.join(terms) or '0'};")
-    w.emit(f"    for (int64_t e = 0; e < {piece}; ++e)")
-    w.emit("        " + update.format(d=y.at("base + e"), u=upd.at(f"r * ({piece}) + e")))
-    w.emit("}")
+    with w.serial():
+        w.emit(f"for (int64_t r = 0; r < {rows}; ++r) {{")
+        terms = []
+        for j in range(q):
+            g = w.index(ind.at(f"r * {q} + {j}"), w.c(data.shape[j]), 1, f"r * {q} + {j}")
+            w.emit(f"    const int64_t g{j} = {g};")
+            terms.append(f"g{j} * ({w.numel(data.shape[j + 1:])})")
+        w.emit(f"    const int64_t base = {' + '.join(terms) or '0'};")
+        w.emit(f"    for (int64_t e = 0; e < {piece}; ++e)")
+        w.emit("        " + update.format(d=y.at("base + e"), u=upd.at(f"r * ({piece}) + e")))
+        w.emit("}")
 
 
 # =========================================================================== Resize
@@ -252,6 +254,7 @@ def resize_c(w) -> None:
     antialias = bool(w.attr("antialias", 0)) and mode != "nearest"
     exclude = bool(w.attr("exclude_outside", 0))
     a_coef = float(w.attr("cubic_coeff_a", -0.75))
+    tables = {}
     for k, a in resized:
         if sizes is None:
             scale = f"(double)({scales.at(str(k))})"
@@ -268,40 +271,38 @@ def resize_c(w) -> None:
             w.emit(f"const double st{a} = {'s%d < 1 ? s%d : 1.0' % (a, a) if antialias else '1.0'};")
             w.emit(f"const int64_t t0{a} = (int64_t)floor(-{radius}.0 / st{a}) + 1;")
             w.emit(f"const int64_t nt{a} = 2 - 2 * t0{a};")
-        w.emit(f"int64_t *ia{a} = malloc(sizeof(int64_t) * ({os_[k]}) * nt{a});")
-        w.emit(f"double *wa{a} = malloc(sizeof(double) * ({os_[k]}) * nt{a});")
-        w.emit(f"for (int64_t i = 0; i < {os_[k]}; ++i) {{")
-        w.emit(f"    const double y = (double)i, s = s{a}, n = (double)({ns[k]}), o = (double)({os_[k]});")
-        w.emit(f"    const double x = {RESIZE_COORDS[coord]};")
-        w.emit(f"    int64_t *ix = ia{a} + i * nt{a};")
-        w.emit(f"    double *wx = wa{a} + i * nt{a};")
+        head = [f"const double y = (double)i, s = s{a}, n = (double)({ns[k]}), o = (double)({os_[k]});",
+                f"const double x = {RESIZE_COORDS[coord]};"]
         if mode == "nearest":
-            w.emit(f"    ix[0] = (int64_t)({RESIZE_ROUNDING[_str_attr(w, 'nearest_mode', 'round_prefer_floor')]});")
-            w.emit("    wx[0] = 1.0;")
+            body = [f"ix[0] = (int64_t)({RESIZE_ROUNDING[_str_attr(w, 'nearest_mode', 'round_prefer_floor')]});",
+                    "wx[0] = 1.0;"]
+            max_width = 1
         else:
-            w.emit("    const double base = ceil(x) - 1;")
-            w.emit(f"    const double a = {a_coef!r};")
-            w.emit("    double total = 0;")
-            w.emit(f"    for (int64_t j = 0; j < nt{a}; ++j) {{")
-            w.emit(f"        const double t = fabs(((double)(t0{a} + j) - (x - base)) * st{a});")
-            w.emit(f"        ix[j] = (int64_t)base + t0{a} + j;")
-            w.emit(f"        wx[j] = {RESIZE_KERNELS[mode][1]};")
-            w.emit("        total += wx[j];")
-            w.emit("    }")
+            body = ["const double base = ceil(x) - 1;",
+                    f"const double a = {a_coef!r};",
+                    "double total = 0;",
+                    f"for (int64_t j = 0; j < nt{a}; ++j) {{",
+                    f"    const double t = fabs(((double)(t0{a} + j) - (x - base)) * st{a});",
+                    f"    ix[j] = (int64_t)base + t0{a} + j;",
+                    f"    wx[j] = {RESIZE_KERNELS[mode][1]};",
+                    "    total += wx[j];",
+                    "}"]
             if antialias:
-                w.emit(f"    for (int64_t j = 0; j < nt{a}; ++j) wx[j] /= total;")
+                body.append(f"for (int64_t j = 0; j < nt{a}; ++j) wx[j] /= total;")
+            max_width = _resize_taps(radius, const_scales[k] if const_scales is not None and sizes is None else None,
+                                     antialias)
         if exclude:
-            w.emit("    double kept = 0;")
-            w.emit(f"    for (int64_t j = 0; j < nt{a}; ++j) {{ if (ix[j] < 0 || ix[j] >= ({ns[k]})) wx[j] = 0; "
-                   "kept += wx[j]; }")
-            w.emit(f"    if (kept != 0) for (int64_t j = 0; j < nt{a}; ++j) wx[j] /= kept;")
-        w.emit(f"    for (int64_t j = 0; j < nt{a}; ++j) ix[j] = ix[j] < 0 ? 0 : (ix[j] >= ({ns[k]}) ? ({ns[k]}) - 1 : ix[j]);")
-        w.emit("}")
+            body.append("double kept = 0;")
+            body.append(f"for (int64_t j = 0; j < nt{a}; ++j) {{ if (ix[j] < 0 || ix[j] >= ({ns[k]})) wx[j] = 0; "
+                        "kept += wx[j]; }")
+            body.append(f"if (kept != 0) for (int64_t j = 0; j < nt{a}; ++j) wx[j] /= kept;")
+        body.append(f"for (int64_t j = 0; j < nt{a}; ++j) ix[j] = ix[j] < 0 ? 0 : (ix[j] >= ({ns[k]}) ? ({ns[k]}) - 1 : ix[j]);")
+        tables[a] = w.index_table(str(a), os_[k], f"nt{a}", max_width,
+                                  [(f"ia{a}", "int64_t", "ix"), (f"wa{a}", "double", "wx")], head, body)
     total = w.numel(y.shape)
     out_dims = [w.c(d) for d in y.shape]
     x_strides = [w.numel(x.shape[d + 1:]) for d in range(r)]
-    w.emit(f"#pragma omp parallel for schedule(static){w.parallel(total, 4096)}")
-    w.emit(f"for (int64_t p = 0; p < {total}; ++p) {{")
+    w.parallel_for([("p", total)], min_work=4096)
     w.emit("    int64_t rest = p;")
     for d in reversed(range(r)):
         w.emit(f"    const int64_t c{d} = rest % ({out_dims[d]}); rest /= ({out_dims[d]});")
@@ -309,12 +310,14 @@ def resize_c(w) -> None:
     fixed = " + ".join(f"c{d} * ({x_strides[d]})" for d in range(r) if d not in moved)
     w.emit(f"    const int64_t fixed = {fixed or '0'};")
     w.emit("    double acc = 0;")
+    for _, a in resized:
+        w.table_row(tables[a], f"c{a}")
     depth, weight, off = 1, "1.0", "fixed"
     for _, a in resized:
         w.emit("    " * depth + f"for (int64_t j{a} = 0; j{a} < nt{a}; ++j{a}) {{")
         depth += 1
-        w.emit("    " * depth + f"const double w{a} = {weight} * wa{a}[c{a} * nt{a} + j{a}];")
-        w.emit("    " * depth + f"const int64_t f{a} = {off} + ia{a}[c{a} * nt{a} + j{a}] * ({x_strides[a]});")
+        w.emit("    " * depth + f"const double w{a} = {weight} * {w.table_at(tables[a], f'wa{a}', f'j{a}')};")
+        w.emit("    " * depth + f"const int64_t f{a} = {off} + {w.table_at(tables[a], f'ia{a}', f'j{a}')} * ({x_strides[a]});")
         weight, off = f"w{a}", f"f{a}"
     w.emit("    " * depth + f"acc += {weight} * (double){x.at(off)};")
     for _ in resized:
@@ -323,7 +326,18 @@ def resize_c(w) -> None:
     w.emit(f"    {y.at('p')} = ({y.ctype})acc;")
     w.emit("}")
     for _, a in resized:
-        w.emit(f"free(ia{a}); free(wa{a});")
+        w.free_table(tables[a])
+
+
+def _resize_taps(radius: int, scale: float | None, antialias: bool) -> int | None:
+    """Taps per output index of a linear/cubic axis (the kernel's ``nt``): ``2 * radius``, or with
+    antialias and a compile-time downscale the stretched support; None when only run time knows."""
+    if not antialias:
+        return 2 * radius
+    if scale is None or scale <= 0:
+        return None
+    st = scale if scale < 1 else 1.0
+    return 2 - 2 * (math.floor(-radius / st) + 1)
 
 
 # =========================================================================== Pad, Trilu, OneHot, EyeLike
@@ -337,8 +351,7 @@ def _coords(w, shape, flat: str = "p") -> None:
 def _each_element(w, shape, what: str) -> None:
     n = w.numel(shape)
     w.emit(f"/* {what}: one output element per iteration over [{', '.join(w.c(d) for d in shape)}] */")
-    w.emit(f"#pragma omp parallel for schedule(static){w.parallel(n)}")
-    w.emit(f"for (int64_t p = 0; p < {n}; ++p) {{")
+    w.parallel_for([("p", n)])
     _coords(w, shape)
 
 
