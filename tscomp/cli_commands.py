@@ -80,16 +80,19 @@ def tuning_options(args, quiet: bool = False):
 
 
 def compile_to(model: str, dims: list[str], output: str, *, variants: int, threads: int | None,
-               quiet: bool = False, tuning=None, embed_source: bool = False):
-    """Compile ``model`` and write the artifact; returns (artifact path, CompiledModel)."""
+               quiet: bool = False, tuning=None, embed_source: bool = False, precision: str = "fp32"):
+    """Compile ``model`` (its GEMMs at ``precision``) and write the artifact; returns (artifact path,
+    CompiledModel)."""
     from tscomp.compiler import compile_model
     from tscomp.runtime.artifact import write_artifact
 
     if not Path(model).is_file():
         raise TscompError(f"{model}: no such model file")
+    from tscomp.schedule.target import check_precision, host_cpu
+    check_precision(precision, host_cpu().spec)     # a CPU without avx512_bf16: refused before any work
     log = None if quiet else (lambda line: print(f"tuned {line}", file=sys.stderr))
     compiled = compile_model(model, dims, max_variants=variants, threads=threads, tuning=tuning, log=log,
-                             progress=None if quiet else Progress("compiling groups"))
+                             progress=None if quiet else Progress("compiling groups"), precision=precision)
     if tuning is not None and tuning.records is not None and tuning.records.path is not None:
         tuning.records.save()
     compiled.notes.append(f"source sha256 {file_sha256(Path(model))}")
@@ -105,6 +108,9 @@ def _summary(compiled, path: Path) -> list[str]:
     lines = [f"wrote {path} ({size / 1e6:.1f} MB): {len(compiled.plan.groups)} groups, {n_var} kernel variants, "
              f"{compiled.compile_seconds:.1f}s; kernels by family: "
              + ", ".join(f"{k} {v}" for k, v in sorted(fams.items())),
+             f"precision: {compiled.target.precision}"
+             + (" (constant-weight GEMMs in bf16 with fp32 accumulation; attention GEMMs, Conv and every other "
+                "op in fp32)" if compiled.target.precision == "bf16" else ""),
              f"schedules ({compiled.target.describe()}): {compiled.config_source}"
              + (f", {compiled.schedules.seconds:.0f}s" if compiled.schedules is not None else "")]
     host = json.loads((path / "manifest.json").read_text()).get("host")
@@ -122,11 +128,14 @@ def _summary(compiled, path: Path) -> list[str]:
 
 def cmd_compile(args) -> int:
     if getattr(args, "target", "cpu") == "cuda":
+        if args.precision != "fp32":
+            raise TscompError(f"--precision {args.precision} is implemented for --target cpu only")
         from tscomp.codegen.simt.compile import compile_cuda_command
         print("\n".join(compile_cuda_command(args.model, args.dim, args.output, args.arch or None)))
         return 0
     path, compiled = compile_to(args.model, args.dim, args.output, variants=args.variants, threads=args.threads,
-                                tuning=tuning_options(args), embed_source=args.embed_source)
+                                tuning=tuning_options(args), embed_source=args.embed_source,
+                                precision=args.precision)
     print("\n".join(_summary(compiled, path)))
     print(f"artifact digest {json.loads((path / 'manifest.json').read_text())['digest']} "
           f"(Runtime(path, expected_digest=...) accepts only this artifact)")
@@ -178,13 +187,14 @@ def _artifact_for_bench(args) -> Path:
     out = Path(args.artifact or src.with_suffix(".tsc"))
     try:
         mf = read_manifest(out)
-        if mf.get("dims") == list(args.dim) and f"source sha256 {file_sha256(src)}" in mf.get("notes", []):
+        if mf.get("dims") == list(args.dim) and f"source sha256 {file_sha256(src)}" in mf.get("notes", []) \
+                and mf.get("precision", "fp32") == args.precision:
             print(f"using the compiled artifact {out}", file=sys.stderr)
             return out
     except ArtifactError:
         pass
     path, compiled = compile_to(str(src), args.dim, str(out), variants=args.variants, threads=args.threads,
-                                tuning=tuning_options(args))
+                                tuning=tuning_options(args), precision=args.precision)
     print("\n".join(_summary(compiled, path)), file=sys.stderr)
     return path
 
@@ -287,7 +297,11 @@ def add_commands(sub, add_dim_flag) -> None:
 
 def _add_tuning_flags(p) -> None:
     from tscomp.schedule.schedules import DEFAULT_SECONDS, DEFAULT_TRIALS
+    from tscomp.schedule.target import PRECISIONS
 
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="GEMM precision: fp32 (default) or bf16 (constant-weight GEMMs on AVX512_BF16 with fp32 "
+                        "accumulation; every other op stays fp32; needs a CPU with avx512_bf16)")
     p.add_argument("--no-tune", action="store_true",
                    help="skip the tile search: the families' hardware-aligned heuristic configurations")
     p.add_argument("--budget", metavar="N|Ns|N,Ss",

@@ -79,16 +79,18 @@ def default_threads() -> int:
 
 def compile_model(model_path: str, dims: Sequence[DimSpec | str] = (), *, tuning: TuningOptions | None = None,
                   max_variants: int = DEFAULT_VARIANTS, threads: int | None = None, target: Target | None = None,
-                  progress: Progress | None = None, log: Callable[[str], None] | None = None) -> CompiledModel:
+                  progress: Progress | None = None, log: Callable[[str], None] | None = None,
+                  precision: str | None = None) -> CompiledModel:
     """Compile an ONNX model. ``tuning`` None: the families' heuristic configurations (no tuning);
-    pass :class:`~tscomp.schedule.schedules.TuningOptions` to tune."""
+    pass :class:`~tscomp.schedule.schedules.TuningOptions` to tune. ``precision`` (``fp32`` |
+    ``bf16``; None: the target's, fp32 by default) sets ``Target.precision``."""
     t0 = time.perf_counter()
     graph = load_model(model_path, dims)
     require_resolved_shapes(graph)
     refuse_data_dependent_shapes(graph)
     plan = fuse(graph)
     model = compile_plan(plan, tuning=tuning, max_variants=max_variants, threads=threads, target=target,
-                         progress=progress, log=log, source_model=str(model_path), t0=t0)
+                         progress=progress, log=log, source_model=str(model_path), t0=t0, precision=precision)
     model.dims = [d.text if isinstance(d, DimSpec) else str(d) for d in dims]
     return model
 
@@ -96,9 +98,11 @@ def compile_model(model_path: str, dims: Sequence[DimSpec | str] = (), *, tuning
 def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variants: int = DEFAULT_VARIANTS,
                  threads: int | None = None, target: Target | None = None, progress: Progress | None = None,
                  log: Callable[[str], None] | None = None, source_model: str = "",
-                 t0: float | None = None) -> CompiledModel:
+                 t0: float | None = None, precision: str | None = None) -> CompiledModel:
     t0 = time.perf_counter() if t0 is None else t0
     target = target or host_cpu(threads)
+    if precision is not None:
+        target = target.with_precision(precision)     # TargetError when this CPU cannot run it
     if target.name != "cpu":
         from tscomp.errors import TscompError
         raise TscompError(f"target {target.key()}: only the cpu target compiles kernels in this tscomp "

@@ -41,6 +41,20 @@ statistics, then the normalized row) when a task owns whole rows (``nc`` >= padd
 split over tasks (more tasks for small M), it runs once all tiles are stored, in parallel over row
 chunks after the task loop's barrier — and ``a_prologue`` — C that computes the A operand into X (a caller-provided scratch)
 before the tiles start (prologue ops fused before the GEMM).
+
+Precision (issue 13; TSCompiler §5.4 reaches its GPU results with reduced-precision TensorCore
+GEMMs, this is the CPU's counterpart). ``precision="fp32"`` is everything above. ``precision="bf16"``
+(AVX-512 with AVX512_BF16 only) keeps the tiling, padding, accumulators, partial sums and epilogue
+exactly as they are and changes only the operands of the inner product: W is packed as bfloat16
+(round to nearest even) in *pairs along K* -- the VDPBF16PS layout: one 32-bit lane holds
+``(W[k, j], W[k+1, j])``, low half the even k -- so a K block of ``kl`` rows becomes ``ceil(kl/2)``
+pair-rows of ``nr`` lanes (an odd K is zero-padded by one row); the X panel is converted to bf16
+pairs while it is packed (``_mm512_cvtne2ps_pbh``/``_mm512_cvtneps_pbh``, round to nearest even,
+an odd tail zero-padded); the micro-kernel's k loop steps by 2 and issues one
+``_mm512_dpbf16_ps(acc, broadcast x pair, w pair vector)`` where fp32 issues two FMAs.
+Accumulation stays float32 (each bf16 x bf16 product is exact in fp32; VDPBF16PS rounds each
+accumulation to nearest even and treats bf16 denormals as zero). K blocks other than the last
+are rounded up to an even depth (the register tile's K step is 2).
 """
 from __future__ import annotations
 
@@ -56,6 +70,8 @@ from tscomp.codegen.tile_config import VECTOR_WIDTH, TileConfig, TileConfigError
 from tscomp.errors import TscompError
 
 ISA_RANK = {"scalar": 0, "avx2": 1, "avx512": 2}
+#: inner-product precisions of the generated GEMM (see the module docstring)
+PRECISIONS = ("fp32", "bf16")
 
 
 class GemmError(TscompError, ValueError):
@@ -181,6 +197,31 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+def check_precision(precision: str, isa: str | None = None) -> str:
+    """``precision`` if the GEMM generator supports it on ``isa``; else :class:`GemmError`."""
+    if precision not in PRECISIONS:
+        raise GemmError(f"unknown GEMM precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    if precision == "bf16" and isa is not None and isa != "avx512":
+        raise GemmError(f"bf16 GEMM kernels need AVX-512 with AVX512_BF16 (VDPBF16PS); not implemented for {isa}")
+    return precision
+
+
+def to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest even (NaN stays a quiet NaN):
+    what ``_mm512_cvtneps_pbh`` computes, for the weights packed here and for reference results."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(np.asarray(a, dtype=np.float32))
+    if nan.any():
+        rounded[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return rounded
+
+
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    """``a`` rounded to the nearest bfloat16 (to nearest even), as float32."""
+    return (to_bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
+
+
 @dataclass(frozen=True)
 class _Geometry:
     """Static extents of one generated kernel (the config clamped to the problem)."""
@@ -192,14 +233,25 @@ class _Geometry:
     NR: int
     MC: int
     NC: int      # min(nc, NP)
-    KC: int      # min(kc, K)
+    KC: int      # min(kc, K); bf16: rounded up to even when K takes several blocks
+    precision: str = "fp32"
 
     @staticmethod
-    def of(cfg: TileConfig, K: int, N: int) -> "_Geometry":
+    def of(cfg: TileConfig, K: int, N: int, precision: str = "fp32") -> "_Geometry":
         if not (isinstance(K, int) and isinstance(N, int) and K >= 1 and N >= 1):
             raise GemmError(f"GEMM extents must be positive ints, got K={K!r}, N={N!r}")
+        check_precision(precision)
         NP = _round_up(N, cfg.nr)
-        return _Geometry(K=K, N=N, NP=NP, MR=cfg.mr, NR=cfg.nr, MC=cfg.mc, NC=min(cfg.nc, NP), KC=min(cfg.kc, K))
+        KC = min(cfg.kc, K)
+        if precision == "bf16":
+            KC = min(_round_up(KC, 2), K)      # the K step is 2: only the last K block may be odd
+        return _Geometry(K=K, N=N, NP=NP, MR=cfg.mr, NR=cfg.nr, MC=cfg.mc, NC=min(cfg.nc, NP), KC=KC,
+                         precision=precision)
+
+    @property
+    def KP(self) -> int:
+        """K as packed: fp32 K; bf16 K rounded up to even (the last pair of an odd K is zero-padded)."""
+        return self.K if self.precision == "fp32" else _round_up(self.K, 2)
 
     @property
     def n_nblocks(self) -> int:
@@ -210,23 +262,27 @@ class _Geometry:
         return -(-self.K // self.KC)
 
 
-def packed_size(cfg: TileConfig, K: int, N: int) -> int:
-    """Number of floats :func:`prepack_weights` produces."""
-    g = _Geometry.of(cfg, K, N)
-    return g.K * g.NP
+def packed_size(cfg: TileConfig, K: int, N: int, precision: str = "fp32") -> int:
+    """Number of elements (floats; bf16: uint16) :func:`prepack_weights` produces."""
+    g = _Geometry.of(cfg, K, N, precision)
+    return g.KP * g.NP
 
 
-def prepack_weights(W: np.ndarray, cfg: TileConfig) -> np.ndarray:
+def prepack_weights(W: np.ndarray, cfg: TileConfig, precision: str = "fp32") -> np.ndarray:
     """W[K, N] → the flat, 64-byte-aligned float32 panel layout the kernel streams.
 
     Columns are zero-padded up to a multiple of ``nr`` here, once, at compile time (local
-    padding: the micro-kernel then never tests column bounds).
+    padding: the micro-kernel then never tests column bounds). ``precision="bf16"``: uint16
+    bfloat16 bit patterns in the pair layout of the module docstring (per K block, per panel,
+    per pair of rows, ``nr`` lanes of ``(W[k, j], W[k+1, j])``; an odd last block zero-padded).
     """
     W = np.asarray(W)
     if W.ndim != 2:
         raise GemmError(f"weight must be 2-D [K, N], got shape {W.shape}")
     K, N = W.shape
-    g = _Geometry.of(cfg, int(K), int(N))
+    g = _Geometry.of(cfg, int(K), int(N), precision)
+    if precision == "bf16":
+        return _prepack_bf16(W, g)
     padded = np.zeros((K, g.NP), np.float32)
     padded[:, :N] = W
     out = _aligned_empty(g.K * g.NP)
@@ -243,18 +299,37 @@ def prepack_weights(W: np.ndarray, cfg: TileConfig) -> np.ndarray:
     return out
 
 
-def _aligned_empty(n: int, align: int = 64) -> np.ndarray:
-    raw = np.empty(n * 4 + align, np.uint8)
+def _prepack_bf16(W: np.ndarray, g: _Geometry) -> np.ndarray:
+    padded = np.zeros((g.KP, g.NP), np.uint16)
+    padded[:g.K, :g.N] = to_bf16_bits(W)
+    out = _aligned_empty(g.KP * g.NP, dtype=np.uint16)
+    pos = 0
+    for j0 in range(0, g.NP, g.NC):
+        nw = min(g.NC, g.NP - j0)
+        for k0 in range(0, g.K, g.KC):
+            kl2 = _round_up(min(g.KC, g.K - k0), 2)          # rows past K are the zero pad row
+            block = padded[k0:k0 + kl2, j0:j0 + nw]           # [kl2, nw]
+            pairs = block.reshape(kl2 // 2, 2, nw // g.NR, g.NR).transpose(2, 0, 3, 1)  # [panel, q, nr, 2]
+            out[pos:pos + kl2 * nw] = pairs.reshape(-1)
+            pos += kl2 * nw
+    assert pos == out.size
+    return out
+
+
+def _aligned_empty(n: int, align: int = 64, dtype=np.float32) -> np.ndarray:
+    item = np.dtype(dtype).itemsize
+    raw = np.empty(n * item + align, np.uint8)
     offset = (-raw.ctypes.data) % align
-    return raw[offset:offset + n * 4].view(np.float32)
+    return raw[offset:offset + n * item].view(dtype)
 
 
 def aligned_copy(a: np.ndarray, align: int = 64) -> np.ndarray:
-    """``a`` (float32) in a buffer starting on an ``align``-byte boundary: packed weight panels are
-    streamed in whole cache lines, and a panel split across lines costs up to 2x on small M."""
+    """``a`` (float32, or bf16 panels as uint16) in a buffer starting on an ``align``-byte boundary:
+    packed weight panels are streamed in whole cache lines, and a panel split across lines costs up
+    to 2x on small M."""
     if a.ctypes.data % align == 0:
         return a
-    out = _aligned_empty(a.size, align).reshape(a.shape)
+    out = _aligned_empty(a.size, align, dtype=a.dtype).reshape(a.shape)
     out[...] = a
     return out
 
@@ -295,11 +370,15 @@ def _c_name(name: str) -> str:
 
 
 def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue | None = None,
-                  name: str = "tscomp_gemm") -> str:
+                  name: str = "tscomp_gemm", precision: str = "fp32") -> str:
     """C source of the macro-kernel ``void name(const float* X, const float* Wpacked, float* Y,
-    int64_t M, <epilogue args>)`` for ``Y[M, N] = epilogue(X[M, K] · W[K, N])``."""
+    int64_t M, <epilogue args>)`` for ``Y[M, N] = epilogue(X[M, K] · W[K, N])``; with
+    ``precision="bf16"`` Wpacked holds :func:`prepack_weights`'s bf16 pairs (the pointer type stays
+    ``const float*`` so every caller's prototype is the same) and the inner product is VDPBF16PS."""
     cfg.validate(isa)
-    g = _Geometry.of(cfg, K, N)
+    check_precision(precision, isa)
+    g = _Geometry.of(cfg, K, N, precision)
+    bf16 = precision == "bf16"
     name = _c_name(name)
     epi_params = "".join(f", {a.c_param()}" for a in epilogue.args) if epilogue else ""
     epi_names = "".join(f", {a.name}" for a in epilogue.args) if epilogue else ""
@@ -315,6 +394,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
  *   Y[M, N] = epilogue(X[M, K] . W[K, N]),  K = {K}, N = {N} static, M dynamic (argument)
  *
  * ISA:        {isa} ({vw} float{'s' if vw > 1 else ''} per vector{', FMA intrinsics' if isa != 'scalar' else ', portable C'})
+ * Precision:  {_precision_text(g)}
  * Tiles:      {cfg.describe()}
  *             (TSCompiler 5.1: <T_Mb,T_Nb,T_Kb> = <{g.MC},{g.NC},{g.KC}> one OpenMP task per Mb x Nb block;
  *              <T_Mi,T_Ni> = <{g.MR},{g.NR}> accumulators held in registers over each Kb step)
@@ -337,7 +417,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
 #define NR  {g.NR}
 #define MC  {g.MC}
 #define NC  {g.NC}
-#define KC  {g.KC}
+#define KC  {g.KC}{_bf16_defines(g) if bf16 else ''}
 #define N_NBLOCKS {g.n_nblocks}
 #define N_KBLOCKS {g.n_kblocks}
 
@@ -347,7 +427,10 @@ static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
         emit(math_helpers("\n".join((epilogue.expr, epilogue.body, epilogue.row_pass, epilogue.a_prologue))))
     if epilogue is not None and epilogue.prelude:
         emit(epilogue.prelude)
-    _emit_pack(emit, g)
+    if bf16:
+        _emit_pack_bf16(emit, g)
+    else:
+        _emit_pack(emit, g)
     _emit_micro_kernel(emit, g, isa, epilogue, epi_params)
     rows = epilogue is not None and bool(epilogue.row_pass.strip())
     if rows:
@@ -370,6 +453,57 @@ static void a_prologue(float* restrict Xa, int64_t M{epi_params})
 """)
     _emit_macro_kernel(emit, g, name, epi_params, epi_names, row_pass=rows, a_prologue=pro)
     return "\n".join(L)
+
+
+def _precision_text(g: _Geometry) -> str:
+    if g.precision == "bf16":
+        return ("bf16 operands, fp32 accumulation: W packed as bf16 pairs along K (VDPBF16PS layout, K padded to "
+                f"{g.KP}), X rounded to bf16 (nearest even) while packed; _mm512_dpbf16_ps, K step 2; "
+                "epilogue in fp32")
+    return "fp32 (operands, accumulation and epilogue)"
+
+
+def _bf16_defines(g: _Geometry) -> str:
+    return f"""
+#define KP  {g.KP}   /* K as packed: rounded up to even (bf16 pairs) */
+#define KQ  {(g.KC + 1) // 2}   /* bf16 pairs per K block (KC rounded up to even, halved) */
+#define KROW {_round_up(g.KC, 32) + 32}   /* bf16 row buffer of the X packing: whole 32-lane conversions */"""
+
+
+def _emit_pack_bf16(emit, g: _Geometry):
+    emit("""/* Pack rows [m0, m0 + mv) x columns [k0, k0 + kl) of X into MR-row panels of bf16 pairs:
+ * panel p holds xp[p*MR*KQ + q*MR + r] = (bf16 X[m0 + p*MR + r, k0 + 2q], bf16 X[.., k0 + 2q + 1]) as one
+ * 32-bit lane (low half the even k), rounded to nearest even by VCVTNE2PS2BF16. An odd kl leaves the
+ * last pair's high half zero, rows past M are zero (local padding): the micro-kernel needs no tests. */
+static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, int64_t kl,
+                   uint32_t* restrict xp)
+{
+    uint32_t row[KROW / 2] __attribute__((aligned(64)));   /* one row of the block as bf16 pairs */
+    const int64_t kq = (kl + 1) / 2;
+    for (int64_t p = 0; p * MR < mv; ++p) {
+        uint32_t* restrict dst = xp + p * (MR * KQ);
+        const int64_t rows = min_i64(MR, mv - p * MR);
+        for (int r = 0; r < MR; ++r) {
+            if (r >= rows) {
+                for (int64_t q = 0; q < kq; ++q)
+                    dst[q * MR + r] = 0u;
+                continue;
+            }
+            const float* restrict src = X + (m0 + p * MR + r) * (int64_t)K + k0;
+            int64_t k = 0;
+            for (; k + 32 <= kl; k += 32)     /* 32 floats -> 32 bf16: low half from the 1st vector */
+                _mm512_store_si512(row + k / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16),
+                                                                             _mm512_loadu_ps(src + k)));
+            for (; k < kl; k += 16) {         /* tail: masked load, the lanes past kl convert to 0 */
+                const __mmask16 m = kl - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (kl - k)) - 1u);
+                _mm256_store_si256((__m256i*)(row + k / 2), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + k)));
+            }
+            for (int64_t q = 0; q < kq; ++q)
+                dst[q * MR + r] = row[q];
+        }
+    }
+}
+""")
 
 
 def _emit_pack(emit, g: _Geometry):
@@ -405,7 +539,7 @@ def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, 
  *   (else save the partial sums to ct). (i0, j0): tile origin in Y; mv x nv: its valid
  *   part (< MR x NR only on the last row/column tiles: guarded store, nothing else). */
 static inline __attribute__((always_inline)) void micro_kernel(
-    int64_t kl, const float* restrict xp, const float* restrict wp, float* restrict ct,
+    int64_t kl, const {_operand(g)}* restrict xp, const {_operand(g)}* restrict wp, float* restrict ct,
     int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{epi_params})
 {{""")
     if isa == "scalar":
@@ -413,6 +547,11 @@ static inline __attribute__((always_inline)) void micro_kernel(
     else:
         _emit_simd_body(emit, g, _Vec(isa), epilogue)
     emit("}\n")
+
+
+def _operand(g: _Geometry) -> str:
+    """C element type of the packed X and W panels: float, or a 32-bit lane holding a bf16 pair."""
+    return "uint32_t" if g.precision == "bf16" else "float"
 
 
 def emit_accumulators(emit, v: "_Vec", MR: int, NR: int) -> list[list[str]]:
@@ -435,15 +574,27 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None):
     MR, NR, W = g.MR, g.NR, v.width
     nvec = NR // W
     accs = emit_accumulators(emit, v, MR, NR)
-    emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
-    emit("        const float* restrict wk = wp + k * NR;")
-    emit("        const float* restrict xk = xp + k * MR;")
-    for c in range(nvec):
-        emit(f"        const {v.type} w{c} = {v.load(f'wk + {c * W}')};")
-    for r, row in enumerate(accs):
-        emit(f"        {{ const {v.type} x = {v.set1(f'xk[{r}]')}; "
-             + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
-    emit("    }")
+    if g.precision == "bf16":
+        emit("    const int64_t kq = (kl + 1) / 2;   /* bf16 pairs: the K step is 2 */")
+        emit("    for (int64_t q = 0; q < kq; ++q) {  /* VDPBF16PS loop: no bounds tests (local padding) */")
+        emit("        const uint32_t* restrict wk = wp + q * NR;")
+        emit("        const uint32_t* restrict xk = xp + q * MR;")
+        for c in range(nvec):
+            emit(f"        const __m512bh w{c} = (__m512bh)_mm512_loadu_si512(wk + {c * W});")
+        for r, row in enumerate(accs):
+            emit(f"        {{ const __m512bh x = (__m512bh)_mm512_set1_epi32((int)xk[{r}]); "
+                 + " ".join(f"{a} = _mm512_dpbf16_ps({a}, x, w{c});" for c, a in enumerate(row)) + " }")
+        emit("    }")
+    else:
+        emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
+        emit("        const float* restrict wk = wp + k * NR;")
+        emit("        const float* restrict xk = xp + k * MR;")
+        for c in range(nvec):
+            emit(f"        const {v.type} w{c} = {v.load(f'wk + {c * W}')};")
+        for r, row in enumerate(accs):
+            emit(f"        {{ const {v.type} x = {v.set1(f'xk[{r}]')}; "
+                 + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
+        emit("    }")
 
     def store_tile(base: str, row_stride: str, comment: str) -> None:
         """Every accumulator vector to ``base + r*row_stride + c*W``, then return."""
@@ -537,6 +688,13 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
         #pragma omp for schedule(static)
         for (int64_t r0 = 0; r0 < M; r0 += MR)
             row_pass(Y, r0, min_i64(MR, M - r0){epi_names});""" if row_pass and not whole_rows else ""
+    bf16 = g.precision == "bf16"
+    op = _operand(g)
+    # fp32: W block offsets in floats; bf16: in 32-bit lanes of bf16 pairs (K halved, rounded up)
+    w_base = "(const uint32_t*)Wp + j0 * (int64_t)(KP / 2)" if bf16 else "Wp + j0 * (int64_t)K"
+    w_kblock = "wblock + (k0 / 2) * nw" if bf16 else "wblock + k0 * nw"
+    w_panel = "wk + jp * ((kl + 1) / 2) * NR" if bf16 else "wk + jp * kl * NR"
+    x_panel = "MR * KQ" if bf16 else "MR * KC"
     emit(f"""/* Macro-kernel: tasks = ceil(M / MC) x N_NBLOCKS block tiles, shared among the OpenMP
  * threads; each task walks K in N_KBLOCKS steps of KC{' (here one step: no partial sums)' if single else ''}. */
 void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y, int64_t M{epi_params})
@@ -547,24 +705,24 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
     #pragma omp parallel if (n_tasks > 1)
     {{
         /* per-thread workspaces (sizes rounded up to the 64-byte alignment, as C11 asks) */
-        float* xpack = (float*)aligned_alloc(64, (sizeof(float) * MC * KC + 63) / 64 * 64);
+        {op}* xpack = ({op}*)aligned_alloc(64, (sizeof({op}) * MC * {'KQ' if bf16 else 'KC'} + 63) / 64 * 64);
         float* cbuf = {'NULL' if single else '(float*)aligned_alloc(64, (sizeof(float) * MC * NC + 63) / 64 * 64)'};
         #pragma omp for schedule(dynamic, 1)  /* tasks are large; dynamic rides out a busy core */
         for (int64_t t = 0; t < n_tasks; ++t) {{
             const int64_t nb = t / n_mblocks, mb = t % n_mblocks;
             const int64_t m0 = mb * MC, mv = min_i64(MC, M - m0);
             const int64_t j0 = nb * NC, nw = min_i64(NC, NP - j0);  /* nw: a multiple of NR */
-            const float* wblock = Wp + j0 * (int64_t)K;
+            const {op}* wblock = {w_base};
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
                 const int64_t k0 = kb * KC, kl = min_i64(KC, K - k0);
                 pack_x(X, m0, mv, k0, kl, xpack);
-                const float* wk = wblock + k0 * nw;
+                const {op}* wk = {w_kblock};
                 for (int64_t jp = 0; jp * NR < nw; ++jp) {{
-                    const float* wpanel = wk + jp * kl * NR;
+                    const {op}* wpanel = {w_panel};
                     const int64_t jj = j0 + jp * NR, nv = min_i64(NR, N - jj);
                     for (int64_t ip = 0; ip * MR < mv; ++ip) {{
                         float* ct = {'NULL' if single else 'cbuf + (jp * (MC / MR) + ip) * (MR * NR)'};
-                        micro_kernel(kl, xpack + ip * (MR * KC), wpanel, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
+                        micro_kernel(kl, xpack + ip * ({x_panel}), wpanel, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
                                      Y, m0 + ip * MR, jj, min_i64(MR, mv - ip * MR), nv{epi_names});
                     }}
                 }}
@@ -589,7 +747,7 @@ class GemmKernel:
     """
 
     def __init__(self, W: np.ndarray, cfg: TileConfig | None = None, *, isa: str | None = None,
-                 epilogue: Epilogue | None = None, name: str = "tscomp_gemm"):
+                 epilogue: Epilogue | None = None, name: str = "tscomp_gemm", precision: str = "fp32"):
         W = np.asarray(W)
         if W.ndim != 2 or W.dtype != np.float32:
             raise GemmError(f"weight must be a 2-D float32 array [K, N], got {W.dtype} {W.shape}")
@@ -600,10 +758,15 @@ class GemmKernel:
             raise TileConfigError(f"unknown ISA {self.isa!r}; expected one of {sorted(ISA_RANK)}")
         if ISA_RANK[self.isa] > ISA_RANK[host]:
             raise GemmError(f"ISA {self.isa} requested but this host only supports {host}")
+        self.precision = check_precision(precision, self.isa)
+        if precision == "bf16":
+            from tscomp.schedule.target import host_cpu
+            host_cpu(precision="bf16")       # TargetError naming what this CPU lacks
         self.cfg = (cfg or default_config(self.isa, self.K, self.N)).validate(self.isa)
         self.epilogue = epilogue
-        self.name = f"{_c_name(name)}_{self.isa}_{self.cfg.slug()}"
-        self.source = generate_gemm(self.cfg, self.K, self.N, self.isa, epilogue, name=self.name)
+        self.name = f"{_c_name(name)}_{self.isa}_{self.cfg.slug()}" + ("_bf16" if precision == "bf16" else "")
+        self.source = generate_gemm(self.cfg, self.K, self.N, self.isa, epilogue, name=self.name,
+                                    precision=precision)
         self.library_path = build_library(self.source, self.name)
         self._lib = load_library(self.library_path)
         fn = getattr(self._lib, self.name)
@@ -611,7 +774,7 @@ class GemmKernel:
         extra = [ARG_TYPES[a.ctype][0] for a in (epilogue.args if epilogue else ())]
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, *extra]
         self._fn = fn
-        self.packed = prepack_weights(W, self.cfg)
+        self.packed = prepack_weights(W, self.cfg, precision)
 
     def set_num_threads(self, n: int) -> None:
         """Set the OpenMP thread count of this thread's kernels (one place sets it:

@@ -46,6 +46,12 @@ Tiling is TSCompiler §5.1 (block tiles ⟨T_Mb, T_Nb, T_Kb⟩ = one OpenMP task
 :func:`candidate_configs_for` lists a few tile configurations per group so a runtime can compile the variants and pick one per shape with the wave
 model, ``cost = T_single_wave × ceil(tasks(binding) / threads)``.
 
+Precision (issue 13): every step takes ``precision`` (``fp32`` default, or ``bf16``: the weight packed
+as bf16 pairs along K and the inner product on VDPBF16PS, see :mod:`tscomp.codegen.cpu_gemm`); the
+fused prologue, epilogue and row pass are unchanged fp32 C. The kernel's entry point carries a
+``_bf16`` suffix and its header names the precision, so fp32 and bf16 kernels never share a symbol or
+a cache entry.
+
 Everything else raises :class:`UnsupportedOperatorError` naming the group and the reason: Conv,
 batched GEMMs with two activation operands, reductions over other axes
 or over a symbolic/too-long N, outputs outside the GEMM's space that are not a permutation of
@@ -64,8 +70,8 @@ import sympy
 
 from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, linearize
-from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, generate_gemm,
-                                     prepack_weights)
+from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, check_precision,
+                                     generate_gemm, prepack_weights)
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
 from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
                                    structural_signature)
@@ -662,7 +668,7 @@ class GemmGroupAnalysis:
     def has_row_pass(self) -> bool:
         return self.T is not None
 
-    def header(self, cfg: TileConfig) -> str:
+    def header(self, cfg: TileConfig, precision: str = "fp32") -> str:
         g = self.group
         pro, heavy, epi = g.prologue_epilogue()
         lines = [f"tscomp fused GEMM group {g.name}",
@@ -677,24 +683,31 @@ class GemmGroupAnalysis:
                  + ("the exported pre-reduction value" if self.T is not None and self.y_output and not self.y_inplace
                     else "the normalized output (in place)" if self.y_inplace else "a scratch")
                  if self.T is not None else "row pass: none",
-                 f"tile config: {cfg.describe()}"]
+                 f"tile config: {cfg.describe()}",
+                 "precision: " + ("bf16 GEMM operands (weights prepacked as bf16 pairs, A rounded while packed), "
+                                  "fp32 accumulation, prologue/epilogue/row pass in fp32" if precision == "bf16"
+                                  else "fp32")]
         for role, name, _ in self.arg_roles:
             if role != "symbol":
                 lines.append(f"{role} {name}")
         return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */\n"
 
 
-def gemm_func_name(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str) -> str:
-    return "tscomp_" + re.sub(r"\W", "_", analysis.group.name) + f"_{isa}_{cfg.slug()}"
+def gemm_func_name(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str, precision: str = "fp32") -> str:
+    return "tscomp_" + re.sub(r"\W", "_", analysis.group.name) + f"_{isa}_{cfg.slug()}" + \
+        ("" if precision == "fp32" else f"_{precision}")
 
 
-def gemm_group_source(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str) -> str:
+def gemm_group_source(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str, precision: str = "fp32") -> str:
     """The source step (pure: no compiling, no side effects): C text of the macro-kernel for
-    ``analysis`` under ``cfg`` on ``isa``, with the header naming group, fused ops and tiles."""
+    ``analysis`` under ``cfg`` on ``isa`` at ``precision``, with the header naming group, fused ops,
+    tiles and precision."""
     cfg = cfg.validate(isa)
     with refusals_name_group(analysis.group.name, also=(GemmError,)):
-        return analysis.header(cfg) + generate_gemm(cfg, analysis.K, analysis.N, isa, analysis.epilogue,
-                                                    name=gemm_func_name(analysis, cfg, isa))
+        check_precision(precision, isa)
+        return analysis.header(cfg, precision) + generate_gemm(
+            cfg, analysis.K, analysis.N, isa, analysis.epilogue, name=gemm_func_name(analysis, cfg, isa, precision),
+            precision=precision)
 
 
 
@@ -711,23 +724,26 @@ class CompiledGemmGroup(PicklableKernel):
 
     TRANSIENT = {"fn": None, "_memo": dict}
     family = "gemm"
+    precision = "fp32"
 
-    def __init__(self, analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str, source: str):
+    def __init__(self, analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str, source: str,
+                 precision: str = "fp32"):
         self.analysis = analysis             # pickles without the graph and the unpacked weight
         self.group = analysis.group
         self.symtab = analysis.symtab
         self.isa = isa
+        self.precision = check_precision(precision, isa)
         self.cfg = cfg.validate(isa)
-        self.func = gemm_func_name(analysis, self.cfg, isa)
+        self.func = gemm_func_name(analysis, self.cfg, isa, precision)
         self.source = source
-        self.geometry = _Geometry.of(self.cfg, analysis.K, analysis.N)
+        self.geometry = _Geometry.of(self.cfg, analysis.K, analysis.N, precision)
         self.K, self.N, self.M = analysis.K, analysis.N, analysis.M
         self.weight_name = analysis.weight_name
         self.a_prologue, self.a_input, self.a_chain = analysis.a_prologue, analysis.a_input, analysis.a_chain
         self.y_output, self.out_shapes, self.arg_roles = analysis.y_output, analysis.out_shapes, analysis.arg_roles
         self.epilogue_args = tuple(analysis.epilogue.args) if analysis.epilogue else ()
         self.has_row_pass = analysis.has_row_pass
-        self.packed = prepack_weights(analysis.W, self.cfg)
+        self.packed = prepack_weights(analysis.W, self.cfg, precision)
         self._memo: dict[tuple, tuple] = {}
         self.fn = None
 
@@ -829,9 +845,10 @@ class CompiledGemmGroup(PicklableKernel):
     __call__ = run
 
 
-def build_gemm_group(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str) -> CompiledGemmGroup:
+def build_gemm_group(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str,
+                     precision: str = "fp32") -> CompiledGemmGroup:
     """The build step: source → shared library (cached by content) → bound executor."""
-    kernel = CompiledGemmGroup(analysis, cfg, isa, gemm_group_source(analysis, cfg, isa))
+    kernel = CompiledGemmGroup(analysis, cfg, isa, gemm_group_source(analysis, cfg, isa, precision), precision)
     path = build_library(kernel.source, kernel.func)
     lib = _LIBS.get(str(path))
     if lib is None:
@@ -841,11 +858,11 @@ def build_gemm_group(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str) -> 
 
 
 def compile_gemm_group(plan: Plan, group: Group, cfg: TileConfig | None = None, *,
-                       isa: str | None = None) -> CompiledGemmGroup:
+                       isa: str | None = None, precision: str = "fp32") -> CompiledGemmGroup:
     """Analysis, source and build in one call (the heuristic's default configuration if no ``cfg``)."""
     isa = isa or host_isa()
     analysis = GemmGroupAnalysis(plan, group)
-    return build_gemm_group(analysis, cfg or default_config(isa, analysis.K, analysis.N), isa)
+    return build_gemm_group(analysis, cfg or default_config(isa, analysis.K, analysis.N), isa, precision)
 
 
 def candidate_configs_for(kernel: GemmGroupAnalysis | CompiledGemmGroup, isa: str | None = None,

@@ -11,6 +11,11 @@ A family is tried on a group when the group's kind is one it serves; the first w
 accepts wins (the TVM dlight idea: a rule answers "here is a schedule" or "not mine"). A group no
 family accepts runs on the numpy fallback (:class:`~tscomp.codegen.interpreted.InterpretedGroup`)
 carrying every family's reason. Every executor satisfies :class:`~tscomp.codegen.kernel.Kernel`.
+
+Precision (issue 13) is a field of the :class:`~tscomp.schedule.target.Target` each step is handed:
+the ``gemm`` family (constant weights) generates, builds and packs bf16 kernels when
+``target.precision == "bf16"``; every other family (batched GEMMs of two activations -- attention --,
+Conv, rows, elementwise, pooling) stays fp32 at any precision (:data:`BF16_FAMILIES`).
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ from tscomp.schedule.target import Target
 #: L = 39..300 in one side-by-side comparison (the two sets were timed at different moments, so part
 #: of that is measurement noise); compile time grows by about a third
 DEFAULT_VARIANTS = 4
+#: the families whose kernels honour ``Target.precision == "bf16"``; the others compute in fp32
+BF16_FAMILIES = ("gemm",)
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,8 @@ def _gemm_analyze(plan, group):
 
 def _gemm_executor(analysis, cfg, target: Target):
     from tscomp.codegen.cpu_gemm_group import CompiledGemmGroup, gemm_group_source
-    return CompiledGemmGroup(analysis, cfg, target.isa, gemm_group_source(analysis, cfg, target.isa))
+    return CompiledGemmGroup(analysis, cfg, target.isa, gemm_group_source(analysis, cfg, target.isa, target.precision),
+                             target.precision)
 
 
 def _gemm_heuristic(analysis, target: Target, limit: int) -> list:
@@ -244,5 +252,5 @@ def kernels_for_group(plan: Plan, group: Group, *, target: Target | None = None,
     return list(unique.values())
 
 
-__all__ = ["DEFAULT_VARIANTS", "FAMILIES", "FamilyChoice", "KernelFamily", "choose_family", "fallback_kernel",
+__all__ = ["BF16_FAMILIES", "DEFAULT_VARIANTS", "FAMILIES", "FamilyChoice", "KernelFamily", "choose_family", "fallback_kernel",
            "kernels_for_group", "link_native"]

@@ -18,6 +18,12 @@ Layout::
       kernels/*.c       their sources (what a person reads to debug a kernel)
       model/            (``embed_source`` only) the ONNX model, for the out-of-range fallback
 
+``precision`` (issue 13) records the GEMM precision the kernels were generated for (``fp32``, or
+``bf16``: the gemm family's weights are packed as bf16 and its inner products use AVX512_BF16), with
+``precision_scope`` saying which families it applies to; it is part of the manifest and so of the
+digest. Loading a bf16 artifact on a CPU without avx512_bf16 is refused with a clear error before any
+kernel is loaded.
+
 Loading reads the manifest first and checks its format version and digest (and a caller's
 ``expected_digest``), then that every file it lists is present with the recorded sha256, that every
 file the artifact needs is listed and that no unlisted file is there -- all before any other file
@@ -73,6 +79,8 @@ def _tensor_spec(graph, name: str) -> dict:
 
 def _variant_entry(kernel) -> dict:
     entry = {"family": kernel.family, "target": kernel.target, "func": kernel.func}
+    if kernel.family == "gemm":
+        entry["precision"] = getattr(kernel, "precision", "fp32")
     cfg = kernel.cfg
     if cfg is not None:
         entry["tile_config"] = {k: int(v) for k, v in vars(cfg).items() if isinstance(v, (int, np.integer))}
@@ -103,6 +111,7 @@ def manifest_of(model: CompiledModel) -> dict:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "source_model": model.source_model, "dims": list(model.dims), "target": model.target.to_json(),
         "isa": model.isa, "threads_measured": model.threads, "configs": model.config_source,
+        "precision": model.target.precision, "precision_scope": _precision_scope(model.target.precision),
         "schedule": model.schedules.to_json() if model.schedules is not None else None,
         "compile_seconds": round(model.compile_seconds, 2),
         "symbols": [{"name": i.name, "min": i.min, "max": i.max, "origin": i.origin}
@@ -118,6 +127,27 @@ def manifest_of(model: CompiledModel) -> dict:
                    for g in plan.groups],
         "notes": list(model.notes),
     }
+
+
+def _precision_scope(precision: str) -> str:
+    if precision == "fp32":
+        return "every kernel computes in fp32"
+    from tscomp.codegen.families import BF16_FAMILIES
+    return (f"{precision} inner products (fp32 accumulation) in the {', '.join(BF16_FAMILIES)} famil"
+            f"{'y' if len(BF16_FAMILIES) == 1 else 'ies'} (constant weights packed as {precision}); batched GEMMs "
+            f"(attention), Conv and every non-GEMM op compute in fp32")
+
+
+def check_host_precision(path, manifest: dict) -> None:
+    """Refuse an artifact whose precision this CPU cannot run (bf16 without avx512_bf16)."""
+    from tscomp.schedule.target import TargetError, check_precision, host_cpu
+
+    precision = manifest.get("precision", "fp32")
+    try:
+        check_precision(precision, host_cpu().spec)
+    except TargetError as exc:
+        raise ArtifactError(f"{path}: compiled with --precision {precision}, which this CPU cannot run: {exc}") \
+            from None
 
 
 def write_artifact(model: CompiledModel, path: str | Path, *, progress=None, embed_source: bool = False) -> Path:
@@ -256,7 +286,7 @@ def _gemm_raw(kernel):
 
 def _gemm_pack(kernel, raw):
     from tscomp.runtime.packing import pack_gemm_panels
-    return pack_gemm_panels(raw, kernel.cfg)
+    return pack_gemm_panels(raw, kernel.cfg, getattr(kernel, "precision", "fp32"))
 
 
 PACKERS = {"gemm": (_gemm_raw, _gemm_pack)}
@@ -435,6 +465,7 @@ def load_artifact(path: str | Path, *, verify: bool = True,
     nothing in it is executed) and the kernel library loaded."""
     path = Path(path)
     manifest = read_manifest(path, expected_digest=expected_digest)
+    check_host_precision(path, manifest)
     if verify:
         verify_files(path, manifest, skip=("weights.bin", "plan.json"))
     else:
@@ -481,13 +512,18 @@ def _attach_weights(packs, blobs: BlobReader) -> None:
         if "packed" in entry:
             kernel.packed = aligned_copy(np.asarray(blobs.get(entry["packed"])))
             continue
-        key = (entry["raw"], kernel.family, repr(kernel.cfg))
+        key = _pack_key(kernel, entry)
         if key not in jobs:
             jobs[key] = (PACKERS[kernel.family][1], kernel, blobs.get(entry["raw"]))
     packed = _share_equal_panels(dict(zip(jobs, pack_all(list(jobs.values()), workers=default_threads()))))
     for kernel, entry in packs:
         if "raw" in entry:
-            kernel.packed = packed[(entry["raw"], kernel.family, repr(kernel.cfg))]
+            kernel.packed = packed[_pack_key(kernel, entry)]
+
+
+def _pack_key(kernel, entry) -> tuple:
+    """Kernels whose panels are packed alike: same raw weight, family, tile configuration, precision."""
+    return entry["raw"], kernel.family, repr(kernel.cfg), getattr(kernel, "precision", "fp32")
 
 
 def _share_equal_panels(packed: dict) -> dict:
@@ -518,5 +554,5 @@ def _check_against_manifest(path: Path, state: dict, manifest: dict) -> None:
         raise ArtifactError(f"{path}: the plan's inputs/outputs differ from manifest.json's; recompile")
 
 
-__all__ = ["ArtifactError", "FORMAT_VERSION", "file_sha256", "load_artifact", "manifest_digest", "read_manifest",
+__all__ = ["ArtifactError", "FORMAT_VERSION", "check_host_precision", "file_sha256", "load_artifact", "manifest_digest", "read_manifest",
            "write_artifact"]

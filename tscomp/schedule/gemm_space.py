@@ -20,6 +20,11 @@ the register file, the packed operand blocks fit L2, a K block is at least 8 dee
 finer than one register tile. Imperfect tiles are not a constraint: the macro-kernels use local
 padding (DietCode §4.1).
 
+Precision (issue 13) is read from the Target: at ``bf16`` the packed X block and the weight
+panels hold 2-byte elements (the L2 constraint on the X block counts them so) and the register
+tile's K step is 2 (an odd T_Kb of a split K is rounded up to even by the kernel's geometry, so
+every point stays valid); the accumulators and so the register constraint are unchanged (fp32).
+
 The initial population is today's hardware-aligned heuristic (:func:`tscomp.codegen.tile_config.
 candidate_configs` and the batched family's list) — Roller-style tiles that saturate a core —
 instantiated, as §5.1 says, on a large static shape.
@@ -77,6 +82,7 @@ class GemmSpace(DiscreteSpace):
                 Axis("n_parts", N_PARTS), Axis("k_steps", K_STEPS))
         max_acc = MAX_ACCUMULATORS[spec.isa]
         l2 = spec.l2
+        a_bytes = 2 if target.precision == "bf16" else 4      # X is packed as bf16 pairs at bf16
         constraints = [
             Constraint("registers", lambda p: p["mr"] * p["nr_vec"] <= max_acc,
                        f"the mr x nr accumulator tile fits the register file ({max_acc} {spec.isa} accumulators)"),
@@ -86,7 +92,7 @@ class GemmSpace(DiscreteSpace):
                        "N is not cut finer than one register tile per block"),
             Constraint("k-depth", lambda p: p["k_steps"] == 1 or self.K / p["k_steps"] >= 8,
                        "a K block is at least 8 deep"),
-            Constraint("l2-a-block", lambda p: 4 * self.tile(p).mc * self.tile(p).kc <= l2 // 2,
+            Constraint("l2-a-block", lambda p: a_bytes * self.tile(p).mc * self.tile(p).kc <= l2 // 2,
                        "the packed mc x kc block of X fits half of L2"),
             Constraint("l2-partial-sums", lambda p: p["k_steps"] == 1 or 4 * self.tile(p).mc * self.tile(p).nc <= l2,
                        "with several K steps, the mc x nc partial sums fit L2"),

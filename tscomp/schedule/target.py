@@ -33,6 +33,29 @@ class TargetError(TscompError):
     """An unknown target or architecture, or a target this machine cannot run."""
 
 
+#: GEMM precisions a CPU target compiles for (issue 13). ``fp32``: everything in float32 (the
+#: default). ``bf16``: the constant weights of the ``gemm`` family are packed as bfloat16 and its
+#: inner products run on VDPBF16PS (AVX512_BF16), A rounded to bf16 while it is packed; accumulation
+#: and every other op stay float32 (TSCompiler §5.4 reaches its GPU results with reduced-precision
+#: TensorCore GEMMs; this is the CPU's counterpart).
+PRECISIONS = ("fp32", "bf16")
+
+
+def check_precision(precision: str, spec=None) -> str:
+    """``precision`` if it is one of :data:`PRECISIONS` and ``spec`` (a :class:`CpuSpec`, or None to
+    skip the hardware check) can run it; else :class:`TargetError` naming what is missing."""
+    if precision not in PRECISIONS:
+        raise TargetError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    if precision == "bf16" and spec is not None:
+        if not isinstance(spec, CpuSpec):
+            raise TargetError("precision bf16 is implemented for the cpu target only")
+        if spec.isa != "avx512" or not spec.bf16:
+            raise TargetError(f"precision bf16 needs a CPU with AVX-512 and the avx512_bf16 instructions "
+                              f"(VDPBF16PS); this one has {spec.isa}"
+                              f"{' without avx512_bf16' if not spec.bf16 else ''}; compile with --precision fp32")
+    return precision
+
+
 @dataclass(frozen=True)
 class CpuSpec:
     """A CPU as the CPU kernel families see it: worker threads, SIMD level, register file, caches
@@ -121,12 +144,16 @@ CUDA_SPECS: dict[str, GpuSpec] = {
 class Target:
     """What kernels are generated for: ``name`` (``cpu`` | ``cuda``), ``dialect`` (``c`` | ``cuda``),
     the hardware ``spec``, and whether candidates can be measured here (``measurable``: the CPU
-    target on its own host) or must be ranked analytically (a GPU that is not present)."""
+    target on its own host) or must be ranked analytically (a GPU that is not present).
+    ``precision`` (:data:`PRECISIONS`) is the GEMM precision the kernels are generated for: it is
+    data of the target, so the families' source, build and packing steps, the search space, tuning
+    records (:meth:`key`) and the manifest all read it from here."""
     name: str
     dialect: str
     spec: CpuSpec | GpuSpec
     measurable: bool = True
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+    precision: str = "fp32"
 
     @property
     def isa(self) -> str:
@@ -148,16 +175,24 @@ class Target:
             raise TargetError(f"thread count must be >= 1, got {threads}")
         return replace(self, spec=replace(self.spec, cores=int(threads)))
 
+    def with_precision(self, precision: str) -> "Target":
+        """The same target compiling its GEMMs at ``precision``; :class:`TargetError` when the
+        hardware lacks the instructions (bf16 needs avx512_bf16)."""
+        return replace(self, precision=check_precision(precision, self.spec))
+
     def key(self) -> str:
-        """Stable identity for tuning records: everything that changes which configuration wins."""
+        """Stable identity for tuning records: everything that changes which configuration wins
+        (fp32 keys carry no precision suffix, so records written before issue 13 still match)."""
         s = self.spec
+        suffix = "" if self.precision == "fp32" else f"-{self.precision}"
         if isinstance(s, CpuSpec):
-            return f"cpu-{s.isa}-{s.cores}t-l1_{s.l1 // 1024}k-l2_{s.l2 // 1024}k-l3_{s.l3 // 1024}k"
-        return f"cuda-{s.arch}"
+            return f"cpu-{s.isa}-{s.cores}t-l1_{s.l1 // 1024}k-l2_{s.l2 // 1024}k-l3_{s.l3 // 1024}k{suffix}"
+        return f"cuda-{s.arch}{suffix}"
 
     def to_json(self) -> dict:
         return {"name": self.name, "dialect": self.dialect, "measurable": self.measurable,
-                "spec_kind": type(self.spec).__name__, "spec": _plain(asdict(self.spec)), "key": self.key()}
+                "spec_kind": type(self.spec).__name__, "spec": _plain(asdict(self.spec)), "key": self.key(),
+                "precision": self.precision}
 
     @classmethod
     def from_json(cls, data: Mapping) -> "Target":
@@ -167,7 +202,10 @@ class Target:
             spec = dict(data["spec"])
             if kind is GpuSpec:
                 spec["mma_shapes"] = tuple(tuple(m) for m in spec.get("mma_shapes", ()))
-            return cls(data["name"], data["dialect"], kind(**spec), bool(data.get("measurable", True)))
+            precision = str(data.get("precision", "fp32"))
+            check_precision(precision)
+            return cls(data["name"], data["dialect"], kind(**spec), bool(data.get("measurable", True)),
+                       precision=precision)
         except (KeyError, TypeError) as exc:
             raise TargetError(f"malformed target description {dict(data)!r}: {exc}") from None
 
@@ -175,7 +213,8 @@ class Target:
         s = self.spec
         if isinstance(s, CpuSpec):
             return (f"cpu ({s.isa}, {s.cores} threads, {s.vector_registers} x {s.vector_width * 32}-bit registers, "
-                    f"L1 {s.l1 // 1024} KiB, L2 {s.l2 // 1024} KiB, L3 {s.l3 // 1024} KiB)")
+                    f"L1 {s.l1 // 1024} KiB, L2 {s.l2 // 1024} KiB, L3 {s.l3 // 1024} KiB"
+                    + ("" if self.precision == "fp32" else f", {self.precision} GEMMs") + ")")
         return f"cuda {s.arch} ({s.model}: {s.sms} SMs, {s.smem_per_sm // 1024} KiB shared/SM)"
 
 
@@ -230,8 +269,9 @@ def _host_spec() -> CpuSpec:
                    l2=caches.get(2, 1024 * 1024), l3=caches.get(3, 16 * 1024 * 1024), bf16=_has_bf16())
 
 
-def host_cpu(threads: int | None = None, *, isa: str | None = None) -> Target:
-    """The CPU this process runs on (detected), optionally with another thread count or a lower ISA."""
+def host_cpu(threads: int | None = None, *, isa: str | None = None, precision: str = "fp32") -> Target:
+    """The CPU this process runs on (detected), optionally with another thread count or a lower ISA,
+    compiling its GEMMs at ``precision`` (:class:`TargetError` if this CPU cannot run it)."""
     spec = _host_spec()
     if threads is not None:
         spec = replace(spec, cores=int(threads))
@@ -239,7 +279,7 @@ def host_cpu(threads: int | None = None, *, isa: str | None = None) -> Target:
         if isa not in VECTOR_WIDTH:
             raise TargetError(f"unknown CPU ISA {isa!r}; expected one of {sorted(VECTOR_WIDTH)}")
         spec = replace(spec, isa=isa, vector_width=VECTOR_WIDTH[isa], vector_registers=VECTOR_REGISTERS[isa])
-    return Target("cpu", "c", spec, measurable=True)
+    return Target("cpu", "c", spec, measurable=True, precision=check_precision(precision, spec))
 
 
 def cuda(arch: str = "sm_80") -> Target:
@@ -250,5 +290,5 @@ def cuda(arch: str = "sm_80") -> Target:
     return Target("cuda", "cuda", spec, measurable=False)
 
 
-__all__ = ["CUDA_SPECS", "CpuSpec", "GpuSpec", "Target", "TargetError", "VECTOR_REGISTERS", "VECTOR_WIDTH",
-           "cuda", "host_cpu", "host_threads"]
+__all__ = ["CUDA_SPECS", "CpuSpec", "GpuSpec", "PRECISIONS", "Target", "TargetError", "VECTOR_REGISTERS",
+           "VECTOR_WIDTH", "check_precision", "cuda", "host_cpu", "host_threads"]
