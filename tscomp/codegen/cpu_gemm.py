@@ -570,31 +570,35 @@ def emit_accumulators(emit, v: "_Vec", MR: int, NR: int) -> list[list[str]]:
     return accs
 
 
+def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, elem: str, vtype: str, *,
+                 load, broadcast, madd) -> None:
+    """The register tile's inner loop over ``count`` packed K steps (one fp32 k, or one bf16 pair):
+    per step ``nvec`` W-panel vectors, then per row of the tile one broadcast X element multiplied
+    into the row's accumulators (``madd(x, w, acc)``)."""
+    emit(f"    for (int64_t {k} = 0; {k} < {count}; ++{k}) {{  /* {what}: no bounds tests (local padding) */")
+    emit(f"        const {elem}* restrict wk = wp + {k} * NR;")
+    emit(f"        const {elem}* restrict xk = xp + {k} * MR;")
+    for c in range(nvec):
+        emit(f"        const {vtype} w{c} = {load(f'wk + {c * W}')};")
+    for r, row in enumerate(accs):
+        emit(f"        {{ const {vtype} x = {broadcast(f'xk[{r}]')}; "
+             + " ".join(f"{a} = {madd('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
+    emit("    }")
+
+
 def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None):
     MR, NR, W = g.MR, g.NR, v.width
     nvec = NR // W
     accs = emit_accumulators(emit, v, MR, NR)
     if g.precision == "bf16":
         emit("    const int64_t kq = (kl + 1) / 2;   /* bf16 pairs: the K step is 2 */")
-        emit("    for (int64_t q = 0; q < kq; ++q) {  /* VDPBF16PS loop: no bounds tests (local padding) */")
-        emit("        const uint32_t* restrict wk = wp + q * NR;")
-        emit("        const uint32_t* restrict xk = xp + q * MR;")
-        for c in range(nvec):
-            emit(f"        const __m512bh w{c} = (__m512bh)_mm512_loadu_si512(wk + {c * W});")
-        for r, row in enumerate(accs):
-            emit(f"        {{ const __m512bh x = (__m512bh)_mm512_set1_epi32((int)xk[{r}]); "
-                 + " ".join(f"{a} = _mm512_dpbf16_ps({a}, x, w{c});" for c, a in enumerate(row)) + " }")
-        emit("    }")
+        _emit_k_loop(emit, accs, nvec, W, "q", "kq", "VDPBF16PS loop", "uint32_t", "__m512bh",
+                     load=lambda p: f"(__m512bh)_mm512_loadu_si512({p})",
+                     broadcast=lambda x: f"(__m512bh)_mm512_set1_epi32((int){x})",
+                     madd=lambda x, w, acc: f"_mm512_dpbf16_ps({acc}, {x}, {w})")
     else:
-        emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
-        emit("        const float* restrict wk = wp + k * NR;")
-        emit("        const float* restrict xk = xp + k * MR;")
-        for c in range(nvec):
-            emit(f"        const {v.type} w{c} = {v.load(f'wk + {c * W}')};")
-        for r, row in enumerate(accs):
-            emit(f"        {{ const {v.type} x = {v.set1(f'xk[{r}]')}; "
-                 + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
-        emit("    }")
+        _emit_k_loop(emit, accs, nvec, W, "k", "kl", "FMA loop", "float", v.type,
+                     load=v.load, broadcast=v.set1, madd=v.fma)
 
     def store_tile(base: str, row_stride: str, comment: str) -> None:
         """Every accumulator vector to ``base + r*row_stride + c*W``, then return."""
