@@ -94,6 +94,19 @@ def test_records_are_reused_by_a_later_compile(mlp, tmp_path):
     check_matches_onnxruntime(again, mlp)
 
 
+def test_a_record_reused_under_a_smaller_variant_cap_keeps_its_best_configurations_first(mlp, tmp_path):
+    store = RecordStore(tmp_path / "records.json")
+    first = compile_model(mlp, DIMS, tuning=tiny_tuning(records=store, trials=4), max_variants=3)
+    recorded = {n: [v.config for v in s.variants] for n, s in first.schedules.groups.items() if s.family == "gemm"}
+    assert any(len(c) > 1 for c in recorded.values()), recorded    # else the cap below tests nothing
+    again = compile_model(mlp, DIMS, tuning=tiny_tuning(records=store), max_variants=1)
+    for name, s in again.schedules.groups.items():
+        if s.family == "gemm":
+            assert s.method == "record" and [v.config for v in s.variants] == recorded[name][:1]
+            assert len(again.kernels[name]) == 1
+    check_matches_onnxruntime(again, mlp)
+
+
 def test_untuned_compile_keeps_the_heuristic_and_says_so(mlp, tmp_path):
     from tscomp.runtime.artifact import read_manifest, write_artifact
 

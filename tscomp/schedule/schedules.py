@@ -163,7 +163,7 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
                 cfgs = fam.heuristic(choice.analysis, target, options.max_variants)
                 sched = GroupSchedule(name, fam.name, sig, "heuristic", [ScheduledVariant(c) for c in cfgs])
             else:
-                sched = _from_record(options.records, choice, sig, target)
+                sched = _from_record(options.records, choice, sig, target, options.max_variants)
                 if sched is None:
                     if measurer is None:
                         measurer = _measurer(options, target)
@@ -329,13 +329,16 @@ def diverse_set(trials: list[tuple[dict, list[Sample], float]], k: int) -> list[
 
 
 # ---------------------------------------------------------------------------- records
-def _from_record(records, choice, sig: str, target: Target) -> GroupSchedule | None:
+def _from_record(records, choice, sig: str, target: Target, max_variants: int) -> GroupSchedule | None:
+    """The recorded configurations of this group, at most ``max_variants`` of them (a record keeps
+    its diverse set in the order it was chosen: best objective first, so a prefix is still diverse)."""
     if records is None:
         return None
     rec = records.get(choice.family.name, sig, target.key())
     if rec is None:
         return None
-    variants = [ScheduledVariant(TileConfig(**c), None, v) for c, v in zip(rec.configs, rec.values)]
+    variants = [ScheduledVariant(TileConfig(**c), None, v)
+                for c, v in list(zip(rec.configs, rec.values))[:max(1, max_variants)]]
     return GroupSchedule(choice.group.name, choice.family.name, sig, "record", variants, rec.trials)
 
 
