@@ -43,13 +43,16 @@ def _accuracy(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
     return cos, float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-300))
 
 
-def openvino_model(onnx_path: str, threads: int):
-    """OpenVINO's CPU plugin at its default inference precision, with its precision as a string."""
+def openvino_model(onnx_path: str, threads: int, precision: str | None = None):
+    """OpenVINO's CPU plugin at ``precision`` (``f32``; None: its default, bf16 on a CPU with
+    avx512_bf16), with the precision it runs at as a string."""
     import openvino as ov
 
     core = ov.Core()
-    compiled = core.compile_model(core.read_model(onnx_path), "CPU",
-                                  {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    compiled = core.compile_model(core.read_model(onnx_path), "CPU", config)
     hint = compiled.get_property("INFERENCE_PRECISION_HINT")
     name = getattr(hint, "get_type_name", None)
     return compiled, name() if name else str(hint)      # "bf16" on a CPU with avx512_bf16
@@ -65,7 +68,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--openvino", action="store_true", help="also OpenVINO (pip install openvino: the bench extra)")
+    ap.add_argument("--openvino", action="store_true", help="also OpenVINO at its default precision "
+                    "(pip install openvino: the bench extra)")
+    ap.add_argument("--openvino-f32", action="store_true", help="also OpenVINO with INFERENCE_PRECISION_HINT=f32 "
+                    "(the fp32 peer)")
     ap.add_argument("--out", default="benchmarks/results/bf16_vs_fp32.json")
     args = ap.parse_args()
 
@@ -78,15 +84,18 @@ def main() -> None:
     names = [o.name for o in sess.get_outputs()]
     systems = {"tscomp fp32": lambda x: rt32.run(x), "tscomp bf16": lambda x: rt16.run(x),
                "onnxruntime fp32": lambda x: dict(zip(names, sess.run(None, x)))}
-    ov_precision = None
-    if args.openvino:
-        compiled, ov_precision = openvino_model(args.model, args.threads)
+    ov_precisions = []
+    for wanted, hint in ((args.openvino, None), (args.openvino_f32, "f32")):
+        if not wanted:
+            continue
+        compiled, got = openvino_model(args.model, args.threads, hint)
+        ov_precisions.append(got)
         request = compiled.create_infer_request()
 
-        def run_ov(x):
+        def run_ov(x, request=request):
             request.infer(x)
             return {n: request.get_output_tensor(i).data.copy() for i, n in enumerate(names)}
-        systems[f"openvino {ov_precision}"] = run_ov
+        systems[f"openvino {got}"] = run_ov
     fixed = {"batch": args.batch} if any(i.name == "batch" for i in rt32.graph.symbols.live_symbols()) else {}
     bindings = sample_bindings(rt32, args.samples, args.seed, fixed)
     rng = np.random.default_rng(args.seed + 1)
@@ -130,7 +139,7 @@ def main() -> None:
                   f"max relative L2 error {max(r['rel_l2'][c] for r in rows):.2e}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "threads": args.threads, "openvino_precision": ov_precision,
+    out.write_text(json.dumps({"model": args.model, "threads": args.threads, "openvino_precisions": ov_precisions,
                                "geomean_ms": geo, "rows": rows}, indent=1))
     try:
         import matplotlib
