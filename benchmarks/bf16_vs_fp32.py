@@ -23,18 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tscomp.bench import ort_session, sample_bindings
+from tscomp.bench import _timed as median_time, ort_session, sample_bindings
 from tscomp.runtime import Runtime
 from tscomp.sample_inputs import random_inputs
-
-
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
 
 
 def _accuracy(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
@@ -110,7 +101,7 @@ def main() -> None:
             order = list(systems) if rnd == 0 else list(reversed(systems))
             for name in order:
                 time.sleep(0.1)
-                t = _median_time(lambda: systems[name](inputs), args.repeats)
+                t = median_time(lambda: systems[name](inputs), args.repeats)
                 times[name] = min(times.get(name, math.inf), t)
         ref = outs["onnxruntime fp32"]
         acc = {name: _accuracy(outs[name][names[0]], ref[names[0]]) for name in systems if name != "onnxruntime fp32"}
