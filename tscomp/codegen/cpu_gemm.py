@@ -68,10 +68,9 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import math_helpers
 from tscomp.codegen.tile_config import VECTOR_WIDTH, TileConfig, TileConfigError, default_config
 from tscomp.errors import TscompError
+from tscomp.schedule.target import PRECISIONS     # the target's precisions: one list
 
 ISA_RANK = {"scalar": 0, "avx2": 1, "avx512": 2}
-#: inner-product precisions of the generated GEMM (see the module docstring)
-PRECISIONS = ("fp32", "bf16")
 
 
 class GemmError(TscompError, ValueError):

@@ -163,9 +163,10 @@ class GpuGemmSpace:
         out.sort(key=lambda x: (round(x.score, 9), -x.occupancy, not x.tile.async_copy, _warp_skew(x.tile), x.tile.slug()))
         return out[:limit] if limit else out
 
-    def variants(self, k: int = 3) -> list[SimtTile]:
-        """A few configurations covering the range: the best-ranked, plus the per-sample winners."""
-        ranked = self.rank()
+    def variants(self, k: int = 3, ranked: list[Ranked] | None = None) -> list[SimtTile]:
+        """A few configurations covering the range: the best-ranked, plus the per-sample winners
+        (``ranked``: this space's :meth:`rank`, when the caller has it already)."""
+        ranked = ranked if ranked is not None else self.rank()
         picks = [ranked[0].tile]
 
         def shape(t):   # variants that differ only in warp layout or staging cost the same: keep one

@@ -218,7 +218,7 @@ def schedule_analytic(plan: Plan, choices: dict, target: Target, max_variants: i
         if not order:
             raise ScheduleError(f"group {name}: the {fam.name} space on {target.key()} has no feasible configuration")
         by_tile = {r.tile: r for r in order}
-        picks = space.variants(max_variants)
+        picks = space.variants(max_variants, order)
         samples = space.samples()
 
         def variant(tile, by_tile=by_tile, space=space, samples=samples):
