@@ -1,6 +1,6 @@
 """Cost-model validation as TSCompiler §7.3 does it (issue 8, acceptance 2).
 
-For every distinct GEMM and batched-GEMM group of a compiled BERT-base artifact (one group per
+For every distinct GEMM, batched-GEMM and fused-attention group of a compiled BERT-base artifact (one group per
 schedule signature: identical layers share their variants), at 62 random sequence lengths in
 [1, 512] (batch 1, seed 0): every kernel variant in the artifact is timed at that shape (the best
 of 3 or more interleaved rounds — more while a round still finds a variant faster — each the
@@ -32,7 +32,7 @@ def distinct_groups(rt) -> list:
     seen, out = set(), []
     for g in rt.plan.groups:
         ks = rt.model.kernels[g.name]
-        if ks[0].family not in ("gemm", "batched-gemm") or len(ks) < 2:
+        if ks[0].family not in ("gemm", "batched-gemm", "attention") or len(ks) < 2:
             continue
         sig = (ks[0].tuning or {}).get("signature") or tuple(k.func.split("_", 2)[-1] for k in ks)
         if sig in seen:

@@ -108,7 +108,7 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
         raise TscompError(f"target {target.key()}: only the cpu target compiles kernels in this tscomp "
                           "(the CUDA target is not built yet)")
     set_num_threads(target.threads)
-    choices = {g.name: choose_family(plan, g) for g in plan.groups}
+    plan, choices = choose_families(plan)
     options = tuning or TuningOptions(tune=False)
     options.max_variants = max_variants
     schedules = schedule_plan(plan, choices, target, options, log=log)
@@ -118,6 +118,17 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
         progress(len(plan.groups), len(plan.groups), "done")
     return CompiledModel(plan, kernels, target, schedules, source_model=source_model,
                          compile_seconds=time.perf_counter() - t0)
+
+
+def choose_families(plan: Plan) -> tuple[Plan, dict[str, FamilyChoice]]:
+    """Each group's family; a merged group that no family accepts (an attention chain the attention
+    family refuses) is replaced by its parts, each choosing its own family."""
+    choices = {g.name: choose_family(plan, g) for g in plan.groups}
+    refused = [name for name, c in choices.items() if c.family is None and c.group.parts]
+    if refused:
+        plan = plan.split(refused)
+        choices = {g.name: choices.get(g.name) or choose_family(plan, g) for g in plan.groups}
+    return plan, choices
 
 
 def build_kernels(plan: Plan, choices: dict, schedules: Schedules, target: Target,

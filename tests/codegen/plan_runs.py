@@ -10,11 +10,14 @@ from tscomp.graph.fusion.interpret import evaluate_group
 from tscomp.graph.reference import bind_symbols, materialize
 
 
-def model_plan(exported_model, family, exporter, opset=None):
+def model_plan(exported_model, family, exporter, opset=None, *, attention=True):
+    """The tiny model's Plan and symbol ranges; ``attention=False`` keeps QKᵀ, softmax and P·V as
+    separate groups (for the batched-GEMM family's tests)."""
     from models.families import symbol_ranges
     ranges = symbol_ranges(family)
     path = exported_model(family, "tiny", exporter, opset)
-    return fuse(G.load_model(path, [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()])), ranges
+    return fuse(G.load_model(path, [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()]),
+                attention=attention), ranges
 
 
 def kernel_bindings(family, ranges):

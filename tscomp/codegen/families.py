@@ -14,8 +14,12 @@ carrying every family's reason. Every executor satisfies :class:`~tscomp.codegen
 
 Precision (issue 13) is a field of the :class:`~tscomp.schedule.target.Target` each step is handed:
 the ``gemm`` family (constant weights) generates, builds and packs bf16 kernels when
-``target.precision == "bf16"``; every other family (batched GEMMs of two activations -- attention --,
-Conv, rows, elementwise, pooling) stays fp32 at any precision (:data:`BF16_FAMILIES`).
+``target.precision == "bf16"``; every other family (fused attention, batched GEMMs of two
+activations, Conv, rows, elementwise, pooling) stays fp32 at any precision (:data:`BF16_FAMILIES`).
+
+``attention`` groups (QKᵀ → softmax → P·V merged by :mod:`tscomp.graph.fusion.attention`) are the
+attention family's alone; one it refuses is split back into its parts before families are chosen
+again (:func:`tscomp.compiler.choose_families`).
 """
 from __future__ import annotations
 
@@ -114,6 +118,26 @@ def _batched_space(analysis, target: Target):
     return BatchedGemmSpace(*analysis.static_extents(), target)
 
 
+# ---------------------------------------------------------------------------- attention (QKᵀ, softmax, P·V fused)
+def _attention_analyze(plan, group):
+    from tscomp.codegen.cpu_attention import AttentionAnalysis
+    return AttentionAnalysis(plan, group)
+
+
+def _attention_executor(analysis, cfg, target: Target):
+    from tscomp.codegen.cpu_attention import CompiledAttention
+    return CompiledAttention(analysis, cfg, target.isa)
+
+
+def _attention_heuristic(analysis, target: Target, limit: int) -> list:
+    return analysis.heuristic_configs(target.isa, limit)
+
+
+def _attention_space(analysis, target: Target):
+    from tscomp.schedule.attention_space import AttentionSpace
+    return AttentionSpace(analysis, target)
+
+
 # ---------------------------------------------------------------------------- row / elementwise
 def _rows_analyze(plan, group):
     from tscomp.codegen.cpu_groups import generate_group
@@ -192,6 +216,8 @@ FAMILIES: tuple[KernelFamily, ...] = (
     KernelFamily("gemm", ("gemm",), _gemm_analyze, _gemm_executor, link_native, _gemm_heuristic, _gemm_space),
     KernelFamily("batched-gemm", ("gemm",), _batched_analyze, _batched_executor, link_native, _batched_heuristic,
                  _batched_space),
+    KernelFamily("attention", ("attention",), _attention_analyze, _attention_executor, link_native,
+                 _attention_heuristic, _attention_space),
     KernelFamily("row-or-elementwise", ("elementwise", "reduce"), _rows_analyze, _rows_executor, _rows_link,
                  _no_configs),
     KernelFamily("index", ("opaque", "reduce"), _index_analyze, _rows_executor, _index_link, _no_configs),

@@ -98,30 +98,59 @@ def _aligned(nbytes: sympy.Expr) -> sympy.Expr:
 
 
 def plan_buffers_symbolic(lifetimes: list[SymbolicLifetime], symtab: SymbolTable) -> SymbolicBufferPlan:
-    """Slots, then stacking: tensors (largest at the top of the ranges first) share a *slot* with
-    tensors whose lifetimes they do not overlap (the first slot that has room in time); a slot is as
-    large as its largest member at the binding, and slots sit one above the other. Valid at every
-    binding by construction; tensors of the same kind in successive layers share one slot."""
+    """Slots, then stacking: tensors (largest at the top of the ranges first) go into the first
+    *slot* with room for them -- at the slot's base when no member there is live at the same time,
+    or directly above a member, provided that no member live at the same time overlaps them and
+    that they end below the slot's first (largest) member, both *proven* for every binding in the
+    ranges (:meth:`~tscomp.graph.symbols.SymbolTable.prove_le`: QKᵀ's 1536·B·L bytes and an
+    attention output's 512·B·L fit under an FFN activation's 2048·B·L). Slots sit one above the
+    other. Valid at every binding by construction; tensors of the same kind in successive layers
+    share one slot."""
     def top(lt: SymbolicLifetime) -> float:
         return float(symtab.bounds(lt.nbytes)[1])
 
+    sizes = {lt.name: _aligned(lt.nbytes) for lt in lifetimes}
+    proofs: dict[tuple, bool] = {}
+
+    def le(a, b) -> bool:
+        key = (a, b)
+        if key not in proofs:
+            proofs[key] = symtab.prove_le(a, b)
+        return proofs[key]
+
+    def overlap_in_time(u: SymbolicLifetime, t: SymbolicLifetime) -> bool:
+        return not (u.last < t.first or t.last < u.first)
+
     ordered = sorted(lifetimes, key=lambda t: (-top(t), t.first, t.name))
     slots: list[list[SymbolicLifetime]] = []
+    rel: dict[str, sympy.Expr] = {}                  # offset within its slot
+    anchor: dict[str, str | None] = {}               # the member it sits on (None: the slot's base)
+
+    def fits(slot: list[SymbolicLifetime], lt: SymbolicLifetime, at: sympy.Expr) -> bool:
+        end = at + sizes[lt.name]
+        if at != 0 and not le(end, sizes[slot[0].name]):
+            return False
+        return all(le(rel[u.name] + sizes[u.name], at) or le(end, rel[u.name])
+                   for u in slot if overlap_in_time(u, lt))
+
     for lt in ordered:
         for slot in slots:
-            if all(u.last < lt.first or lt.last < u.first for u in slot):
+            candidates = [(None, sympy.Integer(0))] + [(u.name, rel[u.name] + sizes[u.name]) for u in slot]
+            spot = next(((a, at) for a, at in candidates if fits(slot, lt, at)), None)
+            if spot is not None:
                 slot.append(lt)
+                anchor[lt.name], rel[lt.name] = spot
                 break
         else:
             slots.append([lt])
-    sizes = {lt.name: _aligned(lt.nbytes) for lt in lifetimes}
-    order, below, slot_of = [], {}, {}
+            anchor[lt.name], rel[lt.name] = None, sympy.Integer(0)
+    order, below = [], {}
     previous: tuple[str, ...] = ()
-    for k, slot in enumerate(slots):
+    for slot in slots:
         for lt in slot:
             order.append(lt.name)
-            below[lt.name] = previous      # every member of the slot below: the top of the stack so far
-            slot_of[lt.name] = k
+            # at the slot's base: above every member of the slot below (the top of the stack so far)
+            below[lt.name] = previous if anchor[lt.name] is None else (anchor[lt.name],)
         previous = tuple(lt.name for lt in slot)
     return SymbolicBufferPlan(order, sizes, below)
 

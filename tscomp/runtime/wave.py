@@ -106,10 +106,24 @@ def _batched_classes(k, ev, threads: int):
             for cn, wn in _axis_classes(ev(k.N), k.cfg.nc, k.cfg.nr)]
 
 
+def _attention_classes(k, ev, threads: int):
+    """Fused attention (``cpu_attention``'s own split): per batch entry, ``splits`` runs of T_Mb-row
+    query blocks, each run packing the entry's keys; work = the run's padded rows x padded keys x
+    (both head widths)."""
+    from tscomp.codegen.cpu_attention import attention_splits
+    nb, M = ev(k.NB), np.maximum(ev(k.M), 1)
+    keys = -(-np.maximum(ev(k.N), 1) // k.cfg.nc) * k.cfg.nc
+    n_qb = -(-M // k.cfg.mc)
+    splits = attention_splits(nb, n_qb, threads)
+    rows = np.minimum(-(-n_qb // splits) * k.cfg.mc, -(-M // k.cfg.mr) * k.cfg.mr)
+    return [(nb * splits, rows * keys * (k.DK + k.DV))]
+
+
 #: family -> classes(kernel, ev, threads): the tasks of a shape as ``[(count, padded work per task)]``,
 #: ``ev`` evaluating a symbolic size (to an int for one binding, to an array over a grid of bindings
 #: in :mod:`tscomp.runtime.dispatch`), ``threads`` the OpenMP team size (a Conv splits by it)
 CLASSES: dict[str, Callable] = {"gemm": _gemm_classes, "batched-gemm": _batched_classes,
+                                 "attention": _attention_classes,
                                  "conv": _conv_classes, "conv-depthwise": _depthwise_classes}
 
 #: families that got task classes later: a kernel compiled before (``task_model`` below this)

@@ -12,7 +12,7 @@ from tscomp.codegen.simt.groups import SimtGroup, simt_group_source
 @pytest.mark.models
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
 def test_row_and_elementwise_groups_match_the_interpreter(opencl, exported_model, family):
-    plan, ranges = model_plan(exported_model, family, "dynamo")
+    plan, ranges = model_plan(exported_model, family, "dynamo", attention=False)
     kernels = {g.name: SimtGroup(simt_group_source(plan, g)) for g in plan.groups
                if g.kind in ("elementwise", "reduce")}
     kinds = {g.kind for g in plan.groups if g.name in kernels}
@@ -34,7 +34,7 @@ def test_batched_gemm_groups_match_the_interpreter(opencl, exported_model):
     from tscomp.codegen.cpu_batched_gemm import BatchedGemmAnalysis
     from tscomp.codegen.simt.batched import SimtBatchedGemm
     from tscomp.errors import UnsupportedOperatorError
-    plan, ranges = model_plan(exported_model, "bert", "torchscript")
+    plan, ranges = model_plan(exported_model, "bert", "torchscript", attention=False)
     kernels = {}
     for g in plan.groups:
         if g.kind == "gemm":
@@ -58,7 +58,7 @@ def test_gemm_groups_with_a_computed_while_staging_match_the_interpreter(opencl,
     from tscomp.codegen.cpu_gemm_group import GemmGroupAnalysis
     from tscomp.codegen.simt.config import SimtTile
     from tscomp.codegen.simt.gemm_group import SimtGemmGroup
-    plan, ranges = model_plan(exported_model, family, exporter, opset)
+    plan, ranges = model_plan(exported_model, family, exporter, opset, attention=False)
     tile = SimtTile(32, 64, 8, 16, 32, 2, 8, async_copy=True)
     kernels, _ = compile_gemm_groups(plan, lambda p, g: SimtGemmGroup(GemmGroupAnalysis(p, g), tile))
     a_staged = [k for k in kernels.values() if k.a_staged]

@@ -258,6 +258,8 @@ def compile_cuda_plan(plan: Plan, archs=DEFAULT_ARCHS, *, max_variants: int = 2,
     for a in archs:
         cuda(a)     # unknown architectures are refused by name
     from tscomp.schedule.schedules import schedule_analytic
+    # no SIMT family fuses attention yet: merged QK^T -> softmax -> P.V groups run as their parts
+    plan = plan.split([g.name for g in plan.groups if g.parts])
     choices = choose_families(plan, tf32)
     # the schedule stage ranks for the first architecture (the wave model's and the PTX's)
     schedules = schedule_analytic(plan, choices, cuda(archs[0]), max_variants)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tscomp.graph.fusion.attention import merge_attention
 from tscomp.graph.fusion.horizontal import horizontal_fusion
 from tscomp.graph.fusion.interpret import run_plan
 from tscomp.graph.fusion.lowering import lower_groups
@@ -15,13 +16,16 @@ from tscomp.graph.fusion.plan import Group, Plan, plan_traffic, unfused_traffic
 from tscomp.graph.ir import Graph
 
 
-def fuse(graph: Graph, *, horizontal: bool = True) -> Plan:
+def fuse(graph: Graph, *, horizontal: bool = True, attention: bool = True) -> Plan:
     """Partition a propagated, simplified graph into fused groups. With ``horizontal``, sibling
     GEMMs are first merged by rewriting a copy of the graph (``Plan.graph``); ``graph`` itself
-    is left as it was."""
+    is left as it was. With ``attention``, closed QKᵀ → softmax → P·V chains become one
+    ``attention`` group that keeps its three parts (:mod:`tscomp.graph.fusion.attention`)."""
     graph = dataclasses.replace(graph, nodes=list(graph.nodes), values=dict(graph.values))
     rewrites = horizontal_fusion(graph) if horizontal else []
     cg, states = partition(graph)
+    if attention:
+        states = merge_attention(cg, states)
     return Plan(graph, lower_groups(cg, states), rewrites)
 
 

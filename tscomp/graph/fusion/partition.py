@@ -140,6 +140,8 @@ class GroupState:
     #: the heavy op and the prologue nodes feeding it (what a new prologue node must feed)
     feeders: set[str] = field(default_factory=set)
     rules: list[str] = field(default_factory=list)
+    #: the groups a merged group was made of (:mod:`tscomp.graph.fusion.attention`)
+    parts: list["GroupState"] = field(default_factory=list)
 
 
 class Partitioner:

@@ -26,6 +26,9 @@ class Group:
     inputs: list[str]              # materialized tensors it reads
     outputs: dict[str, Expr]       # materialized tensors it writes, each an expression
     rules: list[str] = field(default_factory=list)  # fusion rules that grew it
+    #: the finer groups a merged group was made of, in execution order (an ``attention`` group's
+    #: QKᵀ, softmax and P·V groups): what runs when no kernel family accepts the merged group
+    parts: list["Group"] = field(default_factory=list)
 
     @property
     def backbone(self) -> str | None:
@@ -55,6 +58,16 @@ class Plan:
     graph: Graph
     groups: list[Group]
     rewrites: list[str] = field(default_factory=list)  # graph rewrites done before partitioning
+
+    def split(self, names) -> "Plan":
+        """This plan with each merged group named in ``names`` replaced by its parts."""
+        names = set(names)
+        groups = []
+        for g in self.groups:
+            if g.name in names and not g.parts:
+                raise ValueError(f"group {g.name} was not merged from parts: it cannot be split")
+            groups.extend(g.parts if g.name in names else [g])
+        return Plan(self.graph, groups, self.rewrites)
 
     def crossing_values(self) -> list[str]:
         """Tensors that live in memory between groups (group outputs)."""

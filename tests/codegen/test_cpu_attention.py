@@ -1,0 +1,215 @@
+"""The attention family (:mod:`tscomp.codegen.cpu_attention`): QKᵀ, mask, softmax and P·V in one
+kernel, checked against onnxruntime on a hand-built attention at awkward sizes (fully masked rows,
+head widths that are not a vector multiple, every candidate tiling), against the Plan interpreter
+on every tiny model family, and the refusals that send a chain back to its parts."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+import tscomp.graph as G
+from tscomp.codegen.build import host_isa
+from tscomp.codegen.cpu_attention import AttentionAnalysis, CompiledAttention, compile_attention_group, link
+from tscomp.errors import UnsupportedOperatorError
+from tscomp.graph.fusion import fuse
+from tscomp.graph.reference import bind_symbols, materialize
+from tests.codegen.plan_runs import check_against_interpreter, close, model_plan
+
+H = 3
+
+
+def attention_model(tmp_path, dk: int, dv: int, *, guard: bool = True, p_op: str | None = None,
+                    probs_out: bool = False, name: str = "att"):
+    """q [b, M, H, dk], k [b, N, H, dk], v [b, N, H, dv], mask [b, 1, M, N] (additive) ->
+    softmax(q·kᵀ / sqrt(dk) + mask) · v as [b, H, M, dv]; ``guard``: the exporters'
+    Where(IsNaN(p), 0, p) on the probabilities; ``p_op``: another op on them (Mul by 2 / Sqrt);
+    ``probs_out``: the probabilities are a graph output too."""
+    scale = helper.make_tensor("scale", TP.FLOAT, [], [1.0 / np.sqrt(dk)])
+    zero = helper.make_tensor("zero", TP.FLOAT, [], [0.0])
+    two = helper.make_tensor("two", TP.FLOAT, [], [2.0])
+    nodes = [helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]),
+             helper.make_node("Transpose", ["v"], ["vt"], perm=[0, 2, 1, 3]),
+             helper.make_node("MatMul", ["qt", "kt"], ["s0"]),
+             helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+             helper.make_node("Add", ["s1", "mask"], ["s2"]),
+             helper.make_node("Softmax", ["s2"], ["p0"], axis=-1)]
+    p = "p0"
+    if guard:
+        nodes += [helper.make_node("IsNaN", [p], ["nan"]), helper.make_node("Where", ["nan", "zero", p], ["p1"])]
+        p = "p1"
+    if p_op == "mul2":
+        nodes.append(helper.make_node("Mul", [p, "two"], ["p2"]))
+        p = "p2"
+    elif p_op == "sqrt":
+        nodes.append(helper.make_node("Sqrt", [p], ["p2"]))
+        p = "p2"
+    nodes.append(helper.make_node("MatMul", [p, "vt"], ["y"]))
+    outputs = [helper.make_tensor_value_info("y", TP.FLOAT, ["b", H, "M", dv])]
+    if probs_out:
+        outputs.append(helper.make_tensor_value_info("p0", TP.FLOAT, ["b", H, "M", "N"]))
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("q", TP.FLOAT, ["b", "M", H, dk]),
+         helper.make_tensor_value_info("k", TP.FLOAT, ["b", "N", H, dk]),
+         helper.make_tensor_value_info("v", TP.FLOAT, ["b", "N", H, dv]),
+         helper.make_tensor_value_info("mask", TP.FLOAT, ["b", 1, "M", "N"])],
+        outputs, initializer=[scale, zero, two])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    onnx.checker.check_model(model)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    return path
+
+
+DIMS = ["b=1:3", "M=1:600", "N=1:600"]
+
+
+def plan_of(path):
+    return fuse(G.load_model(path, DIMS))
+
+
+def feeds_at(b, M, N, dk, dv, rng, *, dead_rows=(), dead_keys=()):
+    """Random q, k, v; a mask of zeros with -inf at every key of ``dead_rows`` (fully masked query
+    rows) and at the keys ``dead_keys`` of every row (padding)."""
+    mask = np.zeros((b, 1, M, N), np.float32)
+    for r in dead_rows:
+        if r < M:
+            mask[:, :, r, :] = -np.inf
+    for c in dead_keys:
+        if c < N:
+            mask[..., c] = -np.inf
+    return {"q": rng.standard_normal((b, M, H, dk)).astype(np.float32),
+            "k": rng.standard_normal((b, N, H, dk)).astype(np.float32),
+            "v": rng.standard_normal((b, N, H, dv)).astype(np.float32), "mask": mask}
+
+
+def run_group(plan, kernel, feeds):
+    bound = bind_symbols(plan.graph, feeds)
+    env = dict(feeds)
+    for name in kernel.group.inputs:
+        if name not in env:
+            env[name] = materialize(plan.graph, plan.graph.values[name], bound)
+    return kernel.run(env, bound)
+
+
+def ort_run(path, feeds):
+    ort = pytest.importorskip("onnxruntime")
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def the_attention_group(plan):
+    groups = [g for g in plan.groups if g.kind == "attention"]
+    assert len(groups) == 1, plan.describe()
+    return groups[0]
+
+
+#: (M, N): 1, primes, vector and block edges, and both sides of the key block
+SIZES = [(1, 1), (7, 13), (13, 97), (97, 7), (64, 64), (65, 130), (200, 33), (1, 511)]
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    path = attention_model(tmp_path_factory.mktemp("att"), 24, 40)
+    plan = plan_of(path)
+    return path, plan, compile_attention_group(plan, the_attention_group(plan), isa=host_isa())
+
+
+@pytest.mark.parametrize("M,N", SIZES)
+def test_fused_attention_matches_onnxruntime_with_head_widths_off_the_vector_width(guarded, M, N):
+    path, plan, kernel = guarded
+    feeds = feeds_at(2, M, N, 24, 40, np.random.default_rng(M * 1000 + N), dead_keys=(0, N - 1) if N > 2 else ())
+    close(run_group(plan, kernel, feeds)["y"], ort_run(path, feeds)[0], f"M={M} N={N}")
+
+
+def test_fully_masked_rows_give_zero_under_the_nan_guard(guarded):
+    """ONNX's Softmax of an all -inf row is NaN; the guard turns it into 0, so the row's P·V is 0."""
+    path, plan, kernel = guarded
+    feeds = feeds_at(2, 70, 90, 24, 40, np.random.default_rng(1), dead_rows=(0, 5, 69))
+    got, want = run_group(plan, kernel, feeds)["y"], ort_run(path, feeds)[0]
+    assert np.all(want[:, :, [0, 5, 69]] == 0)
+    close(got, want, "dead rows")
+
+
+def test_fully_masked_rows_stay_nan_without_the_guard(tmp_path):
+    path = attention_model(tmp_path, 16, 16, guard=False)
+    plan = plan_of(path)
+    kernel = compile_attention_group(plan, the_attention_group(plan), isa=host_isa())
+    assert np.isnan(kernel.masked_value)
+    feeds = feeds_at(1, 9, 20, 16, 16, np.random.default_rng(2), dead_rows=(3,))
+    got, want = run_group(plan, kernel, feeds)["y"], ort_run(path, feeds)[0]
+    assert np.isnan(want[:, :, 3]).all() and np.isnan(got[:, :, 3]).all()
+    close(got, want, "no guard")
+
+
+def test_every_candidate_tiling_is_correct(guarded):
+    path, plan, _ = guarded
+    a = AttentionAnalysis(plan, the_attention_group(plan))
+    cfgs = a.heuristic_configs(host_isa(), 8)
+    assert len({c.nr for c in cfgs}) >= 2, cfgs            # several key-block widths
+    feeds = feeds_at(3, 101, 150, 24, 40, np.random.default_rng(3), dead_rows=(7,), dead_keys=(149,))
+    want = ort_run(path, feeds)[0]
+    for cfg in cfgs:
+        kernel = link(CompiledAttention(a, cfg, host_isa()))
+        close(run_group(plan, kernel, feeds)["y"], want, cfg.slug())
+
+
+def test_generated_source_names_its_tiles_and_fused_ops(guarded):
+    _, _, kernel = guarded
+    head = kernel.source.split("*/")[0]
+    assert "Softmax" in head and "-> Mul, Add -> Softmax" in head and f"T_Mb = {kernel.cfg.mc}" in head
+
+
+@pytest.mark.parametrize("p_op", ["mul2", "sqrt"])
+def test_ops_that_change_probabilities_are_refused_and_the_chain_runs_as_its_parts(tmp_path, p_op):
+    from tscomp.compiler import compile_plan
+    from tscomp.runtime import Runtime
+    from tscomp.runtime.artifact import write_artifact
+
+    path = attention_model(tmp_path, 16, 16, p_op=p_op)
+    plan = plan_of(path)
+    group = the_attention_group(plan)
+    with pytest.raises(UnsupportedOperatorError, match=f"group {group.name}: the ops between the Softmax and P·V"):
+        AttentionAnalysis(plan, group)
+    model = compile_plan(plan)
+    assert not any(g.kind == "attention" for g in model.plan.groups)
+    assert {g.name for g in group.parts} <= {g.name for g in model.plan.groups}
+    assert model.fallback_groups() == [], model.fallback_groups()
+    write_artifact(model, tmp_path / "m.tsc")
+    feeds = feeds_at(2, 11, 17, 16, 16, np.random.default_rng(4))
+    close(Runtime(tmp_path / "m.tsc").run(feeds)["y"], ort_run(path, feeds)[0], p_op)
+
+
+def test_a_compiled_model_runs_the_fused_kernel_through_the_artifact(tmp_path):
+    from tscomp.compiler import compile_plan
+    from tscomp.runtime import Runtime
+    from tscomp.runtime.artifact import write_artifact
+
+    path = attention_model(tmp_path, 32, 32)
+    model = compile_plan(plan_of(path))
+    fams = {ks[0].family for ks in model.kernels.values()}
+    assert fams == {"attention"}, fams
+    write_artifact(model, tmp_path / "m.tsc")
+    rt = Runtime(tmp_path / "m.tsc")
+    rng = np.random.default_rng(5)
+    for M, N in [(1, 1), (17, 3), (130, 257)]:
+        feeds = feeds_at(3, M, N, 32, 32, rng, dead_rows=(0,))
+        close(rt.run(feeds)["y"], ort_run(path, feeds)[0], f"M={M} N={N}")
+
+
+FAMILIES = ("bert", "albert", "roberta", "distilbert", "gpt2", "vit", "llama")
+MODELS = [pytest.param(f, e, id=f"{f}-{e}") for f in FAMILIES for e in ("dynamo", "torchscript")
+          if not (f == "llama" and e == "torchscript")]
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("family,exporter", MODELS)
+def test_every_tiny_model_fuses_its_attention_and_matches_the_interpreter(exported_model, family, exporter):
+    plan, ranges = model_plan(exported_model, family, exporter)
+    groups = [g for g in plan.groups if g.kind == "attention"]
+    assert groups, plan.describe()
+    kernels = {g.name: compile_attention_group(plan, g, isa=host_isa()) for g in groups}
+    assert check_against_interpreter(plan, family, ranges, kernels) == 2 * len(kernels)
