@@ -102,7 +102,7 @@ def test_precision_is_in_the_manifest_digest_sources_and_entry_points(bf16_artif
     path, _, _, model = bf16_artifact("bert")
     mf = read_manifest(path)
     assert mf["precision"] == "bf16" and mf["target"]["precision"] == "bf16"
-    assert mf["target"]["key"].endswith("-bf16") and "batched GEMMs (attention)" in mf["precision_scope"]
+    assert mf["target"]["key"].endswith("-bf16") and "attention (fused or as batched GEMMs)" in mf["precision_scope"]
     variants = [v for g in mf["groups"] for v in g["variants"]]
     gemm = [v for v in variants if v["family"] == "gemm"]
     assert gemm and all(v["precision"] == "bf16" and v["func"].endswith("_bf16") for v in gemm)

@@ -134,8 +134,8 @@ def _precision_scope(precision: str) -> str:
         return "every kernel computes in fp32"
     from tscomp.codegen.families import BF16_FAMILIES
     return (f"{precision} inner products (fp32 accumulation) in the {', '.join(BF16_FAMILIES)} famil"
-            f"{'y' if len(BF16_FAMILIES) == 1 else 'ies'} (constant weights packed as {precision}); batched GEMMs "
-            f"(attention), Conv and every non-GEMM op compute in fp32")
+            f"{'y' if len(BF16_FAMILIES) == 1 else 'ies'} (constant weights packed as {precision}); attention "
+            f"(fused or as batched GEMMs), Conv and every non-GEMM op compute in fp32")
 
 
 def check_host_precision(path, manifest: dict) -> None:
