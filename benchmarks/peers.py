@@ -189,7 +189,7 @@ def print_rows(result: dict, summary: dict) -> None:
 
 def print_table(results: list[tuple[str, dict]]) -> None:
     systems = list(dict.fromkeys(s for _, r in results for s in r["systems"]))
-    print(f"| model | " + " | ".join(f"{s} ms" for s in systems) + " | best peer | tscomp / best peer (worst) |")
+    print("| model | " + " | ".join(f"{s} ms" for s in systems) + " | best peer | tscomp / best peer (worst) |")
     print("|---" * (len(systems) + 3) + "|")
     for name, r in results:
         s = summarize(r)

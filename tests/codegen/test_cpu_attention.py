@@ -157,6 +157,19 @@ def test_every_candidate_tiling_is_correct(guarded):
         close(run_group(plan, kernel, feeds)["y"], want, cfg.slug())
 
 
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_every_isa_the_host_runs_computes_the_same_attention(guarded, isa):
+    from tscomp.codegen.cpu_gemm import ISA_RANK
+    if ISA_RANK[isa] > ISA_RANK[host_isa()]:
+        pytest.skip(f"this host has {host_isa()}, not {isa}")
+    path, plan, _ = guarded
+    a = AttentionAnalysis(plan, the_attention_group(plan))
+    feeds = feeds_at(2, 37, 70, 24, 40, np.random.default_rng(6), dead_rows=(3,))
+    want = ort_run(path, feeds)[0]
+    for cfg in a.heuristic_configs(isa, 3):
+        close(run_group(plan, link(CompiledAttention(a, cfg, isa)), feeds)["y"], want, f"{isa} {cfg.slug()}")
+
+
 def test_generated_source_names_its_tiles_and_fused_ops(guarded):
     _, _, kernel = guarded
     head = kernel.source.split("*/")[0]

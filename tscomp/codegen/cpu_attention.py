@@ -36,7 +36,6 @@ from typing import Mapping
 import numpy as np
 import sympy
 
-from tscomp.codegen.build import build_library, load_library
 from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_symbol_name, delinearize, math_helpers, reshape_index
 from tscomp.codegen.cpu_batched_gemm import _Generator
 from tscomp.codegen.cpu_gemm import ISA_RANK, _Vec
@@ -44,7 +43,7 @@ from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
 from tscomp.codegen.tile_config import MAX_ACCUMULATORS, VECTOR_WIDTH, TileConfig, TileConfigError
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
-from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
+from tscomp.graph.fusion.expr import Const, Expr, Input, Op, walk
 from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.graph.ops import registry
 from tscomp.graph.ops.registry import FusionClass, OpCall, c_type
@@ -363,7 +362,7 @@ class CompiledAttention(AttentionAnalysis, PicklableKernel):
         L.append(SPLITS_C)
         L.extend(gen.statics)
         L.append(_micro_kernels(isa, cfg.mr, cfg.nr, DK, DVP))
-        L.append(_exp_row(isa))
+        exp_row = _exp_row(isa)
         decls = "\n".join("    " + d for d in gen.decls)
         body = f"""/* Macro-kernel: tasks = NB x splits (a batch entry's query blocks cut into `splits` runs, so that
  * every thread has work when NB is small); a task packs its entry's Kᵀ and V once (all keys), then
@@ -483,7 +482,8 @@ void {self.func}({', '.join(params)})
     }}
 }}
 """
-        L.append(math_helpers(body + "ts_expf("))
+        L.append(math_helpers(body + exp_row))       # ts_expf (and what the epilogues call) before use
+        L.append(exp_row)
         L.append(body)
         return "\n".join(L)
 
@@ -570,21 +570,21 @@ def _micro_kernels(isa: str, mr: int, nj: int, dk: int, dvp: int) -> str:
     """``ts_qk``: S[mr × nj] = Q[mr × dk] · Kᵀ[dk × nj]; ``ts_pv``: O[mr × dvp] += P[mr × nv] · V[nv × dvp],
     the head split into chunks of at most 4 vectors (the register tile)."""
     if isa == "scalar":
-        return f"""static inline void ts_qk(const float* restrict q, const float* restrict kt, float* restrict s)
-{{
+        return """static inline void ts_qk(const float* restrict q, const float* restrict kt, float* restrict s)
+{
     for (int r = 0; r < TS_MR; ++r)
-        for (int c = 0; c < TS_NJ; ++c) {{
+        for (int c = 0; c < TS_NJ; ++c) {
             float a = 0.0f;
             for (int k = 0; k < TS_DK; ++k) a = fmaf(q[r * TS_DK + k], kt[k * TS_NJ + c], a);
             s[r * TS_NJ + c] = a;
-        }}
-}}
+        }
+}
 static inline void ts_pv(const float* restrict p, const float* restrict v, float* restrict o, int64_t nv)
-{{
+{
     for (int r = 0; r < TS_MR; ++r)
         for (int64_t c = 0; c < nv; ++c)
             for (int d = 0; d < TS_DVP; ++d) o[r * TS_DVP + d] = fmaf(p[r * TS_NJ + c], v[c * TS_DVP + d], o[r * TS_DVP + d]);
-}}
+}
 """
     v = _Vec(isa)
     W = v.width
@@ -674,17 +674,14 @@ static inline float ts_exp_row(float* restrict s, float m)
 """
 
 
-_LIBS: dict = {}
-
-
 def link(kernel: CompiledAttention) -> CompiledAttention:
     """The build step: source → shared library (cached by content) → bound entry point."""
-    path = str(build_library(kernel.source, kernel.func))
-    lib = _LIBS.get(path)
-    if lib is None:
-        lib = _LIBS[path] = load_library(path)
-    kernel._bind_function(lib)
-    return kernel
+    from tscomp.codegen.build import host_isa
+    from tscomp.codegen.families import link_native
+    if ISA_RANK[kernel.isa] > ISA_RANK[host_isa()]:
+        raise UnsupportedOperatorError(f"group {kernel.group.name}: ISA {kernel.isa} requested but this host only "
+                                       f"has {host_isa()}")
+    return link_native(kernel)
 
 
 def compile_attention_group(plan: Plan, group: Group, cfg: TileConfig | None = None, *, isa: str) -> CompiledAttention:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from tscomp.codegen.tile_config import TileConfig
-from tscomp.schedule.gemm_space import _caches, _cpu, _round_up, _snap
+from tscomp.schedule.gemm_space import _cpu, _round_up, _snap
 from tscomp.schedule.space import Axis, Constraint, DiscreteSpace
 from tscomp.schedule.target import Target
 
