@@ -465,14 +465,14 @@ void {self.func}({', '.join(params)})
                     ts_pv(ts_s + ts_r * TS_NJ, ts_v + ts_j0 * TS_DVP, ts_o + ts_r * TS_DVP, ts_nv);
             }}
             /* O / l through the output epilogue ({', '.join(o.op_type for o in self._output_ops()) or 'store'});
-             * a fully masked row: P·V of the guarded NaN probabilities */
+             * a fully masked row: P·V of the guarded NaN probabilities; no keys at all: an empty sum, 0 */
             for (int64_t ts_r = 0; ts_r < ts_mv; ++ts_r) {{
                 const int64_t ts_i = ts_m0 + ts_r;
                 const int ts_dead = ts_mx[ts_r] == -INFINITY;
                 const float ts_inv = ts_dead ? 0.0f : 1.0f / ts_l[ts_r];
                 #pragma omp simd
                 for (int64_t ts_d = 0; ts_d < TS_DV; ++ts_d) {{
-                    const float acc = ts_dead ? {masked} : ts_o[ts_r * TS_DVP + ts_d] * ts_inv;
+                    const float acc = ts_dead ? (ts_N > 0 ? {masked} : 0.0f) : ts_o[ts_r * TS_DVP + ts_d] * ts_inv;
 {ind(F['o'][1], 5)}
                 }}
             }}
