@@ -105,6 +105,23 @@ def test_fused_epilogue_matches_numpy_on_edge_and_interior_tiles(isa, epilogue):
     check_all_m(kernel, W, rng, ms=[1, 13, 97, 512, 513], epilogue=epilogue)
 
 
+@pytest.mark.parametrize("isa", [pytest.param(i, marks=needs(i)) for i in ("avx512", "avx2")])
+@pytest.mark.parametrize("epilogue", [None, Epilogue.bias_residual()], ids=["plain", "bias_residual"])
+def test_every_row_tail_height_matches_numpy_with_and_without_partial_sums(isa, epilogue):
+    # M = 1 .. 2*MR + 1 gives every tail height 1 .. MR-1 of the last row panel (its own
+    # micro-kernel), alone and after full panels, across several K blocks (partial sums) and one
+    rng = np.random.default_rng(11)
+    K, N = 37, 41
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    mr = 6 if isa == "avx512" else 5
+    for kc in (8, K):
+        cfg = TileConfig(mr=mr, nr=2 * VECTOR_WIDTH[isa], mc=2 * mr, nc=4 * VECTOR_WIDTH[isa], kc=kc)
+        source = generate_gemm(cfg, K, N, isa)
+        assert all(f"micro_kernel_{r}(" in source for r in range(1, mr))
+        check_all_m(GemmKernel(W, cfg, isa=isa, epilogue=epilogue), W, rng, ms=range(1, 2 * mr + 2),
+                    epilogue=epilogue)
+
+
 @needs("avx512")
 def test_fused_epilogue_on_bert_sized_gemm_with_single_k_block():
     rng = np.random.default_rng(3)

@@ -96,17 +96,19 @@ class _Symtab:
 
 class FakeGemm(KernelBase):
     """A GEMM variant as the wave model sees it: M rows, register tile mr, block tile mc, and
-    ``n_nblocks`` column blocks."""
+    ``n_nblocks`` column blocks; ``row_granule`` mr (the last row panel computed padded, as the
+    scalar kernels do) unless given (1: a row-tail micro-kernel of the panel's own height)."""
     family = "gemm"
     symtab = _Symtab()
 
-    def __init__(self, mr, mc, n_nblocks=1):
+    def __init__(self, mr, mc, n_nblocks=1, row_granule=None):
         import sympy
         from types import SimpleNamespace
         from tscomp.codegen.tile_config import TileConfig
         self.M = sympy.Symbol("M")
         self.cfg = TileConfig(mr=mr, nr=16, mc=mc, nc=64, kc=64)
         self.geometry = SimpleNamespace(n_nblocks=n_nblocks)
+        self.row_granule = mr if row_granule is None else row_granule
 
     def tasks(self, binding):
         return -(-binding["M"] // self.cfg.mc) * self.geometry.n_nblocks
@@ -124,6 +126,18 @@ def test_gemm_per_task_time_follows_the_register_tile_steps_not_the_shape_size()
     assert wave_cost(k, {"M": 5}, CPU2) == pytest.approx(per_rows(5))
     assert wave_cost(k, {"M": 9}, CPU2) == pytest.approx(per_rows(16)) and per_rows(16) == per_rows(9)
     assert wave_cost(k, {"M": 40}, CPU2) == pytest.approx(per_rows(40))
+
+
+def test_a_gemm_with_row_tail_kernels_is_costed_at_its_exact_rows():
+    """With a micro-kernel of the last panel's own height (row_granule 1) a task's work is its rows:
+    M = 9 under an 8-row tile is 9 rows of work, not 16, and a sample at M = 9 is read at 9."""
+    from tscomp.runtime.wave import sample_point, task_classes, task_work
+    k = FakeGemm(mr=8, mc=64, row_granule=1)
+    assert task_work(k, {"M": 9}) == 9 and task_classes(k, {"M": 70}) == ((1, 64), (1, 6))
+    t = lambda rows: 2.0 + rows                      # noqa: E731
+    k.samples = [sample_point(k, {"M": m}, t(m)) for m in (1, 8, 9, 16, 64)]
+    assert wave_cost(k, {"M": 9}, CPU2) == pytest.approx(t(9))
+    assert wave_cost(k, {"M": 12}, CPU2) == pytest.approx(t(12))
 
 
 def test_the_last_partial_block_costs_its_own_rows_not_a_full_wave():

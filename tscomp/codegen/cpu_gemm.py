@@ -66,7 +66,7 @@ import numpy as np
 
 from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import math_helpers
-from tscomp.codegen.tile_config import VECTOR_WIDTH, TileConfig, TileConfigError, default_config
+from tscomp.codegen.tile_config import MAX_ACCUMULATORS, VECTOR_WIDTH, TileConfig, TileConfigError, default_config
 from tscomp.errors import TscompError
 from tscomp.schedule.target import PRECISIONS     # the target's precisions: one list
 
@@ -89,11 +89,11 @@ _RESERVED = {
     "acc", "i", "j", "r", "c", "k", "x", "tile", "yrow", "acc_t", "xp", "wp", "ct", "first", "last",
     "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock",
     "kb", "k0", "jp", "wpanel", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks",
-    "min_i64", "pack_x", "micro_kernel", "row_pass", "a_prologue", "Xa", "tscomp_erff",
+    "min_i64", "pack_x", "micro_kernel", "micro_kernel_tail", "rows", "row_pass", "a_prologue", "Xa", "tscomp_erff",
     "int", "float", "double", "char", "void", "const", "restrict", "return", "if", "else", "for",
     "while", "do", "static", "inline", "sizeof", "int64_t", "int32_t",
 }
-_RESERVED_PATTERN = re.compile(r"(c\d+_\d+|w\d+|m\d+)\Z")  # accumulators, weight vectors, masks
+_RESERVED_PATTERN = re.compile(r"(c\d+_\d+(_s\d+)?|w\d+|m\d+|micro_kernel_\d+)\Z")  # accumulators, weight vectors, masks, row tails
 #: C types an epilogue argument may have, with their ctypes and (for pointers) numpy dtype.
 ARG_TYPES = {
     "const float*": (ctypes.c_void_p, np.float32),
@@ -361,6 +361,9 @@ class _Vec:
     def fma(self, a, b, c):
         return f"{self.prefix}_fmadd_ps({a}, {b}, {c})"
 
+    def add(self, a, b):
+        return f"{self.prefix}_add_ps({a}, {b})"
+
 
 def _c_name(name: str) -> str:
     if not _IDENT.match(name):
@@ -402,6 +405,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
  * Padding:    local padding (DietCode 4.1): W columns zero-padded to {g.NP} when prepacked,
  *             X rows past M zero-filled while packing; only packing loads and the final
  *             store are guarded, the FMA loop never tests bounds.
+ * Row tail:   {'the last row panel (M mod MR rows) runs a micro-kernel of exactly that height (FTuner: two tile sizes, no padded rows)' if isa != 'scalar' and g.MR > 1 else 'padded to MR rows'}
  */
 #include <math.h>
 #include <stdint.h>
@@ -531,6 +535,14 @@ static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, 
 
 
 def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, epi_params: str):
+    """The full-height micro-kernel, and (SIMD ISAs) one per shorter height for the last row panel.
+
+    FTuner's combination of tile sizes applied to the register tile: M = q·MR + t runs q panels of
+    the MR-row kernel and one of a t-row kernel, so a short or awkward M (9 rows under a 6-row tile)
+    computes exactly its rows instead of a zero-padded second panel (12). The panel layout is the
+    same (a partial panel is still packed MR wide); only the rows the kernel reads differ."""
+    params = f"""int64_t kl, const {_operand(g)}* restrict xp, const {_operand(g)}* restrict wp, float* restrict ct,
+    int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{epi_params}"""
     emit(f"""/* Micro-kernel: an MR x NR tile of accumulators over kl steps of k.
  *   xp: packed X panel (k-major, MR per k); wp: packed W panel (k-major, NR per k);
  *   ct: this tile's slot in the per-thread partial-sum buffer (MR*NR floats);
@@ -538,14 +550,45 @@ def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, 
  *   (else save the partial sums to ct). (i0, j0): tile origin in Y; mv x nv: its valid
  *   part (< MR x NR only on the last row/column tiles: guarded store, nothing else). */
 static inline __attribute__((always_inline)) void micro_kernel(
-    int64_t kl, const {_operand(g)}* restrict xp, const {_operand(g)}* restrict wp, float* restrict ct,
-    int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{epi_params})
+    {params})
 {{""")
     if isa == "scalar":
         _emit_scalar_body(emit, g, epilogue)
-    else:
-        _emit_simd_body(emit, g, _Vec(isa), epilogue)
+        emit("}\n")
+        emit(f"""/* Scalar code has no register tile to fit: the last row panel runs the same kernel (padded rows). */
+static inline void micro_kernel_tail(int64_t rows, {params})
+{{
+    (void)rows;
+    micro_kernel(kl, xp, wp, ct, first, last, Y, i0, j0, mv, nv{_arg_names(epi_params)});
+}}
+""")
+        return
+    _emit_simd_body(emit, g, _Vec(isa), epilogue, g.MR)
     emit("}\n")
+    for rows in range(1, g.MR):
+        emit(f"""/* Row-tail micro-kernel: the last row panel holds {rows} of MR = {g.MR} rows. */
+static __attribute__((noinline)) void micro_kernel_{rows}(
+    {params})
+{{""")
+        _emit_simd_body(emit, g, _Vec(isa), epilogue, rows)
+        emit("}\n")
+    cases = "\n".join(f"        case {r}: micro_kernel_{r}(kl, xp, wp, ct, first, last, Y, i0, j0, mv, nv"
+                      f"{_arg_names(epi_params)}); return;" for r in range(1, g.MR))
+    emit(f"""/* The last row panel (0 < rows < MR valid): the micro-kernel of exactly that height. Kept out of
+ * line, like the kernels it calls, so that the full-height kernel's loop is compiled as before. */
+static __attribute__((noinline)) void micro_kernel_tail(int64_t rows, {params})
+{{
+    switch (rows) {{
+{cases}
+        default: __builtin_unreachable();
+    }}
+}}
+""")
+
+
+def _arg_names(epi_params: str) -> str:
+    """``, a, b`` from the parameter text ``, const float* a, int64_t b``."""
+    return "".join(", " + p.strip().split()[-1].lstrip("*") for p in epi_params.split(",") if p.strip())
 
 
 def _operand(g: _Geometry) -> str:
@@ -569,35 +612,72 @@ def emit_accumulators(emit, v: "_Vec", MR: int, NR: int) -> list[list[str]]:
     return accs
 
 
+#: independent multiply-adds a core needs in flight to hide the FMA latency (latency 4 x up to 2
+#: pipes): a register tile with fewer accumulators than this runs latency-bound
+FMA_IN_FLIGHT = 8
+
+
+def accumulator_sets(rows: int, nvec: int, max_accumulators: int) -> int:
+    """Independent accumulator sets a ``rows x nvec`` register tile uses along k: enough that
+    ``FMA_IN_FLIGHT`` multiply-adds are independent (a 1-row tail of one vector is otherwise one
+    dependent chain, 4x slower per row than a full tile), as many as the register file holds."""
+    tile = rows * nvec
+    fit = max(1, max_accumulators // tile)
+    return max(1, min(-(-FMA_IN_FLIGHT // tile), fit, 4))
+
+
 def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, elem: str, vtype: str, *,
-                 load, broadcast, madd) -> None:
+                 load, broadcast, madd, add=None, zero: str = "", acc_type: str = "", sets: int = 1) -> None:
     """The register tile's inner loop over ``count`` packed K steps (one fp32 k, or one bf16 pair):
     per step ``nvec`` W-panel vectors, then per row of the tile one broadcast X element multiplied
-    into the row's accumulators (``madd(x, w, acc)``)."""
-    emit(f"    for (int64_t {k} = 0; {k} < {count}; ++{k}) {{  /* {what}: no bounds tests (local padding) */")
-    emit(f"        const {elem}* restrict wk = wp + {k} * NR;")
-    emit(f"        const {elem}* restrict xk = xp + {k} * MR;")
-    for c in range(nvec):
-        emit(f"        const {vtype} w{c} = {load(f'wk + {c * W}')};")
-    for r, row in enumerate(accs):
-        emit(f"        {{ const {vtype} x = {broadcast(f'xk[{r}]')}; "
-             + " ".join(f"{a} = {madd('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
+    into the row's accumulators (``madd(x, w, acc)``). With ``sets`` > 1 (a tile too small to hide
+    the FMA latency), step ``k + s`` goes into a set of its own, summed into ``accs`` (``add``) after
+    the loop."""
+    def step(kk: str, indent: str, names) -> None:
+        emit(f"{indent}{{ const {elem}* restrict wk = wp + ({kk}) * NR; const {elem}* restrict xk = xp + ({kk}) * MR;")
+        for c in range(nvec):
+            emit(f"{indent}  const {vtype} w{c} = {load(f'wk + {c * W}')};")
+        for r, row in enumerate(names):
+            emit(f"{indent}  {{ const {vtype} x = {broadcast(f'xk[{r}]')}; "
+                 + " ".join(f"{a} = {madd('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
+        emit(f"{indent}}}")
+
+    if sets == 1:
+        emit(f"    for (int64_t {k} = 0; {k} < {count}; ++{k}) {{  /* {what}: no bounds tests (local padding) */")
+        step(k, "        ", accs)
+        emit("    }")
+        return
+    extra = [[[f"{a}_s{s}" for a in row] for row in accs] for s in range(1, sets)]
+    emit(f"    {acc_type} " + ", ".join(f"{a} = {zero}" for group in extra for row in group for a in row) + ";")
+    emit(f"    int64_t {k} = 0;")
+    emit(f"    for (; {k} + {sets} <= {count}; {k} += {sets}) {{  /* {what}, {sets} independent accumulator sets "
+         f"(latency) */")
+    for s, names in enumerate([accs, *extra]):
+        step(f"{k} + {s}", "        ", names)
     emit("    }")
+    emit(f"    for (; {k} < {count}; ++{k})")
+    step(k, "        ", accs)
+    for group in extra:
+        for row, extra_row in zip(accs, group):
+            emit("    " + " ".join(f"{a} = {add(a, e)};" for a, e in zip(row, extra_row)))
 
 
-def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None):
-    MR, NR, W = g.MR, g.NR, v.width
+def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None, rows: int):
+    """The body of a micro-kernel computing ``rows`` (<= MR) rows of the register tile."""
+    NR, W = g.NR, v.width
     nvec = NR // W
-    accs = emit_accumulators(emit, v, MR, NR)
+    accs = emit_accumulators(emit, v, rows, NR)
+    latency = dict(sets=accumulator_sets(rows, nvec, MAX_ACCUMULATORS[v.isa]), add=v.add, zero=v.zero(),
+                   acc_type=v.type)
     if g.precision == "bf16":
         emit("    const int64_t kq = (kl + 1) / 2;   /* bf16 pairs: the K step is 2 */")
         _emit_k_loop(emit, accs, nvec, W, "q", "kq", "VDPBF16PS loop", "uint32_t", "__m512bh",
                      load=lambda p: f"(__m512bh)_mm512_loadu_si512({p})",
                      broadcast=lambda x: f"(__m512bh)_mm512_set1_epi32((int){x})",
-                     madd=lambda x, w, acc: f"_mm512_dpbf16_ps({acc}, {x}, {w})")
+                     madd=lambda x, w, acc: f"_mm512_dpbf16_ps({acc}, {x}, {w})", **latency)
     else:
         _emit_k_loop(emit, accs, nvec, W, "k", "kl", "FMA loop", "float", v.type,
-                     load=v.load, broadcast=v.set1, madd=v.fma)
+                     load=v.load, broadcast=v.set1, madd=v.fma, **latency)
 
     def store_tile(base: str, row_stride: str, comment: str) -> None:
         """Every accumulator vector to ``base + r*row_stride + c*W``, then return."""
@@ -611,7 +691,7 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None):
     store_tile("ct", "NR", "if (!last) {  /* partial sums to the per-thread buffer */")
     if epilogue is None:
         emit("    float* restrict y = Y + i0 * N + j0;")
-        store_tile("y", "N", "if (mv == MR && nv == NR) {  /* interior tile: plain vector stores */")
+        store_tile("y", "N", f"if (mv == {rows} && nv == NR) {{  /* interior tile: plain vector stores */")
         emit("    /* edge tile (local padding's writeback guard): masked columns, tested rows */")
         if v.isa == "avx512":
             for c in range(nvec):
@@ -725,8 +805,13 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
                     const int64_t jj = j0 + jp * NR, nv = min_i64(NR, N - jj);
                     for (int64_t ip = 0; ip * MR < mv; ++ip) {{
                         float* ct = {'NULL' if single else 'cbuf + (jp * (MC / MR) + ip) * (MR * NR)'};
-                        micro_kernel(kl, xpack + ip * ({x_panel}), wpanel, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
-                                     Y, m0 + ip * MR, jj, min_i64(MR, mv - ip * MR), nv{epi_names});
+                        const int64_t rows = min_i64(MR, mv - ip * MR);
+                        if (rows == MR)
+                            micro_kernel(kl, xpack + ip * ({x_panel}), wpanel, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
+                                         Y, m0 + ip * MR, jj, MR, nv{epi_names});
+                        else  /* the last row panel: a kernel of exactly its height (no padded rows computed) */
+                            micro_kernel_tail(rows, kl, xpack + ip * ({x_panel}), wpanel, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
+                                              Y, m0 + ip * MR, jj, rows, nv{epi_names});
                     }}
                 }}
             }}{after}

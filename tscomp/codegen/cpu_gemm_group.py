@@ -750,6 +750,13 @@ class CompiledGemmGroup(PicklableKernel):
     def resources(self) -> dict[str, int]:
         return {"vector_accumulators": self.cfg.accumulators(self.isa), "packed_weight_bytes": int(self.packed.nbytes)}
 
+    @property
+    def row_granule(self) -> int:
+        """Rows a task's work is rounded up to: 1 where the last row panel runs a micro-kernel of its
+        own height (every SIMD ISA, :func:`tscomp.codegen.cpu_gemm._emit_micro_kernel`), the register
+        tile's height where it is computed padded (scalar)."""
+        return 1 if self.isa != "scalar" else self.cfg.mr
+
     def _bind_function(self, lib: ctypes.CDLL) -> None:
         """Look ``func`` up in ``lib`` (this kernel's library, or one linking many kernels) and set ``fn``."""
         fn = getattr(lib, self.func)

@@ -57,7 +57,8 @@ from tscomp.runtime.plain_data import BlobReader, BlobWriter, PlainDataError, re
 from tscomp.schedule.target import Target
 
 FORMAT = "tscomp-artifact"
-FORMAT_VERSION = 3     # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle
+FORMAT_VERSION = 4     # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
+                       # 4: GEMM row tails (the wave model counts a GEMM task's exact rows)
 
 
 class ArtifactError(TscompError):

@@ -16,7 +16,9 @@ holds the remainder (M = 327 under 64-row blocks is five full blocks and one of 
 family defines them (:data:`CLASSES`), the tasks of a shape come as classes ``(count, work)`` with
 work the *padded* work of one task of the class: a task computes whole register tiles, so a task
 holding 5 rows under an 8-row register tile costs what 8 rows cost (TSCompiler §5.1's
-hardware-aligned view; DietCode §4.1 pads to the micro-kernel the same way). The per-task time
+hardware-aligned view; DietCode §4.1 pads to the micro-kernel the same way) -- except where the
+kernel runs its last row panel with a micro-kernel of that panel's own height (the CPU GEMM's row
+tails, FTuner's two tile sizes: ``row_granule`` 1), where a task's work is its exact rows. The per-task time
 ``t(work)`` is interpolated in the work, and the cost is the makespan of the classes on
 ``P`` = blocks-per-wave workers pulling tasks dynamically::
 
@@ -69,7 +71,8 @@ def _axis_classes(extent, block: int, reg: int) -> list[tuple]:
 
 
 def _gemm_classes(k, ev, threads: int):
-    return [(c * k.geometry.n_nblocks, w) for c, w in _axis_classes(ev(k.M), k.cfg.mc, k.cfg.mr)]
+    # rows count exactly where the last row panel has a micro-kernel of its own height
+    return [(c * k.geometry.n_nblocks, w) for c, w in _axis_classes(ev(k.M), k.cfg.mc, k.row_granule)]
 
 
 def _conv_classes(k, ev, threads: int):

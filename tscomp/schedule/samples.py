@@ -29,9 +29,12 @@ from tscomp.graph.reference import materialize
 SAMPLE_POINTS = (1, 4, 8, 12, 16, 64, 128, 256)
 
 #: the denser values the runtime's wave model is measured at (:func:`tscomp.compiler.measure_variants`):
-#: every register-tile step of a small block, so that each partial last block has a sample at its
-#: own padded work, and sizes between the powers of two, where tiles are partly filled
-DISPATCH_POINTS = (1, 2, 3, 5, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 448, 512)
+#: every size up to 16 -- a GEMM runs its last row panel with a micro-kernel of that panel's own
+#: height, whose cost is not proportional to its rows (a 1-row tail re-streams the whole weight
+#: panel for one row: at M = 9 an 8-row tile measured 1.33x its M = 8 time where interpolating
+#: between 8 and 12 predicted 1.12x), so each small task size gets a sample of its own -- then
+#: sizes between the powers of two, where tiles are partly filled
+DISPATCH_POINTS = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256, 320, 384, 448, 512)
 
 
 def memory_budget() -> int:
