@@ -13,6 +13,7 @@ from onnx import helper
 import tscomp.graph as G
 from tscomp.codegen.build import host_isa
 from tscomp.codegen.cpu_attention import AttentionAnalysis, CompiledAttention, compile_attention_group, link
+from tscomp.codegen.tile_config import VECTOR_WIDTH, TileConfig
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion import fuse
 from tscomp.graph.reference import bind_symbols, materialize
@@ -154,6 +155,21 @@ def test_every_candidate_tiling_is_correct(guarded):
     want = ort_run(path, feeds)[0]
     for cfg in cfgs:
         kernel = link(CompiledAttention(a, cfg, host_isa()))
+        close(run_group(plan, kernel, feeds)["y"], want, cfg.slug())
+
+
+def test_softmax_chunks_narrower_than_the_keys_carry_the_online_correction_across_chunks(guarded):
+    """T_Nc below N: the per-row maximum, sum and output are corrected from chunk to chunk, a chunk
+    whose keys are all masked adds nothing, and a partial last chunk pads its keys to P = 0."""
+    path, plan, _ = guarded
+    a = AttentionAnalysis(plan, the_attention_group(plan))
+    W = VECTOR_WIDTH[host_isa()]
+    feeds = feeds_at(2, 45, 150, 24, 40, np.random.default_rng(9), dead_rows=(4,), dead_keys=range(0, 40))
+    want = ort_run(path, feeds)[0]
+    for nr, blocks in [(W, 1), (2 * W, 1), (W, 2), (2 * W, 3), (W, 16)]:
+        cfg = TileConfig(mr=4, nr=nr, mc=8, nc=nr * blocks, kc=24)
+        kernel = link(CompiledAttention(a, cfg, host_isa()))
+        assert f"T_Nc = {nr * blocks} keys" in kernel.source
         close(run_group(plan, kernel, feeds)["y"], want, cfg.slug())
 
 

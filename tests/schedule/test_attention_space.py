@@ -33,15 +33,15 @@ def test_every_sampled_and_projected_point_is_a_tiling_the_kernel_accepts(analys
         assert space.is_valid(p), space.violations(p)
         cfg = space.config(p)
         assert tile_fits(isa, cfg.mr, cfg.nr, analysis.DV)
-        assert cfg.mc % cfg.mr == 0 and cfg.nr == cfg.nc and cfg.nr % W == 0
+        assert cfg.mc % cfg.mr == 0 and cfg.nc % cfg.nr == 0 and cfg.nr % W == 0
         blocks = 4 * (cfg.mc * analysis.DK + cfg.nr * (analysis.DK + -(-analysis.DV // W) * W)
-                      + cfg.mc * cfg.nr + cfg.mc * -(-analysis.DV // W) * W)
+                      + cfg.mc * cfg.nc + cfg.mc * -(-analysis.DV // W) * W)
         assert blocks <= target.spec.l2 // 2
 
 
 def test_the_register_constraint_prunes_tiles_that_do_not_fit(analysis):
     space = AttentionSpace(analysis, TARGETS["avx512"])
-    too_wide = {"mr": 8, "nj_vec": 8, "mb_tiles": 1}        # 64 accumulators for S
+    too_wide = {"mr": 8, "nj_vec": 8, "mb_tiles": 1, "chunk_blocks": 1}        # 64 accumulators for S
     assert not space.is_valid(too_wide)
     assert "registers" in " ".join(space.violations(too_wide))
 
@@ -49,8 +49,16 @@ def test_the_register_constraint_prunes_tiles_that_do_not_fit(analysis):
 @pytest.mark.parametrize("isa", sorted(TARGETS))
 def test_the_heuristic_tilings_are_points_of_the_space(analysis, isa):
     space = AttentionSpace(analysis, TARGETS[isa])
-    cfgs = candidate_configs(isa, *analysis.hints(), analysis.DK, analysis.DV)
-    assert cfgs
+    cfgs = candidate_configs(isa, *analysis.hints(), analysis.DK, analysis.DV, TARGETS[isa].spec.l2)
+    assert cfgs and any(c.nc > c.nr for c in cfgs)          # chunks wider than a key block
     for cfg in cfgs:
         p = space.point_of(cfg)
         assert p is not None and space.is_valid(p) and space.config(p) == cfg, (cfg, p)
+
+
+def test_a_softmax_chunk_wider_than_the_keys_need_is_pruned(analysis):
+    space = AttentionSpace(analysis, TARGETS["avx512"])     # keys up to 512 (DIMS: N's bound, capped)
+    whole = {"mr": 4, "nj_vec": 4, "mb_tiles": 1, "chunk_blocks": 8}      # 8 x 64 = 512 keys: all of them
+    twice = {**whole, "chunk_blocks": 16}                                  # 1024: half would hold them
+    assert space.is_valid(whole), space.violations(whole)
+    assert "chunk" in " ".join(space.violations(twice))

@@ -136,3 +136,12 @@ def test_diverse_set_keeps_a_variant_only_where_it_is_best_somewhere():
     kept = diverse_set([a, b, c], 3)
     assert [t[0]["c"] for t in kept] == [1, 2]
     assert [t[0]["c"] for t in diverse_set([a, b, c], 1)] == [1]
+
+
+def test_diverse_set_drops_a_variant_whose_gain_is_within_timing_noise():
+    a = ({"c": 1}, [(1, 1, 1.00), (2, 1, 2.00)], 1.4)
+    b = ({"c": 2}, [(1, 1, 1.01), (2, 1, 1.98)], 1.4)   # 1% faster at one shape only: noise
+    c = ({"c": 3}, [(1, 1, 1.20), (2, 1, 1.80)], 1.5)   # 10% faster at the large shape
+    assert [t[0]["c"] for t in diverse_set([a, b], 4)] == [1]
+    assert [t[0]["c"] for t in diverse_set([a, b, c], 4)] == [1, 3]
+    assert [t[0]["c"] for t in diverse_set([a, b], 4, min_gain=0.0)] == [1, 2]

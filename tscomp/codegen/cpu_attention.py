@@ -15,6 +15,14 @@ the scale, a rotary embedding, ...), then walks the keys in blocks of ``T_Nb``:
    running sum and to its output accumulators, P = e^(S - m');
 4. O += P·V with an ``T_Mi × head`` register tile.
 
+The softmax bookkeeping runs per *chunk* of ``T_Nc`` keys (a whole number of key blocks, the
+tile configuration's ``nc``): S for the chunk's key blocks goes to an ``T_Mb × T_Nc`` block first
+(sized to stay in L2), then each row's maximum, correction and exponentials are taken once over
+the chunk, and P·V runs over all the chunk's keys with the output accumulators held in registers.
+With ``T_Nc`` = ``T_Nb`` this is the per-block online softmax; with ``T_Nc`` >= N it is the two-pass
+softmax (no correction at all): the per-row horizontal reductions, the correction exponential and
+the rescaling of O are paid once per chunk instead of once per key block.
+
 Finally O / l goes through the output epilogue to the single store. A row whose scores are all
 -inf (fully masked) has no maximum: ONNX's Softmax gives NaN there, and the group's ops on P (the
 exporters' ``Where(IsNaN(p), 0, p)`` guard) decide what P·V sees; the analysis evaluates those ops
@@ -204,8 +212,8 @@ class AttentionAnalysis:
             return 512 if not math.isfinite(hi) else max(1, min(int(hi), 512))
         return hint(self.M), hint(self.N)
 
-    def heuristic_configs(self, isa: str, limit: int = 4) -> list[TileConfig]:
-        return candidate_configs(isa, *self.hints(), self.DK, self.DV)[:limit]
+    def heuristic_configs(self, isa: str, limit: int = 4, l2: int | None = None) -> list[TileConfig]:
+        return candidate_configs(isa, *self.hints(), self.DK, self.DV, l2)[:limit]
 
 
 def _same_shape(a, b) -> bool:
@@ -220,12 +228,33 @@ def tile_fits(isa: str, mr: int, nj: int, dv: int) -> bool:
         MAX_ACCUMULATORS[isa]
 
 
-def candidate_configs(isa: str, M: int, N: int, DK: int, DV: int) -> list[TileConfig]:
+#: the most key blocks one softmax chunk holds (a power of two)
+MAX_CHUNK_BLOCKS = 64
+
+
+def softmax_chunk(mc: int, nj: int, N: int, l2: int) -> int:
+    """Keys per softmax chunk (``T_Nc``), a power-of-two number of key blocks: the fewest that hold
+    every key (at most :data:`MAX_CHUNK_BLOCKS`), unless the query block's S block that wide would
+    not fit a quarter of L2; then the most that do (at least one)."""
+    need = 1
+    while need * nj < N and need < MAX_CHUNK_BLOCKS:
+        need *= 2
+    fit = 1
+    while 2 * fit * nj * 4 * mc <= l2 // 4:
+        fit *= 2
+    return nj * min(need, fit)
+
+
+def candidate_configs(isa: str, M: int, N: int, DK: int, DV: int, l2: int | None = None) -> list[TileConfig]:
     """Tilings ``T_Mi × T_Nb`` register tile (``mr`` rows, ``nr`` = the key block), ``T_Mb`` query
     rows per task: key blocks of 4 and 2 vectors (64 / 32 keys on AVX-512), query blocks of 4-8
-    register tiles, fewer when M is short; the per-thread blocks (Q, Kᵀ, V, S, O) fit L2."""
+    register tiles, fewer when M is short; softmax chunks (``nc``) as wide as :func:`softmax_chunk`
+    allows; the per-thread blocks (Q, Kᵀ, V, S, O) fit L2 (``l2``: the host's by default)."""
     if isa not in VECTOR_WIDTH:
         raise TileConfigError(f"unknown ISA {isa!r}")
+    if l2 is None:
+        from tscomp.codegen.tile_config import host_caches
+        l2 = host_caches().l2
     W = VECTOR_WIDTH[isa]
     by_block = []
     for nvec in (4, 2, 1):
@@ -235,7 +264,8 @@ def candidate_configs(isa: str, M: int, N: int, DK: int, DV: int) -> list[TileCo
             continue
         block = []
         for tiles in (8, 4, 1):
-            cfg = TileConfig(mr=mr, nr=nj, mc=mr * max(1, min(tiles, -(-M // mr))), nc=nj, kc=DK)
+            mc = mr * max(1, min(tiles, -(-M // mr)))
+            cfg = TileConfig(mr=mr, nr=nj, mc=mc, nc=softmax_chunk(mc, nj, N, l2), kc=DK)
             if cfg not in block:
                 block.append(cfg)
         by_block.append(block)
@@ -263,7 +293,7 @@ class CompiledAttention(AttentionAnalysis, PicklableKernel):
         with refusals_name_group(self.group.name):
             if isa not in ISA_RANK:
                 self._fail(f"unknown ISA {isa!r}")
-            if not tile_fits(isa, cfg.mr, cfg.nr, self.DV) or cfg.mc % cfg.mr or cfg.nc != cfg.nr:
+            if not tile_fits(isa, cfg.mr, cfg.nr, self.DV) or cfg.mc % cfg.mr or cfg.nc % cfg.nr:
                 raise TileConfigError(f"attention tile {cfg.describe()} does not fit {isa}")
             self.isa, self.cfg = isa, cfg
             self.func = "tscomp_" + re.sub(r"\W", "_", self.group.name) + f"_{isa}_{cfg.slug()}"
@@ -356,7 +386,7 @@ class CompiledAttention(AttentionAnalysis, PicklableKernel):
         L = [self._header(), PRELUDE,
              "#include <omp.h>\n#include <string.h>\n#include <math.h>"
              + ("\n#include <immintrin.h>" if isa != "scalar" else "") + "\n"]
-        L.append(f"#define TS_MR {cfg.mr}\n#define TS_NJ {cfg.nr}\n#define TS_MB {cfg.mc}\n"
+        L.append(f"#define TS_MR {cfg.mr}\n#define TS_NJ {cfg.nr}\n#define TS_MB {cfg.mc}\n#define TS_NC {cfg.nc}\n"
                  f"#define TS_DK {DK}\n#define TS_DV {DV}\n#define TS_DVP {DVP}\n")
         L.append("static inline int64_t ts_min64(int64_t a, int64_t b) { return a < b ? a : b; }\n")
         L.append(SPLITS_C)
@@ -381,7 +411,7 @@ void {self.func}({', '.join(params)})
         float* ts_q = (float*)aligned_alloc(64, sizeof(float) * TS_MB * TS_DK);
         float* ts_kt = (float*)aligned_alloc(64, sizeof(float) * (ts_n_kb > 0 ? ts_n_kb : 1) * TS_NJ * TS_DK);
         float* ts_v = (float*)aligned_alloc(64, sizeof(float) * (ts_n_kb > 0 ? ts_n_kb : 1) * TS_NJ * TS_DVP);
-        float* ts_s = (float*)aligned_alloc(64, sizeof(float) * TS_MB * TS_NJ);
+        float* ts_s = (float*)aligned_alloc(64, sizeof(float) * TS_MB * TS_NC);
         float* ts_o = (float*)aligned_alloc(64, sizeof(float) * TS_MB * TS_DVP);
         float ts_mx[TS_MB], ts_l[TS_MB];
         #pragma omp for schedule(dynamic, 1)
@@ -426,15 +456,20 @@ void {self.func}({', '.join(params)})
             memset(ts_q + ts_mv * TS_DK, 0, sizeof(float) * (ts_mvp - ts_mv) * TS_DK);
             memset(ts_o, 0, sizeof(float) * TS_MB * TS_DVP);
             for (int64_t ts_r = 0; ts_r < TS_MB; ++ts_r) {{ ts_mx[ts_r] = -INFINITY; ts_l[ts_r] = 0.0f; }}
-            for (int64_t ts_kb = 0; ts_kb < ts_n_kb; ++ts_kb) {{
-                const int64_t ts_j0 = ts_kb * TS_NJ, ts_nv = ts_min64(TS_NJ, ts_N - ts_j0);
-                const float* restrict ts_ktb = ts_kt + ts_kb * TS_NJ * TS_DK;
-                for (int64_t ts_r = 0; ts_r < ts_mvp; ts_r += TS_MR)
-                    ts_qk(ts_q + ts_r * TS_DK, ts_ktb, ts_s + ts_r * TS_NJ);
+            for (int64_t ts_cb = 0; ts_cb < ts_n_kb; ts_cb += TS_NC / TS_NJ) {{
+                /* one chunk: key blocks [cb, cb + T_Nc / T_Nb), S for all of them, then the softmax
+                 * bookkeeping once per row, then P·V over the chunk's keys */
+                const int64_t ts_nbk = ts_min64(TS_NC / TS_NJ, ts_n_kb - ts_cb);
+                const int64_t ts_j0 = ts_cb * TS_NJ, ts_width = ts_nbk * TS_NJ, ts_nv = ts_min64(ts_width, ts_N - ts_j0);
+                for (int64_t ts_kb = 0; ts_kb < ts_nbk; ++ts_kb) {{
+                    const float* restrict ts_ktb = ts_kt + (ts_cb + ts_kb) * TS_NJ * TS_DK;
+                    for (int64_t ts_r = 0; ts_r < ts_mvp; ts_r += TS_MR)
+                        ts_qk(ts_q + ts_r * TS_DK, ts_ktb, ts_s + ts_r * TS_NC + ts_kb * TS_NJ);
+                }}
                 /* score epilogue ({', '.join(o.op_type for o in self._score_ops()) or 'none'}), online softmax */
                 for (int64_t ts_r = 0; ts_r < ts_mvp; ++ts_r) {{
-                    float* restrict ts_srow = ts_s + ts_r * TS_NJ;
-                    if (ts_r >= ts_mv) {{ memset(ts_srow, 0, sizeof(float) * TS_NJ); continue; }}
+                    float* restrict ts_srow = ts_s + ts_r * TS_NC;
+                    if (ts_r >= ts_mv) {{ memset(ts_srow, 0, sizeof(float) * ts_width); continue; }}
                     const int64_t ts_i = ts_m0 + ts_r;
                     float ts_bm = -INFINITY;
                     #pragma omp simd reduction(max:ts_bm)
@@ -448,12 +483,12 @@ void {self.func}({', '.join(params)})
                     }}
                     const float ts_m_new = ts_bm > ts_mx[ts_r] ? ts_bm : ts_mx[ts_r];
                     if (ts_m_new == -INFINITY) {{   /* every key so far masked: nothing to add */
-                        memset(ts_srow, 0, sizeof(float) * TS_NJ);
+                        memset(ts_srow, 0, sizeof(float) * ts_width);
                         continue;
                     }}
                     const float ts_corr = ts_expf(ts_mx[ts_r] - ts_m_new);
-                    for (int64_t ts_c = ts_nv; ts_c < TS_NJ; ++ts_c) ts_srow[ts_c] = -INFINITY;  /* padded keys: P = 0 */
-                    const float ts_sum = ts_exp_row(ts_srow, ts_m_new);
+                    for (int64_t ts_c = ts_nv; ts_c < ts_width; ++ts_c) ts_srow[ts_c] = -INFINITY;  /* padded keys: P = 0 */
+                    const float ts_sum = ts_exp_row(ts_srow, ts_m_new, ts_width);
                     ts_l[ts_r] = ts_l[ts_r] * ts_corr + ts_sum;
                     ts_mx[ts_r] = ts_m_new;
                     if (ts_corr != 1.0f) {{
@@ -462,7 +497,7 @@ void {self.func}({', '.join(params)})
                     }}
                 }}
                 for (int64_t ts_r = 0; ts_r < ts_mvp; ts_r += TS_MR)
-                    ts_pv(ts_s + ts_r * TS_NJ, ts_v + ts_j0 * TS_DVP, ts_o + ts_r * TS_DVP, ts_nv);
+                    ts_pv(ts_s + ts_r * TS_NC, ts_v + ts_j0 * TS_DVP, ts_o + ts_r * TS_DVP, ts_nv);
             }}
             /* O / l through the output epilogue ({', '.join(o.op_type for o in self._output_ops()) or 'store'});
              * a fully masked row: P·V of the guarded NaN probabilities; no keys at all: an empty sum, 0 */
@@ -505,8 +540,8 @@ void {self.func}({', '.join(params)})
             f"{', '.join(o.op_type for o in self._output_ops()) or 'store'}",
             f" *   extents: NB = {self.NB}, M = {self.M} queries, N = {self.N} keys, head widths DK = {self.DK}, "
             f"DV = {self.DV}",
-            f" *   tiles: T_Mb = {cfg.mc} query rows per task, T_Nb = {cfg.nr} keys per block, register tile "
-            f"T_Mi = {cfg.mr} rows ({self.isa})",
+            f" *   tiles: T_Mb = {cfg.mc} query rows per task, T_Nb = {cfg.nr} keys per block, T_Nc = {cfg.nc} keys "
+            f"per softmax chunk, register tile T_Mi = {cfg.mr} rows ({self.isa})",
             f" *   a fully masked row (all scores -inf) gives P·V = {'0' if self.masked_value == 0.0 else 'NaN'}",
             " */"])
 
@@ -576,19 +611,20 @@ def _micro_kernels(isa: str, mr: int, nj: int, dk: int, dvp: int) -> str:
         for (int c = 0; c < TS_NJ; ++c) {
             float a = 0.0f;
             for (int k = 0; k < TS_DK; ++k) a = fmaf(q[r * TS_DK + k], kt[k * TS_NJ + c], a);
-            s[r * TS_NJ + c] = a;
+            s[r * TS_NC + c] = a;
         }
 }
 static inline void ts_pv(const float* restrict p, const float* restrict v, float* restrict o, int64_t nv)
 {
     for (int r = 0; r < TS_MR; ++r)
         for (int64_t c = 0; c < nv; ++c)
-            for (int d = 0; d < TS_DVP; ++d) o[r * TS_DVP + d] = fmaf(p[r * TS_NJ + c], v[c * TS_DVP + d], o[r * TS_DVP + d]);
+            for (int d = 0; d < TS_DVP; ++d) o[r * TS_DVP + d] = fmaf(p[r * TS_NC + c], v[c * TS_DVP + d], o[r * TS_DVP + d]);
 }
 """
     v = _Vec(isa)
     W = v.width
-    L = ["/* S tile: MR x NJ accumulators over the head width (no bounds tests: padded rows/keys are zero) */",
+    L = ["/* S tile: MR x NJ accumulators over the head width (no bounds tests: padded rows/keys are zero),",
+         " * stored into the chunk's S block (row stride T_Nc) */",
          "static inline __attribute__((always_inline)) void ts_qk(const float* restrict q, const float* restrict kt, "
          "float* restrict s)", "{"]
     accs = [[f"c{r}_{c}" for c in range(nj // W)] for r in range(mr)]
@@ -602,9 +638,9 @@ static inline void ts_pv(const float* restrict p, const float* restrict v, float
                  + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
     L.append("    }")
     for r, row in enumerate(accs):
-        L.append("    " + " ".join(v.store(f"s + {r * nj + c * W}", a) for c, a in enumerate(row)))
+        L.append("    " + " ".join(v.store(f"s + {r} * TS_NC + {c * W}", a) for c, a in enumerate(row)))
     L.append("}")
-    L += ["/* O tile: MR rows x the head in chunks of up to 4 vectors, over the block's nv keys */",
+    L += ["/* O tile: MR rows x the head in chunks of up to 4 vectors, over the chunk's nv keys (P row stride T_Nc) */",
           "static inline __attribute__((always_inline)) void ts_pv(const float* restrict p, const float* restrict v, "
           "float* restrict o, int64_t nv)", "{"]
     nvec = dvp // W
@@ -619,7 +655,7 @@ static inline void ts_pv(const float* restrict p, const float* restrict v, float
         for c in cs:
             L.append(f"        const {v.type} w{c} = {v.load(f'v + c * {dvp} + {c * W}')};")
         for r, row in enumerate(accs):
-            L.append(f"        {{ const {v.type} x = {v.set1(f'p[{r} * {nj} + c]')}; "
+            L.append(f"        {{ const {v.type} x = {v.set1(f'p[{r} * TS_NC + c]')}; "
                      + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in zip(cs, row)) + " }")
         L.append("    }")
         for r, row in enumerate(accs):
@@ -630,17 +666,17 @@ static inline void ts_pv(const float* restrict p, const float* restrict v, float
 
 
 def _exp_row(isa: str) -> str:
-    """``ts_exp_row(s, m)``: s[c] = e^(s[c] - m) over the T_Nb keys of a score row, returning their
+    """``ts_exp_row(s, m, n)``: s[c] = e^(s[c] - m) over the n keys of a score row's chunk, returning their
     sum. The arguments are never positive (m is the row maximum), so on AVX-512 the exponential is
     range reduction to r in [-ln2/2, ln2/2], a degree-6 Taylor polynomial (truncation < 1.3e-7
     relative) and VSCALEFPS for the 2^n (underflow to 0 included) -- 11 vector operations, a third
     of :data:`~tscomp.codegen.c_expr.EXP_HELPER`'s general expf; -inf gives 0, NaN stays NaN."""
     if isa != "avx512":
-        return """static inline float ts_exp_row(float* restrict s, float m)
+        return """static inline float ts_exp_row(float* restrict s, float m, int64_t n)
 {
     float sum = 0.0f;
     #pragma omp simd reduction(+:sum)
-    for (int64_t c = 0; c < TS_NJ; ++c) { const float p = ts_expf(s[c] - m); s[c] = p; sum += p; }
+    for (int64_t c = 0; c < n; ++c) { const float p = ts_expf(s[c] - m); s[c] = p; sum += p; }
     return sum;
 }
 """
@@ -660,11 +696,11 @@ def _exp_row(isa: str) -> str:
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
-static inline float ts_exp_row(float* restrict s, float m)
+static inline float ts_exp_row(float* restrict s, float m, int64_t n)
 {
     const __m512 vm = _mm512_set1_ps(m);
     __m512 acc = _mm512_setzero_ps();
-    for (int c = 0; c < TS_NJ; c += 16) {
+    for (int64_t c = 0; c < n; c += 16) {   /* n: a whole number of key blocks, so of vectors */
         const __m512 p = ts_exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + c), vm));
         _mm512_storeu_ps(s + c, p);
         acc = _mm512_add_ps(acc, p);
@@ -691,4 +727,4 @@ def compile_attention_group(plan: Plan, group: Group, cfg: TileConfig | None = N
 
 
 __all__ = ["AttentionAnalysis", "CompiledAttention", "MAX_HEAD", "candidate_configs", "compile_attention_group",
-           "link", "tile_fits"]
+           "link", "softmax_chunk", "tile_fits"]

@@ -130,7 +130,7 @@ def _attention_executor(analysis, cfg, target: Target):
 
 
 def _attention_heuristic(analysis, target: Target, limit: int) -> list:
-    return analysis.heuristic_configs(target.isa, limit)
+    return analysis.heuristic_configs(target.isa, limit, l2=target.spec.l2)
 
 
 def _attention_space(analysis, target: Target):

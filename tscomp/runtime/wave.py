@@ -115,7 +115,7 @@ def _attention_classes(k, ev, threads: int):
     (both head widths)."""
     from tscomp.codegen.cpu_attention import attention_splits
     nb, M = ev(k.NB), np.maximum(ev(k.M), 1)
-    keys = -(-np.maximum(ev(k.N), 1) // k.cfg.nc) * k.cfg.nc
+    keys = -(-np.maximum(ev(k.N), 1) // k.cfg.nr) * k.cfg.nr      # padded to the key block (T_Nb)
     n_qb = -(-M // k.cfg.mc)
     splits = attention_splits(nb, n_qb, threads)
     rows = np.minimum(-(-n_qb // splits) * k.cfg.mc, -(-M // k.cfg.mr) * k.cfg.mr)

@@ -310,9 +310,19 @@ def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options:
                          time.perf_counter() - t0)
 
 
-def diverse_set(trials: list[tuple[dict, list[Sample], float]], k: int) -> list[tuple[dict, list[Sample], float]]:
+#: the least a further variant must cut Σ_shapes log(time) by to be kept: log(1.03), a 3% gain at one
+#: sample shape. A smaller gain is within this machine's timing noise, and every variant has costs
+#: a gain that small does not repay: the runtime switching to a variant whose code and packed
+#: weights went cold (a never-seen shape's first call), a wrong pick when its predicted margin is
+#: noise, a larger artifact
+MIN_VARIANT_GAIN = math.log(1.03)
+
+
+def diverse_set(trials: list[tuple[dict, list[Sample], float]], k: int,
+                min_gain: float = MIN_VARIANT_GAIN) -> list[tuple[dict, list[Sample], float]]:
     """Up to ``k`` trials, best objective first, then greedily the one that most reduces
-    Σ_shapes log(min time in the set / best time seen at that shape); stops when no trial helps."""
+    Σ_shapes log(min time in the set / best time seen at that shape); stops when the best addition
+    would cut that sum by less than ``min_gain``."""
     if not trials:
         return []
     times = np.array([[s[2] for s in samples] for _, samples, _ in trials])
@@ -322,7 +332,7 @@ def diverse_set(trials: list[tuple[dict, list[Sample], float]], k: int) -> list[
         current = times[chosen].min(axis=0)
         loss = np.log(np.minimum(times, current) / best).sum(axis=1)
         j = int(np.argmin(loss))
-        if loss[j] >= np.log(current / best).sum() - 1e-3 or j in chosen:
+        if loss[j] > np.log(current / best).sum() - max(min_gain, 1e-3) or j in chosen:
             break
         chosen.append(j)
     return [trials[j] for j in chosen]
