@@ -42,7 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tscomp.bench import _timed as median_time, ort_session
+from tscomp.bench import _timed as median_time, ort_session, sample_bindings
+from tscomp.errors import TscompError
 from tscomp.runtime import Runtime
 from tscomp.sample_inputs import random_inputs
 
@@ -58,22 +59,14 @@ def parse_dim(text: str) -> tuple[str, tuple[int, int, int]]:
 
 
 def draw_bindings(rt: Runtime, samples: int, seed: int, dims: dict[str, tuple[int, int, int]]) -> list[dict]:
-    """``samples`` shapes: each symbol uniform over ``dims`` (lo:hi:step) or its declared range;
-    ``batch`` 1 unless ``dims`` names it. Sorted by size."""
-    rng = np.random.default_rng(seed)
-    infos = rt.graph.symbols.live_symbols()
-    for name, (lo, hi, _) in dims.items():
-        info = next((i for i in infos if i.name == name), None)
-        if info is None or not info.min <= lo <= hi <= info.max:
-            raise SystemExit(f"--dim {name}={lo}:{hi} is outside the artifact's ranges "
-                             f"({', '.join(f'{i.name}={i.min}:{i.max}' for i in infos)})")
-    out = []
-    for _ in range(samples):
-        b = {}
-        for i in infos:
-            lo, hi, step = dims.get(i.name, (1, 1, 1) if i.name == "batch" else (i.min, i.max, 1))
-            b[i.name] = int(lo + step * rng.integers(0, (hi - lo) // step + 1))
-        out.append(b)
+    """``samples`` shapes (:func:`tscomp.bench.sample_bindings`): each symbol uniform over ``dims``
+    (lo:hi:step) or its declared range; ``batch`` 1 unless ``dims`` names it. Sorted by size."""
+    names = {i.name for i in rt.graph.symbols.live_symbols()}
+    fixed = {"batch": 1} if "batch" in names and "batch" not in dims else {}
+    try:
+        out = sample_bindings(rt, samples, seed, fixed, within=dims)
+    except TscompError as exc:
+        raise SystemExit(str(exc).replace("--within", "--dim")) from None
     return sorted(out, key=lambda b: (math.prod(b.values()), tuple(b.values())))
 
 

@@ -54,13 +54,14 @@ class BenchResult:
 
 
 def sample_bindings(runtime: Runtime, samples: int, seed: int, fixed: dict[str, int],
-                    within: dict[str, tuple[int, int]] | None = None) -> list[dict[str, int]]:
+                    within: dict[str, tuple[int, ...]] | None = None) -> list[dict[str, int]]:
     """``samples`` random shapes (uniform per symbol over its range, or over the sub-range
-    ``within`` gives it; fixed symbols held), sorted."""
+    ``within`` gives it as ``(lo, hi)`` or ``(lo, hi, step)``: ViT's image sides in multiples of 16;
+    fixed symbols held), sorted."""
     rng = np.random.default_rng(seed)
     infos = [i for i in runtime.graph.symbols.live_symbols()]
     within = within or {}
-    for name, (lo, hi) in within.items():
+    for name, (lo, hi, *_) in within.items():
         info = next((i for i in infos if i.name == name), None)
         if info is None or not info.min <= lo <= hi <= info.max:
             declared = f"{info.min}:{info.max}" if info else "not a symbol of this model"
@@ -69,8 +70,9 @@ def sample_bindings(runtime: Runtime, samples: int, seed: int, fixed: dict[str, 
     for _ in range(samples):
         binding = {}
         for i in infos:
-            lo, hi = within.get(i.name, (i.min, i.max))
-            binding[i.name] = int(fixed[i.name]) if i.name in fixed else int(rng.integers(lo, hi + 1))
+            lo, hi, step = (*within.get(i.name, (i.min, i.max)), 1)[:3]
+            binding[i.name] = int(fixed[i.name]) if i.name in fixed else \
+                int(lo + step * rng.integers(0, (hi - lo) // step + 1))
         out.append(binding)
     return sorted(out, key=lambda b: tuple(b[i.name] for i in infos))
 
