@@ -434,7 +434,7 @@ static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
         _emit_pack_bf16(emit, g)
     else:
         _emit_pack(emit, g)
-    _emit_micro_kernel(emit, g, isa, epilogue, epi_params)
+    _emit_micro_kernel(emit, g, isa, epilogue, epi_params, epi_names)
     rows = epilogue is not None and bool(epilogue.row_pass.strip())
     if rows:
         emit(f"""/* Row pass ({epilogue.row_label or 'row reduction'}): rows [m0, m0 + mv) of Y are complete
@@ -534,7 +534,7 @@ static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, 
 """)
 
 
-def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, epi_params: str):
+def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, epi_params: str, epi_names: str):
     """The full-height micro-kernel, and (SIMD ISAs) one per shorter height for the last row panel.
 
     FTuner's combination of tile sizes applied to the register tile: M = q·MR + t runs q panels of
@@ -559,7 +559,7 @@ static inline __attribute__((always_inline)) void micro_kernel(
 static inline void micro_kernel_tail(int64_t rows, {params})
 {{
     (void)rows;
-    micro_kernel(kl, xp, wp, ct, first, last, Y, i0, j0, mv, nv{_arg_names(epi_params)});
+    micro_kernel(kl, xp, wp, ct, first, last, Y, i0, j0, mv, nv{epi_names});
 }}
 """)
         return
@@ -573,7 +573,7 @@ static __attribute__((noinline)) void micro_kernel_{rows}(
         _emit_simd_body(emit, g, _Vec(isa), epilogue, rows)
         emit("}\n")
     cases = "\n".join(f"        case {r}: micro_kernel_{r}(kl, xp, wp, ct, first, last, Y, i0, j0, mv, nv"
-                      f"{_arg_names(epi_params)}); return;" for r in range(1, g.MR))
+                      f"{epi_names}); return;" for r in range(1, g.MR))
     emit(f"""/* The last row panel (0 < rows < MR valid): the micro-kernel of exactly that height. Kept out of
  * line, like the kernels it calls, so that the full-height kernel's loop is compiled as before. */
 static __attribute__((noinline)) void micro_kernel_tail(int64_t rows, {params})
@@ -584,11 +584,6 @@ static __attribute__((noinline)) void micro_kernel_tail(int64_t rows, {params})
     }}
 }}
 """)
-
-
-def _arg_names(epi_params: str) -> str:
-    """``, a, b`` from the parameter text ``, const float* a, int64_t b``."""
-    return "".join(", " + p.strip().split()[-1].lstrip("*") for p in epi_params.split(",") if p.strip())
 
 
 def _operand(g: _Geometry) -> str:
