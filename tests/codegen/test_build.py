@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from tscomp.codegen.build import BuildError, build_library, host_isa, load_library
+from tscomp.codegen.build import BuildError, build_library, build_object, host_isa, link_library, load_library
 
 SOURCE = """
 #include <stdint.h>
@@ -30,3 +30,15 @@ def test_compile_error_names_the_kept_source(tmp_path):
 
 def test_host_isa_is_detected_from_the_compiler():
     assert host_isa() in ("avx512", "avx2", "scalar")
+
+
+def test_functions_start_on_a_cache_line_alone_and_linked_after_other_objects(tmp_path):
+    # a kernel is timed from its own library and called from the artifact's linked kernels.so: its
+    # code must sit at the same offsets modulo 64 bytes in both, wherever the objects before it end
+    odd = "int pad_%d(int x) { return x * %d + 1; }\n"
+    objects = [build_object("".join(odd % (i * 10 + j, j + 2) for j in range(i + 1)), f"pad{i}") for i in range(3)]
+    target = build_object(SOURCE, "aligned")
+    alone = load_library(build_library(SOURCE, "aligned", out_dir=tmp_path))
+    linked = load_library(link_library([*objects, target], tmp_path / "linked.so"))
+    for lib in (alone, linked):
+        assert ctypes.cast(lib.add_one, ctypes.c_void_p).value % 64 == 0
