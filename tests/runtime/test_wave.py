@@ -224,3 +224,21 @@ def test_a_light_task_after_whole_waves_runs_alone_and_one_beside_a_heavy_task_i
     # vectorized over bindings, the same answers
     got = makespan([(np.array([2, 3, 1]), np.array([64, 64, 64])), (np.array([1, 1, 2]), np.array([32, 32, 32]))], tv, 2)
     assert list(got) == [16.0, 20.0, 12.0]
+
+
+def test_a_row_tail_dearer_than_the_next_tile_height_keeps_its_measured_time():
+    """Row tails run their own micro-kernels, so a 3-row task may cost more than a 4-row one (a
+    12-row tile's 3-row tail measured 94 us, its 4-row tail 80 us): the fit must not lower the
+    3-row time to the 4-row one, or the pick at M = 3 goes to the variant that is slower there.
+    Whole-tile knots stay monotone: a disturbed full-tile sample is still capped by larger ones."""
+    from tscomp.runtime.wave import sample_point
+    tails = FakeGemm(mr=12, mc=96, row_granule=1)
+    times = {1: 55.0, 2: 70.0, 3: 94.0, 4: 80.0, 12: 150.0, 24: 140.0, 48: 300.0, 96: 600.0}
+    tails.samples = [sample_point(tails, {"M": m}, t) for m, t in times.items()]
+    other = FakeGemm(mr=12, mc=48, row_granule=1)
+    other.samples = [sample_point(other, {"M": m}, t * (83.0 / 94.0 if m == 3 else 1.1))
+                     for m, t in times.items()]
+    assert wave_cost(tails, {"M": 3}, CPU2) == pytest.approx(94.0, rel=0.05)
+    assert pick_variant([tails, other], {"M": 3}, CPU2) is other
+    assert pick_variant([tails, other], {"M": 4}, CPU2) is tails
+    assert wave_cost(tails, {"M": 12}, CPU2) <= 140.0 * 1.01      # the disturbed whole-tile knot is capped

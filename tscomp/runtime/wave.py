@@ -39,7 +39,8 @@ The compile-time samples are read with the same model: each sample stores its cl
 lighter classes' times come from the lighter samples, and the heaviest class's time is what
 makes the model reproduce the measured seconds. Samples at the same heaviest work (every shape
 made of full tasks) give one point, their minimum (timing noise only slows a run down); for
-:data:`MONOTONE` families the per-task time is made non-decreasing in the work. Families without
+:data:`MONOTONE` families the per-task time is made non-decreasing in the work (a row-tail work,
+which runs its own micro-kernel, only bounded by the whole-tile works above it). Families without
 classes count every task alike in the shape size, and so do samples recorded before classes were.
 """
 from __future__ import annotations
@@ -288,21 +289,46 @@ def wave_points(kernel, per_wave: int) -> tuple[np.ndarray, np.ndarray, float]:
     cached = kernel.__dict__.get(key)
     if cached is None:
         # a model's repeated layers share their samples (measured once): fitted once
-        shared = (kernel.family, per_wave, tuple(_plain(s) for s in kernel.samples))
+        step = _padded_step(kernel)
+        shared = (kernel.family, per_wave, step, tuple(_plain(s) for s in kernel.samples))
         cached = _FITS.get(shared)
         if cached is None:
             knots, ys, t0 = _fit(kernel.samples, per_wave)
+            knots = np.array(knots, dtype=np.float64)
             if kernel.family in MONOTONE:
-                # a task with more padded work is never faster: a knot dearer than one with more
-                # work is noise (timing noise is upward), so it takes that cheaper time
-                ys = np.minimum.accumulate(ys[::-1])[::-1]
-            cached = _FITS[shared] = (np.array(knots, dtype=np.float64), ys, t0)
+                ys = _monotone(knots, ys, step)
+            cached = _FITS[shared] = (knots, ys, t0)
         kernel.__dict__[key] = cached
     return cached
 
 
 #: fits by (family, workers, samples); bounded by the kernels a process has loaded
 _FITS: dict = {}
+
+
+def _padded_step(kernel) -> int:
+    """The work step at which a task runs whole register tiles only: ``mr`` where the last row panel
+    has a micro-kernel of its own height (``row_granule`` 1, the CPU GEMM's row tails), else 1
+    (every work value is already padded to whole tiles)."""
+    cfg = getattr(kernel, "cfg", None)
+    mr = getattr(cfg, "mr", 1) or 1
+    return int(mr) if getattr(kernel, "row_granule", mr) == 1 and mr > 1 else 1
+
+
+def _monotone(knots: np.ndarray, ys: np.ndarray, step: int) -> np.ndarray:
+    """Per-task times made non-decreasing in the work where that holds: a task of more whole
+    register tiles is never faster, so a knot dearer than one with more work is noise (timing noise
+    is upward) and takes that cheaper time. A row-tail knot (work not a multiple of ``step``) runs a
+    different micro-kernel, which can cost more than the next tile height's (BERT-base's QKV GEMM,
+    r12x16: 94 us at 3 rows, 80 us at 4): it is capped only by the whole-tile knots above it."""
+    ys = np.array(ys, dtype=np.float64)
+    whole = np.asarray(knots) % step == 0
+    cap = np.inf
+    for i in range(len(ys) - 1, -1, -1):
+        ys[i] = min(ys[i], cap)
+        if whole[i]:
+            cap = ys[i]
+    return ys
 
 
 def _plain(s) -> tuple:
