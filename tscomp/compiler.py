@@ -27,6 +27,7 @@ import numpy as np
 
 from tscomp.codegen.build import build_object, set_num_threads
 from tscomp.codegen.families import DEFAULT_VARIANTS, FamilyChoice, choose_family, fallback_kernel
+from tscomp.codegen.sharing import share_identical_kernels
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph import DimSpec, load_model, require_resolved_shapes
 from tscomp.graph.onnx_import import refuse_data_dependent_shapes
@@ -143,6 +144,7 @@ def build_kernels(plan: Plan, choices: dict, schedules: Schedules, target: Targe
                 unbuilt[name] = pairs
             else:   # the family's analysis took the group but no configuration could be generated
                 choices[name] = FamilyChoice(choice.group, None, None, choice.reasons + tuple(refused))
+    share_identical_kernels([k for pairs in unbuilt.values() for _, k in pairs])   # repeated layers: one function
     todo = {k.func: k.source for pairs in unbuilt.values() for _, k in pairs}
     with ThreadPoolExecutor(max_workers=max(1, target.threads)) as pool:
         list(pool.map(lambda item: build_object(item[1], item[0]), todo.items()))

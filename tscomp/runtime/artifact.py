@@ -236,9 +236,12 @@ def _write_contents(model: CompiledModel, tmp: Path, progress, embed_source: boo
     """Every file of the artifact, written into the (empty) directory ``tmp``."""
     (tmp / "kernels").mkdir(parents=True)
     natives = [k for ks in model.kernels.values() for k in ks if k.func]
+    functions: dict = {}                  # identical kernels share one function (codegen.sharing)
     for k in natives:
-        (tmp / "kernels" / f"{k.func}.c").write_text(k.source)
-    objects = _build_objects(natives, progress)
+        functions.setdefault(k.func, k)
+    for func, k in functions.items():
+        (tmp / "kernels" / f"{func}.c").write_text(k.source)
+    objects = _build_objects(list(functions.values()), progress)
     host = _host_program(model)
     if host is not None and objects:
         (tmp / "kernels" / f"{HOST_NAME}.c").write_text(host.source)
