@@ -145,3 +145,19 @@ def test_diverse_set_drops_a_variant_whose_gain_is_within_timing_noise():
     assert [t[0]["c"] for t in diverse_set([a, b], 4)] == [1]
     assert [t[0]["c"] for t in diverse_set([a, b, c], 4)] == [1, 3]
     assert [t[0]["c"] for t in diverse_set([a, b], 4, min_gain=0.0)] == [1, 2]
+
+
+def test_diverse_set_keeps_a_variant_reading_other_data_only_where_it_gains_more_than_its_cold_start():
+    a = ({"c": 1}, [(1, 1, 8e-6), (2, 1, 200e-6)], 50e-6)    # 20% faster at the small shape
+    b = ({"c": 2}, [(1, 1, 10e-6), (2, 1, 150e-6)], 40e-6)   # the best objective
+    pairs = [a, b]
+    assert [t[0]["c"] for t in diverse_set(pairs, 4)] == [2, 1]                    # warm times alone
+    # a's data differs from b's: its 2 us win at the small shape cannot pay a 20 us cold start
+    assert [t[0]["c"] for t in diverse_set(pairs, 4, switch=[("A", 20e-6), ("B", 20e-6)])] == [2]
+    c = ({"c": 3}, [(1, 1, 5e-6), (2, 1, 300e-6)], 60e-6)    # 2x faster at the small shape
+    # reading other data: 5 us + 20 us cold is slower than b's 10 us, so it is dropped ...
+    assert [t[0]["c"] for t in diverse_set([b, c], 4, switch=[("B", 20e-6), ("C", 20e-6)])] == [2]
+    # ... reading b's data (same packed panels), nothing is cold: kept
+    assert [t[0]["c"] for t in diverse_set([b, c], 4, switch=[("B", 20e-6), ("B", 20e-6)])] == [2, 3]
+    # a cold start small next to its gain: kept
+    assert [t[0]["c"] for t in diverse_set([b, c], 4, switch=[("B", 1e-6), ("C", 1e-6)])] == [2, 3]

@@ -35,6 +35,7 @@ from tscomp.codegen.tile_config import TileConfig
 from tscomp.errors import TscompError
 from tscomp.graph.fusion.plan import Plan
 from tscomp.runtime.wave import sample_point
+from tscomp.schedule.cold_start import data_key, refill_seconds, resident
 from tscomp.schedule.samples import group_inputs_at, sample_bindings
 from tscomp.schedule.target import Target
 
@@ -143,6 +144,7 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
     tuned: dict[str, GroupSchedule] = {}         # signature -> schedule tuned on its first group
     tunable = [c for c in choices.values() if c.family is not None and c.family.tunable]
     distinct = len({_signature(c) for c in tunable})
+    cached_data = resident(plan, target)      # weights stay cached between requests: switches cost
     measurer = None
     try:
         for name, choice in choices.items():
@@ -170,7 +172,8 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
                     left = None if options.seconds is None else \
                         max(0.0, options.seconds - (time.perf_counter() - t0))
                     per_group = None if left is None else left / max(1, distinct - len(tuned))
-                    sched = _tune_group(plan, choice, sig, target, bindings, options, measurer, per_group, log)
+                    sched = _tune_group(plan, choice, sig, target, bindings, options, measurer, per_group, log,
+                                        cached_data)
                     _remember(options.records, sched, target, objective)
             tuned[sig] = sched
             out[name] = sched
@@ -262,7 +265,7 @@ class _InlineMeasurer:
 
 
 def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options: TuningOptions, measurer,
-                seconds: float | None, log) -> GroupSchedule:
+                seconds: float | None, log, cached_data: bool = False) -> GroupSchedule:
     from tscomp.schedule.measure import Workload
     from tscomp.schedule.tuner import Budget, tune
 
@@ -273,6 +276,7 @@ def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options:
     rng = np.random.default_rng(options.seed)
     workload = Workload(sig, [(b, group_inputs_at(plan, group, b, rng)) for b in bindings])
     per_sample: dict[tuple, list[Sample]] = {}
+    data: dict[tuple, tuple | None] = {}      # the constant data each candidate streams (cached_data only)
     errors: list[str] = []
 
     def objective(point: dict) -> float:
@@ -287,6 +291,8 @@ def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options:
             errors.append(f"{point}: {m.error}")
             return math.inf
         per_sample[space.key(point)] = [sample_point(kernel, b, t) for b, t in zip(bindings, m.seconds)]
+        if cached_data:
+            data[space.key(point)] = data_key(kernel)
         return float(np.exp(np.mean(np.log(np.maximum(m.seconds, 1e-9)))))
 
     t0 = time.perf_counter()
@@ -299,7 +305,12 @@ def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options:
     if not ok:
         raise ScheduleError(f"group {group.name}: every one of {len(result.trials)} candidates failed "
                             f"({'; '.join(errors[:3])})")
-    keep = diverse_set([(t.point, per_sample[space.key(t.point)], t.value) for t in ok], options.max_variants)
+    switch = None
+    if cached_data:     # a further variant reading other bytes pays for bringing them in (cold_start)
+        switch = [(None, 0.0) if data.get(space.key(t.point)) is None else
+                  (data[space.key(t.point)][0], refill_seconds(data[space.key(t.point)][1], target)) for t in ok]
+    keep = diverse_set([(t.point, per_sample[space.key(t.point)], t.value) for t in ok], options.max_variants,
+                       switch=switch)
     variants = [ScheduledVariant(space.config(p), samples, value) for p, samples, value in keep]
     if log:
         best = keep[0]
@@ -319,22 +330,31 @@ MIN_VARIANT_GAIN = math.log(1.03)
 
 
 def diverse_set(trials: list[tuple[dict, list[Sample], float]], k: int,
-                min_gain: float = MIN_VARIANT_GAIN) -> list[tuple[dict, list[Sample], float]]:
+                min_gain: float = MIN_VARIANT_GAIN,
+                switch: list[tuple[Any, float]] | None = None) -> list[tuple[dict, list[Sample], float]]:
     """Up to ``k`` trials, best objective first, then greedily the one that most reduces
     Σ_shapes log(min time in the set / best time seen at that shape); stops when the best addition
-    would cut that sum by less than ``min_gain``."""
+    would cut that sum by less than ``min_gain``. ``switch`` (per trial: the key of the data it
+    streams, None for none, and the seconds a switch to it costs while that data is cold;
+    :mod:`tscomp.schedule.cold_start`): a trial whose data no chosen one shares counts those seconds
+    on top of its time at every shape, so it is kept only where it gains more than its cold start."""
     if not trials:
         return []
     times = np.array([[s[2] for s in samples] for _, samples, _ in trials])
     best = times.min(axis=0)
     chosen = [int(np.argmin([v for _, _, v in trials]))]
+    held = {switch[chosen[0]][0]} if switch else set()
     while len(chosen) < k:
         current = times[chosen].min(axis=0)
-        loss = np.log(np.minimum(times, current) / best).sum(axis=1)
+        cold = np.array([0.0 if switch is None or switch[j][0] is None or switch[j][0] in held else switch[j][1]
+                         for j in range(len(trials))])
+        loss = np.log(np.minimum(times + cold[:, None], current) / best).sum(axis=1)
         j = int(np.argmin(loss))
         if loss[j] > np.log(current / best).sum() - max(min_gain, 1e-3) or j in chosen:
             break
         chosen.append(j)
+        if switch:
+            held.add(switch[j][0])
     return [trials[j] for j in chosen]
 
 

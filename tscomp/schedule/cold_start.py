@@ -1,0 +1,67 @@
+"""What switching to a variant costs when the model's data stays cached between requests (issue 10).
+
+A variant is kept in the artifact because it is faster somewhere in the range (the tuner's diverse
+set). It is faster *warm*: the compile-time samples time it after warm-up runs. A served request
+that switches to it (a length no recent request had) finds its data cold. For a model whose
+weights stream from DRAM on every request (BERT-base: 340 MB against a 32 MB L3) that costs
+nothing extra, since the variant it replaces streams its weights too. For a model whose weights
+fit in the last-level cache, the replaced variant's weights were cached and the new one's are not
+(its packed panels have another layout): tiny BERT, with up to four variants per GEMM group, ran
+its first call at a new short length 1.2-1.6x slower than the same call repeated, and 1.1-1.3x
+with one variant per group, while the extra variants bought at most 6% in the steady state.
+
+So a further variant whose packed data differs from every kept one's pays, at every sample shape,
+the time of bringing its packed bytes into the core (:func:`refill_seconds`): it is kept only where
+it gains more than that. :func:`resident` says when this applies (the model's constant data fits in
+L3); :func:`data_key` says which data a kernel reads that another might share (identical packed
+panels are one copy at load).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import time
+
+import numpy as np
+
+from tscomp.schedule.target import CpuSpec, Target
+
+
+def resident(plan, target: Target) -> bool:
+    """The plan's constant data fits in the target's last-level cache (so it stays cached between
+    requests, and a variant that reads other bytes pays for them)."""
+    if not isinstance(target.spec, CpuSpec):
+        return False
+    total = sum(v.const.nbytes for v in plan.graph.values.values() if getattr(v, "const", None) is not None)
+    return total <= target.spec.l3
+
+
+def data_key(kernel) -> tuple[str, int] | None:
+    """(digest, bytes) of the constant data the kernel streams (its packed weight), or None."""
+    packed = getattr(kernel, "packed", None)
+    if packed is None:
+        return None
+    raw = np.ascontiguousarray(packed).view(np.uint8)
+    return hashlib.blake2b(raw, digest_size=16).hexdigest(), int(raw.nbytes)
+
+
+def refill_seconds(nbytes: int, target: Target) -> float:
+    """Seconds to bring ``nbytes`` from the last-level cache into a core: the bytes over a copy
+    bandwidth measured once per process on a block a quarter of L3's size (in L3, not in L2)."""
+    return nbytes / _l3_bandwidth(target.spec.l3)
+
+
+@functools.lru_cache(maxsize=None)
+def _l3_bandwidth(l3: int) -> float:
+    n = max(1 << 16, l3 // 4 // 4)             # float32 elements: a quarter of L3 per array
+    src, dst = np.ones(n, np.float32), np.empty(n, np.float32)
+    np.copyto(dst, src)                         # both now in L3 (and out of L2: larger than it)
+    best = np.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * 4 * n / max(best, 1e-9)          # bytes read + written per second
+
+
+__all__ = ["data_key", "refill_seconds", "resident"]
