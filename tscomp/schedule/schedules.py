@@ -305,10 +305,8 @@ def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options:
     if not ok:
         raise ScheduleError(f"group {group.name}: every one of {len(result.trials)} candidates failed "
                             f"({'; '.join(errors[:3])})")
-    switch = None
-    if cached_data:     # a further variant reading other bytes pays for bringing them in (cold_start)
-        switch = [(None, 0.0) if data.get(space.key(t.point)) is None else
-                  (data[space.key(t.point)][0], refill_seconds(data[space.key(t.point)][1], target)) for t in ok]
+    # a further variant reading other bytes pays for bringing them in (cold_start)
+    switch = [_switch_cost(data.get(space.key(t.point)), target) for t in ok] if cached_data else None
     keep = diverse_set([(t.point, per_sample[space.key(t.point)], t.value) for t in ok], options.max_variants,
                        switch=switch)
     variants = [ScheduledVariant(space.config(p), samples, value) for p, samples, value in keep]
@@ -319,6 +317,11 @@ def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options:
             f"{best[2] * 1e6:.0f} us; kept {len(keep)}" + (f"; {len(errors)} failed" if errors else ""))
     return GroupSchedule(group.name, fam.name, sig, "turbo", variants, len(result.trials), len(space),
                          time.perf_counter() - t0)
+
+
+def _switch_cost(key: tuple[str, int] | None, target: Target) -> tuple[str | None, float]:
+    """(data digest, seconds to bring that data in) of a candidate; (None, 0) if it streams none."""
+    return (None, 0.0) if key is None else (key[0], refill_seconds(key[1], target))
 
 
 #: the least a further variant must cut Σ_shapes log(time) by to be kept: log(1.03), a 3% gain at one
