@@ -12,6 +12,8 @@ point's name replaced by a placeholder; every kernel whose canonical source equa
 takes that kernel's entry point and source, so codegen compiles it once and the artifact links it
 once. Each kernel object keeps its own data (its packed weight, its group's arguments); only the
 code is shared. Sources that differ anywhere else (a constant, an epilogue, a tile) are not shared.
+A group that shares names the first group's function in the manifest, and that function's source
+(``kernels/<func>.c``) has the first group's header: the ONNX nodes of the first layer.
 """
 from __future__ import annotations
 
