@@ -17,6 +17,11 @@ from tscomp.schedule.target import host_cpu
 
 HAS_BF16 = host_isa() == "avx512" and host_cpu().spec.bf16
 needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no avx512_bf16")
+HAS_AMX = HAS_BF16 and host_cpu().spec.amx
+needs_amx = pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX bf16 tiles")
+#: AMX register tiles: 2x2 and 1x4 accumulator tiles, 1x1 and 2x1; split and whole K
+AMX_CONFIGS = [TileConfig(mr=32, nr=32, mc=64, nc=64, kc=40), TileConfig(mr=16, nr=64, mc=32, nc=128, kc=768),
+               TileConfig(mr=16, nr=16, mc=16, nc=32, kc=32), TileConfig(mr=32, nr=16, mc=32, nc=16, kc=7)]
 
 AWKWARD_M = [1, 7, 13, 97]
 #: odd and even K, K blocks that split (kc < K, odd kc rounded up to even), N padded to nr
@@ -51,7 +56,7 @@ def test_bf16_packing_is_pairs_along_k_and_matches_the_load_time_packer(K, N, cf
     W = np.random.default_rng(K * 1000 + N).standard_normal((K, N)).astype(np.float32)
     packed = prepack_weights(W, cfg, "bf16")
     assert packed.dtype == np.uint16 and packed.size == packed_size(cfg, K, N, "bf16")
-    assert packed.size == (K + K % 2) * (-(-N // cfg.nr) * cfg.nr)
+    assert packed.size == -(-K // 32) * 32 * (-(-N // cfg.nr) * cfg.nr)     # K blocks padded to 32 deep
     assert packed.ctypes.data % 64 == 0
     assert np.array_equal(pack_gemm_panels(W, cfg, "bf16"), packed)
     # the first panel's first pair-row: lane c holds (W[0, c], W[1, c]) (low half the even k)
@@ -69,7 +74,7 @@ def test_bf16_source_names_precision_and_uses_the_dot_product_instruction():
     src = generate_gemm(cfg, 97, 33, "avx512", Epilogue.bias(), precision="bf16")
     assert "Precision:  bf16" in src and cfg.describe() in src
     assert "_mm512_dpbf16_ps" in src and "_mm512_cvtne2ps_pbh" in src and "_mm512_fmadd_ps" not in src
-    assert "#define KC  26" in src            # odd kc rounded up to the K step of 2
+    assert "#define KC  32" in src            # a split K's blocks rounded up to whole 32-deep AMX tile steps
     fp32 = generate_gemm(cfg, 97, 33, "avx512", Epilogue.bias())
     assert "Precision:  fp32" in fp32 and "_mm512_dpbf16_ps" not in fp32
 
@@ -131,3 +136,59 @@ def test_bf16_kernel_is_refused_on_a_cpu_without_avx512_bf16(monkeypatch):
     with pytest.raises(TargetError, match="avx512_bf16"):
         GemmKernel(np.ones((8, 16), np.float32), TileConfig(mr=2, nr=16, mc=4, nc=16, kc=8), isa=host_isa(),
                    precision="bf16")
+
+
+@needs_amx
+@pytest.mark.parametrize("K,N", SHAPES_KN)
+@pytest.mark.parametrize("cfg", AMX_CONFIGS, ids=lambda c: c.slug())
+def test_amx_gemm_matches_the_bf16_rounded_reference_at_awkward_sizes(K, N, cfg):
+    rng = np.random.default_rng(K * 11 + N)
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    kernel = GemmKernel(W, cfg, isa="amx", precision="bf16")
+    assert "_amx_" in kernel.name and "_tile_dpbf16ps" in kernel.source
+    for M in AWKWARD_M + [16, 33]:
+        X = rng.standard_normal((M, K)).astype(np.float32)
+        want, scale = bf16_reference(X, W)
+        got = kernel.run(X)
+        bound = 4 * K * 2.0 ** -24 * scale + 1e-30
+        assert np.all(np.abs(got - want) <= bound), f"M={M}: worst {np.max(np.abs(got - want) / bound):.2f}x bound"
+
+
+@needs_amx
+@pytest.mark.parametrize("K,N", [(768, 768), (3072, 96), (97, 100)])
+def test_amx_gemm_with_fused_epilogue_over_the_heuristic_configs(K, N):
+    rng = np.random.default_rng(K + N + 1)
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    for cfg in candidate_configs("amx", K, N):
+        kernel = GemmKernel(W, cfg, isa="amx", epilogue=Epilogue.bias_residual(), precision="bf16")
+        for M in (1, 13, 97):
+            X = rng.standard_normal((M, K)).astype(np.float32)
+            res = rng.standard_normal((M, N)).astype(np.float32)
+            want, scale = bf16_reference(X, W)
+            got = kernel.run(X, bias=bias, residual=res)
+            bound = 4 * K * 2.0 ** -24 * scale + 1e-6 * (np.abs(bias) + np.abs(res) + 1)
+            assert np.all(np.abs(got - (want + bias + res)) <= bound), (cfg, M)
+
+
+def test_amx_source_names_its_tiles_and_pads_rows_not_columns_of_the_loop():
+    cfg = TileConfig(mr=32, nr=32, mc=64, nc=64, kc=40)
+    src = generate_gemm(cfg, 97, 33, "amx", Epilogue.bias(), precision="bf16")
+    assert "ISA:        amx (AMX tile unit: 4 fp32 accumulator tiles" in src and cfg.describe() in src
+    assert src.count("_tile_dpbf16ps(") == 4 and "_tile_loadconfig" in src and "_tile_release" in src
+    assert "ARCH_REQ_XCOMP_PERM" in src and "#define KCP 64" in src
+    assert "_mm512_dpbf16_ps" not in src and "_mm512_fmadd_ps" not in src
+
+
+@pytest.mark.parametrize("precision,isa", [("fp32", "amx")])
+def test_amx_is_bf16_only(precision, isa):
+    with pytest.raises(GemmError, match="AMX GEMM kernels are bf16 only"):
+        generate_gemm(TileConfig(mr=16, nr=16, mc=16, nc=16, kc=32), 32, 16, isa, precision=precision)
+
+
+def test_an_amx_tile_config_is_whole_16_row_tiles():
+    from tscomp.codegen.tile_config import TileConfigError
+    with pytest.raises(TileConfigError, match="whole 16-row tiles"):
+        TileConfig(mr=8, nr=32, mc=16, nc=32, kc=32).validate("amx")
+    with pytest.raises(TileConfigError, match="accumulators"):
+        TileConfig(mr=32, nr=48, mc=32, nc=48, kc=32).validate("amx")     # 6 accumulator tiles + 2 A: no B

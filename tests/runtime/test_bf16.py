@@ -102,13 +102,16 @@ def test_precision_is_in_the_manifest_digest_sources_and_entry_points(bf16_artif
     path, _, _, model = bf16_artifact("bert")
     mf = read_manifest(path)
     assert mf["precision"] == "bf16" and mf["target"]["precision"] == "bf16"
-    assert mf["target"]["key"].endswith("-bf16") and "attention (fused or as batched GEMMs)" in mf["precision_scope"]
+    amx = host_cpu(precision="bf16").gemm_isa == "amx"     # bf16 GEMMs run on AMX tiles where the CPU has them
+    assert mf["target"]["key"].endswith("-bf16-amx" if amx else "-bf16")
+    assert "attention (fused or as batched GEMMs)" in mf["precision_scope"]
     variants = [v for g in mf["groups"] for v in g["variants"]]
     gemm = [v for v in variants if v["family"] == "gemm"]
     assert gemm and all(v["precision"] == "bf16" and v["func"].endswith("_bf16") for v in gemm)
+    assert all(v["isa"] == ("amx" if amx else "avx512") for v in gemm)
     assert all("precision" not in v for v in variants if v["family"] != "gemm")
     src = (path / "kernels" / f"{gemm[0]['func']}.c").read_text()
-    assert "precision: bf16" in src and "_mm512_dpbf16_ps" in src and "tile config:" in src
+    assert "precision: bf16" in src and ("_tile_dpbf16ps" if amx else "_mm512_dpbf16_ps") in src and "tile config:" in src
     edited = dict(mf, precision="fp32")
     assert manifest_digest(edited) != mf["digest"]
 
@@ -124,6 +127,32 @@ def test_bf16_artifact_is_refused_at_load_on_a_cpu_without_avx512_bf16(bf16_arti
     monkeypatch.setattr(target_mod, "_host_spec", lambda: dataclasses.replace(spec, bf16=False))
     with pytest.raises(ArtifactError, match="precision bf16.*avx512_bf16"):
         Runtime(path)
+
+
+@pytest.mark.skipif(not (HAS_BF16 and host_cpu().spec.amx), reason="this CPU has no AMX bf16 tiles")
+def test_an_artifact_with_amx_kernels_is_refused_at_load_on_a_cpu_without_amx(bf16_artifact, monkeypatch):
+    import tscomp.schedule.target as target_mod
+    from tscomp.runtime import Runtime
+    from tscomp.runtime.artifact import ArtifactError
+
+    path = bf16_artifact("bert")[0]
+    spec = target_mod._host_spec()
+    monkeypatch.setattr(target_mod, "_host_spec", lambda: dataclasses.replace(spec, amx=False))
+    with pytest.raises(ArtifactError, match="run on AMX tiles, which this CPU does not have"):
+        Runtime(path)
+
+
+def test_bf16_gemms_use_amx_tiles_only_where_the_cpu_has_them():
+    from tscomp.schedule.target import CpuSpec, Target
+
+    spec = CpuSpec(cores=2, isa="avx512", vector_width=16, vector_registers=32, l1=48 << 10, l2=2 << 20,
+                   l3=32 << 20, bf16=True, amx=True)
+    with_amx = Target("cpu", "c", spec)
+    assert with_amx.gemm_isa == "avx512"                                  # fp32 GEMMs: AVX-512 FMA
+    assert with_amx.with_precision("bf16").gemm_isa == "amx"
+    without = Target("cpu", "c", dataclasses.replace(spec, amx=False)).with_precision("bf16")
+    assert without.gemm_isa == "avx512"                                   # VDPBF16PS
+    assert with_amx.with_precision("bf16").key() != without.key()         # tuning records kept apart
 
 
 def test_bf16_compile_is_refused_on_a_cpu_without_avx512_bf16(monkeypatch, tmp_path, capsys):

@@ -59,3 +59,15 @@ def test_block_sizes_follow_the_point():
     space = GemmSpace(768, 3072, TARGETS["avx2"], m_max=4096)
     cfg = space.config({"mr": 6, "nr_vec": 2, "mc_tiles": 8, "n_parts": 4, "k_steps": 4})
     assert (cfg.mr, cfg.nr, cfg.mc, cfg.nc, cfg.kc) == (6, 16, 48, 768, 192)
+
+
+def test_a_bf16_target_with_amx_searches_whole_tiles_and_32_deep_k_blocks():
+    import dataclasses
+    amx = Target("cpu", "c", dataclasses.replace(TARGETS["avx512"].spec, bf16=True, amx=True), precision="bf16")
+    for space in (GemmSpace(768, 3072, amx, m_max=512), GemmSpace(97, 13, amx, m_max=7)):
+        assert space.isa == "amx" and space.initial()
+        rng = np.random.default_rng(1)
+        for p in space.sample(rng, 60) + [space.project(x) for x in rng.random((60, space.dim))]:
+            cfg = space.config(p)                       # validate("amx"): whole 16-row tiles, <= 4 accumulator tiles
+            assert cfg.mr in (16, 32) and cfg.nr % 16 == 0 and cfg.mr * cfg.nr <= 4 * 256
+            assert cfg.kc == space.K or cfg.kc % 32 == 0

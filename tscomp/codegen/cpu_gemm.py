@@ -66,11 +66,12 @@ import numpy as np
 
 from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import math_helpers
-from tscomp.codegen.tile_config import MAX_ACCUMULATORS, VECTOR_WIDTH, TileConfig, TileConfigError, default_config
+from tscomp.codegen.tile_config import (AMX_K, AMX_ROWS, AMX_TILE_REGISTERS, MAX_ACCUMULATORS, VECTOR_WIDTH, TileConfig,
+                                       TileConfigError, default_config)
 from tscomp.errors import TscompError
 from tscomp.schedule.target import PRECISIONS     # the target's precisions: one list
 
-ISA_RANK = {"scalar": 0, "avx2": 1, "avx512": 2}
+ISA_RANK = {"scalar": 0, "avx2": 1, "avx512": 2, "amx": 3}
 
 
 class GemmError(TscompError, ValueError):
@@ -196,12 +197,19 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+#: bf16 weights are packed in K blocks of whole multiples of this depth (zero-padded): one AMX tile's
+#: 32 bf16 of K, so one packed layout serves the VDPBF16PS kernels (which skip the padding) and AMX
+BF16_K_BLOCK = AMX_K
+
+
 def check_precision(precision: str, isa: str | None = None) -> str:
     """``precision`` if the GEMM generator supports it on ``isa``; else :class:`GemmError`."""
     if precision not in PRECISIONS:
         raise GemmError(f"unknown GEMM precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
-    if precision == "bf16" and isa is not None and isa != "avx512":
-        raise GemmError(f"bf16 GEMM kernels need AVX-512 with AVX512_BF16 (VDPBF16PS); not implemented for {isa}")
+    if precision == "bf16" and isa is not None and isa not in ("avx512", "amx"):
+        raise GemmError(f"bf16 GEMM kernels need AVX-512 with AVX512_BF16 (VDPBF16PS) or AMX; not implemented for {isa}")
+    if isa == "amx" and precision != "bf16":
+        raise GemmError(f"AMX GEMM kernels are bf16 only (TDPBF16PS); {precision} GEMMs run on the SIMD ISA")
     return precision
 
 
@@ -232,7 +240,7 @@ class _Geometry:
     NR: int
     MC: int
     NC: int      # min(nc, NP)
-    KC: int      # min(kc, K); bf16: rounded up to even when K takes several blocks
+    KC: int      # min(kc, K); bf16: rounded up to BF16_K_BLOCK when K takes several blocks
     precision: str = "fp32"
 
     @staticmethod
@@ -243,14 +251,19 @@ class _Geometry:
         NP = _round_up(N, cfg.nr)
         KC = min(cfg.kc, K)
         if precision == "bf16":
-            KC = min(_round_up(KC, 2), K)      # the K step is 2: only the last K block may be odd
+            KC = min(_round_up(KC, BF16_K_BLOCK), K)   # whole AMX tile depths: only the last block is short
         return _Geometry(K=K, N=N, NP=NP, MR=cfg.mr, NR=cfg.nr, MC=cfg.mc, NC=min(cfg.nc, NP), KC=KC,
                          precision=precision)
 
     @property
     def KP(self) -> int:
-        """K as packed: fp32 K; bf16 K rounded up to even (the last pair of an odd K is zero-padded)."""
-        return self.K if self.precision == "fp32" else _round_up(self.K, 2)
+        """K as packed: fp32 K; bf16 K rounded up to BF16_K_BLOCK (each K block zero-padded to it)."""
+        return self.K if self.precision == "fp32" else _round_up(self.K, BF16_K_BLOCK)
+
+    @property
+    def KCP(self) -> int:
+        """A K block's packed depth: KC, bf16 rounded up to BF16_K_BLOCK."""
+        return self.KC if self.precision == "fp32" else _round_up(self.KC, BF16_K_BLOCK)
 
     @property
     def n_nblocks(self) -> int:
@@ -306,11 +319,11 @@ def _prepack_bf16(W: np.ndarray, g: _Geometry) -> np.ndarray:
     for j0 in range(0, g.NP, g.NC):
         nw = min(g.NC, g.NP - j0)
         for k0 in range(0, g.K, g.KC):
-            kl2 = _round_up(min(g.KC, g.K - k0), 2)          # rows past K are the zero pad row
-            block = padded[k0:k0 + kl2, j0:j0 + nw]           # [kl2, nw]
-            pairs = block.reshape(kl2 // 2, 2, nw // g.NR, g.NR).transpose(2, 0, 3, 1)  # [panel, q, nr, 2]
-            out[pos:pos + kl2 * nw] = pairs.reshape(-1)
-            pos += kl2 * nw
+            kb = _round_up(min(g.KC, g.K - k0), BF16_K_BLOCK)   # rows past K are zero padding
+            block = padded[k0:k0 + kb, j0:j0 + nw]              # [kb, nw]
+            pairs = block.reshape(kb // 2, 2, nw // g.NR, g.NR).transpose(2, 0, 3, 1)  # [panel, q, nr, 2]
+            out[pos:pos + kb * nw] = pairs.reshape(-1)
+            pos += kb * nw
     assert pos == out.size
     return out
 
@@ -365,6 +378,18 @@ class _Vec:
         return f"{self.prefix}_add_ps({a}, {b})"
 
 
+def check_host_isa(isa: str) -> str:
+    """``isa`` if this host runs kernels generated for it; else :class:`GemmError` saying what it lacks."""
+    host = host_isa()
+    if isa == "amx":
+        from tscomp.schedule.target import host_cpu
+        if not host_cpu().spec.amx:
+            raise GemmError("ISA amx requested but this CPU has no AMX bf16 tiles (or the OS does not grant them)")
+    elif ISA_RANK[isa] > ISA_RANK[host]:
+        raise GemmError(f"ISA {isa} requested but this host only supports {host}")
+    return isa
+
+
 def _c_name(name: str) -> str:
     if not _IDENT.match(name):
         raise GemmError(f"kernel name {name!r} is not a C identifier")
@@ -381,6 +406,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
     check_precision(precision, isa)
     g = _Geometry.of(cfg, K, N, precision)
     bf16 = precision == "bf16"
+    amx = isa == "amx"
     name = _c_name(name)
     epi_params = "".join(f", {a.c_param()}" for a in epilogue.args) if epilogue else ""
     epi_names = "".join(f", {a.name}" for a in epilogue.args) if epilogue else ""
@@ -395,7 +421,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
  *
  *   Y[M, N] = epilogue(X[M, K] . W[K, N]),  K = {K}, N = {N} static, M dynamic (argument)
  *
- * ISA:        {isa} ({vw} float{'s' if vw > 1 else ''} per vector{', FMA intrinsics' if isa != 'scalar' else ', portable C'})
+ * ISA:        {_isa_text(isa, g)}
  * Precision:  {_precision_text(g)}
  * Tiles:      {cfg.describe()}
  *             (TSCompiler 5.1: <T_Mb,T_Nb,T_Kb> = <{g.MC},{g.NC},{g.KC}> one OpenMP task per Mb x Nb block;
@@ -405,7 +431,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
  * Padding:    local padding (DietCode 4.1): W columns zero-padded to {g.NP} when prepacked,
  *             X rows past M zero-filled while packing; only packing loads and the final
  *             store are guarded, the FMA loop never tests bounds.
- * Row tail:   {'the last row panel (M mod MR rows) runs a micro-kernel of exactly that height (FTuner: two tile sizes, no padded rows)' if isa != 'scalar' and g.MR > 1 else 'padded to MR rows'}
+ * Row tail:   {'the last row panel (M mod MR rows) runs a micro-kernel of exactly that height (FTuner: two tile sizes, no padded rows)' if isa not in ('scalar', 'amx') and g.MR > 1 else 'padded to MR rows'}
  */
 #include <math.h>
 #include <stdint.h>
@@ -420,7 +446,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
 #define NR  {g.NR}
 #define MC  {g.MC}
 #define NC  {g.NC}
-#define KC  {g.KC}{_bf16_defines(g) if bf16 else ''}
+#define KC  {g.KC}{_bf16_defines(g) if bf16 else ''}{_amx_defines(g) if amx else ''}
 #define N_NBLOCKS {g.n_nblocks}
 #define N_KBLOCKS {g.n_kblocks}
 
@@ -430,7 +456,10 @@ static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
         emit(math_helpers("\n".join((epilogue.expr, epilogue.body, epilogue.row_pass, epilogue.a_prologue))))
     if epilogue is not None and epilogue.prelude:
         emit(epilogue.prelude)
-    if bf16:
+    if amx:
+        _emit_amx_setup(emit, g)
+        _emit_pack_amx(emit, g)
+    elif bf16:
         _emit_pack_bf16(emit, g)
     else:
         _emit_pack(emit, g)
@@ -454,14 +483,23 @@ static void a_prologue(float* restrict Xa, int64_t M{epi_params})
 {epilogue.a_prologue.rstrip()}
 }}
 """)
-    _emit_macro_kernel(emit, g, name, epi_params, epi_names, row_pass=rows, a_prologue=pro)
+    _emit_macro_kernel(emit, g, name, epi_params, epi_names, row_pass=rows, a_prologue=pro, amx=amx)
     return "\n".join(L)
+
+
+def _isa_text(isa: str, g: _Geometry) -> str:
+    if isa == "amx":
+        c, a = _amx_tiles(g)
+        return (f"amx (AMX tile unit: {c} fp32 accumulator tile{'s' if c > 1 else ''} of 16x16, {a} A tile{'s' if a > 1 else ''} "
+                f"of 16 rows x 32 bf16, B tiles of 16 bf16 pairs x 16 columns; TDPBF16PS; epilogue on AVX-512)")
+    vw = VECTOR_WIDTH[isa]
+    return f"{isa} ({vw} float{'s' if vw > 1 else ''} per vector{', FMA intrinsics' if isa != 'scalar' else ', portable C'})"
 
 
 def _precision_text(g: _Geometry) -> str:
     if g.precision == "bf16":
-        return ("bf16 operands, fp32 accumulation: W packed as bf16 pairs along K (VDPBF16PS layout, K padded to "
-                f"{g.KP}), X rounded to bf16 (nearest even) while packed; _mm512_dpbf16_ps, K step 2; "
+        return ("bf16 operands, fp32 accumulation: W packed as bf16 pairs along K (VDPBF16PS / AMX B-tile layout, "
+                f"K blocks padded to multiples of {BF16_K_BLOCK}), X rounded to bf16 (nearest even) while packed; "
                 "epilogue in fp32")
     return "fp32 (operands, accumulation and epilogue)"
 
@@ -509,6 +547,123 @@ static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, 
 """)
 
 
+def _amx_defines(g: _Geometry) -> str:
+    return f"""
+#define KCP {g.KCP}   /* a K block's packed depth in the X panels: whole 32-deep tile steps */"""
+
+
+def _amx_tiles(g: _Geometry) -> tuple[int, int]:
+    """(accumulator tiles, A tiles) of an AMX register tile; the remaining registers hold B tiles."""
+    return (g.MR // AMX_ROWS) * (g.NR // AMX_ROWS), g.MR // AMX_ROWS
+
+
+def _emit_amx_setup(emit, g: _Geometry) -> None:
+    """The tile-register configuration every thread loads, and the process's request for the tile
+    state (Linux grants AMX per process on request: arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA))."""
+    used = AMX_TILE_REGISTERS
+    emit(f"""/* AMX: the kernel asks Linux for the tile state when its library is loaded (idempotent; the
+ * runtime checked at load that it is granted), and each thread configures its {used} tile registers
+ * as 16 rows x 64 bytes (fp32 16x16 accumulators, bf16 16x32 A rows, 16 bf16-pair rows of B). */
+extern long syscall(long number, ...);
+__attribute__((constructor)) static void amx_request_tile_state(void)
+{{
+    syscall(158 /* SYS_arch_prctl */, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */);
+}}
+
+static void amx_configure(void)
+{{
+    struct {{ uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; }}
+        __attribute__((packed, aligned(64))) cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < {used}; ++t) {{ cfg.colsb[t] = 64; cfg.rows[t] = 16; }}
+    _tile_loadconfig(&cfg);
+}}
+""")
+
+
+def _emit_pack_amx(emit, g: _Geometry) -> None:
+    emit("""/* Pack rows [m0, m0 + mv) x columns [k0, k0 + kl) of X for the AMX A tiles: MR-row panels,
+ * row-major bf16, KCP elements (a whole number of 64-byte tile rows) per row:
+ * xp[(p*MR + r)*KCP + k] = bf16 X[m0 + p*MR + r, k0 + k], rounded to nearest even (VCVTNE2PS2BF16).
+ * Columns past kl up to the next multiple of 32 and rows past M are zero (local padding). */
+static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, int64_t kl,
+                   uint16_t* restrict xp)
+{
+    const int64_t kp = (kl + 31) / 32 * 32;
+    const int64_t rows = (mv + MR - 1) / MR * MR;
+    for (int64_t r = 0; r < rows; ++r) {
+        uint16_t* restrict dst = xp + r * KCP;
+        if (r >= mv) {
+            memset(dst, 0, sizeof(uint16_t) * kp);
+            continue;
+        }
+        const float* restrict src = X + (m0 + r) * (int64_t)K + k0;
+        int64_t k = 0;
+        for (; k + 32 <= kl; k += 32)     /* 32 floats -> 32 bf16: low half from the 1st vector */
+            _mm512_storeu_si512(dst + k, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16),
+                                                                      _mm512_loadu_ps(src + k)));
+        for (; k < kp; k += 16) {         /* tail up to the padded depth: lanes past kl load as 0 */
+            const int64_t left = kl - k;
+            const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
+            _mm256_storeu_si256((__m256i*)(dst + k), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + k)));
+        }
+    }
+}
+""")
+
+
+def _emit_amx_body(emit, g: _Geometry, epilogue: "Epilogue | None") -> None:
+    """An MR x NR register tile on the AMX unit: (MR/16) x (NR/16) accumulator tiles, per 32-deep K
+    step the A tiles loaded once and each B tile loaded once and multiplied into its column of
+    accumulators (TDPBF16PS). Registers: accumulators first, then A, then B (rotating when fewer
+    B registers are left than B tiles)."""
+    n_c, n_a = _amx_tiles(g)
+    ncol = g.NR // AMX_ROWS
+    b_regs = list(range(n_c + n_a, AMX_TILE_REGISTERS))
+    acc = [[a * ncol + c for c in range(ncol)] for a in range(n_a)]
+    emit("    const int64_t ks = (kl + 31) / 32;   /* 32-deep tile steps (the packed depth is padded to 32) */")
+    emit("    if (first) {")
+    emit("        " + " ".join(f"_tile_zero({t});" for row in acc for t in row))
+    emit("    } else {")
+    for a, row in enumerate(acc):
+        emit("        " + " ".join(f"_tile_loadd({t}, ct + {a * AMX_ROWS * g.NR + c * AMX_ROWS}, NR * 4);"
+                                   for c, t in enumerate(row)))
+    emit("    }")
+    emit("    for (int64_t s = 0; s < ks; ++s) {  /* TDPBF16PS loop: no bounds tests (local padding) */")
+    for a in range(n_a):
+        emit(f"        _tile_loadd({n_c + a}, xp + {a * AMX_ROWS} * KCP + s * 32, KCP * 2);")
+    for c in range(ncol):
+        b = b_regs[c % len(b_regs)]
+        emit(f"        _tile_loadd({b}, wp + s * {AMX_ROWS} * NR + {c * AMX_ROWS}, NR * 4);")
+        emit("        " + " ".join(f"_tile_dpbf16ps({acc[a][c]}, {n_c + a}, {b});" for a in range(n_a)))
+    emit("    }")
+
+    def store_tiles(base: str, stride: str) -> None:
+        for a, row in enumerate(acc):
+            emit("        " + " ".join(f"_tile_stored({t}, {base} + {a * AMX_ROWS} * {stride} + {c * AMX_ROWS}, "
+                                       f"{stride} * 4);" for c, t in enumerate(row)))
+
+    emit("    if (!last) {  /* partial sums to the per-thread buffer */")
+    store_tiles("ct", "NR")
+    emit("        return;")
+    emit("    }")
+    if epilogue is None:
+        emit("    if (mv == MR && nv == NR) {  /* interior tile: the tiles straight to Y */")
+        store_tiles("(Y + i0 * N + j0)", "N")
+        emit("        return;")
+        emit("    }")
+    emit("    float tile[MR * NR] __attribute__((aligned(64)));")
+    emit("    {")
+    store_tiles("tile", "NR")
+    emit("    }")
+    if epilogue is None:
+        emit("""    for (int64_t r = 0; r < mv; ++r)       /* edge tile: guarded store of the valid part */
+        memcpy(Y + (i0 + r) * N + j0, tile + r * NR, sizeof(float) * nv);""")
+    else:
+        _emit_epilogue_loop(emit, epilogue)
+
+
 def _emit_pack(emit, g: _Geometry):
     emit("""/* Pack rows [m0, m0 + mv) x columns [k0, k0 + kl) of X into MR-row panels, k-major:
  * panel p holds xp[p*MR*KC + k*MR + r] = X[m0 + p*MR + r, k0 + k]. Rows past M are zero
@@ -543,6 +698,8 @@ def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, 
     same (a partial panel is still packed MR wide); only the rows the kernel reads differ."""
     params = f"""int64_t kl, const {_operand(g)}* restrict xp, const {_operand(g)}* restrict wp, float* restrict ct,
     int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{epi_params}"""
+    if isa == "amx":
+        params = params.replace(f"const {_operand(g)}* restrict xp", "const uint16_t* restrict xp")
     emit(f"""/* Micro-kernel: an MR x NR tile of accumulators over kl steps of k.
  *   xp: packed X panel (k-major, MR per k); wp: packed W panel (k-major, NR per k);
  *   ct: this tile's slot in the per-thread partial-sum buffer (MR*NR floats);
@@ -552,10 +709,13 @@ def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, 
 static inline __attribute__((always_inline)) void micro_kernel(
     {params})
 {{""")
-    if isa == "scalar":
-        _emit_scalar_body(emit, g, epilogue)
+    if isa in ("scalar", "amx"):
+        if isa == "scalar":
+            _emit_scalar_body(emit, g, epilogue)
+        else:
+            _emit_amx_body(emit, g, epilogue)
         emit("}\n")
-        emit(f"""/* Scalar code has no register tile to fit: the last row panel runs the same kernel (padded rows). */
+        emit(f"""/* {'Scalar code has no register tile to fit' if isa == 'scalar' else 'A tile multiply costs the same at 1 row as at 16'}: the last row panel runs the same kernel (padded rows). */
 static inline void micro_kernel_tail(int64_t rows, {params})
 {{
     (void)rows;
@@ -754,7 +914,7 @@ def _emit_epilogue_loop(emit, epilogue: Epilogue):
 
 
 def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names: str, row_pass: bool = False,
-                       a_prologue: bool = False):
+                       a_prologue: bool = False, amx: bool = False):
     single = g.n_kblocks == 1
     before = f"\n    a_prologue((float*)X, M{epi_names});  /* X is the caller's scratch: A computed here */" \
         if a_prologue else ""
@@ -771,8 +931,14 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     # fp32: W block offsets in floats; bf16: in 32-bit lanes of bf16 pairs (K halved, rounded up)
     w_base = "(const uint32_t*)Wp + j0 * (int64_t)(KP / 2)" if bf16 else "Wp + j0 * (int64_t)K"
     w_kblock = "wblock + (k0 / 2) * nw" if bf16 else "wblock + k0 * nw"
-    w_panel = "wk + jp * ((kl + 1) / 2) * NR" if bf16 else "wk + jp * kl * NR"
-    x_panel = "MR * KQ" if bf16 else "MR * KC"
+    # bf16: a K block's panels are padded to whole BF16_K_BLOCK depths (16 pair-rows each)
+    w_panel = f"wk + jp * ((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2}) * NR" if bf16 \
+        else "wk + jp * kl * NR"
+    x_panel = "MR * KCP" if amx else "MR * KQ" if bf16 else "MR * KC"
+    x_op = "uint16_t" if amx else op
+    x_block = "KCP" if amx else "KQ" if bf16 else "KC"
+    tiles_on = "\n        amx_configure();   /* this thread's tile registers: 16 rows x 64 bytes each */" if amx else ""
+    tiles_off = "\n        _tile_release();" if amx else ""
     emit(f"""/* Macro-kernel: tasks = ceil(M / MC) x N_NBLOCKS block tiles, shared among the OpenMP
  * threads; each task walks K in N_KBLOCKS steps of KC{' (here one step: no partial sums)' if single else ''}. */
 void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y, int64_t M{epi_params})
@@ -781,9 +947,9 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
     const int64_t n_mblocks = (M + MC - 1) / MC;
     const int64_t n_tasks = n_mblocks * N_NBLOCKS;
     #pragma omp parallel if (n_tasks > 1)
-    {{
+    {{{tiles_on}
         /* per-thread workspaces (sizes rounded up to the 64-byte alignment, as C11 asks) */
-        {op}* xpack = ({op}*)aligned_alloc(64, (sizeof({op}) * MC * {'KQ' if bf16 else 'KC'} + 63) / 64 * 64);
+        {x_op}* xpack = ({x_op}*)aligned_alloc(64, (sizeof({x_op}) * MC * {x_block} + 63) / 64 * 64);
         float* cbuf = {'NULL' if single else '(float*)aligned_alloc(64, (sizeof(float) * MC * NC + 63) / 64 * 64)'};
         #pragma omp for schedule(dynamic, 1)  /* tasks are large; dynamic rides out a busy core */
         for (int64_t t = 0; t < n_tasks; ++t) {{
@@ -812,7 +978,7 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
             }}{after}
         }}{rows_after}
         free(xpack);
-        free(cbuf);
+        free(cbuf);{tiles_off}
     }}
 }}
 """)
@@ -839,8 +1005,7 @@ class GemmKernel:
         self.isa = isa or host
         if self.isa not in ISA_RANK:
             raise TileConfigError(f"unknown ISA {self.isa!r}; expected one of {sorted(ISA_RANK)}")
-        if ISA_RANK[self.isa] > ISA_RANK[host]:
-            raise GemmError(f"ISA {self.isa} requested but this host only supports {host}")
+        check_host_isa(self.isa)
         self.precision = check_precision(precision, self.isa)
         if precision == "bf16":
             from tscomp.schedule.target import host_cpu

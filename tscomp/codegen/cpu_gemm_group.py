@@ -754,8 +754,8 @@ class CompiledGemmGroup(PicklableKernel):
     def row_granule(self) -> int:
         """Rows a task's work is rounded up to: 1 where the last row panel runs a micro-kernel of its
         own height (every SIMD ISA, :func:`tscomp.codegen.cpu_gemm._emit_micro_kernel`), the register
-        tile's height where it is computed padded (scalar)."""
-        return 1 if self.isa != "scalar" else self.cfg.mr
+        tile's height where it is computed padded (scalar, and AMX's 16-row tiles)."""
+        return self.cfg.mr if self.isa in ("scalar", "amx") else 1
 
     def _bind_function(self, lib: ctypes.CDLL) -> None:
         """Look ``func`` up in ``lib`` (this kernel's library, or one linking many kernels) and set ``fn``."""

@@ -84,13 +84,14 @@ def _gemm_analyze(plan, group):
 
 def _gemm_executor(analysis, cfg, target: Target):
     from tscomp.codegen.cpu_gemm_group import CompiledGemmGroup, gemm_group_source
-    return CompiledGemmGroup(analysis, cfg, target.isa, gemm_group_source(analysis, cfg, target.isa, target.precision),
+    isa = target.gemm_isa          # bf16 on a CPU with AMX: the tile unit
+    return CompiledGemmGroup(analysis, cfg, isa, gemm_group_source(analysis, cfg, isa, target.precision),
                              target.precision)
 
 
 def _gemm_heuristic(analysis, target: Target, limit: int) -> list:
     from tscomp.codegen.cpu_gemm_group import candidate_configs_for
-    return candidate_configs_for(analysis, target.isa, limit=limit)
+    return candidate_configs_for(analysis, target.gemm_isa, limit=limit)
 
 
 def _gemm_space(analysis, target: Target):

@@ -27,12 +27,17 @@ from pathlib import Path
 
 from tscomp.errors import TscompError
 
-#: floats per SIMD vector for each ISA the CPU backend generates.
-VECTOR_WIDTH = {"avx512": 16, "avx2": 8, "scalar": 1}
+#: floats per SIMD vector for each ISA the CPU backend generates. ``amx`` is AVX-512 plus the AMX
+#: tile unit (bf16 GEMMs only, :mod:`tscomp.codegen.cpu_gemm`): its epilogues run on AVX-512.
+VECTOR_WIDTH = {"avx512": 16, "avx2": 8, "scalar": 1, "amx": 16}
 #: accumulator registers a register tile may use: 32 zmm / 16 ymm minus the weight vectors
 #: and the broadcast operand of one k step (AVX-512: 28; AVX2: 14). The scalar fallback has
-#: no register file to speak of; its bound only keeps the unrolled C reasonable.
-MAX_ACCUMULATORS = {"avx512": 28, "avx2": 14, "scalar": 64}
+#: no register file to speak of; its bound only keeps the unrolled C reasonable. AMX counts
+#: 16-float rows of its 16x16 fp32 accumulator tiles: 4 tiles (64 rows) of the 8 tile
+#: registers, leaving one or two for the A tiles and at least one for a B tile.
+MAX_ACCUMULATORS = {"avx512": 28, "avx2": 14, "scalar": 64, "amx": 64}
+#: AMX tile geometry: 16 rows per tile, 32 bf16 of K per A row (64 bytes), 8 tile registers
+AMX_ROWS, AMX_K, AMX_TILE_REGISTERS = 16, 32, 8
 
 
 class TileConfigError(TscompError, ValueError):
@@ -78,6 +83,9 @@ class TileConfig:
         if acc > limit:
             raise TileConfigError(f"{self.describe()}: the {self.mr}x{self.nr} register tile needs {acc} "
                                   f"accumulators, more than the {limit} {isa} allows")
+        if isa == "amx" and self.mr % AMX_ROWS:
+            raise TileConfigError(f"{self.describe()}: an AMX register tile is whole {AMX_ROWS}-row tiles; "
+                                  f"mr={self.mr} is not")
         return self
 
     def describe(self) -> str:
@@ -130,8 +138,11 @@ def host_caches() -> CacheSizes:
 #: 3 weight vectors per 24 FMAs and measured best here. Small-M tiles trade FMA-chain
 #: parallelism for fewer padded rows: at M = 1 a 4-row tile computes 4x the useful work, while
 #: the kernel is bound by streaming W anyway, so 2x48 and 1x48 (3 chains) win there.
-#: AVX2: the classic 6x16 (12 of 16 ymm) and its reshapes.
+#: AVX2: the classic 6x16 (12 of 16 ymm) and its reshapes. AMX: 2x2 accumulator tiles (32x32,
+#: 2 A + 2 B tiles: all 8 registers) and 1x4 (16x64); small M computes 16 padded rows either way
+#: (a tile-multiply costs no more at 1 row than at 16), so narrower tiles only add N blocks.
 REGISTER_TILES = {
+    "amx": {"large": [(32, 32), (16, 64)], "small": [(16, 32), (16, 16)]},
     "avx512": {"large": [(8, 48), (14, 32), (12, 32)], "small": [(4, 48), (2, 48), (1, 48)]},
     "avx2": {"large": [(6, 16), (4, 24), (3, 32)], "small": [(2, 32), (1, 32)]},
     "scalar": {"large": [(4, 8), (2, 8)], "small": [(1, 8)]},

@@ -57,8 +57,9 @@ from tscomp.runtime.plain_data import BlobReader, BlobWriter, PlainDataError, re
 from tscomp.schedule.target import Target
 
 FORMAT = "tscomp-artifact"
-FORMAT_VERSION = 4     # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
-                       # 4: GEMM row tails (the wave model counts a GEMM task's exact rows)
+FORMAT_VERSION = 5     # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
+                       # 4: GEMM row tails (the wave model counts a GEMM task's exact rows);
+                       # 5: bf16 weight K blocks padded to 32 (one layout for VDPBF16PS and AMX)
 
 
 class ArtifactError(TscompError):
@@ -82,6 +83,7 @@ def _variant_entry(kernel) -> dict:
     entry = {"family": kernel.family, "target": kernel.target, "func": kernel.func}
     if kernel.family == "gemm":
         entry["precision"] = getattr(kernel, "precision", "fp32")
+        entry["isa"] = kernel.isa
     cfg = kernel.cfg
     if cfg is not None:
         entry["tile_config"] = {k: int(v) for k, v in vars(cfg).items() if isinstance(v, (int, np.integer))}
@@ -140,15 +142,22 @@ def _precision_scope(precision: str) -> str:
 
 
 def check_host_precision(path, manifest: dict) -> None:
-    """Refuse an artifact whose precision this CPU cannot run (bf16 without avx512_bf16)."""
+    """Refuse an artifact whose precision this CPU cannot run (bf16 without avx512_bf16, or GEMM kernels
+    on AMX tiles where the CPU has none)."""
     from tscomp.schedule.target import TargetError, check_precision, host_cpu
 
     precision = manifest.get("precision", "fp32")
+    host = host_cpu().spec
     try:
-        check_precision(precision, host_cpu().spec)
+        check_precision(precision, host)
     except TargetError as exc:
         raise ArtifactError(f"{path}: compiled with --precision {precision}, which this CPU cannot run: {exc}") \
             from None
+    amx = sorted({v["func"] for g in manifest.get("groups", ()) for v in g.get("variants", ())
+                  if v.get("isa") == "amx"})
+    if amx and not host.amx:
+        raise ArtifactError(f"{path}: {len(amx)} GEMM kernel(s) (e.g. {amx[0]}) run on AMX tiles, which this CPU "
+                            f"does not have (or the OS does not grant); recompile the model on this machine")
 
 
 def write_artifact(model: CompiledModel, path: str | Path, *, progress=None, embed_source: bool = False) -> Path:

@@ -8,8 +8,9 @@ plus two copies per block: BERT-base's 192 GEMM variants pack in about a second,
 :func:`pack_all` packs a list of jobs on a few threads (numpy releases the GIL while copying).
 
 ``precision="bf16"`` (issue 13) packs the same blocks as bfloat16 pairs along K, the VDPBF16PS layout
-of :func:`tscomp.codegen.cpu_gemm.prepack_weights` (weights rounded to nearest even, an odd K
-zero-padded by one row): a uint16 array of half the fp32 panels' bytes.
+of :func:`tscomp.codegen.cpu_gemm.prepack_weights` (weights rounded to nearest even, each K block
+zero-padded to a multiple of 32 rows, one AMX tile's depth): a uint16 array of about half the fp32
+panels' bytes.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tscomp.codegen.cpu_gemm import GemmError, _aligned_empty, _Geometry, _round_up, to_bf16_bits
+from tscomp.codegen.cpu_gemm import BF16_K_BLOCK, GemmError, _aligned_empty, _Geometry, _round_up, to_bf16_bits
 
 
 def pack_gemm_panels(W: np.ndarray, cfg, precision: str = "fp32") -> np.ndarray:
@@ -51,13 +52,14 @@ def pack_gemm_panels(W: np.ndarray, cfg, precision: str = "fp32") -> np.ndarray:
 
 
 def _pack_bf16_panels(W: np.ndarray, g) -> np.ndarray:
-    """The bf16 pair layout: per column block, per K block of ``kl`` rows (even except the last),
-    ``nw / nr`` panels of ``ceil(kl / 2)`` pair-rows, each ``nr`` lanes of (row k, row k + 1)."""
+    """The bf16 pair layout: per column block, per K block of ``kl`` rows zero-padded to a multiple of
+    ``BF16_K_BLOCK``, ``nw / nr`` panels of its pair-rows, each ``nr`` lanes of (row k, row k + 1)."""
     bits = np.zeros((g.KP, g.NP), np.uint16)
     bits[:g.K, :g.N] = to_bf16_bits(W)
     out = _aligned_empty(g.KP * g.NP, dtype=np.uint16)
-    nfull, rest = divmod(g.K, g.KC) if g.KC % 2 == 0 else (0, g.K)   # an odd KC is the one, whole K block
-    rest2 = _round_up(rest, 2)
+    # full blocks are whole multiples of BF16_K_BLOCK; a KC that is not is the one, whole K block
+    nfull, rest = divmod(g.K, g.KC) if g.KC % BF16_K_BLOCK == 0 else (0, g.K)
+    rest2 = _round_up(rest, BF16_K_BLOCK)
     pos = 0
     for j0 in range(0, g.NP, g.NC):
         nw = min(g.NC, g.NP - j0)

@@ -24,6 +24,9 @@ Precision (issue 13) is read from the Target: at ``bf16`` the packed X block and
 panels hold 2-byte elements (the L2 constraint on the X block counts them so) and the register
 tile's K step is 2 (an odd T_Kb of a split K is rounded up to even by the kernel's geometry, so
 every point stays valid); the accumulators and so the register constraint are unchanged (fp32).
+On a CPU with AMX (``Target.gemm_isa == "amx"``) the register tile is whole 16x16 accumulator tiles:
+``mr`` is 16 or 32 rows, at most 4 accumulator tiles (so A and B tiles keep registers), and K blocks
+are whole 32-deep tile steps.
 
 The initial population is today's hardware-aligned heuristic (:func:`tscomp.codegen.tile_config.
 candidate_configs` and the batched family's list) — Roller-style tiles that saturate a core —
@@ -34,11 +37,13 @@ from __future__ import annotations
 import math
 from typing import Iterable, Mapping
 
-from tscomp.codegen.tile_config import MAX_ACCUMULATORS, CacheSizes, TileConfig, TileConfigError
+from tscomp.codegen.tile_config import AMX_K, MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError
 from tscomp.schedule.space import Axis, Constraint, DiscreteSpace
 from tscomp.schedule.target import CpuSpec, Target, TargetError
 
 MR_VALUES = (1, 2, 3, 4, 6, 8, 12)
+#: AMX register tiles are whole 16-row tiles (1 or 2 A tiles), K blocks whole 32-deep tile steps
+AMX_MR_VALUES = (16, 32)
 NR_VEC_VALUES = (1, 2, 3, 4)
 #: independent FMA chains a register tile needs: fewer leaves the FMA pipes idle for the latency
 MIN_CHAINS = 4
@@ -77,21 +82,23 @@ class GemmSpace(DiscreteSpace):
         spec = _cpu(target)
         self.spec = spec
         self.m_max = m_max
-        W = spec.vector_width
-        axes = (Axis("mr", MR_VALUES), Axis("nr_vec", NR_VEC_VALUES), Axis("mc_tiles", MC_TILES),
-                Axis("n_parts", N_PARTS), Axis("k_steps", K_STEPS))
-        max_acc = MAX_ACCUMULATORS[spec.isa]
+        self.isa = isa = target.gemm_isa       # bf16 on a CPU with AMX: the tile unit
+        self.k_align = AMX_K if isa == "amx" else 8
+        W = VECTOR_WIDTH[isa]
+        axes = (Axis("mr", AMX_MR_VALUES if isa == "amx" else MR_VALUES), Axis("nr_vec", NR_VEC_VALUES),
+                Axis("mc_tiles", MC_TILES), Axis("n_parts", N_PARTS), Axis("k_steps", K_STEPS))
+        max_acc = MAX_ACCUMULATORS[isa]
         l2 = spec.l2
         a_bytes = 2 if target.precision == "bf16" else 4      # X is packed as bf16 pairs at bf16
         constraints = [
             Constraint("registers", lambda p: p["mr"] * p["nr_vec"] <= max_acc,
-                       f"the mr x nr accumulator tile fits the register file ({max_acc} {spec.isa} accumulators)"),
+                       f"the mr x nr accumulator tile fits the register file ({max_acc} {isa} accumulators)"),
             Constraint("fma-chains", lambda p: p["mr"] * p["nr_vec"] >= MIN_CHAINS,
                        f"at least {MIN_CHAINS} accumulators (independent FMA chains)"),
             Constraint("n-blocks", lambda p: p["n_parts"] * p["nr_vec"] * W <= _round_up(self.N, p["nr_vec"] * W),
                        "N is not cut finer than one register tile per block"),
-            Constraint("k-depth", lambda p: p["k_steps"] == 1 or self.K / p["k_steps"] >= 8,
-                       "a K block is at least 8 deep"),
+            Constraint("k-depth", lambda p: p["k_steps"] == 1 or self.K / p["k_steps"] >= self.k_align,
+                       f"a K block is at least {self.k_align} deep"),
             Constraint("l2-a-block", lambda p: a_bytes * self.tile(p).mc * self.tile(p).kc <= l2 // 2,
                        "the packed mc x kc block of X fits half of L2"),
             Constraint("l2-partial-sums", lambda p: p["k_steps"] == 1 or 4 * self.tile(p).mc * self.tile(p).nc <= l2,
@@ -107,34 +114,36 @@ class GemmSpace(DiscreteSpace):
 
     def tile(self, p: Mapping[str, int]) -> TileConfig:
         """The TileConfig of a point (block sizes balanced over the extents)."""
-        W = self.spec.vector_width
+        W = VECTOR_WIDTH[self.isa]
         mr, nr = int(p["mr"]), int(p["nr_vec"]) * W
         np_ = _round_up(self.N, nr)
         nc = min(np_, _balanced(np_, int(p["n_parts"]), nr))
-        kc = self.K if int(p["k_steps"]) == 1 else min(self.K, _balanced(self.K, int(p["k_steps"]), 8))
+        kc = self.K if int(p["k_steps"]) == 1 else min(self.K, _balanced(self.K, int(p["k_steps"]), self.k_align))
         return TileConfig(mr=mr, nr=nr, mc=mr * int(p["mc_tiles"]), nc=nc, kc=kc)
 
     def point_of(self, cfg: TileConfig) -> dict[str, int] | None:
         """The nearest point of this space to a TileConfig from elsewhere (the heuristic), or None."""
-        W = self.spec.vector_width
+        W = VECTOR_WIDTH[self.isa]
         if cfg.nr % W:
             return None
         np_ = _round_up(self.N, cfg.nr)
         parts = max(1, round(np_ / max(cfg.nc, 1)))
         steps = max(1, round(self.K / max(cfg.kc, 1)))
-        raw = {"mr": cfg.mr, "nr_vec": cfg.nr // W, "mc_tiles": max(1, cfg.mc // cfg.mr), "n_parts": parts,
-               "k_steps": steps}
+        mc_tiles = max(1, cfg.mc // cfg.mr)
+        if self.m_max is not None:          # a block no taller than the largest M (the m-block constraint)
+            mc_tiles = min(mc_tiles, -(-self.m_max // cfg.mr))
+        raw = {"mr": cfg.mr, "nr_vec": cfg.nr // W, "mc_tiles": mc_tiles, "n_parts": parts, "k_steps": steps}
         return _snap(raw, self.axes)
 
     def _heuristic(self) -> list[TileConfig]:
         from tscomp.codegen.tile_config import candidate_configs
         try:
-            return candidate_configs(self.spec.isa, self.K, self.N, caches=_caches(self.spec))
+            return candidate_configs(self.isa, self.K, self.N, caches=_caches(self.spec))
         except TileConfigError:
             return []
 
     def config(self, p: Mapping[str, int]) -> TileConfig:
-        return self.tile(p).validate(self.spec.isa)
+        return self.tile(p).validate(self.isa)
 
 
 # ---------------------------------------------------------------------------- batched GEMM

@@ -68,6 +68,7 @@ class CpuSpec:
     l2: int
     l3: int
     bf16: bool = False
+    amx: bool = False       # AMX tiles with bf16 (TDPBF16PS), and the OS lets this process use them
 
     def blocks_per_wave(self, resources: Mapping[str, int] | None = None) -> int:
         return max(1, self.cores)
@@ -164,6 +165,15 @@ class Target:
         """Worker threads of a CPU target (blocks per wave); the SM count of a GPU."""
         return self.spec.cores if isinstance(self.spec, CpuSpec) else self.spec.sms
 
+    @property
+    def gemm_isa(self) -> str:
+        """The instruction set of the constant-weight GEMM kernels: ``amx`` (the AMX tile unit, AVX-512
+        for everything around it) for bf16 GEMMs where the CPU has it, else the SIMD ISA."""
+        s = self.spec
+        if isinstance(s, CpuSpec) and self.precision == "bf16" and s.amx and s.isa == "avx512":
+            return "amx"
+        return self.isa
+
     def blocks_per_wave(self, resources: Mapping[str, int] | None = None) -> int:
         return self.spec.blocks_per_wave(resources)
 
@@ -185,6 +195,8 @@ class Target:
         (fp32 keys carry no precision suffix, so records written before issue 13 still match)."""
         s = self.spec
         suffix = "" if self.precision == "fp32" else f"-{self.precision}"
+        if self.gemm_isa == "amx":
+            suffix += "-amx"
         if isinstance(s, CpuSpec):
             return f"cpu-{s.isa}-{s.cores}t-l1_{s.l1 // 1024}k-l2_{s.l2 // 1024}k-l3_{s.l3 // 1024}k{suffix}"
         return f"cuda-{s.arch}{suffix}"
@@ -214,7 +226,8 @@ class Target:
         if isinstance(s, CpuSpec):
             return (f"cpu ({s.isa}, {s.cores} threads, {s.vector_registers} x {s.vector_width * 32}-bit registers, "
                     f"L1 {s.l1 // 1024} KiB, L2 {s.l2 // 1024} KiB, L3 {s.l3 // 1024} KiB"
-                    + ("" if self.precision == "fp32" else f", {self.precision} GEMMs") + ")")
+                    + ("" if self.precision == "fp32" else f", {self.precision} GEMMs")
+                    + (" on AMX tiles" if self.gemm_isa == "amx" else "") + ")")
         return f"cuda {s.arch} ({s.model}: {s.sms} SMs, {s.smem_per_sm // 1024} KiB shared/SM)"
 
 
@@ -246,11 +259,30 @@ def _cache_sizes() -> dict[int, int]:
     return sizes
 
 
-def _has_bf16() -> bool:
+def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            return any("avx512_bf16" in line for line in f if line.startswith("flags"))
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
     except OSError:
+        return set()
+
+
+#: Linux x86-64: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) asks for the AMX tile state
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
+
+
+def _has_amx() -> bool:
+    """AMX tiles with bf16 on this CPU, and the kernel grants this process the tile state (Linux
+    hands it out per process on request; the generated kernels also request it when loaded)."""
+    import ctypes
+    import platform
+
+    if not {"amx_tile", "amx_bf16"} <= _cpu_flags() or platform.machine() != "x86_64":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
         return False
 
 
@@ -266,7 +298,8 @@ def _host_spec() -> CpuSpec:
     caches = _cache_sizes()
     return CpuSpec(cores=host_threads(), isa=isa, vector_width=VECTOR_WIDTH[isa],
                    vector_registers=VECTOR_REGISTERS[isa], l1=caches.get(1, 32 * 1024),
-                   l2=caches.get(2, 1024 * 1024), l3=caches.get(3, 16 * 1024 * 1024), bf16=_has_bf16())
+                   l2=caches.get(2, 1024 * 1024), l3=caches.get(3, 16 * 1024 * 1024), bf16="avx512_bf16" in _cpu_flags(),
+                   amx=_has_amx())
 
 
 def host_cpu(threads: int | None = None, *, isa: str | None = None, precision: str = "fp32") -> Target:
