@@ -34,6 +34,7 @@ from tscomp.graph.onnx_import import refuse_data_dependent_shapes
 from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.runtime.wave import sample_point
+from tscomp.schedule.cold_start import evict_bytes
 from tscomp.schedule.measure import time_case
 from tscomp.schedule.samples import DISPATCH_POINTS, group_inputs_at, sample_bindings, shape_size
 from tscomp.schedule.schedules import Schedules, TuningOptions, schedule_plan
@@ -114,7 +115,7 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
     options.max_variants = max_variants
     schedules = schedule_plan(plan, choices, target, options, log=log)
     kernels = build_kernels(plan, choices, schedules, target, progress)
-    measure_for_dispatch(plan, kernels, target.threads)
+    measure_for_dispatch(plan, kernels, target.threads, evict_bytes(plan, target))
     if progress:
         progress(len(plan.groups), len(plan.groups), "done")
     return CompiledModel(plan, kernels, target, schedules, source_model=source_model,
@@ -183,7 +184,7 @@ def generate_sources(choice: FamilyChoice, variants: list, target: Target) -> tu
     return pairs, refused
 
 
-def measure_for_dispatch(plan: Plan, kernels: dict[str, list], threads: int) -> None:
+def measure_for_dispatch(plan: Plan, kernels: dict[str, list], threads: int, evict: int = 0) -> None:
     """The wave model's samples for every group with a choice to make, measured here, side by
     side, after the search: the tuner's own timings are its objective, taken one candidate at a
     time amid its model fitting, and disagreed with calm re-measurement by up to 2x (up to 25x
@@ -198,7 +199,7 @@ def measure_for_dispatch(plan: Plan, kernels: dict[str, list], threads: int) -> 
         key = (variants[0].family, sig, tuple(str(k.cfg) for k in variants)) if sig else None
         twins = measured.get(key) if key else None
         if twins is None:
-            measure_variants(plan, g, variants, threads)
+            measure_variants(plan, g, variants, threads, evict=evict)
             if key:
                 measured[key] = variants
             continue
@@ -215,13 +216,16 @@ DISPATCH_PASSES = 2
 
 
 def measure_variants(plan: Plan, group: Group, kernels: list, threads: int, *, warmup: int = 3,
-                     repeats: int = 5, passes: int = DISPATCH_PASSES) -> None:
+                     repeats: int = 5, passes: int = DISPATCH_PASSES, evict: int = 0) -> None:
     """Time every variant at the :func:`~tscomp.schedule.samples.sample_bindings` shapes of
     :data:`~tscomp.schedule.samples.DISPATCH_POINTS`:
     ``kernel.samples`` holds :func:`~tscomp.runtime.wave.sample_point` per shape (size, tasks, seconds,
     the heaviest task's padded work, the task classes), ``kernel.t_wave`` the
-    single-wave time at the largest sample (for the manifest)."""
+    single-wave time at the largest sample (for the manifest). ``evict`` > 0: timed on rotating
+    copies of each variant's packed data (:func:`~tscomp.schedule.cold_start.evict_bytes`)."""
+    from tscomp.schedule.cold_start import rotation
     rng = np.random.default_rng(0)
+    copies = [rotation(k, evict) for k in kernels]
     bindings = sample_bindings(plan, points=DISPATCH_POINTS)
     best = {(i, j): math.inf for i in range(len(bindings)) for j in range(len(kernels))}
     for _ in range(max(1, passes)):
@@ -230,7 +234,8 @@ def measure_variants(plan: Plan, group: Group, kernels: list, threads: int, *, w
             for j, k in enumerate(kernels):
                 # warm-up runs page in the weights and refill the caches another variant evicted (a
                 # variant's first runs after another's measure 2-10x slow); then the tuner's timing rule
-                seconds = time_case(k, env, binding, warmup=warmup, repeats=repeats, max_spread=0.15)
+                seconds = time_case(k, env, binding, warmup=warmup, repeats=repeats, max_spread=0.15,
+                                    copies=copies[j])
                 best[i, j] = min(best[i, j], seconds)
     for j, k in enumerate(kernels):
         k.samples = [sample_point(k, b, best[i, j]) for i, b in enumerate(bindings)]

@@ -5,7 +5,8 @@ import types
 
 import numpy as np
 
-from tscomp.schedule.cold_start import data_key, refill_seconds, resident
+from tscomp.schedule.cold_start import MAX_COPIES, data_key, evict_bytes, refill_seconds, resident, rotation
+from tscomp.schedule.measure import Workload, measure_inline
 from tscomp.schedule.target import host_cpu
 
 
@@ -36,3 +37,42 @@ def test_refilling_more_bytes_takes_longer_and_a_megabyte_takes_microseconds():
     small, large = refill_seconds(1 << 20, target), refill_seconds(1 << 22, target)
     assert large == 4 * small
     assert 1e-6 < small < 1e-2
+
+
+def test_weights_are_timed_cold_only_when_the_model_outgrows_the_private_caches():
+    target = host_cpu(2)
+    l2_total = target.spec.l2 * 2
+    assert evict_bytes(plan_with_constants(l2_total // 4 // 2), target) == 0         # fits L2: warm
+    assert evict_bytes(plan_with_constants(l2_total // 4 + 16), target) == 4 * l2_total
+
+
+def test_a_rotation_is_distinct_equal_copies_spanning_the_bytes_asked():
+    own = np.arange(4096, dtype=np.float32)                  # 16 KiB
+    copies = rotation(types.SimpleNamespace(packed=own), 10 * own.nbytes + 1)
+    assert copies[0] is own and len(copies) == 11
+    assert len({c.ctypes.data for c in copies}) == 11 and all(np.array_equal(c, own) for c in copies)
+    assert len(rotation(types.SimpleNamespace(packed=own[:16]), 1 << 30)) == MAX_COPIES
+    assert rotation(types.SimpleNamespace(packed=own), 0) is None          # warm timing
+    assert rotation(types.SimpleNamespace(), 1 << 20) is None               # nothing packed to rotate
+
+
+class _Recorder:
+    """A candidate that notes which packed buffer each run read."""
+
+    def __init__(self):
+        self.packed = np.zeros(1024, np.float32)
+        self.seen = []
+
+    def run(self, env, binding):
+        self.seen.append(self.packed.ctypes.data)
+
+
+def test_a_cold_timing_reads_every_copy_and_the_candidate_keeps_its_own():
+    cand = _Recorder()
+    own = cand.packed
+    m = measure_inline(cand, Workload("k", [({"L": 1}, {})], evict_bytes=8 * own.nbytes), warmup=1, repeats=8)
+    assert m.ok and cand.packed is own
+    assert len(set(cand.seen)) == 8                          # each of the 8 copies was read
+    warm = _Recorder()
+    measure_inline(warm, Workload("k", [({"L": 1}, {})]), warmup=1, repeats=8)
+    assert set(warm.seen) == {warm.packed.ctypes.data}

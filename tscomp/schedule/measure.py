@@ -51,9 +51,12 @@ class MeasureError(TscompError):
 class Workload:
     """The sample shapes a candidate is timed on: ``(binding, env)`` per case, where ``binding``
     gives the shape symbols and ``env`` the named input arrays. ``key`` names it in the worker's
-    cache (same key, same cases)."""
+    cache (same key, same cases). ``evict_bytes`` > 0: each timed run reads another copy of the
+    candidate's packed data, the copies spanning that many bytes (weights cold in the private
+    caches, as in a served model: :func:`tscomp.schedule.cold_start.evict_bytes`)."""
     key: str
     cases: list[tuple[dict[str, int], dict[str, np.ndarray]]]
+    evict_bytes: int = 0
 
 
 @dataclass
@@ -77,10 +80,13 @@ MIN_CASE_SECONDS = 2e-3
 MAX_RUNS = 400
 
 
-def _repeat(candidate, env, binding, repeats: int) -> tuple[float, float]:
-    """(median, relative spread) of at least ``repeats`` timed runs lasting ``MIN_CASE_SECONDS``."""
+def _repeat(candidate, env, binding, repeats: int, copies: list | None = None) -> tuple[float, float]:
+    """(median, relative spread) of at least ``repeats`` timed runs lasting ``MIN_CASE_SECONDS``;
+    with ``copies``, run i reads ``copies[i % len(copies)]`` as the candidate's packed data."""
     times: list[float] = []
     while len(times) < max(1, repeats) or (sum(times) < MIN_CASE_SECONDS and len(times) < MAX_RUNS):
+        if copies:
+            candidate.packed = copies[len(times) % len(copies)]
         t0 = time.perf_counter()
         candidate.run(env, binding)
         times.append(time.perf_counter() - t0)
@@ -90,24 +96,34 @@ def _repeat(candidate, env, binding, repeats: int) -> tuple[float, float]:
     return med, (hi - lo) / med if med > 0 else 0.0
 
 
-def time_case(candidate, env, binding, *, warmup: int, repeats: int, max_spread: float) -> float:
-    """Median seconds of one case: warm-up runs, timed repeats, one retry when too noisy."""
-    for _ in range(warmup):
-        candidate.run(env, binding)
-    med, spread = _repeat(candidate, env, binding, repeats)
-    if spread > max_spread:  # outlier retry: keep the calmer of two medians
-        med = min(med, _repeat(candidate, env, binding, repeats)[0])
+def time_case(candidate, env, binding, *, warmup: int, repeats: int, max_spread: float,
+              copies: list | None = None) -> float:
+    """Median seconds of one case: warm-up runs, timed repeats, one retry when too noisy. With
+    ``copies`` (:func:`tscomp.schedule.cold_start.rotation`) the timed runs rotate over them, so the
+    packed data is cold in the private caches; the candidate keeps its own copy afterwards."""
+    own = getattr(candidate, "packed", None)
+    try:
+        for _ in range(warmup):
+            candidate.run(env, binding)
+        med, spread = _repeat(candidate, env, binding, repeats, copies)
+        if spread > max_spread:  # outlier retry: keep the calmer of two medians
+            med = min(med, _repeat(candidate, env, binding, repeats, copies)[0])
+    finally:
+        if copies:
+            candidate.packed = own
     return med
 
 
 def measure_inline(candidate, workload: Workload, *, warmup: int = 3, repeats: int = 5,
                    max_spread: float = 0.15) -> Measurement:
     """Time ``candidate`` in this process (a crash here is a crash of the caller)."""
+    from tscomp.schedule.cold_start import rotation
     seconds = []
+    copies = rotation(candidate, workload.evict_bytes)
     for binding, env in workload.cases:
         try:
             seconds.append(time_case(candidate, env, binding, warmup=warmup, repeats=repeats,
-                                     max_spread=max_spread))
+                                     max_spread=max_spread, copies=copies))
         except Exception as exc:  # noqa: BLE001 - a failing candidate is a result, not an error
             return Measurement(False, [], _describe(exc))
     return Measurement(True, seconds)
@@ -140,21 +156,24 @@ def _worker_main(conn, threads: int) -> None:
         if msg[0] == "stop":
             return
         if msg[0] == "workload":
-            workloads[msg[1]] = msg[2]
+            workloads[msg[1]] = msg[2], msg[3]
         elif msg[0] == "measure":
             _serve_measure(conn, workloads, *msg[1:])
 
 
 def _serve_measure(conn, workloads, key, blob, warmup, repeats, max_spread) -> None:
+    from tscomp.schedule.cold_start import rotation
     try:
         candidate = pickle.loads(blob)
     except Exception as exc:  # noqa: BLE001
         conn.send(("error", f"unpickling the candidate failed: {_describe(exc)}"))
         return
-    for i, (binding, env) in enumerate(workloads[key]):
+    cases, evict = workloads[key]
+    copies = rotation(candidate, evict)
+    for i, (binding, env) in enumerate(cases):
         try:
             seconds = time_case(candidate, env, binding, warmup=warmup, repeats=repeats,
-                                max_spread=max_spread)
+                                max_spread=max_spread, copies=copies)
         except Exception as exc:  # noqa: BLE001
             conn.send(("error", _describe(exc)))
             return
@@ -221,7 +240,7 @@ class Measurer:
         self._ensure_worker()
         try:
             if workload.key not in self._sent:
-                self._conn.send(("workload", workload.key, workload.cases))
+                self._conn.send(("workload", workload.key, workload.cases, workload.evict_bytes))
                 self._sent.add(workload.key)
             self._conn.send(("measure", workload.key, blob, self.warmup, self.repeats, self.max_spread))
         except (OSError, ValueError):  # the worker died between candidates

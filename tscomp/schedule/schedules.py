@@ -35,7 +35,7 @@ from tscomp.codegen.tile_config import TileConfig
 from tscomp.errors import TscompError
 from tscomp.graph.fusion.plan import Plan
 from tscomp.runtime.wave import sample_point
-from tscomp.schedule.cold_start import data_key, refill_seconds, resident
+from tscomp.schedule.cold_start import data_key, evict_bytes, refill_seconds, resident
 from tscomp.schedule.samples import group_inputs_at, sample_bindings
 from tscomp.schedule.target import Target
 
@@ -144,7 +144,8 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
     tuned: dict[str, GroupSchedule] = {}         # signature -> schedule tuned on its first group
     tunable = [c for c in choices.values() if c.family is not None and c.family.tunable]
     distinct = len({_signature(c) for c in tunable})
-    cached_data = resident(plan, target)      # weights stay cached between requests: switches cost
+    evict = evict_bytes(plan, target)         # weights arrive cold in the private caches: time them so
+    cached_data = resident(plan, target) and not evict   # weights stay cached between requests: switches cost
     measurer = None
     try:
         for name, choice in choices.items():
@@ -173,7 +174,7 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
                         max(0.0, options.seconds - (time.perf_counter() - t0))
                     per_group = None if left is None else left / max(1, distinct - len(tuned))
                     sched = _tune_group(plan, choice, sig, target, bindings, options, measurer, per_group, log,
-                                        cached_data)
+                                        cached_data, evict)
                     _remember(options.records, sched, target, objective)
             tuned[sig] = sched
             out[name] = sched
@@ -265,7 +266,7 @@ class _InlineMeasurer:
 
 
 def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options: TuningOptions, measurer,
-                seconds: float | None, log, cached_data: bool = False) -> GroupSchedule:
+                seconds: float | None, log, cached_data: bool = False, evict: int = 0) -> GroupSchedule:
     from tscomp.schedule.measure import Workload
     from tscomp.schedule.tuner import Budget, tune
 
@@ -274,7 +275,7 @@ def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options:
     if len(space) == 0:
         raise ScheduleError(f"group {group.name}: the {fam.name} search space is empty on {target.key()}")
     rng = np.random.default_rng(options.seed)
-    workload = Workload(sig, [(b, group_inputs_at(plan, group, b, rng)) for b in bindings])
+    workload = Workload(sig, [(b, group_inputs_at(plan, group, b, rng)) for b in bindings], evict)
     per_sample: dict[tuple, list[Sample]] = {}
     data: dict[tuple, tuple | None] = {}      # the constant data each candidate streams (cached_data only)
     errors: list[str] = []
