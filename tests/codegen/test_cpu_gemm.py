@@ -6,7 +6,7 @@ import pytest
 from scipy.special import erf
 
 from tscomp.codegen.build import host_isa
-from tscomp.codegen.cpu_gemm import (Epilogue, EpilogueArg, GemmError, GemmKernel, generate_gemm,
+from tscomp.codegen.cpu_gemm import (PREFETCH_K_STEPS, Epilogue, EpilogueArg, GemmError, GemmKernel, generate_gemm,
                                      packed_size, prepack_weights)
 from tscomp.codegen.tile_config import (REGISTER_TILES, VECTOR_WIDTH, CacheSizes, TileConfig,
                                         TileConfigError, candidate_configs)
@@ -200,6 +200,13 @@ def test_generated_source_names_config_isa_epilogue_and_uses_the_isa_fma(isa, in
     body = src.split("/* FMA loop: no bounds tests (local padding) */", 1)[1].split("\n    }\n", 1)[0]
     assert "fma" in body
     assert "if" not in body and "?" not in body
+    # the weight panel is prefetched PREFETCH_K_STEPS ahead, one prefetch per cache line of a k step
+    if isa == "scalar":
+        assert "_mm_prefetch" not in src and "Prefetch:   none" in src
+    else:
+        lines = -(-cfg.nr * 4 // 64)
+        assert body.count(f"_mm_prefetch((const char*)(wk + {PREFETCH_K_STEPS} * NR)") == lines
+        assert f"Prefetch:   the weight panel {PREFETCH_K_STEPS} k steps ahead" in src
 
 
 # ---------------------------------------------------------------- tile configurations
