@@ -242,3 +242,24 @@ def test_every_tiny_model_fuses_its_attention_and_matches_the_interpreter(export
     assert groups, plan.describe()
     kernels = {g.name: compile_attention_group(plan, g, isa=host_isa()) for g in groups}
     assert check_against_interpreter(plan, family, ranges, kernels) == 2 * len(kernels)
+
+
+@pytest.mark.parametrize("fill", [-np.inf, np.finfo(np.float32).min], ids=["-inf", "finfo.min"])
+@pytest.mark.parametrize("M,N", [(1, 1), (13, 13), (97, 97), (200, 200), (7, 130)])
+def test_a_causal_mask_skips_the_masked_key_tail_and_matches_onnxruntime(guarded, fill, M, N):
+    """Keys past every row's last visible key are skipped (no QKᵀ, no P·V); a query row whose keys are
+    all masked by a finite fill (softmax over equal masked scores: uniform) keeps every key."""
+    path, plan, kernel = guarded
+    assert "masked key tail" in kernel.source
+    rng = np.random.default_rng(M * 7 + N)
+    feeds = feeds_at(2, M, N, 24, 40, rng)
+    i, j = np.arange(M)[:, None], np.arange(N)[None, :]
+    feeds["mask"][:] = np.where(j > i + (N - M), fill, 0.0).astype(np.float32)
+    if M > 3:
+        feeds["mask"][1, :, 2, :] = fill                 # one fully masked row in the second entry
+    want = ort_run(path, feeds)[0]
+    a = AttentionAnalysis(plan, the_attention_group(plan))
+    W = VECTOR_WIDTH[host_isa()]
+    for cfg in [kernel.cfg, TileConfig(mr=4, nr=W, mc=8, nc=2 * W, kc=24)]:
+        k = link(CompiledAttention(a, cfg, host_isa()))
+        close(run_group(plan, k, feeds)["y"], want, cfg.slug())

@@ -63,6 +63,14 @@ MAX_HEAD = 512
 _PROBE = np.array([0.0, 1e-30, 0.25, 0.5, 1.0, np.nan], np.float32)
 
 
+#: A key is masked for a query row when the score epilogue gives at most MASK_DEAD at acc = -MASK_PROBE
+#: and at acc = +MASK_PROBE (monotone epilogues: additive masks of -inf or of the exporters' finfo.min,
+#: a Where selecting -inf). Such a key's probability e^(s - max) is exactly 0 in fp32 as long as its row
+#: has a live key and |QKᵀ| < MASK_PROBE; the kernel then skips the masked tail of the keys.
+MASK_DEAD = -1e30
+MASK_PROBE = 1e20
+
+
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -387,7 +395,8 @@ class CompiledAttention(AttentionAnalysis, PicklableKernel):
              "#include <omp.h>\n#include <string.h>\n#include <math.h>"
              + ("\n#include <immintrin.h>" if isa != "scalar" else "") + "\n"]
         L.append(f"#define TS_MR {cfg.mr}\n#define TS_NJ {cfg.nr}\n#define TS_MB {cfg.mc}\n#define TS_NC {cfg.nc}\n"
-                 f"#define TS_DK {DK}\n#define TS_DV {DV}\n#define TS_DVP {DVP}\n")
+                 f"#define TS_DK {DK}\n#define TS_DV {DV}\n#define TS_DVP {DVP}\n"
+                 f"#define TS_MASK_DEAD ({MASK_DEAD:g}f)   /* a score at most this is a masked key */\n")
         L.append("static inline int64_t ts_min64(int64_t a, int64_t b) { return a < b ? a : b; }\n")
         L.append(SPLITS_C)
         L.extend(gen.statics)
@@ -456,11 +465,14 @@ void {self.func}({', '.join(params)})
             memset(ts_q + ts_mv * TS_DK, 0, sizeof(float) * (ts_mvp - ts_mv) * TS_DK);
             memset(ts_o, 0, sizeof(float) * TS_MB * TS_DVP);
             for (int64_t ts_r = 0; ts_r < TS_MB; ++ts_r) {{ ts_mx[ts_r] = -INFINITY; ts_l[ts_r] = 0.0f; }}
-            for (int64_t ts_cb = 0; ts_cb < ts_n_kb; ts_cb += TS_NC / TS_NJ) {{
+            int64_t ts_Nq = ts_N;     /* the keys this block of queries processes */
+{self._masked_tail_scan(F, ind)}
+            const int64_t ts_n_kbq = (ts_Nq + TS_NJ - 1) / TS_NJ;
+            for (int64_t ts_cb = 0; ts_cb < ts_n_kbq; ts_cb += TS_NC / TS_NJ) {{
                 /* one chunk: key blocks [cb, cb + T_Nc / T_Nb), S for all of them, then the softmax
                  * bookkeeping once per row, then P·V over the chunk's keys */
-                const int64_t ts_nbk = ts_min64(TS_NC / TS_NJ, ts_n_kb - ts_cb);
-                const int64_t ts_j0 = ts_cb * TS_NJ, ts_width = ts_nbk * TS_NJ, ts_nv = ts_min64(ts_width, ts_N - ts_j0);
+                const int64_t ts_nbk = ts_min64(TS_NC / TS_NJ, ts_n_kbq - ts_cb);
+                const int64_t ts_j0 = ts_cb * TS_NJ, ts_width = ts_nbk * TS_NJ, ts_nv = ts_min64(ts_width, ts_Nq - ts_j0);
                 for (int64_t ts_kb = 0; ts_kb < ts_nbk; ++ts_kb) {{
                     const float* restrict ts_ktb = ts_kt + (ts_cb + ts_kb) * TS_NJ * TS_DK;
                     for (int64_t ts_r = 0; ts_r < ts_mvp; ts_r += TS_MR)
@@ -521,6 +533,39 @@ void {self.func}({', '.join(params)})
         L.append(exp_row)
         L.append(body)
         return "\n".join(L)
+
+    def masks_keys(self, F=None) -> bool:
+        """Whether the score epilogue reads a tensor (a mask) besides QKᵀ: only then can keys be dead."""
+        _, F = self._fragments() if F is None else (None, F)
+        return bool(re.search(r"\bin\d+\[", "\n".join(F["s"][1]) + str(F["s"][0])))
+
+    def _masked_tail_scan(self, F, ind) -> str:
+        """C that trims ``ts_Nq`` to the keys some row of the query block can see (see MASK_DEAD)."""
+        if not self.masks_keys(F):
+            return "            /* no mask in the score epilogue: every key is live */"
+        lines, expr = F["s"][1], F["s"][0]
+
+        def dead_at(acc: str) -> str:
+            return (f"{{ const float acc = {acc};\n{ind(lines, 8)}\n"
+                    f"                                ts_dead = ({expr}) <= TS_MASK_DEAD; }}")
+        return f"""            {{  /* masked key tail: a key whose score stays at most TS_MASK_DEAD whatever QKᵀ gives (the
+                * score epilogue at acc = -/+{MASK_PROBE:g}) has P = e^(s - max) = 0 in fp32 once its row has
+                * a live key; keys past every row's last live key run neither QKᵀ nor P·V (a causal mask
+                * halves the work). A row with no live key keeps every key (softmax over masked scores). */
+                int64_t ts_live = 0;
+                for (int64_t ts_r = 0; ts_r < ts_mv && ts_live < ts_N; ++ts_r) {{
+                    const int64_t ts_i = ts_m0 + ts_r;
+                    int64_t ts_j = ts_N - 1;
+                    for (; ts_j >= 0; --ts_j) {{
+                        int ts_dead = 0;
+                        {dead_at(f"-{MASK_PROBE:g}f")}
+                        if (ts_dead) {dead_at(f"{MASK_PROBE:g}f")}
+                        if (!ts_dead) break;
+                    }}
+                    ts_live = ts_j < 0 ? ts_N : ts_live > ts_j + 1 ? ts_live : ts_j + 1;
+                }}
+                ts_Nq = ts_live;
+            }}"""
 
     def _score_ops(self) -> list[Op]:
         inner = {id(x) for x in walk([self.h1])}
