@@ -87,15 +87,20 @@ def test_bf16_on_an_isa_without_vdpbf16ps_is_a_clear_error(isa):
         generate_gemm(TileConfig(mr=2, nr=16, mc=4, nc=16, kc=8), 8, 16, isa, precision="fp16")
 
 
-@needs_bf16
+#: (isa, config): the VDPBF16PS kernels and the AMX ones, each where the CPU has them
+ISA_CONFIGS = [pytest.param("avx512", c, marks=needs_bf16, id=f"avx512-{c.slug()}") for c in CONFIGS] + \
+    [pytest.param("amx", c, marks=needs_amx, id=f"amx-{c.slug()}") for c in AMX_CONFIGS]
+
+
 @pytest.mark.parametrize("K,N", SHAPES_KN)
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.slug())
-def test_bf16_gemm_matches_the_bf16_rounded_reference_at_awkward_sizes(K, N, cfg):
+@pytest.mark.parametrize("isa,cfg", ISA_CONFIGS)
+def test_bf16_gemm_matches_the_bf16_rounded_reference_at_awkward_sizes(K, N, isa, cfg):
     rng = np.random.default_rng(K * 7 + N)
     W = rng.standard_normal((K, N)).astype(np.float32)
-    kernel = GemmKernel(W, cfg, precision="bf16")
-    assert kernel.name.endswith("_bf16")
-    for M in AWKWARD_M:
+    kernel = GemmKernel(W, cfg, isa=isa, precision="bf16")
+    assert kernel.name.endswith("_bf16") and f"_{isa}_" in kernel.name
+    assert ("_tile_dpbf16ps" if isa == "amx" else "_mm512_dpbf16_ps") in kernel.source
+    for M in AWKWARD_M + [16, 33]:
         X = rng.standard_normal((M, K)).astype(np.float32)
         want, scale = bf16_reference(X, W)
         got = kernel.run(X)
@@ -108,14 +113,14 @@ def test_bf16_gemm_matches_the_bf16_rounded_reference_at_awkward_sizes(K, N, cfg
             assert np.max(np.abs(got - exact) / (scale + 1e-30)) > 1e-5
 
 
-@needs_bf16
+@pytest.mark.parametrize("isa", [pytest.param("avx512", marks=needs_bf16), pytest.param("amx", marks=needs_amx)])
 @pytest.mark.parametrize("K,N", [(768, 768), (3072, 96), (97, 100)])
-def test_bf16_gemm_with_fused_epilogue_over_the_heuristic_configs(K, N):
+def test_bf16_gemm_with_fused_epilogue_over_the_heuristic_configs(K, N, isa):
     rng = np.random.default_rng(K + N)
     W = rng.standard_normal((K, N)).astype(np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
-    for cfg in candidate_configs("avx512", K, N)[::2]:
-        kernel = GemmKernel(W, cfg, epilogue=Epilogue.bias_residual(), precision="bf16")
+    for cfg in candidate_configs(isa, K, N)[::2 if isa == "avx512" else 1]:
+        kernel = GemmKernel(W, cfg, isa=isa, epilogue=Epilogue.bias_residual(), precision="bf16")
         for M in (1, 13, 97):
             X = rng.standard_normal((M, K)).astype(np.float32)
             res = rng.standard_normal((M, N)).astype(np.float32)
@@ -138,40 +143,7 @@ def test_bf16_kernel_is_refused_on_a_cpu_without_avx512_bf16(monkeypatch):
                    precision="bf16")
 
 
-@needs_amx
-@pytest.mark.parametrize("K,N", SHAPES_KN)
-@pytest.mark.parametrize("cfg", AMX_CONFIGS, ids=lambda c: c.slug())
-def test_amx_gemm_matches_the_bf16_rounded_reference_at_awkward_sizes(K, N, cfg):
-    rng = np.random.default_rng(K * 11 + N)
-    W = rng.standard_normal((K, N)).astype(np.float32)
-    kernel = GemmKernel(W, cfg, isa="amx", precision="bf16")
-    assert "_amx_" in kernel.name and "_tile_dpbf16ps" in kernel.source
-    for M in AWKWARD_M + [16, 33]:
-        X = rng.standard_normal((M, K)).astype(np.float32)
-        want, scale = bf16_reference(X, W)
-        got = kernel.run(X)
-        bound = 4 * K * 2.0 ** -24 * scale + 1e-30
-        assert np.all(np.abs(got - want) <= bound), f"M={M}: worst {np.max(np.abs(got - want) / bound):.2f}x bound"
-
-
-@needs_amx
-@pytest.mark.parametrize("K,N", [(768, 768), (3072, 96), (97, 100)])
-def test_amx_gemm_with_fused_epilogue_over_the_heuristic_configs(K, N):
-    rng = np.random.default_rng(K + N + 1)
-    W = rng.standard_normal((K, N)).astype(np.float32)
-    bias = rng.standard_normal(N).astype(np.float32)
-    for cfg in candidate_configs("amx", K, N):
-        kernel = GemmKernel(W, cfg, isa="amx", epilogue=Epilogue.bias_residual(), precision="bf16")
-        for M in (1, 13, 97):
-            X = rng.standard_normal((M, K)).astype(np.float32)
-            res = rng.standard_normal((M, N)).astype(np.float32)
-            want, scale = bf16_reference(X, W)
-            got = kernel.run(X, bias=bias, residual=res)
-            bound = 4 * K * 2.0 ** -24 * scale + 1e-6 * (np.abs(bias) + np.abs(res) + 1)
-            assert np.all(np.abs(got - (want + bias + res)) <= bound), (cfg, M)
-
-
-def test_amx_source_names_its_tiles_and_pads_rows_not_columns_of_the_loop():
+def test_amx_source_names_its_tiles_and_requests_the_tile_state():
     cfg = TileConfig(mr=32, nr=32, mc=64, nc=64, kc=40)
     src = generate_gemm(cfg, 97, 33, "amx", Epilogue.bias(), precision="bf16")
     assert "ISA:        amx (AMX tile unit: 4 fp32 accumulator tiles" in src and cfg.describe() in src
@@ -180,10 +152,9 @@ def test_amx_source_names_its_tiles_and_pads_rows_not_columns_of_the_loop():
     assert "_mm512_dpbf16_ps" not in src and "_mm512_fmadd_ps" not in src
 
 
-@pytest.mark.parametrize("precision,isa", [("fp32", "amx")])
-def test_amx_is_bf16_only(precision, isa):
+def test_amx_is_bf16_only():
     with pytest.raises(GemmError, match="AMX GEMM kernels are bf16 only"):
-        generate_gemm(TileConfig(mr=16, nr=16, mc=16, nc=16, kc=32), 32, 16, isa, precision=precision)
+        generate_gemm(TileConfig(mr=16, nr=16, mc=16, nc=16, kc=32), 32, 16, "amx", precision="fp32")
 
 
 def test_an_amx_tile_config_is_whole_16_row_tiles():

@@ -116,29 +116,20 @@ def test_precision_is_in_the_manifest_digest_sources_and_entry_points(bf16_artif
     assert manifest_digest(edited) != mf["digest"]
 
 
-@needs_bf16
-def test_bf16_artifact_is_refused_at_load_on_a_cpu_without_avx512_bf16(bf16_artifact, monkeypatch):
+@pytest.mark.parametrize("lacking,error", [
+    pytest.param("bf16", "precision bf16.*avx512_bf16", marks=needs_bf16),
+    pytest.param("amx", "run on AMX tiles, which this CPU does not have",
+                 marks=pytest.mark.skipif(not (HAS_BF16 and host_cpu().spec.amx), reason="this CPU has no AMX tiles"))])
+def test_a_bf16_artifact_is_refused_at_load_on_a_cpu_without_its_instructions(bf16_artifact, monkeypatch, lacking,
+                                                                              error):
     import tscomp.schedule.target as target_mod
     from tscomp.runtime import Runtime
     from tscomp.runtime.artifact import ArtifactError
 
     path = bf16_artifact("bert")[0]
     spec = target_mod._host_spec()
-    monkeypatch.setattr(target_mod, "_host_spec", lambda: dataclasses.replace(spec, bf16=False))
-    with pytest.raises(ArtifactError, match="precision bf16.*avx512_bf16"):
-        Runtime(path)
-
-
-@pytest.mark.skipif(not (HAS_BF16 and host_cpu().spec.amx), reason="this CPU has no AMX bf16 tiles")
-def test_an_artifact_with_amx_kernels_is_refused_at_load_on_a_cpu_without_amx(bf16_artifact, monkeypatch):
-    import tscomp.schedule.target as target_mod
-    from tscomp.runtime import Runtime
-    from tscomp.runtime.artifact import ArtifactError
-
-    path = bf16_artifact("bert")[0]
-    spec = target_mod._host_spec()
-    monkeypatch.setattr(target_mod, "_host_spec", lambda: dataclasses.replace(spec, amx=False))
-    with pytest.raises(ArtifactError, match="run on AMX tiles, which this CPU does not have"):
+    monkeypatch.setattr(target_mod, "_host_spec", lambda: dataclasses.replace(spec, **{lacking: False}))
+    with pytest.raises(ArtifactError, match=error):
         Runtime(path)
 
 
