@@ -53,6 +53,7 @@ def test_a_rotation_is_distinct_equal_copies_spanning_the_bytes_asked():
     assert len({c.ctypes.data for c in copies}) == 11 and all(np.array_equal(c, own) for c in copies)
     assert len(rotation(types.SimpleNamespace(packed=own[:16]), 1 << 30)) == MAX_COPIES
     assert rotation(types.SimpleNamespace(packed=own), 0) is None          # warm timing
+    assert rotation(types.SimpleNamespace(packed=own), own.nbytes) is None  # larger than the span: cold anyway
     assert rotation(types.SimpleNamespace(), 1 << 20) is None               # nothing packed to rotate
 
 

@@ -61,11 +61,14 @@ def evict_bytes(plan, target: Target) -> int:
 
 def rotation(candidate, nbytes: int) -> list | None:
     """Copies of ``candidate.packed`` spanning ``nbytes`` (the first is the candidate's own), or None
-    when there is nothing to rotate (no packed data, or warm timing)."""
+    when there is nothing to rotate (no packed data, warm timing, or data already larger than the
+    span: it cannot stay in the private caches from one run to the next anyway)."""
     packed = getattr(candidate, "packed", None)
     if not nbytes or not isinstance(packed, np.ndarray) or packed.nbytes == 0:
         return None
-    n = min(MAX_COPIES, max(2, -(-nbytes // packed.nbytes)))
+    n = min(MAX_COPIES, -(-nbytes // packed.nbytes))
+    if n < 2:
+        return None
     from tscomp.codegen.cpu_gemm import aligned_copy
     return [packed] + [aligned_copy(packed.copy()) for _ in range(n - 1)]
 
