@@ -53,8 +53,19 @@ pairs while it is packed (``_mm512_cvtne2ps_pbh``/``_mm512_cvtneps_pbh``, round 
 an odd tail zero-padded); the micro-kernel's k loop steps by 2 and issues one
 ``_mm512_dpbf16_ps(acc, broadcast x pair, w pair vector)`` where fp32 issues two FMAs.
 Accumulation stays float32 (each bf16 x bf16 product is exact in fp32; VDPBF16PS rounds each
-accumulation to nearest even and treats bf16 denormals as zero). K blocks other than the last
-are rounded up to an even depth (the register tile's K step is 2).
+accumulation to nearest even and treats bf16 denormals as zero). K blocks are padded to multiples
+of 32 (``BF16_K_BLOCK``) in the packed weight, so the same panels serve the AMX kernels below; the
+VDPBF16PS loop skips the padding.
+
+AMX (``isa="amx"``, bf16 only; :attr:`tscomp.schedule.target.Target.gemm_isa` chooses it where the CPU
+has AMX tiles and the OS grants them): the register tile is (MR/16) x (NR/16) fp32 accumulator tiles of
+16x16 (2x2 or 1x4: at most 4, so the A and B tiles keep registers), and per 32-deep K step the kernel
+loads the MR/16 A tiles (X packed as row-major bf16 rows: 16 rows x 32 k) and each B tile (16
+bf16-pair rows x 16 columns of the very weight panel above, row stride NR lanes) and issues
+``_tile_dpbf16ps``. Partial sums go through the same per-thread buffer, the finished tile through a
+tile buffer into the unchanged epilogue. A tile multiply costs the same for 1 row as for 16, so the
+last row panel is computed padded (rows past M are zero in the packed X). Each thread configures its
+tile registers in the parallel region; the kernel's library asks Linux for the tile state when loaded.
 """
 from __future__ import annotations
 

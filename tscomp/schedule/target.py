@@ -35,9 +35,10 @@ class TargetError(TscompError):
 
 #: GEMM precisions a CPU target compiles for (issue 13). ``fp32``: everything in float32 (the
 #: default). ``bf16``: the constant weights of the ``gemm`` family are packed as bfloat16 and its
-#: inner products run on VDPBF16PS (AVX512_BF16), A rounded to bf16 while it is packed; accumulation
-#: and every other op stay float32 (TSCompiler §5.4 reaches its GPU results with reduced-precision
-#: TensorCore GEMMs; this is the CPU's counterpart).
+#: inner products run on the AMX tiles where the CPU has them (:attr:`Target.gemm_isa`), else on
+#: VDPBF16PS (AVX512_BF16), A rounded to bf16 while it is packed; accumulation and every other op
+#: stay float32 (TSCompiler §5.4 reaches its GPU results with reduced-precision TensorCore GEMMs;
+#: this is the CPU's counterpart).
 PRECISIONS = ("fp32", "bf16")
 
 
