@@ -47,7 +47,8 @@ Tiling is TSCompiler §5.1 (block tiles ⟨T_Mb, T_Nb, T_Kb⟩ = one OpenMP task
 model, ``cost = T_single_wave × ceil(tasks(binding) / threads)``.
 
 Precision (issue 13): every step takes ``precision`` (``fp32`` default, or ``bf16``: the weight packed
-as bf16 pairs along K and the inner product on VDPBF16PS, see :mod:`tscomp.codegen.cpu_gemm`); the
+as bf16 pairs along K and the inner product on AMX tiles (``isa="amx"``) or VDPBF16PS, see
+:mod:`tscomp.codegen.cpu_gemm`); the
 fused prologue, epilogue and row pass are unchanged fp32 C. The kernel's entry point carries a
 ``_bf16`` suffix and its header names the precision, so fp32 and bf16 kernels never share a symbol or
 a cache entry.
