@@ -34,7 +34,7 @@ from tscomp.graph.onnx_import import refuse_data_dependent_shapes
 from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.runtime.wave import sample_point
-from tscomp.schedule.cold_start import evict_bytes
+from tscomp.schedule.cold_start import evict_bytes, rotation
 from tscomp.schedule.measure import time_case
 from tscomp.schedule.samples import DISPATCH_POINTS, group_inputs_at, sample_bindings, shape_size
 from tscomp.schedule.schedules import Schedules, TuningOptions, schedule_plan
@@ -223,7 +223,6 @@ def measure_variants(plan: Plan, group: Group, kernels: list, threads: int, *, w
     the heaviest task's padded work, the task classes), ``kernel.t_wave`` the
     single-wave time at the largest sample (for the manifest). ``evict`` > 0: timed on rotating
     copies of each variant's packed data (:func:`~tscomp.schedule.cold_start.evict_bytes`)."""
-    from tscomp.schedule.cold_start import rotation
     rng = np.random.default_rng(0)
     copies = [rotation(k, evict) for k in kernels]
     bindings = sample_bindings(plan, points=DISPATCH_POINTS)

@@ -534,14 +534,10 @@ void {self.func}({', '.join(params)})
         L.append(body)
         return "\n".join(L)
 
-    def masks_keys(self, F=None) -> bool:
-        """Whether the score epilogue reads a tensor (a mask) besides QKᵀ: only then can keys be dead."""
-        _, F = self._fragments() if F is None else (None, F)
-        return bool(re.search(r"\bin\d+\[", "\n".join(F["s"][1]) + str(F["s"][0])))
-
     def _masked_tail_scan(self, F, ind) -> str:
-        """C that trims ``ts_Nq`` to the keys some row of the query block can see (see MASK_DEAD)."""
-        if not self.masks_keys(F):
+        """C that trims ``ts_Nq`` to the keys some row of the query block can see (see MASK_DEAD); only
+        where the score epilogue reads a tensor (a mask) besides QKᵀ, else no key can be masked."""
+        if not re.search(r"\bin\d+\[", "\n".join(F["s"][1]) + str(F["s"][0])):
             return "            /* no mask in the score epilogue: every key is live */"
         lines, expr = F["s"][1], F["s"][0]
 

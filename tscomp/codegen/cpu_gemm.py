@@ -708,10 +708,8 @@ def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, 
     the MR-row kernel and one of a t-row kernel, so a short or awkward M (9 rows under a 6-row tile)
     computes exactly its rows instead of a zero-padded second panel (12). The panel layout is the
     same (a partial panel is still packed MR wide); only the rows the kernel reads differ."""
-    params = f"""int64_t kl, const {_operand(g)}* restrict xp, const {_operand(g)}* restrict wp, float* restrict ct,
+    params = f"""int64_t kl, const {_x_operand(g, isa == 'amx')}* restrict xp, const {_operand(g)}* restrict wp, float* restrict ct,
     int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{epi_params}"""
-    if isa == "amx":
-        params = params.replace(f"const {_operand(g)}* restrict xp", "const uint16_t* restrict xp")
     emit(f"""/* Micro-kernel: an MR x NR tile of accumulators over kl steps of k.
  *   xp: packed X panel (k-major, MR per k); wp: packed W panel (k-major, NR per k);
  *   ct: this tile's slot in the per-thread partial-sum buffer (MR*NR floats);
@@ -761,6 +759,11 @@ static __attribute__((noinline)) void micro_kernel_tail(int64_t rows, {params})
 def _operand(g: _Geometry) -> str:
     """C element type of the packed X and W panels: float, or a 32-bit lane holding a bf16 pair."""
     return "uint32_t" if g.precision == "bf16" else "float"
+
+
+def _x_operand(g: _Geometry, amx: bool) -> str:
+    """C element type of the packed X panel: AMX A tiles are rows of single bf16, else :func:`_operand`."""
+    return "uint16_t" if amx else _operand(g)
 
 
 def emit_accumulators(emit, v: "_Vec", MR: int, NR: int) -> list[list[str]]:
@@ -960,7 +963,7 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     w_panel = f"wk + jp * ((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2}) * NR" if bf16 \
         else "wk + jp * kl * NR"
     x_panel = "MR * KCP" if amx else "MR * KQ" if bf16 else "MR * KC"
-    x_op = "uint16_t" if amx else op
+    x_op = _x_operand(g, amx)
     x_block = "KCP" if amx else "KQ" if bf16 else "KC"
     tiles_on = "\n        amx_configure();   /* this thread's tile registers: 16 rows x 64 bytes each */" if amx else ""
     tiles_off = "\n        _tile_release();" if amx else ""

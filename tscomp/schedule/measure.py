@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from tscomp.errors import TscompError
+from tscomp.schedule.cold_start import rotation
 
 #: how long a fresh worker may take to import and set its thread count (not a candidate's time)
 START_TIMEOUT_S = 120.0
@@ -117,7 +118,6 @@ def time_case(candidate, env, binding, *, warmup: int, repeats: int, max_spread:
 def measure_inline(candidate, workload: Workload, *, warmup: int = 3, repeats: int = 5,
                    max_spread: float = 0.15) -> Measurement:
     """Time ``candidate`` in this process (a crash here is a crash of the caller)."""
-    from tscomp.schedule.cold_start import rotation
     seconds = []
     copies = rotation(candidate, workload.evict_bytes)
     for binding, env in workload.cases:
@@ -162,7 +162,6 @@ def _worker_main(conn, threads: int) -> None:
 
 
 def _serve_measure(conn, workloads, key, blob, warmup, repeats, max_spread) -> None:
-    from tscomp.schedule.cold_start import rotation
     try:
         candidate = pickle.loads(blob)
     except Exception as exc:  # noqa: BLE001

@@ -272,13 +272,14 @@ def _cpu_flags() -> set[str]:
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 
 
-def _has_amx() -> bool:
-    """AMX tiles with bf16 on this CPU, and the kernel grants this process the tile state (Linux
-    hands it out per process on request; the generated kernels also request it when loaded)."""
+def _has_amx(flags: set[str]) -> bool:
+    """AMX tiles with bf16 on this CPU (``flags``: /proc/cpuinfo's), and the kernel grants this process
+    the tile state (Linux hands it out per process on request; the generated kernels also request it
+    when loaded)."""
     import ctypes
     import platform
 
-    if not {"amx_tile", "amx_bf16"} <= _cpu_flags() or platform.machine() != "x86_64":
+    if not {"amx_tile", "amx_bf16"} <= flags or platform.machine() != "x86_64":
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -297,10 +298,11 @@ def _host_spec() -> CpuSpec:
 
     isa = host_isa()
     caches = _cache_sizes()
+    flags = _cpu_flags()
     return CpuSpec(cores=host_threads(), isa=isa, vector_width=VECTOR_WIDTH[isa],
                    vector_registers=VECTOR_REGISTERS[isa], l1=caches.get(1, 32 * 1024),
-                   l2=caches.get(2, 1024 * 1024), l3=caches.get(3, 16 * 1024 * 1024), bf16="avx512_bf16" in _cpu_flags(),
-                   amx=_has_amx())
+                   l2=caches.get(2, 1024 * 1024), l3=caches.get(3, 16 * 1024 * 1024), bf16="avx512_bf16" in flags,
+                   amx=_has_amx(flags))
 
 
 def host_cpu(threads: int | None = None, *, isa: str | None = None, precision: str = "fp32") -> Target:
