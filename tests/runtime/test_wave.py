@@ -122,10 +122,26 @@ def test_gemm_per_task_time_follows_the_register_tile_steps_not_the_shape_size()
     per_rows = lambda m: 10.0 * -(-m // 8)          # noqa: E731  the kernel's true time (one task)
     k.samples = [sample_point(k, {"M": m}, per_rows(m)) for m in (1, 4, 16, 64)]
     assert [s[3] for s in k.samples] == [8, 8, 16, 64]
-    assert task_work(k, {"M": 5}) == 8 and task_work(k, {"M": 9}) == 16 and task_work(k, {"M": 200}) == 64
+    # M = 200 under 64-row blocks: four balanced blocks of 56, 56, 56 and 32 rows
+    assert task_work(k, {"M": 5}) == 8 and task_work(k, {"M": 9}) == 16 and task_work(k, {"M": 200}) == 56
     assert wave_cost(k, {"M": 5}, CPU2) == pytest.approx(per_rows(5))
     assert wave_cost(k, {"M": 9}, CPU2) == pytest.approx(per_rows(16)) and per_rows(16) == per_rows(9)
     assert wave_cost(k, {"M": 40}, CPU2) == pytest.approx(per_rows(40))
+
+
+def test_gemm_row_blocks_are_balanced_as_the_kernel_splits_m():
+    """The CPU GEMM splits M into ceil(M / mc) row blocks of equal whole register tiles (M = 139
+    under mc = 64: 48, 48, 43 -- not 64, 64 and an 11-row block that streams every weight panel
+    again); the wave model's classes are those blocks, at every M."""
+    from tscomp.runtime.wave import task_classes
+    k = FakeGemm(mr=8, mc=64, n_nblocks=2, row_granule=1)
+    assert sorted(task_classes(k, {"M": 139})) == [(2, 43), (4, 48)]
+    for M in range(1, 700):
+        classes = [(int(c), int(w)) for c, w in task_classes(k, {"M": M}) if c]
+        blocks = [w for c, w in classes for _ in range(c // 2)]
+        assert sum(blocks) == M and len(blocks) == -(-M // 64), M
+        assert max(blocks) <= 64 and max(blocks) % 8 == 0 or len(blocks) == 1, M
+        assert max(blocks) - min(blocks) < 8 * len(blocks), M
 
 
 def test_a_gemm_with_row_tail_kernels_is_costed_at_its_exact_rows():
@@ -133,7 +149,7 @@ def test_a_gemm_with_row_tail_kernels_is_costed_at_its_exact_rows():
     M = 9 under an 8-row tile is 9 rows of work, not 16, and a sample at M = 9 is read at 9."""
     from tscomp.runtime.wave import sample_point, task_classes, task_work
     k = FakeGemm(mr=8, mc=64, row_granule=1)
-    assert task_work(k, {"M": 9}) == 9 and task_classes(k, {"M": 70}) == ((1, 64), (1, 6))
+    assert task_work(k, {"M": 9}) == 9 and task_classes(k, {"M": 70}) == ((1, 40), (1, 30))
     t = lambda rows: 2.0 + rows                      # noqa: E731
     k.samples = [sample_point(k, {"M": m}, t(m)) for m in (1, 8, 9, 16, 64)]
     assert wave_cost(k, {"M": 9}, CPU2) == pytest.approx(t(9))
@@ -141,20 +157,20 @@ def test_a_gemm_with_row_tail_kernels_is_costed_at_its_exact_rows():
 
 
 def test_the_last_partial_block_costs_its_own_rows_not_a_full_wave():
-    """M = 136 under 64-row blocks, two column blocks: 4 full tasks and 2 of 8 rows. Two workers
-    run the full ones in two waves and the light ones in a third, short one: 2 x t(64) + t(8),
-    not the 3 x t(64) whole waves would say."""
+    """M = 129 under 64-row blocks, two column blocks: 4 tasks of 48 rows and 2 of 33 (padded to
+    40). Two workers run the heavy ones in two waves and the light ones in a third, shorter one:
+    2 x t(48) + t(40), not the 3 x t(48) whole waves would say."""
     from tscomp.runtime.wave import sample_point, task_classes
     k = FakeGemm(mr=8, mc=64, n_nblocks=2)
     t = lambda rows: 1.0 + rows / 8                  # noqa: E731  per-task time of a task's padded rows
-    assert task_classes(k, {"M": 136}) == ((4, 64), (2, 8))
+    assert task_classes(k, {"M": 129}) == ((4, 48), (2, 40))
     assert task_classes(k, {"M": 128}) == ((2, 64), (2, 64))
-    k.samples = [sample_point(k, {"M": 8}, t(8)), sample_point(k, {"M": 128}, 2 * t(64))]
-    assert wave_cost(k, {"M": 136}, CPU2) == pytest.approx(2 * t(64) + t(8))
-    # on 4 workers (samples measured there): 2 full and 2 light tasks run in one wave
+    k.samples = [sample_point(k, {"M": 8}, t(8)), sample_point(k, {"M": 96}, 2 * t(48))]
+    assert wave_cost(k, {"M": 129}, CPU2) == pytest.approx(2 * t(48) + t(40))
+    # on 4 workers (samples measured there): 2 heavier and 2 lighter tasks (40 and 32 rows) in one wave
     k4 = FakeGemm(mr=8, mc=64, n_nblocks=2)
     k4.samples = [sample_point(k4, {"M": 8}, t(8)), sample_point(k4, {"M": 128}, t(64))]
-    assert wave_cost(k4, {"M": 72}, FakeWorkers(4)) == pytest.approx(t(64))
+    assert wave_cost(k4, {"M": 72}, FakeWorkers(4)) == pytest.approx(t(40))
 
 
 class FakeWorkers:
@@ -166,17 +182,17 @@ class FakeWorkers:
 
 
 def test_samples_mixing_full_and_partial_blocks_give_the_full_task_time():
-    """A sample at M = 100 (one full 64-row task and one of 40 rows, per column block) measured
-    t(64) + t(40) on one worker; the fitted per-task time at 64 rows is t(64), not the sample's
-    seconds over its waves."""
+    """A sample at M = 100 (balanced row blocks of 56 and 44 rows under mc = 64, the 44 computed
+    as 48 padded rows) measured t(56) + t(48) on one worker; the fitted per-task time at 56 rows is t(56), not the
+    sample's seconds over its waves."""
     from tscomp.runtime.wave import sample_point, wave_points
     k = FakeGemm(mr=8, mc=64, n_nblocks=1)
     t = lambda rows: 2.0 + rows                      # noqa: E731
-    k.samples = [sample_point(k, {"M": m}, t(m)) for m in (8, 16, 40)] + [sample_point(k, {"M": 100}, t(64) + t(40))]
+    k.samples = [sample_point(k, {"M": m}, t(m)) for m in (8, 16, 40, 48)] + [sample_point(k, {"M": 100}, t(56) + t(48))]
     xs, ys, t0 = wave_points(k, 1)
     assert t0 == pytest.approx(0.0, abs=1e-6)
-    assert list(xs) == [8, 16, 40, 64]
-    assert ys == pytest.approx([t(8), t(16), t(40), t(64)])
+    assert list(xs) == [8, 16, 40, 48, 56]
+    assert ys == pytest.approx([t(8), t(16), t(40), t(48), t(56)])
 
 
 def test_one_disturbed_sample_barely_moves_the_fit():

@@ -100,7 +100,7 @@ _RESERVED = {
     "X", "Wp", "Y", "M", "N", "K", "NP", "MR", "NR", "MC", "NC", "KC", "N_NBLOCKS", "N_KBLOCKS",
     "acc", "i", "j", "r", "c", "k", "x", "tile", "yrow", "acc_t", "xp", "wp", "ct", "first", "last",
     "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock",
-    "kb", "k0", "jp", "wpanel", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks",
+    "kb", "k0", "jp", "wpanel", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks", "mc",
     "min_i64", "pack_x", "micro_kernel", "micro_kernel_tail", "rows", "row_pass", "a_prologue", "Xa", "tscomp_erff",
     "int", "float", "double", "char", "void", "const", "restrict", "return", "if", "else", "for",
     "while", "do", "static", "inline", "sizeof", "int64_t", "int32_t",
@@ -967,12 +967,15 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     x_block = "KCP" if amx else "KQ" if bf16 else "KC"
     tiles_on = "\n        amx_configure();   /* this thread's tile registers: 16 rows x 64 bytes each */" if amx else ""
     tiles_off = "\n        _tile_release();" if amx else ""
-    emit(f"""/* Macro-kernel: tasks = ceil(M / MC) x N_NBLOCKS block tiles, shared among the OpenMP
+    emit(f"""/* Macro-kernel: tasks = ceil(M / MC) balanced row blocks x N_NBLOCKS block tiles, shared among the OpenMP
  * threads; each task walks K in N_KBLOCKS steps of KC{' (here one step: no partial sums)' if single else ''}. */
 void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y, int64_t M{epi_params})
 {{
     if (M <= 0) return;{before}
     const int64_t n_mblocks = (M + MC - 1) / MC;
+    /* balanced row blocks: M split evenly (whole register tiles, at most MC rows), not MC-row
+     * blocks and a thin remainder that streams every weight panel again for a few rows */
+    const int64_t mc = ((M + n_mblocks - 1) / n_mblocks + MR - 1) / MR * MR;
     const int64_t n_tasks = n_mblocks * N_NBLOCKS;
     #pragma omp parallel if (n_tasks > 1)
     {{{tiles_on}
@@ -982,7 +985,7 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
         #pragma omp for schedule(dynamic, 1)  /* tasks are large; dynamic rides out a busy core */
         for (int64_t t = 0; t < n_tasks; ++t) {{
             const int64_t nb = t / n_mblocks, mb = t % n_mblocks;
-            const int64_t m0 = mb * MC, mv = min_i64(MC, M - m0);
+            const int64_t m0 = mb * mc, mv = min_i64(mc, M - m0);
             const int64_t j0 = nb * NC, nw = min_i64(NC, NP - j0);  /* nw: a multiple of NR */
             const {op}* wblock = {w_base};
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{

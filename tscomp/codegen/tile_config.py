@@ -160,7 +160,8 @@ def _balanced(total: int, cap: int, align: int) -> int:
 
 
 def block_tile(mr: int, nr: int, K: int, N: int, *, caches: CacheSizes | None = None,
-               n_parts: int = 1, mc_rows: int | None = None, small_m: bool = False) -> TileConfig:
+               n_parts: int = 1, mc_rows: int | None = None, small_m: bool = False,
+               mc_tiles: int = 8) -> TileConfig:
     """Cache-sized block tile around an ``mr × nr`` register tile (GotoBLAS rules).
 
     - ``kc``: the ``kc × nr`` weight micro-panel plus the ``mr × kc`` activation micro-panel
@@ -170,8 +171,9 @@ def block_tile(mr: int, nr: int, K: int, N: int, *, caches: CacheSizes | None = 
       bounded only by the ``mr × kc`` activation panel (1/4 of L1), which usually means one
       K step and no partial-sum buffer.
     - ``mc``: the packed ``mc × kc`` activation block takes at most ~1/4 of L2 (the weight
-      block and the accumulation buffer share the rest), capped at 8 register tiles so M
-      up to a few hundred still gives several parallel tasks.
+      block and the accumulation buffer share the rest), capped at ``mc_tiles`` register
+      tiles (8: M up to a few hundred still gives several row blocks; a tall block instead
+      streams each weight panel once for more rows).
     - ``nc``: a multiple of ``nr``; the padded N is cut into ``n_parts`` near-equal slices
       (more slices = more parallel tasks at small M, fewer = less repeated packing of X),
       or more when K takes several steps: the ``mc × nc`` partial sums then live in a
@@ -184,12 +186,23 @@ def block_tile(mr: int, nr: int, K: int, N: int, *, caches: CacheSizes | None = 
         kc_cap = max(8, (caches.l1 * 3 // 4) // (4 * (nr + mr)))
     kc = min(_balanced(K, kc_cap, 8), K) if K > kc_cap else K
     mc_cap = max(mr, (caches.l2 // 4) // (4 * kc) // mr * mr)
-    mc = mc_rows if mc_rows is not None else min(mc_cap, 8 * mr)
+    mc = mc_rows if mc_rows is not None else min(mc_cap, mc_tiles * mr)
     n_padded = _round_up(N, nr)
     if kc < K:
         n_parts = max(n_parts, math.ceil(4 * mc * n_padded / (caches.l2 // 2)))
     nc = _balanced(n_padded, -(-n_padded // min(n_parts, n_padded // nr)), nr)
     return TileConfig(mr=mr, nr=nr, mc=mc, nc=min(nc, n_padded), kc=kc)
+
+
+def _tall_block_tile(mr: int, nr: int, K: int, N: int, caches: CacheSizes) -> TileConfig:
+    """A block tile of up to 32 register tiles of rows (as L2 allows) whose ``kc × nc`` weight
+    block takes about 1/4 of L2: when the weights arrive cold from memory (a model larger than
+    L2), every extra row block streams each weight panel again, and a task over all of M
+    (the kernel balances its row blocks) streams it once; the N blocks give the parallelism."""
+    kc = block_tile(mr, nr, K, N, caches=caches).kc
+    n_padded = _round_up(N, nr)
+    parts = max(2, -(-4 * kc * n_padded // (caches.l2 // 4)))
+    return block_tile(mr, nr, K, N, caches=caches, n_parts=min(parts, n_padded // nr), mc_tiles=32)
 
 
 def candidate_configs(isa: str, K: int, N: int, *, caches: CacheSizes | None = None) -> list[TileConfig]:
@@ -203,7 +216,7 @@ def candidate_configs(isa: str, K: int, N: int, *, caches: CacheSizes | None = N
        capacities (:func:`host_caches` by default);
     3. variants: the large-M tiles with ``nc`` = the whole (padded) N (or the widest slice
        whose partial sums fit L2) and with N cut in two/four slices (more tasks when M is
-       a few row blocks); the small-M tiles with
+       a few row blocks), and once tall (:func:`_tall_block_tile`); the small-M tiles with
        ``mc = 4·mr``, a single K step where L1 allows, and N cut in 2 or 8 slices so that
        even M = 1 yields several tasks per core.
 
@@ -220,8 +233,13 @@ def candidate_configs(isa: str, K: int, N: int, *, caches: CacheSizes | None = N
         if cfg not in out:
             out.append(cfg.validate(isa))
 
+    # ordered so that a tuner seeding with the first few meets every register tile, whole and tall
     for mr, nr in REGISTER_TILES[isa]["large"]:
-        for parts in (1, 2, 4):
+        add(block_tile(mr, nr, K, N, caches=caches))
+    for mr, nr in REGISTER_TILES[isa]["large"]:
+        add(_tall_block_tile(mr, nr, K, N, caches))
+    for parts in (2, 4):
+        for mr, nr in REGISTER_TILES[isa]["large"]:
             add(block_tile(mr, nr, K, N, caches=caches, n_parts=min(parts, _round_up(N, nr) // nr)))
     for mr, nr in REGISTER_TILES[isa]["small"]:
         for parts in (2, 8):

@@ -12,7 +12,8 @@ runtime interpolates the per-task time between the samples. A group with one var
 to choose.
 
 **Task classes.** A shape's tasks are not all alike: the last block along a tiled dynamic axis
-holds the remainder (M = 327 under 64-row blocks is five full blocks and one of 7 rows). Where the
+holds the remainder (M = 327 under 64-row blocks is five full blocks and one of 7 rows; the CPU
+GEMM balances its row blocks instead: five of 56 rows and one of 47). Where the
 family defines them (:data:`CLASSES`), the tasks of a shape come as classes ``(count, work)`` with
 work the *padded* work of one task of the class: a task computes whole register tiles, so a task
 holding 5 rows under an 8-row register tile costs what 8 rows cost (TSCompiler §5.1's
@@ -71,9 +72,21 @@ def _axis_classes(extent, block: int, reg: int) -> list[tuple]:
     return [(n - 1, _padded(np.minimum(extent, block), block, reg)), (n * 0 + 1, _padded(last, block, reg))]
 
 
+def _balanced_axis_classes(extent, block: int, reg: int, granule: int) -> list[tuple]:
+    """``[(count, padded extent)]`` of ``ceil(extent / block)`` balanced blocks (the CPU GEMM's rows):
+    each ``ceil(extent / n)`` rounded up to the register tile ``reg``, the last one the remainder;
+    a block's extent then rounds up to ``granule`` (1 where row tails compute exact rows)."""
+    extent = np.maximum(extent, 1)
+    n = -(-extent // block)
+    size = -(-(-(-extent // n)) // reg) * reg
+    last = extent - (n - 1) * size
+    return [(n - 1, _padded(np.minimum(extent, size), block, granule)), (n * 0 + 1, _padded(last, block, granule))]
+
+
 def _gemm_classes(k, ev, threads: int):
     # rows count exactly where the last row panel has a micro-kernel of its own height
-    return [(c * k.geometry.n_nblocks, w) for c, w in _axis_classes(ev(k.M), k.cfg.mc, k.row_granule)]
+    return [(c * k.geometry.n_nblocks, w)
+            for c, w in _balanced_axis_classes(ev(k.M), k.cfg.mc, k.cfg.mr, k.row_granule)]
 
 
 def _conv_classes(k, ev, threads: int):

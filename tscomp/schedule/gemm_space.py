@@ -47,7 +47,8 @@ AMX_MR_VALUES = (16, 32)
 NR_VEC_VALUES = (1, 2, 3, 4)
 #: independent FMA chains a register tile needs: fewer leaves the FMA pipes idle for the latency
 MIN_CHAINS = 4
-MC_TILES = (1, 2, 4, 8)
+#: up to 32 register tiles of rows: a tall row block streams cold weights once for more rows
+MC_TILES = (1, 2, 4, 8, 16, 32)
 N_PARTS = (1, 2, 4, 8)
 NC_PANELS = (1, 2, 4, 8)
 K_STEPS = (1, 2, 4)
