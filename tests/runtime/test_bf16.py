@@ -104,7 +104,13 @@ def test_precision_is_in_the_manifest_digest_sources_and_entry_points(bf16_artif
     assert mf["precision"] == "bf16" and mf["target"]["precision"] == "bf16"
     amx = host_cpu(precision="bf16").gemm_isa == "amx"     # bf16 GEMMs run on AMX tiles where the CPU has them
     assert mf["target"]["key"].endswith("-bf16-amx" if amx else "-bf16")
-    assert "attention (fused or as batched GEMMs)" in mf["precision_scope"]
+    # the fused attention computes in bf16 where the GEMMs run on AMX tiles, else in fp32
+    assert ("fused attention's QKᵀ and P·V (AMX tiles" if amx else "attention (fused or as batched GEMMs)") \
+        in mf["precision_scope"]
+    fused = [v for g in mf["groups"] for v in g["variants"] if v["family"] == "attention"]
+    assert fused and all(v["isa"] == ("amx" if amx else "avx512") for v in fused)
+    if amx:
+        assert "_tile_dpbf16ps" in (path / "kernels" / f"{fused[0]['func']}.c").read_text()
     variants = [v for g in mf["groups"] for v in g["variants"]]
     gemm = [v for v in variants if v["family"] == "gemm"]
     assert gemm and all(v["precision"] == "bf16" and v["func"].endswith("_bf16") for v in gemm)

@@ -46,7 +46,7 @@ import sympy
 
 from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_symbol_name, delinearize, math_helpers, reshape_index
 from tscomp.codegen.cpu_batched_gemm import _Generator
-from tscomp.codegen.cpu_gemm import ISA_RANK, _Vec
+from tscomp.codegen.cpu_gemm import ISA_RANK, _emit_amx_setup, _Vec
 from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
 from tscomp.codegen.tile_config import MAX_ACCUMULATORS, VECTOR_WIDTH, TileConfig, TileConfigError
@@ -229,8 +229,15 @@ def _same_shape(a, b) -> bool:
 
 
 # ============================================================================ configurations
+#: AMX: rows of a tile, the keys of one TDPBF16PS step (16 bf16 pairs), the tile registers the kernel uses
+AMX_ROWS, AMX_KEYS = 16, 32
+
+
 def tile_fits(isa: str, mr: int, nj: int, dv: int) -> bool:
-    """The S tile (mr × nj) and the P·V tile (mr × one chunk of the head) fit the accumulators."""
+    """The S tile (mr × nj) and the P·V tile (mr × one chunk of the head) fit the accumulators; on AMX
+    one 16-row A tile and a key block of whole 32-key steps, at most 4 accumulator tiles wide."""
+    if isa == "amx":
+        return mr == AMX_ROWS and nj % AMX_KEYS == 0 and nj <= 4 * AMX_ROWS and dv <= MAX_HEAD
     W = VECTOR_WIDTH[isa]
     return nj % W == 0 and mr * (nj // W) <= MAX_ACCUMULATORS[isa] and mr * min(_round_up(dv, W) // W, 4) <= \
         MAX_ACCUMULATORS[isa]
@@ -267,7 +274,7 @@ def candidate_configs(isa: str, M: int, N: int, DK: int, DV: int, l2: int | None
     by_block = []
     for nvec in (4, 2, 1):
         nj = nvec * W
-        mr = next((m for m in (6, 4, 8, 2) if tile_fits(isa, m, nj, DV)), None)
+        mr = next((m for m in ((AMX_ROWS,) if isa == "amx" else (6, 4, 8, 2)) if tile_fits(isa, m, nj, DV)), None)
         if mr is None:
             continue
         block = []
@@ -366,9 +373,12 @@ class CompiledAttention(AttentionAnalysis, PicklableKernel):
     def _generate(self) -> str:
         gen, F = self._fragments()
         cfg, isa = self.cfg, self.isa
-        W = VECTOR_WIDTH[isa]
+        amx = isa == "amx"
+        vec_isa = "avx512" if amx else isa      # AMX: the tile unit for QKᵀ and P·V, AVX-512 around it
+        W = VECTOR_WIDTH[vec_isa]
         DK, DV = self.DK, self.DV
         DVP = _round_up(DV, W)
+        DKP = _round_up(DK, AMX_KEYS) if amx else DK
         text = "\n".join(line for _, lines in F.values() for line in lines) + "\n".join(
             str(v) for v, _ in F.values() if v) + "\n".join(gen.decls + gen.statics)
         self.arg_roles: list[tuple[str, str, object]] = []
@@ -395,13 +405,21 @@ class CompiledAttention(AttentionAnalysis, PicklableKernel):
              "#include <omp.h>\n#include <string.h>\n#include <math.h>"
              + ("\n#include <immintrin.h>" if isa != "scalar" else "") + "\n"]
         L.append(f"#define TS_MR {cfg.mr}\n#define TS_NJ {cfg.nr}\n#define TS_MB {cfg.mc}\n#define TS_NC {cfg.nc}\n"
-                 f"#define TS_DK {DK}\n#define TS_DV {DV}\n#define TS_DVP {DVP}\n"
+                 f"#define TS_DK {DK}\n#define TS_DKP {DKP}   /* Q and K depth as packed (AMX: whole 32-deep steps) */\n"
+                 f"#define TS_DV {DV}\n#define TS_DVP {DVP}\n"
                  f"#define TS_MASK_DEAD ({MASK_DEAD:g}f)   /* a score at most this is a masked key */\n")
         L.append("static inline int64_t ts_min64(int64_t a, int64_t b) { return a < b ? a : b; }\n")
         L.append(SPLITS_C)
         L.extend(gen.statics)
-        L.append(_micro_kernels(isa, cfg.mr, cfg.nr, DK, DVP))
-        exp_row = _exp_row(isa)
+        if amx:
+            setup: list[str] = []
+            _emit_amx_setup(setup.append, None)
+            L.extend(setup)
+            L.append(_amx_micro_kernels(cfg.nr, DVP))
+        else:
+            L.append(_micro_kernels(isa, cfg.mr, cfg.nr, DK, DVP))
+        exp_row = _exp_row(vec_isa)
+        pack = _AmxPacking(F, ind) if amx else _Fp32Packing(F, ind)
         decls = "\n".join("    " + d for d in gen.decls)
         body = f"""/* Macro-kernel: tasks = NB x splits (a batch entry's query blocks cut into `splits` runs, so that
  * every thread has work when NB is small); a task packs its entry's Kᵀ and V once (all keys), then
@@ -416,10 +434,10 @@ void {self.func}({', '.join(params)})
     const int64_t ts_run = (ts_n_qb + ts_splits - 1) / ts_splits, ts_n_tasks = ts_NB * ts_splits;
     const int64_t ts_n_kb = (ts_N + TS_NJ - 1) / TS_NJ;
     #pragma omp parallel if (ts_n_tasks > 1 && ts_NB * ts_M * (ts_N + 1) * (TS_DK + TS_DV) > 65536)
-    {{
+    {{{pack.setup}
         float* ts_q = (float*)aligned_alloc(64, sizeof(float) * TS_MB * TS_DK);
-        float* ts_kt = (float*)aligned_alloc(64, sizeof(float) * (ts_n_kb > 0 ? ts_n_kb : 1) * TS_NJ * TS_DK);
-        float* ts_v = (float*)aligned_alloc(64, sizeof(float) * (ts_n_kb > 0 ? ts_n_kb : 1) * TS_NJ * TS_DVP);
+        {pack.elem}* ts_kt = ({pack.elem}*)aligned_alloc(64, sizeof({pack.elem}) * (ts_n_kb > 0 ? ts_n_kb : 1) * TS_NJ * TS_DKP{pack.k_div});
+        {pack.elem16}* ts_v = ({pack.elem16}*)aligned_alloc(64, sizeof({pack.elem16}) * (ts_n_kb > 0 ? ts_n_kb : 1) * TS_NJ * TS_DVP);
         float* ts_s = (float*)aligned_alloc(64, sizeof(float) * TS_MB * TS_NC);
         float* ts_o = (float*)aligned_alloc(64, sizeof(float) * TS_MB * TS_DVP);
         float ts_mx[TS_MB], ts_l[TS_MB];
@@ -428,28 +446,7 @@ void {self.func}({', '.join(params)})
             const int64_t ts_b = ts_t / ts_splits, ts_qb0 = (ts_t % ts_splits) * ts_run;
             const int64_t ts_qb1 = ts_min64(ts_n_qb, ts_qb0 + ts_run);
             if (ts_qb0 >= ts_qb1) continue;
-            /* pack every key of this entry: Kᵀ in k-major blocks of T_Nb keys, V row-major with the
-             * head padded to the vector width; keys past N are zero (local padding) */
-            for (int64_t ts_j = 0; ts_j < ts_n_kb * TS_NJ; ++ts_j) {{
-                float* restrict ts_kcol = ts_kt + (ts_j / TS_NJ) * TS_NJ * TS_DK + ts_j % TS_NJ;
-                float* restrict ts_vrow = ts_v + ts_j * TS_DVP;
-                if (ts_j >= ts_N) {{
-                    for (int64_t ts_k = 0; ts_k < TS_DK; ++ts_k) ts_kcol[ts_k * TS_NJ] = 0.0f;
-                    memset(ts_vrow, 0, sizeof(float) * TS_DVP);
-                    continue;
-                }}
-                #pragma omp simd
-                for (int64_t ts_k = 0; ts_k < TS_DK; ++ts_k) {{
-{ind(F['k'][1], 5)}
-                    ts_kcol[ts_k * TS_NJ] = {F['k'][0]};
-                }}
-                #pragma omp simd
-                for (int64_t ts_d = 0; ts_d < TS_DV; ++ts_d) {{
-{ind(F['v'][1], 5)}
-                    ts_vrow[ts_d] = {F['v'][0]};
-                }}
-                for (int64_t ts_d = TS_DV; ts_d < TS_DVP; ++ts_d) ts_vrow[ts_d] = 0.0f;
-            }}
+{pack.keys()}
             for (int64_t ts_qb = ts_qb0; ts_qb < ts_qb1; ++ts_qb) {{
             const int64_t ts_m0 = ts_qb * TS_MB;
             const int64_t ts_mv = ts_min64(TS_MB, ts_M - ts_m0), ts_mvp = (ts_mv + TS_MR - 1) / TS_MR * TS_MR;
@@ -462,7 +459,7 @@ void {self.func}({', '.join(params)})
                     ts_q[ts_r * TS_DK + ts_k] = {F['q'][0]};
                 }}
             }}
-            memset(ts_q + ts_mv * TS_DK, 0, sizeof(float) * (ts_mvp - ts_mv) * TS_DK);
+            memset(ts_q + ts_mv * TS_DK, 0, sizeof(float) * (ts_mvp - ts_mv) * TS_DK);{pack.q_convert}
             memset(ts_o, 0, sizeof(float) * TS_MB * TS_DVP);
             for (int64_t ts_r = 0; ts_r < TS_MB; ++ts_r) {{ ts_mx[ts_r] = -INFINITY; ts_l[ts_r] = 0.0f; }}
             int64_t ts_Nq = ts_N;     /* the keys this block of queries processes */
@@ -474,9 +471,9 @@ void {self.func}({', '.join(params)})
                 const int64_t ts_nbk = ts_min64(TS_NC / TS_NJ, ts_n_kbq - ts_cb);
                 const int64_t ts_j0 = ts_cb * TS_NJ, ts_width = ts_nbk * TS_NJ, ts_nv = ts_min64(ts_width, ts_Nq - ts_j0);
                 for (int64_t ts_kb = 0; ts_kb < ts_nbk; ++ts_kb) {{
-                    const float* restrict ts_ktb = ts_kt + (ts_cb + ts_kb) * TS_NJ * TS_DK;
+                    const {pack.elem}* restrict ts_ktb = ts_kt + (ts_cb + ts_kb) * TS_NJ * TS_DKP{pack.k_div};
                     for (int64_t ts_r = 0; ts_r < ts_mvp; ts_r += TS_MR)
-                        ts_qk(ts_q + ts_r * TS_DK, ts_ktb, ts_s + ts_r * TS_NC + ts_kb * TS_NJ);
+                        ts_qk({pack.q} + ts_r * TS_DKP, ts_ktb, ts_s + ts_r * TS_NC + ts_kb * TS_NJ);
                 }}
                 /* score epilogue ({', '.join(o.op_type for o in self._score_ops()) or 'none'}), online softmax */
                 for (int64_t ts_r = 0; ts_r < ts_mvp; ++ts_r) {{
@@ -508,8 +505,7 @@ void {self.func}({', '.join(params)})
                         for (int64_t ts_d = 0; ts_d < TS_DVP; ++ts_d) ts_o[ts_r * TS_DVP + ts_d] *= ts_corr;
                     }}
                 }}
-                for (int64_t ts_r = 0; ts_r < ts_mvp; ts_r += TS_MR)
-                    ts_pv(ts_s + ts_r * TS_NC, ts_v + ts_j0 * TS_DVP, ts_o + ts_r * TS_DVP, ts_nv);
+{pack.pv}
             }}
             /* O / l through the output epilogue ({', '.join(o.op_type for o in self._output_ops()) or 'store'});
              * a fully masked row: P·V of the guarded NaN probabilities; no keys at all: an empty sum, 0 */
@@ -525,7 +521,7 @@ void {self.func}({', '.join(params)})
             }}
             }}
         }}
-        free(ts_q); free(ts_kt); free(ts_v); free(ts_s); free(ts_o);
+        free(ts_q); free(ts_kt); free(ts_v); free(ts_s); free(ts_o);{pack.teardown}
     }}
 }}
 """
@@ -642,6 +638,161 @@ void {self.func}({', '.join(params)})
     __call__ = run
 
 
+class _Fp32Packing:
+    """The fp32 kernel's operand layouts: Kᵀ in k-major blocks of T_Nb keys, V row-major, P·V on the
+    S block (the pieces of :meth:`CompiledAttention._generate` that differ from the AMX kernel's)."""
+    setup = teardown = q_convert = k_div = ""
+    elem = elem16 = "float"
+    q = "ts_q"
+
+    def __init__(self, F, ind):
+        self.F, self.ind = F, ind
+
+    def keys(self) -> str:
+        F, ind = self.F, self.ind
+        return f"""            /* pack every key of this entry: Kᵀ in k-major blocks of T_Nb keys, V row-major with the
+             * head padded to the vector width; keys past N are zero (local padding) */
+            for (int64_t ts_j = 0; ts_j < ts_n_kb * TS_NJ; ++ts_j) {{
+                float* restrict ts_kcol = ts_kt + (ts_j / TS_NJ) * TS_NJ * TS_DK + ts_j % TS_NJ;
+                float* restrict ts_vrow = ts_v + ts_j * TS_DVP;
+                if (ts_j >= ts_N) {{
+                    for (int64_t ts_k = 0; ts_k < TS_DK; ++ts_k) ts_kcol[ts_k * TS_NJ] = 0.0f;
+                    memset(ts_vrow, 0, sizeof(float) * TS_DVP);
+                    continue;
+                }}
+                #pragma omp simd
+                for (int64_t ts_k = 0; ts_k < TS_DK; ++ts_k) {{
+{ind(F['k'][1], 5)}
+                    ts_kcol[ts_k * TS_NJ] = {F['k'][0]};
+                }}
+                #pragma omp simd
+                for (int64_t ts_d = 0; ts_d < TS_DV; ++ts_d) {{
+{ind(F['v'][1], 5)}
+                    ts_vrow[ts_d] = {F['v'][0]};
+                }}
+                for (int64_t ts_d = TS_DV; ts_d < TS_DVP; ++ts_d) ts_vrow[ts_d] = 0.0f;
+            }}"""
+
+    @property
+    def pv(self) -> str:
+        return """                for (int64_t ts_r = 0; ts_r < ts_mvp; ts_r += TS_MR)
+                    ts_pv(ts_s + ts_r * TS_NC, ts_v + ts_j0 * TS_DVP, ts_o + ts_r * TS_DVP, ts_nv);"""
+
+
+class _AmxPacking(_Fp32Packing):
+    """The AMX kernel's operand layouts (bf16, rounded to nearest even): Q rows and P rows as A tiles,
+    Kᵀ as 16-key groups of bf16-pair rows and V as key-pair rows (the B tiles' VNNI layout); the
+    softmax and everything around it stays fp32."""
+    elem, elem16, k_div, q = "uint32_t", "uint16_t", " / 2", "ts_q16"
+    setup = """
+        amx_configure();   /* this thread's tile registers */
+        uint16_t* ts_q16 = (uint16_t*)aligned_alloc(64, sizeof(uint16_t) * TS_MB * TS_DKP);
+        uint16_t* ts_p16 = (uint16_t*)aligned_alloc(64, sizeof(uint16_t) * TS_MB * TS_NC);"""
+    teardown = """ free(ts_q16); free(ts_p16);
+        _tile_release();"""
+    q_convert = """
+            for (int64_t ts_r = 0; ts_r < ts_mvp; ++ts_r)    /* Q rows as bf16 A tiles, depth padded with 0 */
+                ts_to_bf16(ts_q + ts_r * TS_DK, ts_q16 + ts_r * TS_DKP, TS_DK, TS_DKP);"""
+
+    def keys(self) -> str:
+        F, ind = self.F, self.ind
+        return f"""            /* pack every key of this entry as bf16 B tiles; keys past N are zero (local padding):
+             * Kᵀ in groups of 16 keys, DKP/2 rows of 16 bf16 pairs: ts_kt[(j/16)*(DKP/2)*16 + p*16 + j%16]
+             * holds K[j][2p], K[j][2p+1]; V as key pairs: ts_v[((j/2)*DVP + d)*2 + j%2] = V[j][d] */
+            for (int64_t ts_j = 0; ts_j < ts_n_kb * TS_NJ; ++ts_j) {{
+                float ts_krow[TS_DKP], ts_vrow[TS_DVP];
+                uint16_t ts_kb16[TS_DKP], ts_vb16[TS_DVP];
+                memset(ts_krow, 0, sizeof ts_krow);
+                memset(ts_vrow, 0, sizeof ts_vrow);
+                if (ts_j < ts_N) {{
+                    #pragma omp simd
+                    for (int64_t ts_k = 0; ts_k < TS_DK; ++ts_k) {{
+{ind(F['k'][1], 6)}
+                        ts_krow[ts_k] = {F['k'][0]};
+                    }}
+                    #pragma omp simd
+                    for (int64_t ts_d = 0; ts_d < TS_DV; ++ts_d) {{
+{ind(F['v'][1], 6)}
+                        ts_vrow[ts_d] = {F['v'][0]};
+                    }}
+                }}
+                ts_to_bf16(ts_krow, ts_kb16, TS_DKP, TS_DKP);
+                ts_to_bf16(ts_vrow, ts_vb16, TS_DVP, TS_DVP);
+                uint32_t* restrict ts_kdst = ts_kt + (ts_j / 16) * (TS_DKP / 2) * 16 + ts_j % 16;
+                for (int64_t ts_p = 0; ts_p < TS_DKP / 2; ++ts_p) {{
+                    uint32_t ts_pair;
+                    memcpy(&ts_pair, ts_kb16 + 2 * ts_p, sizeof ts_pair);
+                    ts_kdst[ts_p * 16] = ts_pair;
+                }}
+                uint16_t* restrict ts_vdst = ts_v + (ts_j / 2) * TS_DVP * 2 + (ts_j & 1);
+                for (int64_t ts_d = 0; ts_d < TS_DVP; ++ts_d) ts_vdst[ts_d * 2] = ts_vb16[ts_d];
+            }}"""
+
+    @property
+    def pv(self) -> str:
+        return """                /* P rows as bf16 A tiles over the chunk's whole width (P = 0 past its live keys) */
+                for (int64_t ts_r = 0; ts_r < ts_mvp; ++ts_r)
+                    ts_to_bf16(ts_s + ts_r * TS_NC, ts_p16 + ts_r * TS_NC, ts_width, ts_width);
+                for (int64_t ts_r = 0; ts_r < ts_mvp; ts_r += TS_MR)
+                    ts_pv(ts_p16 + ts_r * TS_NC, ts_v + (ts_j0 / 2) * TS_DVP * 2, ts_o + ts_r * TS_DVP, ts_width);"""
+
+
+#: the AMX kernel's tile registers: A (16 rows of Q or P), the accumulators, the rotating B tiles
+_AMX_A, _AMX_ACC, _AMX_B = 0, (2, 3, 4, 5), (1, 6, 7)
+
+
+def _amx_micro_kernels(nj: int, dvp: int) -> str:
+    """AMX ``ts_qk`` (S[16 × nj] = Q · Kᵀ over the packed depth) and ``ts_pv`` (O[16 × dvp] += P · V over
+    ``width`` keys, whole 32-key steps, the head in chunks of up to 4 accumulator tiles), and the fp32 ->
+    bf16 row conversion the packing uses."""
+    a, acc, bs = _AMX_A, _AMX_ACC, _AMX_B
+    n_s = nj // AMX_ROWS
+    L = ["/* n floats -> bf16 (round to nearest even, VCVTNEPS2BF16), zero up to npad (a multiple of 16) */",
+         "static inline void ts_to_bf16(const float* restrict src, uint16_t* restrict dst, int64_t n, int64_t npad)",
+         "{",
+         "    for (int64_t c = 0; c < npad; c += 16) {",
+         "        const int64_t left = n - c;",
+         "        const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : "
+         "(__mmask16)((1u << left) - 1u);",
+         "        _mm256_storeu_si256((__m256i*)(dst + c), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + c)));",
+         "    }",
+         "}",
+         f"/* AMX tiles: {a} = A (16 rows of Q or P, bf16), {', '.join(map(str, bs))} = B (Kᵀ or V pairs, rotating), "
+         f"{acc[0]}..{acc[-1]} = fp32 accumulators",
+         " * S tile: 16 query rows x NJ keys over the packed depth, stored into the chunk's S block (row stride T_Nc) */",
+         "static inline __attribute__((always_inline)) void ts_qk(const uint16_t* restrict q, const uint32_t* restrict kt, "
+         "float* restrict s)", "{",
+         "    " + " ".join(f"_tile_zero({acc[c]});" for c in range(n_s)),
+         "    for (int ks = 0; ks < TS_DKP / 32; ++ks) {",
+         f"        _tile_loadd({a}, q + ks * 32, TS_DKP * 2);"]
+    for c in range(n_s):
+        b = bs[c % len(bs)]
+        L.append(f"        _tile_loadd({b}, kt + {c} * (TS_DKP / 2) * 16 + ks * 256, 64); _tile_dpbf16ps({acc[c]}, {a}, {b});")
+    L.append("    }")
+    L.append("    " + " ".join(f"_tile_stored({acc[c]}, s + {c * AMX_ROWS}, TS_NC * 4);" for c in range(n_s)))
+    L.append("}")
+    L += ["/* O tile: 16 rows x the head in chunks of up to 4 accumulator tiles, += P (bf16 rows, stride T_Nc) . V",
+          " * (key-pair rows) over `width` keys, a whole number of 32-key steps */",
+          "static inline __attribute__((always_inline)) void ts_pv(const uint16_t* restrict p, const uint16_t* restrict v, "
+          "float* restrict o, int64_t width)", "{"]
+    nd = dvp // AMX_ROWS
+    for d0 in range(0, nd, len(acc)):
+        ds = list(range(d0, min(nd, d0 + len(acc))))
+        L.append("    {")
+        L.append("    " + " ".join(f"_tile_loadd({acc[i]}, o + {d * AMX_ROWS}, TS_DVP * 4);" for i, d in enumerate(ds)))
+        L.append("    for (int64_t t = 0; t < width; t += 32) {")
+        L.append(f"        _tile_loadd({a}, p + t, TS_NC * 2);")
+        for i, d in enumerate(ds):
+            b = bs[i % len(bs)]
+            L.append(f"        _tile_loadd({b}, v + (t / 2) * TS_DVP * 2 + {d * 2 * AMX_ROWS}, TS_DVP * 4); "
+                     f"_tile_dpbf16ps({acc[i]}, {a}, {b});")
+        L.append("    }")
+        L.append("    " + " ".join(f"_tile_stored({acc[i]}, o + {d * AMX_ROWS}, TS_DVP * 4);" for i, d in enumerate(ds)))
+        L.append("    }")
+    L.append("}\n")
+    return "\n".join(L)
+
+
 def _micro_kernels(isa: str, mr: int, nj: int, dk: int, dvp: int) -> str:
     """``ts_qk``: S[mr × nj] = Q[mr × dk] · Kᵀ[dk × nj]; ``ts_pv``: O[mr × dvp] += P[mr × nv] · V[nv × dvp],
     the head split into chunks of at most 4 vectors (the register tile)."""
@@ -753,11 +904,12 @@ static inline float ts_exp_row(float* restrict s, float m, int64_t n)
 
 def link(kernel: CompiledAttention) -> CompiledAttention:
     """The build step: source → shared library (cached by content) → bound entry point."""
-    from tscomp.codegen.build import host_isa
+    from tscomp.codegen.cpu_gemm import GemmError, check_host_isa
     from tscomp.codegen.families import link_native
-    if ISA_RANK[kernel.isa] > ISA_RANK[host_isa()]:
-        raise UnsupportedOperatorError(f"group {kernel.group.name}: ISA {kernel.isa} requested but this host only "
-                                       f"has {host_isa()}")
+    try:
+        check_host_isa(kernel.isa)            # AMX: the tiles and the OS's grant, not only the ISA rank
+    except GemmError as exc:
+        raise UnsupportedOperatorError(f"group {kernel.group.name}: {exc}") from None
     return link_native(kernel)
 
 

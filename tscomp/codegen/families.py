@@ -14,8 +14,10 @@ carrying every family's reason. Every executor satisfies :class:`~tscomp.codegen
 
 Precision (issue 13) is a field of the :class:`~tscomp.schedule.target.Target` each step is handed:
 the ``gemm`` family (constant weights) generates, builds and packs bf16 kernels when
-``target.precision == "bf16"``; every other family (fused attention, batched GEMMs of two
-activations, Conv, rows, elementwise, pooling) stays fp32 at any precision (:data:`BF16_FAMILIES`).
+``target.precision == "bf16"``, and on a CPU with AMX tiles (``target.gemm_isa == "amx"``) so does the
+fused ``attention`` family (QKᵀ and P·V on the tiles, the softmax in fp32); every other family
+(batched GEMMs of two activations, Conv, rows, elementwise, pooling) stays fp32 at any precision
+(:func:`bf16_families`).
 
 ``attention`` groups (QKᵀ → softmax → P·V merged by :mod:`tscomp.graph.fusion.attention`) are the
 attention family's alone; one it refuses is split back into its parts before families are chosen
@@ -35,8 +37,16 @@ from tscomp.schedule.target import Target
 #: L = 39..300 in one side-by-side comparison (the two sets were timed at different moments, so part
 #: of that is measurement noise); compile time grows by about a third
 DEFAULT_VARIANTS = 4
-#: the families whose kernels honour ``Target.precision == "bf16"``; the others compute in fp32
-BF16_FAMILIES = ("gemm",)
+#: the families whose kernels honour ``Target.precision == "bf16"`` (the attention family only on AMX
+#: tiles, see :func:`bf16_families`); the others compute in fp32
+BF16_FAMILIES = ("gemm", "attention")
+
+
+def bf16_families(target: Target) -> tuple[str, ...]:
+    """The families that compute in bf16 for ``target`` at ``--precision bf16``: the constant-weight
+    GEMMs everywhere (VDPBF16PS or AMX), the fused attention where the GEMMs run on AMX tiles (with
+    VDPBF16PS only, below the fp32 FMA rate on some CPUs, bf16 attention would not pay)."""
+    return BF16_FAMILIES if target.gemm_isa == "amx" else ("gemm",)
 
 
 @dataclass(frozen=True)
@@ -127,11 +137,15 @@ def _attention_analyze(plan, group):
 
 def _attention_executor(analysis, cfg, target: Target):
     from tscomp.codegen.cpu_attention import CompiledAttention
-    return CompiledAttention(analysis, cfg, target.isa)
+    return CompiledAttention(analysis, cfg, _attention_isa(target))
+
+
+def _attention_isa(target: Target) -> str:
+    return "amx" if "attention" in bf16_families(target) else target.isa
 
 
 def _attention_heuristic(analysis, target: Target, limit: int) -> list:
-    return analysis.heuristic_configs(target.isa, limit, l2=target.spec.l2)
+    return analysis.heuristic_configs(_attention_isa(target), limit, l2=target.spec.l2)
 
 
 def _attention_space(analysis, target: Target):
@@ -279,5 +293,5 @@ def kernels_for_group(plan: Plan, group: Group, *, target: Target | None = None,
     return list(unique.values())
 
 
-__all__ = ["BF16_FAMILIES", "DEFAULT_VARIANTS", "FAMILIES", "FamilyChoice", "KernelFamily", "choose_family", "fallback_kernel",
+__all__ = ["BF16_FAMILIES", "bf16_families", "DEFAULT_VARIANTS", "FAMILIES", "FamilyChoice", "KernelFamily", "choose_family", "fallback_kernel",
            "kernels_for_group", "link_native"]

@@ -83,7 +83,8 @@ def _variant_entry(kernel) -> dict:
     entry = {"family": kernel.family, "target": kernel.target, "func": kernel.func}
     if kernel.family == "gemm":
         entry["precision"] = getattr(kernel, "precision", "fp32")
-        entry["isa"] = kernel.isa
+    if getattr(kernel, "isa", None):
+        entry["isa"] = kernel.isa          # the load check refuses AMX kernels on a CPU without the tiles
     cfg = kernel.cfg
     if cfg is not None:
         entry["tile_config"] = {k: int(v) for k, v in vars(cfg).items() if isinstance(v, (int, np.integer))}
@@ -114,7 +115,7 @@ def manifest_of(model: CompiledModel) -> dict:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "source_model": model.source_model, "dims": list(model.dims), "target": model.target.to_json(),
         "isa": model.isa, "threads_measured": model.threads, "configs": model.config_source,
-        "precision": model.target.precision, "precision_scope": _precision_scope(model.target.precision),
+        "precision": model.target.precision, "precision_scope": _precision_scope(model.target),
         "schedule": model.schedules.to_json() if model.schedules is not None else None,
         "compile_seconds": round(model.compile_seconds, 2),
         "symbols": [{"name": i.name, "min": i.min, "max": i.max, "origin": i.origin}
@@ -132,13 +133,16 @@ def manifest_of(model: CompiledModel) -> dict:
     }
 
 
-def _precision_scope(precision: str) -> str:
+def _precision_scope(target) -> str:
+    precision = target.precision
     if precision == "fp32":
         return "every kernel computes in fp32"
-    from tscomp.codegen.families import BF16_FAMILIES
-    return (f"{precision} inner products (fp32 accumulation) in the {', '.join(BF16_FAMILIES)} famil"
-            f"{'y' if len(BF16_FAMILIES) == 1 else 'ies'} (constant weights packed as {precision}); attention "
-            f"(fused or as batched GEMMs), Conv and every non-GEMM op compute in fp32")
+    from tscomp.codegen.families import bf16_families
+    gemm = f"{precision} inner products (fp32 accumulation) in the gemm family (constant weights packed as {precision})"
+    if "attention" in bf16_families(target):
+        return (f"{gemm} and in the fused attention's QKᵀ and P·V (AMX tiles, softmax in fp32); attention as "
+                f"batched GEMMs, Conv and every non-GEMM op compute in fp32")
+    return f"{gemm}; attention (fused or as batched GEMMs), Conv and every non-GEMM op compute in fp32"
 
 
 def check_host_precision(path, manifest: dict) -> None:
@@ -156,7 +160,7 @@ def check_host_precision(path, manifest: dict) -> None:
     amx = sorted({v["func"] for g in manifest.get("groups", ()) for v in g.get("variants", ())
                   if v.get("isa") == "amx"})
     if amx and not host.amx:
-        raise ArtifactError(f"{path}: {len(amx)} GEMM kernel(s) (e.g. {amx[0]}) run on AMX tiles, which this CPU "
+        raise ArtifactError(f"{path}: {len(amx)} kernel(s) (e.g. {amx[0]}) run on AMX tiles, which this CPU "
                             f"does not have (or the OS does not grant); recompile the model on this machine")
 
 

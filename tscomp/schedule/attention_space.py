@@ -6,6 +6,8 @@ width: the S tile's width and the P·V reduction step), the query block in regis
 ``mb_tiles`` (T_Mb / T_Mi: one task's rows, over which each packed key block is reused) and the
 softmax chunk in key blocks ``chunk_blocks`` (T_Nc / T_Nb: the keys whose scores are held at once,
 so that the softmax's per-row bookkeeping is paid once per chunk).
+On a CPU with AMX at ``--precision bf16`` the register tile is one 16-row AMX tile and key blocks are
+32 or 64 keys (whole 32-key TDPBF16PS steps, at most 4 accumulator tiles).
 Hard constraints: the S tile and the P·V tile fit the accumulator registers; the per-thread blocks
 (Q rows, Kᵀ and V blocks, S and O tiles) fit half of L2, so a task's working set stays on its core;
 a query block is not taller than the padded query count when that count is static.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from tscomp.codegen.cpu_attention import MAX_CHUNK_BLOCKS
+from tscomp.codegen.cpu_attention import AMX_ROWS, MAX_CHUNK_BLOCKS
 from tscomp.codegen.tile_config import TileConfig
 from tscomp.schedule.gemm_space import _cpu, _round_up, _snap
 from tscomp.schedule.space import Axis, Constraint, DiscreteSpace
@@ -30,13 +32,17 @@ class AttentionSpace(DiscreteSpace):
     def __init__(self, analysis, target: Target):
         from tscomp.codegen.cpu_attention import tile_fits
 
+        from tscomp.codegen.families import bf16_families
+
         spec = _cpu(target)
         self.analysis, self.spec = analysis, spec
+        # bf16 on AMX: 16-row tiles, key blocks of whole 32-key steps (tile_fits says which)
+        isa = self.isa = "amx" if "attention" in bf16_families(target) else spec.isa
         W = spec.vector_width
         DK, DV = analysis.DK, analysis.DV
         M = analysis.hints()[0] if not _dynamic(analysis.M) else None
         N = analysis.hints()[1]       # the key count, or its upper bound (at most 512) when dynamic
-        axes = [Axis("mr", MR_VALUES), Axis("nj_vec", NJ_VEC_VALUES), Axis("mb_tiles", MB_TILES),
+        axes = [Axis("mr", (AMX_ROWS,) if isa == "amx" else MR_VALUES), Axis("nj_vec", NJ_VEC_VALUES), Axis("mb_tiles", MB_TILES),
                 Axis("chunk_blocks", CHUNK_BLOCKS)]
 
         def block_bytes(p) -> int:
@@ -44,7 +50,7 @@ class AttentionSpace(DiscreteSpace):
             nc = nj * p["chunk_blocks"]
             return 4 * (mb * DK + DK * nj + nj * _round_up(DV, W) + mb * nc + mb * _round_up(DV, W))
         constraints = [
-            Constraint("registers", lambda p: tile_fits(spec.isa, p["mr"], p["nj_vec"] * W, DV),
+            Constraint("registers", lambda p: tile_fits(isa, p["mr"], p["nj_vec"] * W, DV),
                        "the S tile (mr x key block) and the P.V tile fit the accumulator registers"),
             Constraint("l2-blocks", lambda p: block_bytes(p) <= spec.l2 // 2,
                        "a task's Q rows, key blocks, S chunk and O tile fit half of L2"),
@@ -58,7 +64,7 @@ class AttentionSpace(DiscreteSpace):
                                           p["mr"] * p["mb_tiles"] <= _round_up(M, p["mr"]),
                                           "a query block is not taller than the padded query count"))
         self.axes = tuple(axes)
-        initial = [self.point_of(c) for c in analysis.heuristic_configs(spec.isa, 8, l2=spec.l2)]
+        initial = [self.point_of(c) for c in analysis.heuristic_configs(isa, 8, l2=spec.l2)]
         super().__init__(axes, constraints, [p for p in initial if p is not None],
                          name=f"attention[DK={DK},DV={DV}]@{target.key()}")
 
