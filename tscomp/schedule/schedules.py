@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tscomp.codegen.tile_config import TileConfig
+from tscomp.codegen.tile_config import TileConfig, TileConfigError
 from tscomp.errors import TscompError
 from tscomp.graph.fusion.plan import Plan
 from tscomp.runtime.wave import sample_point
@@ -373,7 +373,19 @@ def _from_record(records, choice, sig: str, target: Target, max_variants: int) -
         return None
     variants = [ScheduledVariant(TileConfig(**c), None, v)
                 for c, v in list(zip(rec.configs, rec.values))[:max(1, max_variants)]]
+    if not all(_fits(choice, v.config, target) for v in variants):
+        return None         # written for an earlier form of the family's kernels: tune again
     return GroupSchedule(choice.group.name, choice.family.name, sig, "record", variants, rec.trials)
+
+
+def _fits(choice, cfg: TileConfig, target: Target) -> bool:
+    """Whether the family still generates a kernel for ``cfg`` on ``target`` (source generation is
+    pure and cheap; a configuration it refuses raises :class:`TileConfigError`)."""
+    try:
+        choice.family.source(choice.analysis, cfg, target)
+    except TileConfigError:
+        return False
+    return True
 
 
 def _remember(records, sched: GroupSchedule, target: Target, objective: str) -> None:
