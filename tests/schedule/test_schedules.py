@@ -117,6 +117,22 @@ def test_a_record_reused_under_a_smaller_variant_cap_keeps_its_best_configuratio
     check_matches_onnxruntime(again, mlp)
 
 
+def test_a_record_the_family_no_longer_generates_is_tuned_again_not_an_error(mlp, tmp_path):
+    """A record written for an earlier form of a family's kernels (a configuration its source step now
+    refuses, e.g. an fp32 attention tiling read under a bf16 AMX target) is stale: the group is tuned
+    again and the compile succeeds."""
+    from dataclasses import replace
+    store = RecordStore(tmp_path / "records.json")
+    compile_model(mlp, DIMS, tuning=tiny_tuning(records=store, trials=3))
+    bad = {"mr": 7, "nr": 17, "mc": 7, "nc": 17, "kc": 8}       # nr not a whole number of vectors
+    for rec in list(store):
+        store.put(replace(rec, configs=[bad], values=[1.0]))
+    again = compile_model(mlp, DIMS, tuning=tiny_tuning(records=store, trials=3))
+    methods = {s.method for s in again.schedules.groups.values() if s.family == "gemm"}
+    assert methods and "record" not in methods
+    check_matches_onnxruntime(again, mlp)
+
+
 def test_untuned_compile_keeps_the_heuristic_and_says_so(mlp, tmp_path):
     from tscomp.runtime.artifact import read_manifest, write_artifact
 
