@@ -62,3 +62,19 @@ def test_a_softmax_chunk_wider_than_the_keys_need_is_pruned(analysis):
     twice = {**whole, "chunk_blocks": 16}                                  # 1024: half would hold them
     assert space.is_valid(whole), space.violations(whole)
     assert "chunk" in " ".join(space.violations(twice))
+
+
+def test_a_bf16_target_with_amx_searches_16_row_tiles_and_32_key_steps(analysis):
+    """bf16 on AMX: the attention runs on the tiles, so every point is one 16-row tile and a key
+    block of 32 or 64 keys; fp32 on the same CPU keeps the SIMD tilings."""
+    import dataclasses
+
+    from tscomp.schedule.target import Target
+    spec = dataclasses.replace(TARGETS["avx512"].spec, bf16=True, amx=True)
+    amx = AttentionSpace(analysis, Target("cpu", "c", spec, precision="bf16"))
+    assert amx.isa == "amx" and amx.initial()
+    rng = np.random.default_rng(1)
+    for p in amx.sample(rng, 30) + amx.initial():
+        cfg = amx.config(p)
+        assert cfg.mr == 16 and cfg.nr in (32, 64) and tile_fits("amx", cfg.mr, cfg.nr, analysis.DV)
+    assert AttentionSpace(analysis, Target("cpu", "c", spec)).isa == "avx512"
