@@ -271,7 +271,7 @@ def _has_amx() -> bool:
 
 
 @pytest.mark.skipif(not _has_amx(), reason="this CPU has no AMX bf16 tiles (or the OS does not grant them)")
-@pytest.mark.parametrize("dk,dv", [(24, 40), (64, 64)])
+@pytest.mark.parametrize("dk,dv", [(24, 40), (64, 64), (128, 96)])   # 96: two chunks of O tiles
 def test_amx_attention_matches_onnxruntime_to_bf16_accuracy(tmp_path, dk, dv):
     """bf16 mode on AMX: Q, K, V and P rounded to bf16, QKᵀ and P·V on the tiles, the softmax in fp32.
     Every heuristic tiling and two chunked ones (T_Nc below N: the online correction across chunks),
