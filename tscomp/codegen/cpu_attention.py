@@ -869,8 +869,9 @@ def _exp_row(isa: str) -> str:
     """``ts_exp_row(s, m, n)``: s[c] = e^(s[c] - m) over the n keys of a score row's chunk, returning their
     sum. The arguments are never positive (m is the row maximum), so on AVX-512 the exponential is
     range reduction to r in [-ln2/2, ln2/2], a degree-6 Taylor polynomial (truncation < 1.3e-7
-    relative) and VSCALEFPS for the 2^n (underflow to 0 included) -- 11 vector operations, a third
-    of :data:`~tscomp.codegen.c_expr.EXP_HELPER`'s general expf; -inf gives 0, NaN stays NaN."""
+    relative) and VSCALEFPS for the 2^n -- 11 vector operations, a third of
+    :data:`~tscomp.codegen.c_expr.EXP_HELPER`'s general expf; results below 2^-125 (x < -87, -inf
+    included) are 0 rather than denormal (no microcode assists), NaN stays NaN."""
     if isa != "avx512":
         return """static inline float ts_exp_row(float* restrict s, float m, int64_t n)
 {
@@ -882,7 +883,11 @@ def _exp_row(isa: str) -> str:
 """
     return """static inline __m512 ts_exp_nonpositive(__m512 x)
 {
-    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);      /* -inf -> e^-104 (0 after scaling); NaN stays */
+    /* e^x below 2^-125 (x < -87) is returned as 0, never as a denormal: a denormal result costs a
+     * microcode assist of ~100+ cycles (padded and masked keys made the softmax 3-7x slower); against
+     * the row sum (>= 1) such a term is far below fp32 resolution. NaN stays NaN (unordered: live). */
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
+    x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);       /* NaN stays (max returns its second operand) */
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
@@ -894,7 +899,7 @@ def _exp_row(isa: str) -> str:
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
 }
 static inline float ts_exp_row(float* restrict s, float m, int64_t n)
 {
