@@ -704,36 +704,48 @@ class _AmxPacking(_Fp32Packing):
 
     def keys(self) -> str:
         F, ind = self.F, self.ind
-        return f"""            /* pack every key of this entry as bf16 B tiles; keys past N are zero (local padding):
-             * Kᵀ in groups of 16 keys, DKP/2 rows of 16 bf16 pairs: ts_kt[(j/16)*(DKP/2)*16 + p*16 + j%16]
-             * holds K[j][2p], K[j][2p+1]; V as key pairs: ts_v[((j/2)*DVP + d)*2 + j%2] = V[j][d] */
-            for (int64_t ts_j = 0; ts_j < ts_n_kb * TS_NJ; ++ts_j) {{
-                float ts_krow[TS_DKP], ts_vrow[TS_DVP];
-                uint16_t ts_kb16[TS_DKP], ts_vb16[TS_DVP];
-                memset(ts_krow, 0, sizeof ts_krow);
-                memset(ts_vrow, 0, sizeof ts_vrow);
-                if (ts_j < ts_N) {{
-                    #pragma omp simd
-                    for (int64_t ts_k = 0; ts_k < TS_DK; ++ts_k) {{
-{ind(F['k'][1], 6)}
-                        ts_krow[ts_k] = {F['k'][0]};
+        return f"""            /* pack every key of this entry as bf16 B tiles, 16 keys at a time; keys past N are zero
+             * (local padding): Kᵀ in groups of 16 keys, DKP/2 rows of 16 bf16 pairs
+             * (ts_kt[(j/16)*(DKP/2)*16 + p*16 + j%16] holds K[j][2p], K[j][2p+1]: a 16 x DKP/2 transpose
+             * of the group's rows, one gather per row), V as key pairs (ts_v[((j/2)*DVP + d)*2 + j%2] =
+             * V[j][d]: two keys' rows interleaved, one permute per 16 elements) */
+            const __m512i ts_gidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                       _mm512_set1_epi32(TS_DKP / 2));
+            const __m512i ts_pidx = _mm512_loadu_si512(ts_pair_interleave);
+            for (int64_t ts_g = 0; ts_g < ts_n_kb * TS_NJ; ts_g += 16) {{
+                uint32_t ts_kg[16 * (TS_DKP / 2)] __attribute__((aligned(64)));
+                uint16_t ts_vg[16 * TS_DVP] __attribute__((aligned(64)));
+                for (int64_t ts_jj = 0; ts_jj < 16; ++ts_jj) {{
+                    const int64_t ts_j = ts_g + ts_jj;
+                    float ts_krow[TS_DKP], ts_vrow[TS_DVP];
+                    memset(ts_krow, 0, sizeof ts_krow);
+                    memset(ts_vrow, 0, sizeof ts_vrow);
+                    if (ts_j < ts_N) {{
+                        #pragma omp simd
+                        for (int64_t ts_k = 0; ts_k < TS_DK; ++ts_k) {{
+{ind(F['k'][1], 7)}
+                            ts_krow[ts_k] = {F['k'][0]};
+                        }}
+                        #pragma omp simd
+                        for (int64_t ts_d = 0; ts_d < TS_DV; ++ts_d) {{
+{ind(F['v'][1], 7)}
+                            ts_vrow[ts_d] = {F['v'][0]};
+                        }}
                     }}
-                    #pragma omp simd
-                    for (int64_t ts_d = 0; ts_d < TS_DV; ++ts_d) {{
-{ind(F['v'][1], 6)}
-                        ts_vrow[ts_d] = {F['v'][0]};
+                    ts_to_bf16(ts_krow, (uint16_t*)(ts_kg + ts_jj * (TS_DKP / 2)), TS_DKP, TS_DKP);
+                    ts_to_bf16(ts_vrow, ts_vg + ts_jj * TS_DVP, TS_DVP, TS_DVP);
+                }}
+                uint32_t* restrict ts_kdst = ts_kt + (ts_g / 16) * (TS_DKP / 2) * 16;
+                for (int64_t ts_p = 0; ts_p < TS_DKP / 2; ++ts_p)
+                    _mm512_storeu_si512(ts_kdst + ts_p * 16, _mm512_i32gather_epi32(ts_gidx, ts_kg + ts_p, 4));
+                for (int64_t ts_q = 0; ts_q < 8; ++ts_q) {{
+                    uint16_t* restrict ts_vdst = ts_v + (ts_g / 2 + ts_q) * TS_DVP * 2;
+                    for (int64_t ts_d = 0; ts_d < TS_DVP; ts_d += 16) {{
+                        const __m512i ts_a = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)(ts_vg + 2 * ts_q * TS_DVP + ts_d)));
+                        const __m512i ts_b = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)(ts_vg + (2 * ts_q + 1) * TS_DVP + ts_d)));
+                        _mm512_storeu_si512(ts_vdst + 2 * ts_d, _mm512_permutex2var_epi16(ts_a, ts_pidx, ts_b));
                     }}
                 }}
-                ts_to_bf16(ts_krow, ts_kb16, TS_DKP, TS_DKP);
-                ts_to_bf16(ts_vrow, ts_vb16, TS_DVP, TS_DVP);
-                uint32_t* restrict ts_kdst = ts_kt + (ts_j / 16) * (TS_DKP / 2) * 16 + ts_j % 16;
-                for (int64_t ts_p = 0; ts_p < TS_DKP / 2; ++ts_p) {{
-                    uint32_t ts_pair;
-                    memcpy(&ts_pair, ts_kb16 + 2 * ts_p, sizeof ts_pair);
-                    ts_kdst[ts_p * 16] = ts_pair;
-                }}
-                uint16_t* restrict ts_vdst = ts_v + (ts_j / 2) * TS_DVP * 2 + (ts_j & 1);
-                for (int64_t ts_d = 0; ts_d < TS_DVP; ++ts_d) ts_vdst[ts_d * 2] = ts_vb16[ts_d];
             }}"""
 
     @property
@@ -765,6 +777,9 @@ def _amx_micro_kernels(nj: int, dvp: int) -> str:
          "        _mm256_storeu_si256((__m256i*)(dst + c), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + c)));",
          "    }",
          "}",
+         "/* 32 uint16 lanes: a[0], b[0], a[1], b[1], ... (two keys' V rows as key pairs) */",
+         "static const uint16_t ts_pair_interleave[32] __attribute__((aligned(64))) = {"
+         + ", ".join(str(i // 2 + (32 if i % 2 else 0)) for i in range(32)) + "};",
          f"/* AMX tiles: {a} = A (16 rows of Q or P, bf16), {', '.join(map(str, bs))} = B (Kᵀ or V pairs, rotating), "
          f"{acc[0]}..{acc[-1]} = fp32 accumulators",
          " * S tile: 16 query rows x NJ keys over the packed depth, stored into the chunk's S block (row stride T_Nc) */",
