@@ -54,7 +54,7 @@ import sympy
 
 from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_symbol_name, delinearize, math_helpers, reshape_index
 from tscomp.codegen.cpu_batched_gemm import _Generator
-from tscomp.codegen.cpu_gemm import ISA_RANK, _emit_amx_setup, _Vec
+from tscomp.codegen.cpu_gemm import BF16_ROW_C, ISA_RANK, _emit_amx_setup, _Vec
 from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
 from tscomp.codegen.tile_config import MAX_ACCUMULATORS, VECTOR_WIDTH, TileConfig, TileConfigError
@@ -700,7 +700,7 @@ class _AmxPacking(_Fp32Packing):
         _tile_release();"""
     q_convert = """
             for (int64_t ts_r = 0; ts_r < ts_mvp; ++ts_r)    /* Q rows as bf16 A tiles, depth padded with 0 */
-                ts_to_bf16(ts_q + ts_r * TS_DK, ts_q16 + ts_r * TS_DKP, TS_DK, TS_DKP);"""
+                ts_bf16_row(ts_q + ts_r * TS_DK, ts_q16 + ts_r * TS_DKP, TS_DK, TS_DKP);"""
 
     def keys(self) -> str:
         F, ind = self.F, self.ind
@@ -732,8 +732,8 @@ class _AmxPacking(_Fp32Packing):
                             ts_vrow[ts_d] = {F['v'][0]};
                         }}
                     }}
-                    ts_to_bf16(ts_krow, (uint16_t*)(ts_kg + ts_jj * (TS_DKP / 2)), TS_DKP, TS_DKP);
-                    ts_to_bf16(ts_vrow, ts_vg + ts_jj * TS_DVP, TS_DVP, TS_DVP);
+                    ts_bf16_row(ts_krow, (uint16_t*)(ts_kg + ts_jj * (TS_DKP / 2)), TS_DKP, TS_DKP);
+                    ts_bf16_row(ts_vrow, ts_vg + ts_jj * TS_DVP, TS_DVP, TS_DVP);
                 }}
                 uint32_t* restrict ts_kdst = ts_kt + (ts_g / 16) * (TS_DKP / 2) * 16;
                 for (int64_t ts_p = 0; ts_p < TS_DKP / 2; ++ts_p)
@@ -752,7 +752,7 @@ class _AmxPacking(_Fp32Packing):
     def pv(self) -> str:
         return """                /* P rows as bf16 A tiles over the chunk's whole width (P = 0 past its live keys) */
                 for (int64_t ts_r = 0; ts_r < ts_mvp; ++ts_r)
-                    ts_to_bf16(ts_s + ts_r * TS_NC, ts_p16 + ts_r * TS_NC, ts_width, ts_width);
+                    ts_bf16_row(ts_s + ts_r * TS_NC, ts_p16 + ts_r * TS_NC, ts_width, ts_width);
                 for (int64_t ts_r = 0; ts_r < ts_mvp; ts_r += TS_MR)
                     ts_pv(ts_p16 + ts_r * TS_NC, ts_v + (ts_j0 / 2) * TS_DVP * 2, ts_o + ts_r * TS_DVP, ts_width);"""
 
@@ -764,19 +764,10 @@ _AMX_A, _AMX_ACC, _AMX_B = 0, (2, 3, 4, 5), (1, 6, 7)
 def _amx_micro_kernels(nj: int, dvp: int) -> str:
     """AMX ``ts_qk`` (S[16 × nj] = Q · Kᵀ over the packed depth) and ``ts_pv`` (O[16 × dvp] += P · V over
     ``width`` keys, whole 32-key steps, the head in chunks of up to 4 accumulator tiles), and the fp32 ->
-    bf16 row conversion the packing uses."""
+    bf16 row conversion the packing uses (the GEMM packing's :data:`~tscomp.codegen.cpu_gemm.BF16_ROW_C`)."""
     a, acc, bs = _AMX_A, _AMX_ACC, _AMX_B
     n_s = nj // AMX_ROWS
-    L = ["/* n floats -> bf16 (round to nearest even, VCVTNEPS2BF16), zero up to npad (a multiple of 16) */",
-         "static inline void ts_to_bf16(const float* restrict src, uint16_t* restrict dst, int64_t n, int64_t npad)",
-         "{",
-         "    for (int64_t c = 0; c < npad; c += 16) {",
-         "        const int64_t left = n - c;",
-         "        const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : "
-         "(__mmask16)((1u << left) - 1u);",
-         "        _mm256_storeu_si256((__m256i*)(dst + c), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + c)));",
-         "    }",
-         "}",
+    L = [BF16_ROW_C,
          "/* 32 uint16 lanes: a[0], b[0], a[1], b[1], ... (two keys' V rows as key pairs) */",
          "static const uint16_t ts_pair_interleave[32] __attribute__((aligned(64))) = {"
          + ", ".join(str(i // 2 + (32 if i % 2 else 0)) for i in range(32)) + "};",

@@ -101,7 +101,7 @@ _RESERVED = {
     "acc", "i", "j", "r", "c", "k", "x", "tile", "yrow", "acc_t", "xp", "wp", "ct", "first", "last",
     "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock",
     "kb", "k0", "jp", "wpanel", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks", "mc",
-    "min_i64", "pack_x", "micro_kernel", "micro_kernel_tail", "rows", "row_pass", "a_prologue", "Xa", "tscomp_erff",
+    "min_i64", "pack_x", "ts_bf16_row", "micro_kernel", "micro_kernel_tail", "rows", "row_pass", "a_prologue", "Xa", "tscomp_erff",
     "int", "float", "double", "char", "void", "const", "restrict", "return", "if", "else", "for",
     "while", "do", "static", "inline", "sizeof", "int64_t", "int32_t",
 }
@@ -523,7 +523,26 @@ def _bf16_defines(g: _Geometry) -> str:
 #define KROW {_round_up(g.KC, 32) + 32}   /* bf16 row buffer of the X packing: whole 32-lane conversions */"""
 
 
+#: fp32 -> bf16 rows, rounded to nearest even: the one conversion the bf16 packings share (X for the
+#: VDPBF16PS and AMX GEMMs here; Q, K, V and P in the AMX attention of cpu_attention)
+BF16_ROW_C = """/* n floats -> bf16 (round to nearest even: VCVTNE2PS2BF16 32 at a time, the low half from the first
+ * vector, then masked 16s), zero up to npad (a multiple of 16): the lanes past n load as 0 */
+static inline void ts_bf16_row(const float* restrict src, uint16_t* restrict dst, int64_t n, int64_t npad)
+{
+    int64_t c = 0;
+    for (; c + 32 <= n; c += 32)
+        _mm512_storeu_si512(dst + c, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + c + 16), _mm512_loadu_ps(src + c)));
+    for (; c < npad; c += 16) {
+        const int64_t left = n - c;
+        const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
+        _mm256_storeu_si256((__m256i*)(dst + c), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + c)));
+    }
+}
+"""
+
+
 def _emit_pack_bf16(emit, g: _Geometry):
+    emit(BF16_ROW_C)
     emit("""/* Pack rows [m0, m0 + mv) x columns [k0, k0 + kl) of X into MR-row panels of bf16 pairs:
  * panel p holds xp[p*MR*KQ + q*MR + r] = (bf16 X[m0 + p*MR + r, k0 + 2q], bf16 X[.., k0 + 2q + 1]) as one
  * 32-bit lane (low half the even k), rounded to nearest even by VCVTNE2PS2BF16. An odd kl leaves the
@@ -542,15 +561,7 @@ static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, 
                     dst[q * MR + r] = 0u;
                 continue;
             }
-            const float* restrict src = X + (m0 + p * MR + r) * (int64_t)K + k0;
-            int64_t k = 0;
-            for (; k + 32 <= kl; k += 32)     /* 32 floats -> 32 bf16: low half from the 1st vector */
-                _mm512_store_si512(row + k / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16),
-                                                                             _mm512_loadu_ps(src + k)));
-            for (; k < kl; k += 16) {         /* tail: masked load, the lanes past kl convert to 0 */
-                const __mmask16 m = kl - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (kl - k)) - 1u);
-                _mm256_store_si256((__m256i*)(row + k / 2), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + k)));
-            }
+            ts_bf16_row(X + (m0 + p * MR + r) * (int64_t)K + k0, (uint16_t*)row, kl, (kl + 15) / 16 * 16);
             for (int64_t q = 0; q < kq; ++q)
                 dst[q * MR + r] = row[q];
         }
@@ -595,6 +606,7 @@ static void amx_configure(void)
 
 
 def _emit_pack_amx(emit, g: _Geometry) -> None:
+    emit(BF16_ROW_C)
     emit("""/* Pack rows [m0, m0 + mv) x columns [k0, k0 + kl) of X for the AMX A tiles: MR-row panels,
  * row-major bf16, KCP elements (a whole number of 64-byte tile rows) per row:
  * xp[(p*MR + r)*KCP + k] = bf16 X[m0 + p*MR + r, k0 + k], rounded to nearest even (VCVTNE2PS2BF16).
@@ -610,16 +622,7 @@ static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, 
             memset(dst, 0, sizeof(uint16_t) * kp);
             continue;
         }
-        const float* restrict src = X + (m0 + r) * (int64_t)K + k0;
-        int64_t k = 0;
-        for (; k + 32 <= kl; k += 32)     /* 32 floats -> 32 bf16: low half from the 1st vector */
-            _mm512_storeu_si512(dst + k, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16),
-                                                                      _mm512_loadu_ps(src + k)));
-        for (; k < kp; k += 16) {         /* tail up to the padded depth: lanes past kl load as 0 */
-            const int64_t left = kl - k;
-            const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
-            _mm256_storeu_si256((__m256i*)(dst + k), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + k)));
-        }
+        ts_bf16_row(X + (m0 + r) * (int64_t)K + k0, dst, kl, kp);
     }
 }
 """)

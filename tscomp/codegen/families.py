@@ -137,15 +137,17 @@ def _attention_analyze(plan, group):
 
 def _attention_executor(analysis, cfg, target: Target):
     from tscomp.codegen.cpu_attention import CompiledAttention
-    return CompiledAttention(analysis, cfg, _attention_isa(target))
+    return CompiledAttention(analysis, cfg, attention_isa(target))
 
 
-def _attention_isa(target: Target) -> str:
+def attention_isa(target: Target) -> str:
+    """The fused attention's instruction set on ``target``: ``amx`` where it computes in bf16 on the
+    tiles (:func:`bf16_families`), else the SIMD ISA."""
     return "amx" if "attention" in bf16_families(target) else target.isa
 
 
 def _attention_heuristic(analysis, target: Target, limit: int) -> list:
-    return analysis.heuristic_configs(_attention_isa(target), limit, l2=target.spec.l2)
+    return analysis.heuristic_configs(attention_isa(target), limit, l2=target.spec.l2)
 
 
 def _attention_space(analysis, target: Target):
@@ -293,5 +295,5 @@ def kernels_for_group(plan: Plan, group: Group, *, target: Target | None = None,
     return list(unique.values())
 
 
-__all__ = ["BF16_FAMILIES", "bf16_families", "DEFAULT_VARIANTS", "FAMILIES", "FamilyChoice", "KernelFamily", "choose_family", "fallback_kernel",
+__all__ = ["BF16_FAMILIES", "attention_isa", "bf16_families", "DEFAULT_VARIANTS", "FAMILIES", "FamilyChoice", "KernelFamily", "choose_family", "fallback_kernel",
            "kernels_for_group", "link_native"]

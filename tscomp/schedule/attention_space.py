@@ -32,12 +32,12 @@ class AttentionSpace(DiscreteSpace):
     def __init__(self, analysis, target: Target):
         from tscomp.codegen.cpu_attention import tile_fits
 
-        from tscomp.codegen.families import bf16_families
+        from tscomp.codegen.families import attention_isa
 
         spec = _cpu(target)
         self.analysis, self.spec = analysis, spec
         # bf16 on AMX: 16-row tiles, key blocks of whole 32-key steps (tile_fits says which)
-        isa = self.isa = "amx" if "attention" in bf16_families(target) else spec.isa
+        isa = self.isa = attention_isa(target)
         W = spec.vector_width
         DK, DV = analysis.DK, analysis.DV
         M = analysis.hints()[0] if not _dynamic(analysis.M) else None
