@@ -98,9 +98,9 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # micro-kernel parameters, locals, macros) and a few C keywords: an argument may not shadow them
 _RESERVED = {
     "X", "Wp", "Y", "M", "N", "K", "NP", "MR", "NR", "MC", "NC", "KC", "N_NBLOCKS", "N_KBLOCKS",
-    "acc", "i", "j", "r", "c", "k", "x", "tile", "yrow", "acc_t", "xp", "wp", "ct", "first", "last",
+    "acc", "i", "j", "r", "c", "k", "x", "tile", "yrow", "acc_t", "xp", "wp", "wn", "ct", "first", "last",
     "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock",
-    "kb", "k0", "jp", "wpanel", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks", "mc",
+    "kb", "k0", "jp", "wpanel", "wnext", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks", "mc",
     "min_i64", "pack_x", "ts_bf16_row", "micro_kernel", "micro_kernel_tail", "rows", "row_pass", "a_prologue", "Xa", "tscomp_erff",
     "int", "float", "double", "char", "void", "const", "restrict", "return", "if", "else", "for",
     "while", "do", "static", "inline", "sizeof", "int64_t", "int32_t",
@@ -711,10 +711,12 @@ def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, 
     the MR-row kernel and one of a t-row kernel, so a short or awkward M (9 rows under a 6-row tile)
     computes exactly its rows instead of a zero-padded second panel (12). The panel layout is the
     same (a partial panel is still packed MR wide); only the rows the kernel reads differ."""
-    params = f"""int64_t kl, const {_x_operand(g, isa == 'amx')}* restrict xp, const {_operand(g)}* restrict wp, float* restrict ct,
+    params = f"""int64_t kl, const {_x_operand(g, isa == 'amx')}* restrict xp, const {_operand(g)}* restrict wp,
+    const {_operand(g)}* restrict wn, float* restrict ct,
     int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{epi_params}"""
     emit(f"""/* Micro-kernel: an MR x NR tile of accumulators over kl steps of k.
  *   xp: packed X panel (k-major, MR per k); wp: packed W panel (k-major, NR per k);
+ *   wn: a stretch of weights to pull into L2 meanwhile (one cache line per k step);
  *   ct: this tile's slot in the per-thread partial-sum buffer (MR*NR floats);
  *   first: start from zero (else from ct); last: apply the epilogue and store to Y
  *   (else save the partial sums to ct). (i0, j0): tile origin in Y; mv x nv: its valid
@@ -732,7 +734,7 @@ static inline __attribute__((always_inline)) void micro_kernel(
 static inline void micro_kernel_tail(int64_t rows, {params})
 {{
     (void)rows;
-    micro_kernel(kl, xp, wp, ct, first, last, Y, i0, j0, mv, nv{epi_names});
+    micro_kernel(kl, xp, wp, wn, ct, first, last, Y, i0, j0, mv, nv{epi_names});
 }}
 """)
         return
@@ -745,7 +747,7 @@ static __attribute__((noinline)) void micro_kernel_{rows}(
 {{""")
         _emit_simd_body(emit, g, _Vec(isa), epilogue, rows)
         emit("}\n")
-    cases = "\n".join(f"        case {r}: micro_kernel_{r}(kl, xp, wp, ct, first, last, Y, i0, j0, mv, nv"
+    cases = "\n".join(f"        case {r}: micro_kernel_{r}(kl, xp, wp, wn, ct, first, last, Y, i0, j0, mv, nv"
                       f"{epi_names}); return;" for r in range(1, g.MR))
     emit(f"""/* The last row panel (0 < rows < MR valid): the micro-kernel of exactly that height. Kept out of
  * line, like the kernels it calls, so that the full-height kernel's loop is compiled as before. */
@@ -806,6 +808,12 @@ def accumulator_sets(rows: int, nvec: int, max_accumulators: int) -> int:
 #: M=498 5161 -> 4866 us, and 7-20% on K=3072 N=768; 8 steps ahead gained a little less, 32 less.
 PREFETCH_K_STEPS = 16
 
+#: cache lines of the weight stream each k step pulls into L2 ahead of its use (see the macro-kernel's
+#: ``wn``): 0 turns the stream prefetch off
+L2_PREFETCH_LINES = 1
+#: how many panels ahead of the current one the row passes' L2 prefetches reach
+L2_PREFETCH_PANELS = 2
+
 
 def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, elem: str, vtype: str, *,
                  load, broadcast, madd, add=None, zero: str = "", acc_type: str = "", sets: int = 1,
@@ -823,6 +831,9 @@ def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, e
         if prefetch:          # the weight panel PREFETCH_K_STEPS ahead, one prefetch per cache line
             for line in range(0, nvec * W * 4, 64):
                 emit(f"{indent}  _mm_prefetch((const char*)(wk + {prefetch} * NR) + {line}, _MM_HINT_T0);")
+            for line in range(L2_PREFETCH_LINES):
+                emit(f"{indent}  _mm_prefetch((const char*)(wn + ({kk}) * {16 * L2_PREFETCH_LINES}) + {64 * line}, "
+                     f"_MM_HINT_T1);  /* the weight stream into L2 */")
         for r, row in enumerate(names):
             emit(f"{indent}  {{ const {vtype} x = {broadcast(f'xk[{r}]')}; "
                  + " ".join(f"{a} = {madd('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
@@ -965,6 +976,10 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     # bf16: a K block's panels are padded to whole BF16_K_BLOCK depths (16 pair-rows each)
     w_panel = f"wk + jp * ((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2}) * NR" if bf16 \
         else "wk + jp * kl * NR"
+    w_next = f"wpanel + ((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2}) * NR" if bf16 \
+        else "wpanel + kl * NR"
+    per_pass = 16 * L2_PREFETCH_LINES   # weight elements (fp32 or bf16 pairs) one k step pulls into L2
+    w_stream = f"wnext + (ip % ({L2_PREFETCH_PANELS} * NR / {per_pass})) * ((wnext - wpanel) / NR * {per_pass})" if per_pass else "wpanel"
     x_panel = "MR * KCP" if amx else "MR * KQ" if bf16 else "MR * KC"
     x_op = _x_operand(g, amx)
     x_block = "KCP" if amx else "KQ" if bf16 else "KC"
@@ -998,14 +1013,19 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
                 for (int64_t jp = 0; jp * NR < nw; ++jp) {{
                     const {op}* wpanel = {w_panel};
                     const int64_t jj = j0 + jp * NR, nv = min_i64(NR, N - jj);
+                    /* the next panel: of this K block, or the next K block's first */
+                    const {op}* wnext = {w_next};
                     for (int64_t ip = 0; ip * MR < mv; ++ip) {{
                         float* ct = {'NULL' if single else 'cbuf + (jp * (MC / MR) + ip) * (MR * NR)'};
                         const int64_t rows = min_i64(MR, mv - ip * MR);
+                        /* row pass ip pulls the ip-th stretch of the next two panels into L2, one line per k
+                         * step: the weight stream spread over the whole panel's time, well ahead of its use */
+                        const {op}* wn = {w_stream};
                         if (rows == MR)
-                            micro_kernel(kl, xpack + ip * ({x_panel}), wpanel, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
+                            micro_kernel(kl, xpack + ip * ({x_panel}), wpanel, wn, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
                                          Y, m0 + ip * MR, jj, MR, nv{epi_names});
                         else  /* the last row panel: a kernel of exactly its height (no padded rows computed) */
-                            micro_kernel_tail(rows, kl, xpack + ip * ({x_panel}), wpanel, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
+                            micro_kernel_tail(rows, kl, xpack + ip * ({x_panel}), wpanel, wn, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
                                               Y, m0 + ip * MR, jj, rows, nv{epi_names});
                     }}
                 }}
