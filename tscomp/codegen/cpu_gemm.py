@@ -442,7 +442,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
  * Padding:    local padding (DietCode 4.1): W columns zero-padded to {g.NP} when prepacked,
  *             X rows past M zero-filled while packing; only packing loads and the final
  *             store are guarded, the FMA loop never tests bounds.
- * Prefetch:   {f'the weight panel {PREFETCH_K_STEPS} k steps ahead into L1 (software prefetch per cache line)' if isa not in ('scalar', 'amx') else 'none (hardware prefetchers only)'}
+ * Prefetch:   {_prefetch_text(isa)}
  * Row tail:   {'the last row panel (M mod MR rows) runs a micro-kernel of exactly that height (FTuner: two tile sizes, no padded rows)' if isa not in ('scalar', 'amx') and g.MR > 1 else 'padded to MR rows'}
  */
 #include <math.h>
@@ -497,6 +497,16 @@ static void a_prologue(float* restrict Xa, int64_t M{epi_params})
 """)
     _emit_macro_kernel(emit, g, name, epi_params, epi_names, row_pass=rows, a_prologue=pro, amx=amx)
     return "\n".join(L)
+
+
+def _prefetch_text(isa: str) -> str:
+    stream = (f"the weight stream {L2_PREFETCH_LINES} cache line(s) per K row into L2, up to {L2_PREFETCH_PANELS} "
+              f"panels ahead" if L2_PREFETCH_LINES else "")
+    if isa == "scalar":
+        return "none (hardware prefetchers only)"
+    if isa == "amx":
+        return stream or "none (hardware prefetchers only)"
+    return ", ".join(x for x in (f"the weight panel {PREFETCH_K_STEPS} k steps ahead into L1", stream) if x)
 
 
 def _isa_text(isa: str, g: _Geometry) -> str:
@@ -648,6 +658,9 @@ def _emit_amx_body(emit, g: _Geometry, epilogue: "Epilogue | None") -> None:
     emit("    for (int64_t s = 0; s < ks; ++s) {  /* TDPBF16PS loop: no bounds tests (local padding) */")
     for a in range(n_a):
         emit(f"        _tile_loadd({n_c + a}, xp + {a * AMX_ROWS} * KCP + s * 32, KCP * 2);")
+    if L2_PREFETCH_LINES:   # the weight stream into L2, at the SIMD kernels' rate per K pair-row (see wn)
+        emit(f"        for (int l = 0; l < {AMX_ROWS * L2_PREFETCH_LINES}; ++l)")
+        emit(f"            _mm_prefetch((const char*)(wn + (s * {AMX_ROWS * L2_PREFETCH_LINES} + l) * 16), _MM_HINT_T1);")
     for c in range(ncol):
         b = b_regs[c % len(b_regs)]
         emit(f"        _tile_loadd({b}, wp + s * {AMX_ROWS} * NR + {c * AMX_ROWS}, NR * 4);")
