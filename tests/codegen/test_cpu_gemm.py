@@ -170,19 +170,30 @@ def test_m_zero_returns_empty_and_out_is_filled_in_place():
 
 def test_prepacked_weights_follow_the_documented_panel_layout_with_zero_padding():
     K, N = 5, 7
-    cfg = TileConfig(mr=1, nr=3, mc=1, nc=6, kc=2)  # Np = 9: N blocks [0,6) [6,9); K blocks 2,2,1
+    cfg = TileConfig(mr=1, nr=3, mc=1, nc=6, kc=2)  # Np = 9: panels [0,3) [3,6) [6,9), each all of K
     W = np.arange(K * N, dtype=np.float32).reshape(K, N) + 1
     packed = prepack_weights(W, cfg)
     assert packed.size == packed_size(cfg, K, N) == K * 9 and packed.ctypes.data % 64 == 0
     Wp = np.zeros((K, 9), np.float32)
     Wp[:, :N] = W
     expected = []
-    for j0, nw in ((0, 6), (6, 3)):
-        for k0, kl in ((0, 2), (2, 2), (4, 1)):
-            for p in range(nw // 3):
-                expected.extend(Wp[k0:k0 + kl, j0 + 3 * p:j0 + 3 * p + 3].reshape(-1))
+    for p in range(3):
+        expected.extend(Wp[:, 3 * p:3 * p + 3].reshape(-1))
     np.testing.assert_array_equal(packed, expected)
     assert (packed.reshape(-1)[-3:] == [W[4, 6], 0, 0]).all()  # padded columns are zero
+
+
+def test_the_panel_layout_depends_on_the_register_tile_width_alone():
+    """Variants of one weight with the same nr share one packed copy at run time."""
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((300, 200)).astype(np.float32)
+    a = TileConfig(mr=8, nr=48, mc=64, nc=96, kc=128)
+    b = TileConfig(mr=4, nr=48, mc=256, nc=192, kc=300)
+    for precision in ("fp32", "bf16"):
+        np.testing.assert_array_equal(prepack_weights(W, a, precision), prepack_weights(W, b, precision))
+    W = W[:, :192]     # a multiple of 16 and 48: no padded columns either way, so only the order differs
+    narrow, wide = (prepack_weights(W, TileConfig(mr=8, nr=nr, mc=64, nc=96, kc=128)) for nr in (16, 48))
+    assert narrow.size == wide.size and not np.array_equal(narrow, wide)
 
 
 @pytest.mark.parametrize("isa,intrinsic", [("avx512", "_mm512_fmadd_ps"), ("avx2", "_mm256_fmadd_ps"),

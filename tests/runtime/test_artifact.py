@@ -124,17 +124,18 @@ def test_weights_file_is_no_larger_than_the_model(compiled_artifact, family):
 def test_shared_weights_are_stored_once(compiled_artifact):
     """ALBERT shares one set of layer weights across its layers: its GEMMs' raw weights are one blob
     per distinct weight, however many layers and variants read it, and kernels whose tile
-    configurations pack it alike share one packed copy in memory."""
+    configurations pack it alike (the same register-tile width) share one packed copy in memory."""
     path, _, _ = compiled_artifact("albert")
     rt = Runtime(path)
     doc = json.loads((path / "plan.json").read_text())
     gemm = [k for ks in rt.model.kernels.values() for k in ks if k.weight_name is not None]
     raw_keys = {e["raw"] for e in doc["packed_weights"]}
     assert len(raw_keys) <= 5 < len({k.func for k in gemm})   # embedding projection, QKV, out, FFN up/down
-    by_cfg: dict = {}
+    by_layout: dict = {}
     for k in gemm:
-        by_cfg.setdefault((k.weight_name, repr(k.cfg)), set()).add(k.packed.ctypes.data)
-    assert all(len(ptrs) == 1 for ptrs in by_cfg.values())
+        by_layout.setdefault((k.weight_name, k.cfg.nr, k.precision), set()).add(k.packed.ctypes.data)
+    assert all(len(ptrs) == 1 for ptrs in by_layout.values())
+    assert len({k.packed.ctypes.data for k in gemm}) <= len(by_layout) < len({(k.weight_name, repr(k.cfg)) for k in gemm})
 
 
 # ---------------------------------------------------------------------------- tampering (issue 10)

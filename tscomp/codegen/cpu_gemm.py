@@ -18,12 +18,13 @@ a partial panel is packed, so the FMA loop has no bounds checks at all; only the
 loads and the final store are guarded (masked stores on the last partial columns, a row
 test on the last partial rows).
 
-Packed weight layout (:func:`prepack_weights`): Np = N rounded up to ``nr``; the N axis is
-cut into blocks of ``nc`` columns (the last may be narrower, still a multiple of ``nr``);
-block ``[j0, j0 + nw)`` occupies ``K · nw`` floats at offset ``j0 · K``; inside it the K
-axis is cut into blocks of ``kc`` rows, block ``[k0, k0 + kl)`` at ``k0 · nw``; inside that
-come ``nw / nr`` panels of ``kl × nr`` floats, each k-major (row k's ``nr`` columns
-contiguous) — exactly the order the micro-kernel streams them.
+Packed weight layout (:func:`prepack_weights`): Np = N rounded up to ``nr``; W is cut into
+``Np / nr`` panels of ``nr`` columns, panel ``p`` (columns ``[p·nr, p·nr + nr)``) occupying
+``K · nr`` floats at offset ``p · nr · K``, k-major (row k's ``nr`` columns contiguous). A task's
+K block ``[k0, k0 + kl)`` of a panel is the contiguous stretch at ``k0 · nr`` inside it -- exactly
+the order the micro-kernel streams it. The layout depends on ``nr`` alone, not on the block tile
+(``mc``, ``nc``, ``kc``): a group's variants with the same register-tile width share one packed
+copy at run time (less memory, and a request that switches variants finds the weight in cache).
 
 Epilogues (:class:`Epilogue`) are a C expression template over ``acc`` (the accumulated
 value, float), ``i`` (row) and ``j`` (column) (both int64_t, global indices), the
@@ -47,15 +48,15 @@ GEMMs, this is the CPU's counterpart). ``precision="fp32"`` is everything above.
 (AVX-512 with AVX512_BF16 only) keeps the tiling, padding, accumulators, partial sums and epilogue
 exactly as they are and changes only the operands of the inner product: W is packed as bfloat16
 (round to nearest even) in *pairs along K* -- the VDPBF16PS layout: one 32-bit lane holds
-``(W[k, j], W[k+1, j])``, low half the even k -- so a K block of ``kl`` rows becomes ``ceil(kl/2)``
-pair-rows of ``nr`` lanes (an odd K is zero-padded by one row); the X panel is converted to bf16
+``(W[k, j], W[k+1, j])``, low half the even k -- so a panel's K rows become pair-rows of ``nr`` lanes
+(K zero-padded to a multiple of 32, ``BF16_K_BLOCK``); the X panel is converted to bf16
 pairs while it is packed (``_mm512_cvtne2ps_pbh``/``_mm512_cvtneps_pbh``, round to nearest even,
 an odd tail zero-padded); the micro-kernel's k loop steps by 2 and issues one
 ``_mm512_dpbf16_ps(acc, broadcast x pair, w pair vector)`` where fp32 issues two FMAs.
 Accumulation stays float32 (each bf16 x bf16 product is exact in fp32; VDPBF16PS rounds each
-accumulation to nearest even and treats bf16 denormals as zero). K blocks are padded to multiples
-of 32 (``BF16_K_BLOCK``) in the packed weight, so the same panels serve the AMX kernels below; the
-VDPBF16PS loop skips the padding.
+accumulation to nearest even and treats bf16 denormals as zero). K blocks are whole multiples of
+32 (only the last may be shorter, and K is padded to 32 in the panels), so the same panels serve the
+AMX kernels below; the VDPBF16PS loop skips the padding.
 
 AMX (``isa="amx"``, bf16 only; :attr:`tscomp.schedule.target.Target.gemm_isa` chooses it where the CPU
 has AMX tiles and the OS grants them): the register tile is (MR/16) x (NR/16) fp32 accumulator tiles of
@@ -294,10 +295,10 @@ def packed_size(cfg: TileConfig, K: int, N: int, precision: str = "fp32") -> int
 def prepack_weights(W: np.ndarray, cfg: TileConfig, precision: str = "fp32") -> np.ndarray:
     """W[K, N] → the flat, 64-byte-aligned float32 panel layout the kernel streams.
 
-    Columns are zero-padded up to a multiple of ``nr`` here, once, at compile time (local
-    padding: the micro-kernel then never tests column bounds). ``precision="bf16"``: uint16
-    bfloat16 bit patterns in the pair layout of the module docstring (per K block, per panel,
-    per pair of rows, ``nr`` lanes of ``(W[k, j], W[k+1, j])``; an odd last block zero-padded).
+    Columns are zero-padded up to a multiple of ``nr`` here, once (local padding: the
+    micro-kernel then never tests column bounds). ``precision="bf16"``: uint16 bfloat16 bit
+    patterns in the pair layout of the module docstring (per panel, per pair of rows, ``nr``
+    lanes of ``(W[k, j], W[k+1, j])``; K zero-padded to a multiple of ``BF16_K_BLOCK``).
     """
     W = np.asarray(W)
     if W.ndim != 2:
@@ -305,37 +306,16 @@ def prepack_weights(W: np.ndarray, cfg: TileConfig, precision: str = "fp32") -> 
     K, N = W.shape
     g = _Geometry.of(cfg, int(K), int(N), precision)
     if precision == "bf16":
-        return _prepack_bf16(W, g)
+        padded = np.zeros((g.KP, g.NP), np.uint16)
+        padded[:g.K, :g.N] = to_bf16_bits(W)
+        out = _aligned_empty(g.KP * g.NP, dtype=np.uint16)
+        # [q, 2, panel, nr] -> [panel, q, nr, 2]
+        out[:] = padded.reshape(g.KP // 2, 2, g.NP // g.NR, g.NR).transpose(2, 0, 3, 1).reshape(-1)
+        return out
     padded = np.zeros((K, g.NP), np.float32)
     padded[:, :N] = W
     out = _aligned_empty(g.K * g.NP)
-    pos = 0
-    for j0 in range(0, g.NP, g.NC):
-        nw = min(g.NC, g.NP - j0)
-        for k0 in range(0, g.K, g.KC):
-            kl = min(g.KC, g.K - k0)
-            block = padded[k0:k0 + kl, j0:j0 + nw]                   # [kl, nw]
-            panels = block.reshape(kl, nw // g.NR, g.NR).transpose(1, 0, 2)  # [panel, kl, nr]
-            out[pos:pos + kl * nw] = panels.reshape(-1)
-            pos += kl * nw
-    assert pos == out.size
-    return out
-
-
-def _prepack_bf16(W: np.ndarray, g: _Geometry) -> np.ndarray:
-    padded = np.zeros((g.KP, g.NP), np.uint16)
-    padded[:g.K, :g.N] = to_bf16_bits(W)
-    out = _aligned_empty(g.KP * g.NP, dtype=np.uint16)
-    pos = 0
-    for j0 in range(0, g.NP, g.NC):
-        nw = min(g.NC, g.NP - j0)
-        for k0 in range(0, g.K, g.KC):
-            kb = _round_up(min(g.KC, g.K - k0), BF16_K_BLOCK)   # rows past K are zero padding
-            block = padded[k0:k0 + kb, j0:j0 + nw]              # [kb, nw]
-            pairs = block.reshape(kb // 2, 2, nw // g.NR, g.NR).transpose(2, 0, 3, 1)  # [panel, q, nr, 2]
-            out[pos:pos + kb * nw] = pairs.reshape(-1)
-            pos += kb * nw
-    assert pos == out.size
+    out[:] = padded.reshape(K, g.NP // g.NR, g.NR).transpose(1, 0, 2).reshape(-1)   # [panel, k, nr]
     return out
 
 
@@ -500,8 +480,8 @@ static void a_prologue(float* restrict Xa, int64_t M{epi_params})
 
 
 def _prefetch_text(isa: str) -> str:
-    stream = (f"the weight stream {L2_PREFETCH_LINES} cache line(s) per K row into L2, up to {L2_PREFETCH_PANELS} "
-              f"panels ahead" if L2_PREFETCH_LINES else "")
+    stream = (f"the weight stream {L2_PREFETCH_LINES} cache line(s) per K row into L2, the next panel"
+              if L2_PREFETCH_LINES else "")
     if isa == "scalar":
         return "none (hardware prefetchers only)"
     if isa == "amx":
@@ -528,7 +508,7 @@ def _precision_text(g: _Geometry) -> str:
 
 def _bf16_defines(g: _Geometry) -> str:
     return f"""
-#define KP  {g.KP}   /* K as packed: rounded up to even (bf16 pairs) */
+#define KP  {g.KP}   /* K as packed: rounded up to a whole AMX tile depth (bf16 pairs) */
 #define KQ  {(g.KC + 1) // 2}   /* bf16 pairs per K block (KC rounded up to even, halved) */
 #define KROW {_round_up(g.KC, 32) + 32}   /* bf16 row buffer of the X packing: whole 32-lane conversions */"""
 
@@ -824,8 +804,6 @@ PREFETCH_K_STEPS = 16
 #: cache lines of the weight stream each k step pulls into L2 ahead of its use (see the macro-kernel's
 #: ``wn``): 0 turns the stream prefetch off
 L2_PREFETCH_LINES = 1
-#: how many panels ahead of the current one the row passes' L2 prefetches reach
-L2_PREFETCH_PANELS = 2
 
 
 def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, elem: str, vtype: str, *,
@@ -983,16 +961,19 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
             row_pass(Y, r0, min_i64(MR, M - r0){epi_names});""" if row_pass and not whole_rows else ""
     bf16 = g.precision == "bf16"
     op = _operand(g)
-    # fp32: W block offsets in floats; bf16: in 32-bit lanes of bf16 pairs (K halved, rounded up)
+    # fp32: W offsets in floats; bf16: in 32-bit lanes of bf16 pairs (K padded to BF16_K_BLOCK, halved)
+    panel = "(KP / 2) * NR" if bf16 else "K * NR"          # one NR-column panel over all of K
+    k_rows = (lambda k: f"({k}) / 2 * NR") if bf16 else (lambda k: f"({k}) * NR")   # K row k's offset in a panel
     w_base = "(const uint32_t*)Wp + j0 * (int64_t)(KP / 2)" if bf16 else "Wp + j0 * (int64_t)K"
-    w_kblock = "wblock + (k0 / 2) * nw" if bf16 else "wblock + k0 * nw"
-    # bf16: a K block's panels are padded to whole BF16_K_BLOCK depths (16 pair-rows each)
-    w_panel = f"wk + jp * ((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2}) * NR" if bf16 \
-        else "wk + jp * kl * NR"
-    w_next = f"wpanel + ((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2}) * NR" if bf16 \
-        else "wpanel + kl * NR"
-    per_pass = 16 * L2_PREFETCH_LINES   # weight elements (fp32 or bf16 pairs) one k step pulls into L2
-    w_stream = f"wnext + (ip % ({L2_PREFETCH_PANELS} * NR / {per_pass})) * ((wnext - wpanel) / NR * {per_pass})" if per_pass else "wpanel"
+    w_kblock = f"wblock + {k_rows('k0')}"
+    w_panel = f"wk + jp * (int64_t)({panel})"
+    w_next = f"(jp + 1) * NR < nw ? wpanel + (int64_t)({panel}) : wblock + {k_rows('k0 + kl')}"
+    # the L2 stream: pass ip covers the ip-th stretch of the next panel's K block (one line per k step,
+    # the bf16 step being a pair-row, AMX's 16 of them); NR / 16 passes cover it all
+    per_pass = 16 * L2_PREFETCH_LINES
+    steps = f"((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2})" if bf16 else "kl"
+    window = max(1, g.NR // per_pass) if per_pass else 0
+    w_stream = f"wnext + (ip % {window}) * ({steps} * {per_pass})" if per_pass else "wpanel"
     x_panel = "MR * KCP" if amx else "MR * KQ" if bf16 else "MR * KC"
     x_op = _x_operand(g, amx)
     x_block = "KCP" if amx else "KQ" if bf16 else "KC"
@@ -1031,8 +1012,8 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
                     for (int64_t ip = 0; ip * MR < mv; ++ip) {{
                         float* ct = {'NULL' if single else 'cbuf + (jp * (MC / MR) + ip) * (MR * NR)'};
                         const int64_t rows = min_i64(MR, mv - ip * MR);
-                        /* row pass ip pulls the ip-th stretch of the next two panels into L2, one line per k
-                         * step: the weight stream spread over the whole panel's time, well ahead of its use */
+                        /* row pass ip pulls the ip-th stretch of the next panel into L2, one line per k step:
+                         * the weight stream spread over the panel's row passes, well ahead of its use */
                         const {op}* wn = {w_stream};
                         if (rows == MR)
                             micro_kernel(kl, xpack + ip * ({x_panel}), wpanel, wn, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},

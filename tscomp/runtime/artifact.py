@@ -57,9 +57,10 @@ from tscomp.runtime.plain_data import BlobReader, BlobWriter, PlainDataError, re
 from tscomp.schedule.target import Target
 
 FORMAT = "tscomp-artifact"
-FORMAT_VERSION = 5     # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
+FORMAT_VERSION = 6     # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
                        # 4: GEMM row tails (the wave model counts a GEMM task's exact rows);
-                       # 5: bf16 weight K blocks padded to 32 (one layout for VDPBF16PS and AMX)
+                       # 5: bf16 weight K blocks padded to 32 (one layout for VDPBF16PS and AMX);
+                       # 6: GEMM weights in nr-column panels over all of K (variants of one nr share them)
 
 
 class ArtifactError(TscompError):
@@ -306,7 +307,15 @@ def _gemm_pack(kernel, raw):
     return pack_gemm_panels(raw, kernel.cfg, getattr(kernel, "precision", "fp32"))
 
 
+def _gemm_layout(kernel) -> tuple:
+    """What a GEMM's panel layout depends on: the register tile's width and the precision."""
+    return kernel.cfg.nr, getattr(kernel, "precision", "fp32")
+
+
 PACKERS = {"gemm": (_gemm_raw, _gemm_pack)}
+#: per family, what its packed layout depends on: kernels of one raw weight that agree on it share
+#: one packed copy (packed once at load)
+LAYOUT_KEYS = {"gemm": _gemm_layout}
 
 
 def _weight_sources(kernels, blobs: BlobWriter) -> dict[int, dict]:
@@ -539,14 +548,16 @@ def _attach_weights(packs, blobs: BlobReader) -> None:
 
 
 def _pack_key(kernel, entry) -> tuple:
-    """Kernels whose panels are packed alike: same raw weight, family, tile configuration, precision."""
-    return entry["raw"], kernel.family, repr(kernel.cfg), getattr(kernel, "precision", "fp32")
+    """Kernels whose panels are packed alike: same raw weight, family and layout (:data:`LAYOUT_KEYS`;
+    a family without one: the whole tile configuration and precision)."""
+    layout = LAYOUT_KEYS.get(kernel.family)
+    return entry["raw"], kernel.family, layout(kernel) if layout else (repr(kernel.cfg), getattr(kernel, "precision", "fp32"))
 
 
 def _share_equal_panels(packed: dict) -> dict:
-    """Configurations of one weight often pack to the same bytes (one K block: the N blocking does
-    not change the panel order), so variants share one copy: less memory, and a request switching
-    between such variants finds their weights in cache."""
+    """Configurations of one weight with the same register-tile width pack to the same bytes (the
+    panel layout does not depend on the block tile), so variants share one copy: less memory, and a
+    request switching between such variants finds their weights in cache."""
     kept: dict = {}
     out = {}
     for key, arr in packed.items():
