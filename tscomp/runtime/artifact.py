@@ -12,8 +12,8 @@ Layout::
       plan.json         the Plan and the kernel objects as plain data (:mod:`tscomp.runtime.plain_data`:
                         an object table whose classes are tscomp's own, SymPy trees, array blobs)
       weights.bin       every array once, 64-byte aligned, content addressed: graph constants and
-                        each GEMM's raw weight (packed per tile configuration at load, so variants
-                        that pack it differently do not each store a copy)
+                        each GEMM's raw weight (packed at load, once per register-tile width: the
+                        variants share those copies, and the file stores none of them)
       kernels.so        every generated kernel linked into one shared library -- the only code
       kernels/*.c       their sources (what a person reads to debug a kernel)
       model/            (``embed_source`` only) the ONNX model, for the out-of-range fallback
