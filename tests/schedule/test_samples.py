@@ -18,11 +18,18 @@ def bert_plan(exported_model):
     return path, lambda dims: fuse(load_model(str(path), dims))
 
 
-def test_samples_grow_the_widest_symbol_and_hold_the_others_at_their_minimum(bert_plan):
+def test_samples_grow_the_widest_symbol_and_move_the_others_along_to_the_top_of_their_ranges(bert_plan):
     _, plan_of = bert_plan
     bindings = sample_bindings(plan_of(["batch=2:8", "sequence=1:512"]))
     assert [b["sequence"] for b in bindings] == [1, 4, 8, 12, 16, 64, 128, 256, 512]
-    assert all(b["batch"] == 2 for b in bindings)
+    batches = [b["batch"] for b in bindings]
+    assert batches[:5] == [2] * 5                    # short sequences keep the short-M samples exact
+    assert batches == sorted(batches) and batches[-1] == 8 and 2 < batches[6] < 8
+
+
+def test_a_symbol_with_a_fixed_value_stays_fixed(bert_plan):
+    _, plan_of = bert_plan
+    assert all(b["batch"] == 3 for b in sample_bindings(plan_of(["batch=3:3", "sequence=1:512"])))
 
 
 def test_a_huge_declared_range_is_sampled_within_the_memory_budget(bert_plan):
