@@ -306,16 +306,20 @@ def prepack_weights(W: np.ndarray, cfg: TileConfig, precision: str = "fp32") -> 
     K, N = W.shape
     g = _Geometry.of(cfg, int(K), int(N), precision)
     if precision == "bf16":
-        padded = np.zeros((g.KP, g.NP), np.uint16)
-        padded[:g.K, :g.N] = to_bf16_bits(W)
+        bits = np.zeros((g.KP, g.NP), np.uint16)
+        bits[:g.K, :g.N] = to_bf16_bits(W)
         out = _aligned_empty(g.KP * g.NP, dtype=np.uint16)
-        # [q, 2, panel, nr] -> [panel, q, nr, 2]
-        out[:] = padded.reshape(g.KP // 2, 2, g.NP // g.NR, g.NR).transpose(2, 0, 3, 1).reshape(-1)
+        np.copyto(out.reshape(g.NP // g.NR, g.KP // 2, g.NR, 2),     # [q, 2, panel, nr] -> [panel, q, nr, 2]
+                  bits.reshape(g.KP // 2, 2, g.NP // g.NR, g.NR).transpose(2, 0, 3, 1))
         return out
-    padded = np.zeros((K, g.NP), np.float32)
-    padded[:, :N] = W
     out = _aligned_empty(g.K * g.NP)
-    out[:] = padded.reshape(K, g.NP // g.NR, g.NR).transpose(1, 0, 2).reshape(-1)   # [panel, k, nr]
+    panels = out.reshape(g.NP // g.NR, K, g.NR)          # [panel, k, nr]: one strided copy, no padded W
+    full, rest = divmod(N, g.NR)
+    if full:
+        np.copyto(panels[:full], W[:, :full * g.NR].reshape(K, full, g.NR).transpose(1, 0, 2))
+    if rest:                                             # the last panel: its columns past N are zeros
+        panels[full] = 0.0
+        panels[full, :, :rest] = W[:, full * g.NR:]
     return out
 
 
@@ -808,13 +812,14 @@ L2_PREFETCH_LINES = 1
 
 def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, elem: str, vtype: str, *,
                  load, broadcast, madd, add=None, zero: str = "", acc_type: str = "", sets: int = 1,
-                 prefetch: int = 0) -> None:
+                 prefetch: int = 0, stream_lines: int = 0) -> None:
     """The register tile's inner loop over ``count`` packed K steps (one fp32 k, or one bf16 pair):
     per step ``nvec`` W-panel vectors, then per row of the tile one broadcast X element multiplied
     into the row's accumulators (``madd(x, w, acc)``). With ``sets`` > 1 (a tile too small to hide
     the FMA latency), step ``k + s`` goes into a set of its own, summed into ``accs`` (``add``) after
-    the loop. ``prefetch`` > 0: each step prefetches the weight panel that many steps ahead (past
-    the panel's end that is the next panel, which the packing places right after it)."""
+    the loop. ``prefetch`` > 0: each step prefetches the weight panel that many steps ahead into L1
+    (past the K block's end, that is the same panel's next K rows); ``stream_lines`` > 0: each step
+    also pulls that many cache lines of the stretch ``wn`` into L2 (the macro-kernel's weight stream)."""
     def step(kk: str, indent: str, names) -> None:
         emit(f"{indent}{{ const {elem}* restrict wk = wp + ({kk}) * NR; const {elem}* restrict xk = xp + ({kk}) * MR;")
         for c in range(nvec):
@@ -822,9 +827,9 @@ def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, e
         if prefetch:          # the weight panel PREFETCH_K_STEPS ahead, one prefetch per cache line
             for line in range(0, nvec * W * 4, 64):
                 emit(f"{indent}  _mm_prefetch((const char*)(wk + {prefetch} * NR) + {line}, _MM_HINT_T0);")
-            for line in range(L2_PREFETCH_LINES):
-                emit(f"{indent}  _mm_prefetch((const char*)(wn + ({kk}) * {16 * L2_PREFETCH_LINES}) + {64 * line}, "
-                     f"_MM_HINT_T1);  /* the weight stream into L2 */")
+        for line in range(stream_lines):   # and ``stream_lines`` lines of the stretch ``wn`` into L2
+            emit(f"{indent}  _mm_prefetch((const char*)(wn + ({kk}) * {16 * stream_lines}) + {64 * line}, "
+                 f"_MM_HINT_T1);  /* the weight stream into L2 */")
         for r, row in enumerate(names):
             emit(f"{indent}  {{ const {vtype} x = {broadcast(f'xk[{r}]')}; "
                  + " ".join(f"{a} = {madd('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
@@ -856,7 +861,7 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None, rows
     nvec = NR // W
     accs = emit_accumulators(emit, v, rows, NR)
     latency = dict(sets=accumulator_sets(rows, nvec, MAX_ACCUMULATORS[v.isa]), add=v.add, zero=v.zero(),
-                   acc_type=v.type, prefetch=PREFETCH_K_STEPS)
+                   acc_type=v.type, prefetch=PREFETCH_K_STEPS, stream_lines=L2_PREFETCH_LINES)
     if g.precision == "bf16":
         emit("    const int64_t kq = (kl + 1) / 2;   /* bf16 pairs: the K step is 2 */")
         _emit_k_loop(emit, accs, nvec, W, "q", "kq", "VDPBF16PS loop", "uint32_t", "__m512bh",

@@ -312,10 +312,9 @@ def _gemm_layout(kernel) -> tuple:
     return kernel.cfg.nr, getattr(kernel, "precision", "fp32")
 
 
-PACKERS = {"gemm": (_gemm_raw, _gemm_pack)}
-#: per family, what its packed layout depends on: kernels of one raw weight that agree on it share
-#: one packed copy (packed once at load)
-LAYOUT_KEYS = {"gemm": _gemm_layout}
+#: family -> (raw weight of a kernel, pack it, what the packed layout depends on: kernels of one raw
+#: weight that agree on it share one copy, packed once at load)
+PACKERS = {"gemm": (_gemm_raw, _gemm_pack, _gemm_layout)}
 
 
 def _weight_sources(kernels, blobs: BlobWriter) -> dict[int, dict]:
@@ -327,7 +326,7 @@ def _weight_sources(kernels, blobs: BlobWriter) -> dict[int, dict]:
     for k in kernels:
         if k.packed is None:
             continue
-        raw_of, pack = PACKERS.get(k.family, (None, None))
+        raw_of, pack, _ = PACKERS.get(k.family, (None, None, None))
         raw = raw_of(k) if raw_of else None
         if raw is not None and np.array_equal(pack(k, raw), k.packed):
             out[id(k)] = {"raw": blobs.add(np.ascontiguousarray(raw))}
@@ -548,10 +547,8 @@ def _attach_weights(packs, blobs: BlobReader) -> None:
 
 
 def _pack_key(kernel, entry) -> tuple:
-    """Kernels whose panels are packed alike: same raw weight, family and layout (:data:`LAYOUT_KEYS`;
-    a family without one: the whole tile configuration and precision)."""
-    layout = LAYOUT_KEYS.get(kernel.family)
-    return entry["raw"], kernel.family, layout(kernel) if layout else (repr(kernel.cfg), getattr(kernel, "precision", "fp32"))
+    """Kernels whose panels are packed alike: same raw weight, family and layout (:data:`PACKERS`)."""
+    return entry["raw"], kernel.family, PACKERS[kernel.family][2](kernel)
 
 
 def _share_equal_panels(packed: dict) -> dict:
