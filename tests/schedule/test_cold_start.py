@@ -5,7 +5,8 @@ import types
 
 import numpy as np
 
-from tscomp.schedule.cold_start import MAX_COPIES, data_key, evict_bytes, refill_seconds, resident, rotation
+from tscomp.schedule.cold_start import (EVICT_MAX_BYTES, MAX_COPIES, data_key, evict_bytes, refill_seconds, resident,
+                                        rotation)
 from tscomp.schedule.measure import Workload, measure_inline
 from tscomp.schedule.target import host_cpu
 
@@ -44,6 +45,15 @@ def test_weights_are_timed_cold_only_when_the_model_outgrows_the_private_caches(
     l2_total = target.spec.l2 * 2
     assert evict_bytes(plan_with_constants(l2_total // 4 // 2), target) == 0         # fits L2: warm
     assert evict_bytes(plan_with_constants(l2_total // 4 + 16), target) == 4 * l2_total
+
+
+def test_cold_timing_rotates_over_as_many_bytes_as_the_model_streams_up_to_a_cap():
+    target = host_cpu(2)
+    l2_total = target.spec.l2 * 2
+    model = 10 * l2_total                                   # larger than the fixed 4 x L2 minimum
+    assert evict_bytes(plan_with_constants(model // 4), target) == min(model, EVICT_MAX_BYTES)
+    huge = evict_bytes(plan_with_constants(EVICT_MAX_BYTES, EVICT_MAX_BYTES), target)   # 2 GiB of constants
+    assert 4 * l2_total <= huge <= EVICT_MAX_BYTES
 
 
 def test_a_rotation_is_distinct_equal_copies_spanning_the_bytes_asked():
