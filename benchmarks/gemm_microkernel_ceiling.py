@@ -21,7 +21,7 @@ Xeon (AVX-512, AMX) of the 2026-11-25 sessions, FMA loop 240-246 GFLOP/s: genera
 14x32 1.00, 12x32 0.99, 6x64 0.97, 4x48 0.86 (probes 0.95-1.00; the 4-byte probe 1.00 but 0.98 at
 4x48): the micro-kernel is at the FMA limit. Minutes earlier, on the same host, every row read
 0.85-0.90 while the FMA loop itself measured the same 236-238: the host's other tenants slow
-load-heavy code more than a register-only loop, so a fraction of "the peak" measured an hour apart
+load-heavy code more than a register-only loop, so a fraction of "the peak" measured minutes apart
 means little.
 """
 from __future__ import annotations
