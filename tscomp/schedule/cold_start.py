@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import time
 
 import numpy as np
 
-from tscomp.schedule.target import CpuSpec, Target
+from tscomp.schedule.target import CpuSpec, Target, host_memory
 
 
 #: a cold-weight timing rotates a candidate's packed data over copies spanning at least this many
@@ -70,14 +69,7 @@ def evict_bytes(plan, target: Target) -> int:
     constants = _constant_bytes(plan)
     if constants <= l2_total:
         return 0
-    return max(EVICT_L2_MULTIPLE * l2_total, min(constants, EVICT_MAX_BYTES, _physical_memory() // 32))
-
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
+    return max(EVICT_L2_MULTIPLE * l2_total, min(constants, EVICT_MAX_BYTES, host_memory() // 32))
 
 
 def rotation(candidate, nbytes: int) -> list | None:

@@ -18,13 +18,13 @@ largest value that was sampled.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 
 import numpy as np
 
 from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.graph.reference import materialize
+from tscomp.schedule.target import host_memory
 
 #: values the widest dynamic symbol takes when kernels are measured for the tuner's objective
 #: (clipped to its range). 8 and 12 sit between the register-tile steps of a short M: without them
@@ -44,11 +44,7 @@ DISPATCH_POINTS = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 1
 def memory_budget() -> int:
     """Bytes the live tensors of one sample shape may take: 1 GiB, or 1/8 of physical memory if
     that is less."""
-    try:
-        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        phys = 8 << 30
-    return int(min(1 << 30, phys // 8))
+    return int(min(1 << 30, host_memory() // 8))
 
 
 def shape_size(binding: dict[str, int]) -> int:

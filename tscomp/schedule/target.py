@@ -288,6 +288,14 @@ def _has_amx(flags: set[str]) -> bool:
         return False
 
 
+def host_memory() -> int:
+    """Physical memory of this machine in bytes (8 GiB where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
 def host_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -327,4 +335,4 @@ def cuda(arch: str = "sm_80") -> Target:
 
 
 __all__ = ["CUDA_SPECS", "CpuSpec", "GpuSpec", "PRECISIONS", "Target", "TargetError", "VECTOR_REGISTERS",
-           "VECTOR_WIDTH", "check_precision", "cuda", "host_cpu", "host_threads"]
+           "VECTOR_WIDTH", "check_precision", "cuda", "host_cpu", "host_memory", "host_threads"]
