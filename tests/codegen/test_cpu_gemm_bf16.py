@@ -12,7 +12,6 @@ from tscomp.codegen.build import host_isa
 from tscomp.codegen.cpu_gemm import (Epilogue, GemmError, GemmKernel, bf16_round, generate_gemm, packed_size,
                                      prepack_weights, to_bf16_bits)
 from tscomp.codegen.tile_config import TileConfig, candidate_configs
-from tscomp.runtime.packing import pack_gemm_panels
 from tscomp.schedule.target import host_cpu
 
 HAS_BF16 = host_isa() == "avx512" and host_cpu().spec.bf16
@@ -52,13 +51,16 @@ def test_bf16_rounding_is_to_nearest_even():
 
 @pytest.mark.parametrize("K,N", SHAPES_KN)
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.slug())
-def test_bf16_packing_is_pairs_along_k_and_matches_the_load_time_packer(K, N, cfg):
+def test_bf16_packing_is_pairs_along_k_in_panels_padded_to_32_deep(K, N, cfg):
     W = np.random.default_rng(K * 1000 + N).standard_normal((K, N)).astype(np.float32)
     packed = prepack_weights(W, cfg, "bf16")
     assert packed.dtype == np.uint16 and packed.size == packed_size(cfg, K, N, "bf16")
     assert packed.size == -(-K // 32) * 32 * (-(-N // cfg.nr) * cfg.nr)     # K blocks padded to 32 deep
     assert packed.ctypes.data % 64 == 0
-    assert np.array_equal(pack_gemm_panels(W, cfg, "bf16"), packed)
+    kp, npad = -(-K // 32) * 32, -(-N // cfg.nr) * cfg.nr       # the whole pair layout, [panel, pair-row, nr, 2]
+    bits_padded = np.zeros((kp, npad), np.uint16)
+    bits_padded[:K, :N] = to_bf16_bits(W)
+    assert np.array_equal(packed, bits_padded.reshape(kp // 2, 2, npad // cfg.nr, cfg.nr).transpose(2, 0, 3, 1).reshape(-1))
     # the first panel's first pair-row: lane c holds (W[0, c], W[1, c]) (low half the even k)
     bits = to_bf16_bits(W)
     lanes = min(cfg.nr, N)

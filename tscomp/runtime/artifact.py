@@ -303,8 +303,8 @@ def _gemm_raw(kernel):
 
 
 def _gemm_pack(kernel, raw):
-    from tscomp.runtime.packing import pack_gemm_panels
-    return pack_gemm_panels(raw, kernel.cfg, getattr(kernel, "precision", "fp32"))
+    from tscomp.codegen.cpu_gemm import prepack_weights
+    return prepack_weights(raw, kernel.cfg, getattr(kernel, "precision", "fp32"))
 
 
 def _gemm_layout(kernel) -> tuple:
