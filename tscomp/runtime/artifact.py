@@ -540,7 +540,7 @@ def _attach_weights(packs, blobs: BlobReader) -> None:
         key = _pack_key(kernel, entry)
         if key not in jobs:
             jobs[key] = (PACKERS[kernel.family][1], kernel, blobs.get(entry["raw"]))
-    packed = _share_equal_panels(dict(zip(jobs, pack_all(list(jobs.values()), workers=default_threads()))))
+    packed = dict(zip(jobs, pack_all(list(jobs.values()), workers=default_threads())))
     for kernel, entry in packs:
         if "raw" in entry:
             kernel.packed = packed[_pack_key(kernel, entry)]
@@ -549,21 +549,6 @@ def _attach_weights(packs, blobs: BlobReader) -> None:
 def _pack_key(kernel, entry) -> tuple:
     """Kernels whose panels are packed alike: same raw weight, family and layout (:data:`PACKERS`)."""
     return entry["raw"], kernel.family, PACKERS[kernel.family][2](kernel)
-
-
-def _share_equal_panels(packed: dict) -> dict:
-    """Configurations of one weight with the same register-tile width pack to the same bytes (the
-    panel layout does not depend on the block tile), so variants share one copy: less memory, and a
-    request switching between such variants finds their weights in cache."""
-    kept: dict = {}
-    out = {}
-    for key, arr in packed.items():
-        candidates = kept.setdefault((key[0], key[1], arr.shape, arr.dtype.str), [])
-        out[key] = next((c for c in candidates if np.array_equal(c, arr)), None)
-        if out[key] is None:
-            candidates.append(arr)
-            out[key] = arr
-    return out
 
 
 def _check_against_manifest(path: Path, state: dict, manifest: dict) -> None:
