@@ -12,7 +12,7 @@ measured in alternating blocks (a warm-up call before each block) so that drifti
 load hits both systems alike. Per (shape, M) it prints GFLOP/s of onnxruntime, of tscomp's
 best candidate and of the default (first) candidate, the ratio best/onnxruntime, and the
 best configuration, then the fraction of the FMA peak of tscomp's best candidate: its median
-run ("peak") and its fastest run ("fast"), each over the best peak seen in the whole run (the peak
+run ("peak") and its fastest run ("fast"), each over the best peak seen so far (the summary: in the whole run; the peak
 is a fastest run too: the like-for-like fraction is "fast"; on a shared host the medians also carry
 the neighbours' load). A register-only FMA loop measured before and after gives the compute
 ceiling; measured again around every row it flags rows during which other processes shared
