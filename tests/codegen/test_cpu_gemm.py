@@ -208,7 +208,7 @@ def test_generated_source_names_config_isa_epilogue_and_uses_the_isa_fma(isa, in
     other = {"avx512": "_mm256_", "avx2": "_mm512_", "scalar": "_mm"}[isa]
     assert other not in src
     # local padding: the FMA loop of the micro-kernel has no bounds tests
-    body = src.split("/* FMA loop: no bounds tests (local padding) */", 1)[1].split("\n    }\n", 1)[0]
+    body = _fma_loops(src)[0]
     assert "fma" in body
     assert "if" not in body and "?" not in body
     # the weight panel is prefetched PREFETCH_K_STEPS ahead, one prefetch per cache line of a k step
@@ -218,6 +218,42 @@ def test_generated_source_names_config_isa_epilogue_and_uses_the_isa_fma(isa, in
         lines = -(-cfg.nr * 4 // 64)
         assert body.count(f"_mm_prefetch((const char*)(wk + {PREFETCH_K_STEPS} * NR)") == lines
         assert f"Prefetch:   the weight panel {PREFETCH_K_STEPS} k steps ahead" in src
+
+
+def _fma_loops(src: str) -> list[str]:
+    """The bodies of the generated FMA loops, in source order (the full-height micro-kernel's first)."""
+    def body(after_marker: str) -> str:   # up to the loop's closing brace (inside a branch or not)
+        ends = [i for i in (after_marker.find(f"\n{' ' * n}}}\n") for n in (4, 8)) if i >= 0]
+        return after_marker[:min(ends)]
+    return [body(part) for part in src.split("/* FMA loop: no bounds tests (local padding) */")[1:]]
+
+
+@needs("avx512")
+@pytest.mark.parametrize("l1_kib,pulls_on_every_pass", [(48, False), (4, True)])
+def test_later_row_passes_skip_the_l1_prefetch_only_when_the_panel_fits_l1(l1_kib, pulls_on_every_pass):
+    # 8x48 tile, kc = 24: the weight panel's K block and the X panel take 5.3 KiB, within 3/4 of a
+    # 48 KiB L1 but not of a 4 KiB one. The full-height kernel has one loop per prefetch need: the
+    # first row pass (L1 + the L2 stream), later ones while the stream lasts, and (fitting) none.
+    cfg = TileConfig(mr=8, nr=48, mc=64, nc=96, kc=24)
+    src = generate_gemm(cfg, 37, 100, "avx512", l1=l1_kib * 1024)
+    l1_prefetch = f"_mm_prefetch((const char*)(wk + {PREFETCH_K_STEPS} * NR)"
+    stream = "/* the weight stream into L2 */"
+    first, later, last = _fma_loops(src)[:3]
+    assert l1_prefetch in first and stream in first
+    if pulls_on_every_pass:
+        assert "const int pull = 1;" in src
+        assert l1_prefetch in later and stream not in later
+    else:
+        assert "const int pull = ip == 0;" in src
+        assert l1_prefetch not in later and stream in later
+        assert l1_prefetch not in last and stream not in last
+    # every branch computes the same product: 8 row passes cover the pull, stream-only and bare loops
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((37, 100)).astype(np.float32)
+    kernel = GemmKernel(W, cfg, isa="avx512", name=f"pull_l1_{l1_kib}")
+    if not pulls_on_every_pass:   # (any host's L1 holds these 5.3 KiB: the run covers the bare loop)
+        assert "const int pull = ip == 0;" in kernel.source
+    check_all_m(kernel, W, rng, ms=(1, 9, 23, 64, 71, 130))
 
 
 # ---------------------------------------------------------------- tile configurations

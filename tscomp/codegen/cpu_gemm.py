@@ -79,7 +79,7 @@ import numpy as np
 from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import math_helpers
 from tscomp.codegen.tile_config import (AMX_K, AMX_ROWS, AMX_TILE_REGISTERS, MAX_ACCUMULATORS, VECTOR_WIDTH, TileConfig,
-                                       TileConfigError, default_config)
+                                       TileConfigError, default_config, host_caches)
 from tscomp.errors import TscompError
 from tscomp.schedule.target import PRECISIONS     # the target's precisions: one list
 
@@ -254,9 +254,10 @@ class _Geometry:
     NC: int      # min(nc, NP)
     KC: int      # min(kc, K); bf16: rounded up to BF16_K_BLOCK when K takes several blocks
     precision: str = "fp32"
+    l1: int = 32 * 1024   # the core's L1 data cache (bytes): whether a weight panel stays there between row passes
 
     @staticmethod
-    def of(cfg: TileConfig, K: int, N: int, precision: str = "fp32") -> "_Geometry":
+    def of(cfg: TileConfig, K: int, N: int, precision: str = "fp32", l1: int | None = None) -> "_Geometry":
         if not (isinstance(K, int) and isinstance(N, int) and K >= 1 and N >= 1):
             raise GemmError(f"GEMM extents must be positive ints, got K={K!r}, N={N!r}")
         check_precision(precision)
@@ -265,7 +266,7 @@ class _Geometry:
         if precision == "bf16":
             KC = min(_round_up(KC, BF16_K_BLOCK), K)   # whole AMX tile depths: only the last block is short
         return _Geometry(K=K, N=N, NP=NP, MR=cfg.mr, NR=cfg.nr, MC=cfg.mc, NC=min(cfg.nc, NP), KC=KC,
-                         precision=precision)
+                         precision=precision, l1=l1 or host_caches().l1)
 
     @property
     def KP(self) -> int:
@@ -276,6 +277,15 @@ class _Geometry:
     def KCP(self) -> int:
         """A K block's packed depth: KC, bf16 rounded up to BF16_K_BLOCK."""
         return self.KC if self.precision == "fp32" else _round_up(self.KC, BF16_K_BLOCK)
+
+    @property
+    def panel_stays_in_l1(self) -> bool:
+        """Whether a K block of one weight panel and of one X panel fit ~3/4 of L1 together (the
+        GotoBLAS sizing of ``kc``), so the row passes after the first find the weight panel there.
+        Small-M configurations size ``kc`` for the X panel alone; their weight panel streams from L2
+        on every pass."""
+        per_k = 4 if self.precision == "fp32" else 2      # bytes per k of each operand
+        return (self.NR + self.MR) * self.KCP * per_k <= self.l1 * 3 // 4
 
     @property
     def n_nblocks(self) -> int:
@@ -392,14 +402,16 @@ def _c_name(name: str) -> str:
 
 
 def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue | None = None,
-                  name: str = "tscomp_gemm", precision: str = "fp32") -> str:
+                  name: str = "tscomp_gemm", precision: str = "fp32", l1: int | None = None) -> str:
     """C source of the macro-kernel ``void name(const float* X, const float* Wpacked, float* Y,
     int64_t M, <epilogue args>)`` for ``Y[M, N] = epilogue(X[M, K] · W[K, N])``; with
     ``precision="bf16"`` Wpacked holds :func:`prepack_weights`'s bf16 pairs (the pointer type stays
-    ``const float*`` so every caller's prototype is the same) and the inner product is VDPBF16PS."""
+    ``const float*`` so every caller's prototype is the same) and the inner product is VDPBF16PS.
+    ``l1``: the target core's L1 data cache in bytes (default: this host's), which decides whether
+    the row passes after a panel's first re-read it from L1 without prefetching it."""
     cfg.validate(isa)
     check_precision(precision, isa)
-    g = _Geometry.of(cfg, K, N, precision)
+    g = _Geometry.of(cfg, K, N, precision, l1)
     bf16 = precision == "bf16"
     amx = isa == "amx"
     name = _c_name(name)
@@ -426,7 +438,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
  * Padding:    local padding (DietCode 4.1): W columns zero-padded to {g.NP} when prepacked,
  *             X rows past M zero-filled while packing; only packing loads and the final
  *             store are guarded, the FMA loop never tests bounds.
- * Prefetch:   {_prefetch_text(isa)}
+ * Prefetch:   {_prefetch_text(isa, g)}
  * Row tail:   {'the last row panel (M mod MR rows) runs a micro-kernel of exactly that height (FTuner: two tile sizes, no padded rows)' if isa not in ('scalar', 'amx') and g.MR > 1 else 'padded to MR rows'}
  */
 #include <math.h>
@@ -483,14 +495,18 @@ static void a_prologue(float* restrict Xa, int64_t M{epi_params})
     return "\n".join(L)
 
 
-def _prefetch_text(isa: str) -> str:
-    stream = (f"the weight stream {L2_PREFETCH_LINES} cache line(s) per K row into L2, the next panel"
-              if L2_PREFETCH_LINES else "")
+def _prefetch_text(isa: str, g: "_Geometry") -> str:
     if isa == "scalar":
         return "none (hardware prefetchers only)"
     if isa == "amx":
-        return stream or "none (hardware prefetchers only)"
-    return ", ".join(x for x in (f"the weight panel {PREFETCH_K_STEPS} k steps ahead into L1", stream) if x)
+        return (f"the weight stream {L2_PREFETCH_LINES} cache line(s) per K row into L2, the next panel"
+                if L2_PREFETCH_LINES else "none (hardware prefetchers only)")
+    stream = (f"the weight stream {L2_PREFETCH_LINES} cache line(s) per K row into L2 (the next panel, spread over "
+              f"the first NR/16 row passes)" if L2_PREFETCH_LINES else "")
+    panel = (f"the weight panel {PREFETCH_K_STEPS} k steps ahead into L1 "
+             + ("on its first row pass (later passes find it in L1)" if g.panel_stays_in_l1
+                else "on every row pass (it is larger than L1)"))
+    return f"{panel};\n *             {stream}" if stream else panel
 
 
 def _isa_text(isa: str, g: _Geometry) -> str:
@@ -709,11 +725,12 @@ def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, 
     computes exactly its rows instead of a zero-padded second panel (12). The panel layout is the
     same (a partial panel is still packed MR wide); only the rows the kernel reads differ."""
     params = f"""int64_t kl, const {_x_operand(g, isa == 'amx')}* restrict xp, const {_operand(g)}* restrict wp,
-    const {_operand(g)}* restrict wn, float* restrict ct,
+    const {_operand(g)}* restrict wn, int pull, float* restrict ct,
     int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{epi_params}"""
     emit(f"""/* Micro-kernel: an MR x NR tile of accumulators over kl steps of k.
  *   xp: packed X panel (k-major, MR per k); wp: packed W panel (k-major, NR per k);
- *   wn: a stretch of weights to pull into L2 meanwhile (one cache line per k step);
+ *   wn: a stretch of weights to pull into L2 meanwhile (one cache line per k step), or NULL;
+ *   pull: prefetch wp's panel into L1 ahead of use (SIMD kernels; the panel's first row pass);
  *   ct: this tile's slot in the per-thread partial-sum buffer (MR*NR floats);
  *   first: start from zero (else from ct); last: apply the epilogue and store to Y
  *   (else save the partial sums to ct). (i0, j0): tile origin in Y; mv x nv: its valid
@@ -731,7 +748,7 @@ static inline __attribute__((always_inline)) void micro_kernel(
 static inline void micro_kernel_tail(int64_t rows, {params})
 {{
     (void)rows;
-    micro_kernel(kl, xp, wp, wn, ct, first, last, Y, i0, j0, mv, nv{epi_names});
+    micro_kernel(kl, xp, wp, wn, pull, ct, first, last, Y, i0, j0, mv, nv{epi_names});
 }}
 """)
         return
@@ -744,7 +761,7 @@ static __attribute__((noinline)) void micro_kernel_{rows}(
 {{""")
         _emit_simd_body(emit, g, _Vec(isa), epilogue, rows)
         emit("}\n")
-    cases = "\n".join(f"        case {r}: micro_kernel_{r}(kl, xp, wp, wn, ct, first, last, Y, i0, j0, mv, nv"
+    cases = "\n".join(f"        case {r}: micro_kernel_{r}(kl, xp, wp, wn, pull, ct, first, last, Y, i0, j0, mv, nv"
                       f"{epi_names}); return;" for r in range(1, g.MR))
     emit(f"""/* The last row panel (0 < rows < MR valid): the micro-kernel of exactly that height. Kept out of
  * line, like the kernels it calls, so that the full-height kernel's loop is compiled as before. */
@@ -812,14 +829,16 @@ L2_PREFETCH_LINES = 1
 
 def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, elem: str, vtype: str, *,
                  load, broadcast, madd, add=None, zero: str = "", acc_type: str = "", sets: int = 1,
-                 prefetch: int = 0, stream_lines: int = 0) -> None:
+                 prefetch: int = 0, stream_lines: int = 0, indent: str = "") -> None:
     """The register tile's inner loop over ``count`` packed K steps (one fp32 k, or one bf16 pair):
     per step ``nvec`` W-panel vectors, then per row of the tile one broadcast X element multiplied
     into the row's accumulators (``madd(x, w, acc)``). With ``sets`` > 1 (a tile too small to hide
     the FMA latency), step ``k + s`` goes into a set of its own, summed into ``accs`` (``add``) after
     the loop. ``prefetch`` > 0: each step prefetches the weight panel that many steps ahead into L1
     (past the K block's end, that is the same panel's next K rows); ``stream_lines`` > 0: each step
-    also pulls that many cache lines of the stretch ``wn`` into L2 (the macro-kernel's weight stream)."""
+    also pulls that many cache lines of the stretch ``wn`` into L2 (the macro-kernel's weight stream).
+    ``indent`` prefixes every line (the loop inside a branch)."""
+    emit = (lambda line, _emit=emit: _emit(indent + line)) if indent else emit
     def step(kk: str, indent: str, names) -> None:
         emit(f"{indent}{{ const {elem}* restrict wk = wp + ({kk}) * NR; const {elem}* restrict xk = xp + ({kk}) * MR;")
         for c in range(nvec):
@@ -861,16 +880,38 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None, rows
     nvec = NR // W
     accs = emit_accumulators(emit, v, rows, NR)
     latency = dict(sets=accumulator_sets(rows, nvec, MAX_ACCUMULATORS[v.isa]), add=v.add, zero=v.zero(),
-                   acc_type=v.type, prefetch=PREFETCH_K_STEPS, stream_lines=L2_PREFETCH_LINES)
+                   acc_type=v.type)
+
+    def k_loop(prefetch: int, stream_lines: int) -> None:
+        if g.precision == "bf16":
+            _emit_k_loop(emit, accs, nvec, W, "q", "kq", "VDPBF16PS loop", "uint32_t", "__m512bh",
+                         load=lambda p: f"(__m512bh)_mm512_loadu_si512({p})",
+                         broadcast=lambda x: f"(__m512bh)_mm512_set1_epi32((int){x})",
+                         madd=lambda x, w, acc: f"_mm512_dpbf16_ps({acc}, {x}, {w})",
+                         prefetch=prefetch, stream_lines=stream_lines, indent="    ", **latency)
+        else:
+            _emit_k_loop(emit, accs, nvec, W, "k", "kl", "FMA loop", "float", v.type,
+                         load=v.load, broadcast=v.set1, madd=v.fma, prefetch=prefetch, stream_lines=stream_lines,
+                         indent="    ", **latency)
+
     if g.precision == "bf16":
         emit("    const int64_t kq = (kl + 1) / 2;   /* bf16 pairs: the K step is 2 */")
-        _emit_k_loop(emit, accs, nvec, W, "q", "kq", "VDPBF16PS loop", "uint32_t", "__m512bh",
-                     load=lambda p: f"(__m512bh)_mm512_loadu_si512({p})",
-                     broadcast=lambda x: f"(__m512bh)_mm512_set1_epi32((int){x})",
-                     madd=lambda x, w, acc: f"_mm512_dpbf16_ps({acc}, {x}, {w})", **latency)
+    # Prefetches are instructions too (4 of an 8x48 tile's ~40 per k step, issued on a core whose
+    # other hyperthread may be a neighbour's): each loop below issues only those its pass needs.
+    stream = L2_PREFETCH_LINES
+    emit("    if (pull && wn) {  /* the panel into L1 ahead of use, the weight stream into L2 */")
+    k_loop(PREFETCH_K_STEPS, stream)
+    if g.panel_stays_in_l1:   # the macro-kernel pulls only on a panel's first row pass
+        emit("    } else if (wn) {  /* a later row pass (the panel is in L1): the weight stream into L2 */")
+        k_loop(0, stream)
+        emit("    } else {  /* a later row pass after the stream is done: no prefetches */")
+        k_loop(0, 0)
     else:
-        _emit_k_loop(emit, accs, nvec, W, "k", "kl", "FMA loop", "float", v.type,
-                     load=v.load, broadcast=v.set1, madd=v.fma, **latency)
+        emit("    } else if (pull) {  /* the panel (larger than L1) into L1 ahead of use */")
+        k_loop(PREFETCH_K_STEPS, 0)
+        emit("    } else {  /* (not reached: the macro-kernel pulls on every pass) */")
+        k_loop(0, 0)
+    emit("    }")
 
     def store_tile(base: str, row_stride: str, comment: str) -> None:
         """Every accumulator vector to ``base + r*row_stride + c*W``, then return."""
@@ -974,11 +1015,19 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     w_panel = f"wk + jp * (int64_t)({panel})"
     w_next = f"(jp + 1) * NR < nw ? wpanel + (int64_t)({panel}) : wblock + {k_rows('k0 + kl')}"
     # the L2 stream: pass ip covers the ip-th stretch of the next panel's K block (one line per k step,
-    # the bf16 step being a pair-row, AMX's 16 of them); NR / 16 passes cover it all
+    # the bf16 step being a pair-row, AMX's 16 of them); NR / 16 passes cover it all (AMX: a panel's
+    # later passes start over; the SIMD kernels' pass NULL and skip the prefetches)
     per_pass = 16 * L2_PREFETCH_LINES
     steps = f"((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2})" if bf16 else "kl"
     window = max(1, g.NR // per_pass) if per_pass else 0
-    w_stream = f"wnext + (ip % {window}) * ({steps} * {per_pass})" if per_pass else "wpanel"
+    if not per_pass:
+        w_stream = "NULL"
+    elif amx:
+        w_stream = f"wnext + (ip % {window}) * ({steps} * {per_pass})"
+    else:
+        w_stream = f"ip < {window} ? wnext + ip * ({steps} * {per_pass}) : NULL"
+    # the panel into L1 on its first row pass; the later passes find it there unless it is larger than L1
+    pull = "ip == 0" if g.panel_stays_in_l1 else "1"
     x_panel = "MR * KCP" if amx else "MR * KQ" if bf16 else "MR * KC"
     x_op = _x_operand(g, amx)
     x_block = "KCP" if amx else "KQ" if bf16 else "KC"
@@ -1020,11 +1069,12 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
                         /* row pass ip pulls the ip-th stretch of the next panel into L2, one line per k step:
                          * the weight stream spread over the panel's row passes, well ahead of its use */
                         const {op}* wn = {w_stream};
+                        const int pull = {pull};
                         if (rows == MR)
-                            micro_kernel(kl, xpack + ip * ({x_panel}), wpanel, wn, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
+                            micro_kernel(kl, xpack + ip * ({x_panel}), wpanel, wn, pull, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
                                          Y, m0 + ip * MR, jj, MR, nv{epi_names});
                         else  /* the last row panel: a kernel of exactly its height (no padded rows computed) */
-                            micro_kernel_tail(rows, kl, xpack + ip * ({x_panel}), wpanel, wn, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
+                            micro_kernel_tail(rows, kl, xpack + ip * ({x_panel}), wpanel, wn, pull, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
                                               Y, m0 + ip * MR, jj, rows, nv{epi_names});
                     }}
                 }}

@@ -699,16 +699,17 @@ def gemm_func_name(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str, preci
         ("" if precision == "fp32" else f"_{precision}")
 
 
-def gemm_group_source(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str, precision: str = "fp32") -> str:
+def gemm_group_source(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str, precision: str = "fp32",
+                      l1: int | None = None) -> str:
     """The source step (pure: no compiling, no side effects): C text of the macro-kernel for
-    ``analysis`` under ``cfg`` on ``isa`` at ``precision``, with the header naming group, fused ops,
-    tiles and precision."""
+    ``analysis`` under ``cfg`` on ``isa`` at ``precision`` for a core with ``l1`` bytes of L1 data
+    cache (default: this host's), with the header naming group, fused ops, tiles and precision."""
     cfg = cfg.validate(isa)
     with refusals_name_group(analysis.group.name, also=(GemmError,)):
         check_precision(precision, isa)
         return analysis.header(cfg, precision) + generate_gemm(
             cfg, analysis.K, analysis.N, isa, analysis.epilogue, name=gemm_func_name(analysis, cfg, isa, precision),
-            precision=precision)
+            precision=precision, l1=l1)
 
 
 

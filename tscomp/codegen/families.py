@@ -31,7 +31,7 @@ from typing import Any, Callable
 from tscomp.codegen.interpreted import InterpretedGroup
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion.plan import Group, Plan
-from tscomp.schedule.target import Target
+from tscomp.schedule.target import CpuSpec, Target
 
 #: tile-configuration variants kept per GEMM group. On BERT-base, 4 ran 2-10% faster than 3 at
 #: L = 39..300 in one side-by-side comparison (the two sets were timed at different moments, so part
@@ -95,7 +95,8 @@ def _gemm_analyze(plan, group):
 def _gemm_executor(analysis, cfg, target: Target):
     from tscomp.codegen.cpu_gemm_group import CompiledGemmGroup, gemm_group_source
     isa = target.gemm_isa          # bf16 on a CPU with AMX: the tile unit
-    return CompiledGemmGroup(analysis, cfg, isa, gemm_group_source(analysis, cfg, isa, target.precision),
+    l1 = target.spec.l1 if isinstance(target.spec, CpuSpec) else None
+    return CompiledGemmGroup(analysis, cfg, isa, gemm_group_source(analysis, cfg, isa, target.precision, l1),
                              target.precision)
 
 
