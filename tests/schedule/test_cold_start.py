@@ -58,7 +58,7 @@ def test_cold_timing_rotates_over_as_many_bytes_as_the_model_streams_up_to_a_cap
 
 def test_a_rotation_is_distinct_equal_copies_spanning_the_bytes_asked():
     own = np.arange(4096, dtype=np.float32)                  # 16 KiB
-    copies = rotation(types.SimpleNamespace(packed=own), 10 * own.nbytes + 1)
+    copies = rotation(types.SimpleNamespace(packed=own), 10 * own.nbytes + 1).copies
     assert copies[0] is own and len(copies) == 11
     assert len({c.ctypes.data for c in copies}) == 11 and all(np.array_equal(c, own) for c in copies)
     assert len(rotation(types.SimpleNamespace(packed=own[:16]), 1 << 30)) == MAX_COPIES
@@ -76,6 +76,21 @@ class _Recorder:
 
     def run(self, env, binding):
         self.seen.append(self.packed.ctypes.data)
+
+
+def test_the_rotation_goes_on_across_timed_cases_so_every_copy_is_read_before_any_again():
+    # 3 cases over 7 copies: the runs read copies 0, 1, ..., 6, 0, 1, ... straight through the case
+    # boundaries (a cycle restarted per case would read its first copies at every case)
+    cand = _Recorder()
+    own = cand.packed
+    cases = [({"L": n}, {}) for n in (1, 2, 3)]
+    copies = {}
+    for address in cand.seen:
+        copies.setdefault(address, len(copies))
+    measure_inline(cand, Workload("k", cases, evict_bytes=7 * own.nbytes), warmup=0, repeats=5)
+    order = [copies.setdefault(address, len(copies)) for address in cand.seen]
+    assert len(copies) == 7 and order == [i % 7 for i in range(len(order))]
+    assert (len(order) // 3) % 7 != 0   # a case's runs are no whole number of cycles: a restart would show
 
 
 def test_a_cold_timing_reads_every_copy_and_the_candidate_keeps_its_own():

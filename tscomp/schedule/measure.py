@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from tscomp.errors import TscompError
-from tscomp.schedule.cold_start import rotation
+from tscomp.schedule.cold_start import Rotation, rotation
 
 #: how long a fresh worker may take to import and set its thread count (not a candidate's time)
 START_TIMEOUT_S = 120.0
@@ -81,13 +81,13 @@ MIN_CASE_SECONDS = 2e-3
 MAX_RUNS = 400
 
 
-def _repeat(candidate, env, binding, repeats: int, copies: list | None = None) -> tuple[float, float]:
+def _repeat(candidate, env, binding, repeats: int, copies: Rotation | None = None) -> tuple[float, float]:
     """(median, relative spread) of at least ``repeats`` timed runs lasting ``MIN_CASE_SECONDS``;
-    with ``copies``, run i reads ``copies[i % len(copies)]`` as the candidate's packed data."""
+    with ``copies``, each run reads the rotation's next copy as the candidate's packed data."""
     times: list[float] = []
     while len(times) < max(1, repeats) or (sum(times) < MIN_CASE_SECONDS and len(times) < MAX_RUNS):
         if copies:
-            candidate.packed = copies[len(times) % len(copies)]
+            candidate.packed = copies.next()
         t0 = time.perf_counter()
         candidate.run(env, binding)
         times.append(time.perf_counter() - t0)
@@ -98,7 +98,7 @@ def _repeat(candidate, env, binding, repeats: int, copies: list | None = None) -
 
 
 def time_case(candidate, env, binding, *, warmup: int, repeats: int, max_spread: float,
-              copies: list | None = None) -> float:
+              copies: Rotation | None = None) -> float:
     """Median seconds of one case: warm-up runs, timed repeats, one retry when too noisy. With
     ``copies`` (:func:`tscomp.schedule.cold_start.rotation`) the timed runs rotate over them, so the
     packed data is cold in the private caches; the candidate keeps its own copy afterwards."""
