@@ -535,11 +535,11 @@ def _attach_weights(packs, blobs: BlobReader) -> None:
     jobs: dict = {}
     for kernel, entry in packs:
         if "packed" in entry:
-            kernel.packed = aligned_copy(np.asarray(blobs.get(entry["packed"])))
+            kernel.packed = aligned_copy(np.asarray(blobs.view(entry["packed"])))
             continue
         key = _pack_key(kernel, entry)
         if key not in jobs:
-            jobs[key] = (PACKERS[kernel.family][1], kernel, blobs.get(entry["raw"]))
+            jobs[key] = (PACKERS[kernel.family][1], kernel, blobs.view(entry["raw"]))   # read while packing only
     packed = dict(zip(jobs, pack_all(list(jobs.values()), workers=default_threads())))
     for kernel, entry in packs:
         if "raw" in entry:

@@ -76,9 +76,7 @@ def read_aligned(path, expected_sha256: str | None = None, chunk: int = 1 << 24)
     With ``expected_sha256``, a mismatch raises before anything reads the contents."""
     import os
     size = os.path.getsize(path)
-    raw = np.empty(size + ALIGN, np.uint8)
-    start = (-raw.ctypes.data) % ALIGN
-    buf = raw[start:start + size]
+    buf = _aligned_bytes(size)
     h = hashlib.sha256()
     mv = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
@@ -95,10 +93,17 @@ def read_aligned(path, expected_sha256: str | None = None, chunk: int = 1 << 24)
 
 
 class BlobReader:
+    """The arrays of a weights file read into ``buf``. :meth:`get` hands out 64-byte-aligned copies
+    (one per blob, shared by every reader of that content) that do not keep ``buf`` alive, so the
+    file's buffer is freed once the load is done; :meth:`view` reads a blob in place, for data used
+    only while loading (a raw GEMM weight packed into its panels)."""
+
     def __init__(self, buf: np.ndarray, index: dict[str, dict]):
         self.buf, self.index = buf, index
+        self._copies: dict[str, np.ndarray] = {}
 
-    def get(self, key: str) -> np.ndarray:
+    def view(self, key: str) -> np.ndarray:
+        """The blob in place (read-only): valid while ``buf`` lives."""
         try:
             e = self.index[key]
         except KeyError:
@@ -108,8 +113,29 @@ class BlobReader:
         if off < 0 or off + n > self.buf.size or n != int(np.prod(e["shape"], dtype=np.int64)) * dtype.itemsize:
             raise PlainDataError(f"blob {key!r}: offset/size outside the weights file")
         arr = self.buf[off:off + n].view(dtype).reshape(e["shape"])
-        arr.flags.writeable = False       # shared by every reader of this content
+        arr.flags.writeable = False
         return arr
+
+    def get(self, key: str) -> np.ndarray:
+        """The blob as its own read-only, 64-byte-aligned array (one copy per blob)."""
+        arr = self._copies.get(key)
+        if arr is None:
+            arr = self._copies[key] = _aligned_copy(self.view(key))
+            arr.flags.writeable = False       # shared by every reader of this content
+        return arr
+
+
+def _aligned_bytes(nbytes: int) -> np.ndarray:
+    """``nbytes`` uninitialized bytes starting on an ``ALIGN``-byte boundary."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start:start + nbytes]
+
+
+def _aligned_copy(a: np.ndarray) -> np.ndarray:
+    out = _aligned_bytes(a.nbytes).view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
 
 
 # ---------------------------------------------------------------------------- encoding
