@@ -12,9 +12,11 @@ measured in alternating blocks (a warm-up call before each block) so that drifti
 load hits both systems alike. Per (shape, M) it prints GFLOP/s of onnxruntime, of tscomp's
 best candidate and of the default (first) candidate, the ratio best/onnxruntime, and the
 best configuration, then the fraction of the FMA peak of tscomp's best candidate: its median
-run ("peak") and its fastest run ("fast"), each over the best peak seen so far (the summary: in the whole run; the peak
-is a fastest run too: the like-for-like fraction is "fast"; on a shared host the medians also carry
-the neighbours' load). A register-only FMA loop measured before and after gives the compute
+run ("med"), the run 10% of its runs beat ("p10") and its fastest run ("fast"), each over the best
+peak seen so far (the summary: in the whole run). The peak is itself a fastest run, of a loop that
+the host's other tenants hardly slow; they do slow a GEMM's loads, in phases of seconds (runs
+clustered at ~0.80 of the peak among runs at ~0.90, the FMA loop unchanged), so on a shared host
+the median measures the neighbours as much as the kernel and "p10" is the like-for-like figure. A register-only FMA loop measured before and after gives the compute
 ceiling; measured again around every row it flags rows during which other processes shared
 the cores (BUSY: their numbers, and ratios, mean little).
 """
@@ -149,11 +151,13 @@ def bench_shape(K: int, N: int, ms: list[int], args) -> list[dict]:
         rows.append(dict(K=K, N=N, M=M, ort=flop / statistics.median(ort_t) / 1e9,
                          best=flop / med[best] / 1e9, default=flop / med[0] / 1e9,
                          fastest_run=flop / min(ts[best]) / 1e9,
+                         p10_run=flop / float(np.percentile(ts[best], 10)) / 1e9,
                          config=kernels[best].cfg.slug(), peak=min(peaks) if peaks else None))
         r = rows[-1]
         args.peak = max([args.peak, *peaks]) if args.peak else None  # the best ceiling seen so far
         busy = " BUSY" if r["peak"] and r["peak"] < 0.85 * args.peak else ""
-        frac = (f"{r['best'] / args.peak:5.2f} {r['fastest_run'] / args.peak:5.2f}" if args.peak else f"{'-':>5} {'-':>5}")
+        frac = (" ".join(f"{r[key] / args.peak:5.2f}" for key in ("best", "p10_run", "fastest_run")) if args.peak
+                else " ".join(f"{'-':>5}" for _ in range(3)))
         print(f"{K:>5}x{N:<5} {M:>4} {r['ort']:8.1f} {r['best']:8.1f} {r['default']:8.1f} "
               f"{r['best'] / r['ort']:6.2f}x {frac}  {r['config']:<22}{busy}".rstrip(), flush=True)
     return rows
@@ -174,7 +178,7 @@ def main(argv=None) -> int:
     if peak:
         print(f"# FMA peak (register-only loop, {args.threads} threads): {peak:.0f} GFLOP/s; rows marked BUSY "
               f"saw it below 85% of the best just before or after them: other processes shared the cores")
-    print(f"{'K x N':>11} {'M':>4} {'ort':>8} {'tscomp':>8} {'default':>8} {'ratio':>7} {'peak':>5} {'fast':>5}  best config")
+    print(f"{'K x N':>11} {'M':>4} {'ort':>8} {'tscomp':>8} {'default':>8} {'ratio':>7} {'med':>5} {'p10':>5} {'fast':>5}  best config")
     rows = []
     for K, N in shapes:
         rows += bench_shape(K, N, ms, args)
@@ -187,9 +191,11 @@ def main(argv=None) -> int:
         if args.peak:
             med = [r["best"] / args.peak for r in large]
             fast = [r["fastest_run"] / args.peak for r in large]
+            p10 = [r["p10_run"] / args.peak for r in large]
             print(f"# fraction of the FMA peak ({args.peak:.0f} GFLOP/s, the best seen) at M >= 128 (rows not BUSY): "
-                  f"median run {min(med):.2f}-{max(med):.2f}, fastest run {min(fast):.2f}-{max(fast):.2f} "
-                  f"(the peak is itself a fastest run; on a shared host the median pays for the neighbours)")
+                  f"median run {min(med):.2f}-{max(med):.2f}, 10th-percentile run {min(p10):.2f}-{max(p10):.2f}, "
+                  f"fastest run {min(fast):.2f}-{max(fast):.2f} (the peak is itself a fastest run; on a shared host "
+                  f"the median pays for the neighbours)")
     return 0
 
 
