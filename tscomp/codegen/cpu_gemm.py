@@ -874,6 +874,20 @@ def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, e
             emit("    " + " ".join(f"{a} = {add(a, e)};" for a, e in zip(row, extra_row)))
 
 
+def _prefetch_cases(g: _Geometry) -> list[tuple[bool, bool]]:
+    """The (pull, stream) pairs a SIMD micro-kernel is called with (the macro-kernel's ``pull`` and
+    ``wn``): the first row pass over a panel pulls it into L1 and streams (when the L2 stream is on);
+    the later passes stream until the next panel is covered, then not; they pull again only a panel
+    larger than L1."""
+    stream = bool(L2_PREFETCH_LINES)
+    later_pull = not g.panel_stays_in_l1
+    cases = [(True, stream)]                                   # a panel's first row pass
+    for case in ((later_pull, stream), (later_pull, False)):  # the later ones
+        if case not in cases:
+            cases.append(case)
+    return cases
+
+
 def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None, rows: int):
     """The body of a micro-kernel computing ``rows`` (<= MR) rows of the register tile."""
     NR, W = g.NR, v.width
@@ -897,20 +911,17 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None, rows
     if g.precision == "bf16":
         emit("    const int64_t kq = (kl + 1) / 2;   /* bf16 pairs: the K step is 2 */")
     # Prefetches are instructions too (4 of an 8x48 tile's ~40 per k step, issued on a core whose
-    # other hyperthread may be a neighbour's): each loop below issues only those its pass needs.
-    stream = L2_PREFETCH_LINES
-    emit("    if (pull && wn) {  /* the panel into L1 ahead of use, the weight stream into L2 */")
-    k_loop(PREFETCH_K_STEPS, stream)
-    if g.panel_stays_in_l1:   # the macro-kernel pulls only on a panel's first row pass
-        emit("    } else if (wn) {  /* a later row pass (the panel is in L1): the weight stream into L2 */")
-        k_loop(0, stream)
-        emit("    } else {  /* a later row pass after the stream is done: no prefetches */")
-        k_loop(0, 0)
-    else:
-        emit("    } else if (pull) {  /* the panel (larger than L1) into L1 ahead of use */")
-        k_loop(PREFETCH_K_STEPS, 0)
-        emit("    } else {  /* (not reached: the macro-kernel pulls on every pass) */")
-        k_loop(0, 0)
+    # other hyperthread may be a neighbour's): one loop per (pull, wn) case the macro-kernel passes,
+    # each issuing only the prefetches its row pass needs
+    # (the last case is the plain else: whatever the caller passes, every loop computes the same)
+    cases = _prefetch_cases(g)
+    for n, (pull, stream) in enumerate(cases):
+        what = " and ".join(x for x in ("the panel into L1 ahead of use" if pull else "",
+                                        "the weight stream into L2" if stream else "") if x) or "no prefetches"
+        test = f"{'pull' if pull else '!pull'} && {'wn' if stream else '!wn'}"
+        opening = (f"if ({test})" if n == 0 else "} else" if n == len(cases) - 1 else f"}} else if ({test})")
+        emit(f"    {opening} {{  /* {what} */")
+        k_loop(PREFETCH_K_STEPS if pull else 0, L2_PREFETCH_LINES if stream else 0)
     emit("    }")
 
     def store_tile(base: str, row_stride: str, comment: str) -> None:
