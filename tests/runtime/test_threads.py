@@ -43,26 +43,26 @@ def test_blas_is_single_threaded_inside_and_restored_after():
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to place a worker on another")
-def test_after_an_idle_gap_workers_wake_off_the_callers_cpu_and_get_their_affinity_back():
-    import time
-
+def test_workers_stay_off_the_callers_cpu_and_follow_it_when_it_moves():
     from tscomp.codegen.build import set_num_threads
 
     placement = threads.TeamPlacement()
     set_num_threads(2)
     allowed = os.sched_getaffinity(0)
-    placement.exit(False)
-    assert placement.enter(2) is False          # back to back: nothing to do
-    placement.exit(False)
-    time.sleep(placement.IDLE_S * 20)
-    placed = placement.enter(2)
     try:
-        assert placed
-        worker = int(placement._local.tids[1])
-        assert worker != threading.get_native_id()
-        during = os.sched_getaffinity(worker)
-        assert during and during < allowed and os.sched_getaffinity(0) == allowed
+        assert placement.enter(2) is True
+        st = placement._local
+        worker, cpu = int(st.tids[1]), int(st.cpu[0])
+        assert worker != threading.get_native_id() and cpu in allowed
+        assert cpu not in os.sched_getaffinity(worker) and os.sched_getaffinity(0) == allowed
+        # the next call places nothing unless the caller has moved to another CPU meanwhile
+        again = placement.enter(2)
+        assert again is False or int(st.cpu[0]) != cpu
+        # the caller seen on another CPU than the one the worker was placed against: placed again
+        st.cpu[0] = max(allowed) + 1
+        assert placement.enter(2) is True
+        assert int(st.cpu[0]) in allowed and int(st.cpu[0]) not in os.sched_getaffinity(worker)
     finally:
-        placement.exit(placed)
+        placement.release()
     assert os.sched_getaffinity(worker) == allowed
     assert placement.enter(1) is False          # a one-thread team has no workers to place

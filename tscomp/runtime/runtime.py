@@ -221,15 +221,12 @@ class Runtime:
         if not in_range:
             return self._run_out_of_range(inputs, binding)
         set_num_threads(self.num_threads)
-        placed = team_placement.enter(self.num_threads)     # after an idle gap: workers off our CPU
-        try:
-            if self._native is not None:
-                out = self._native.run(inputs, binding, self._pick)
-                self.last_call_overhead = time.perf_counter() - t_start - self._native.last_kernel_seconds
-                return out
-            return self._execute(self._shape_plan(binding), inputs, None)
-        finally:
-            team_placement.exit(placed)
+        team_placement.enter(self.num_threads)      # the OpenMP workers kept off this thread's CPU
+        if self._native is not None:
+            out = self._native.run(inputs, binding, self._pick)
+            self.last_call_overhead = time.perf_counter() - t_start - self._native.last_kernel_seconds
+            return out
+        return self._execute(self._shape_plan(binding), inputs, None)
 
     def profile(self, inputs: Mapping[str, np.ndarray]) -> list[tuple[str, str, float]]:
         """Run once, timing each group: ``[(group, family/target, seconds), ...]`` in Plan order."""

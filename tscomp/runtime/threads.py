@@ -162,16 +162,20 @@ int tscomp_team_tids(int64_t *out, int cap)
     return n;
 }
 
-/* workers tids[1..n-1] may run anywhere the caller may, except on the CPU the caller is on */
-int tscomp_place_workers(const int64_t *tids, int n)
+/* workers tids[1..n-1] may run anywhere the caller may, except on the CPU the caller is on; nothing to
+ * do while the caller is still on *placed_cpu. Returns how many workers were placed now. */
+int tscomp_place_workers(const int64_t *tids, int n, int *placed_cpu)
 {
+    int cpu = sched_getcpu();
+    if (cpu == *placed_cpu) return 0;
     cpu_set_t allowed, others;
     if (sched_getaffinity(0, sizeof allowed, &allowed)) return -1;
     others = allowed;
-    CPU_CLR(sched_getcpu(), &others);
+    CPU_CLR(cpu, &others);
     if (CPU_COUNT(&others) == 0) return 0;
     int ok = 0;
     for (int k = 1; k < n; ++k) ok += sched_setaffinity((pid_t)tids[k], sizeof others, &others) == 0;
+    if (ok == n - 1) *placed_cpu = cpu;        /* else: try again at the next call */
     return ok;
 }
 
@@ -192,32 +196,34 @@ def _placement_library():
 
     lib = load_library(build_library(_PLACEMENT_C, "tscomp_team_placement"))
     lib.tscomp_team_tids.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    for f in (lib.tscomp_place_workers, lib.tscomp_release_workers):
-        f.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.tscomp_place_workers.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    lib.tscomp_release_workers.argtypes = [ctypes.c_void_p, ctypes.c_int]
     return lib
 
 
 class TeamPlacement:
-    """Wake a calling thread's OpenMP workers on other CPUs than the caller's after an idle gap.
+    """Keep a calling thread's OpenMP workers off the caller's CPU.
 
-    Measured on these machines (KVM guests, 2 vCPUs): a worker that slept (the caller was idle for
-    longer than the spin window) is woken onto the *caller's* CPU -- the guest sees the other,
-    halted vCPU as preempted, not idle -- and the two then share one CPU for the whole call: every
-    barrier waits out a spin window of the thread that holds it (tiny BERT after 0.2 s idle:
-    8.7 ms instead of 0.55). Binding threads (``OMP_PROC_BIND``) avoids it but pins the caller's
-    own thread, so concurrent callers serialize. Instead, when a call follows a gap longer than
-    :attr:`IDLE_S`, the workers' affinity excludes the caller's CPU for that call (set while they
-    sleep, so their wake-up lands elsewhere) and is restored after it; back-to-back calls do
-    nothing. Costs a few microseconds per call after an idle gap."""
-
-    IDLE_S = 2e-4       # about libgomp's spin window at tscomp's GOMP_SPINCOUNT
+    Measured on these machines (KVM guests, 2 vCPUs): a worker that slept is woken onto the
+    *caller's* CPU -- the guest sees the other, halted vCPU as preempted, not idle -- and the two then
+    share one CPU until the load balancer moves one (a tick, ~4 ms): every barrier waits out a spin
+    window of the thread that holds it (tiny BERT after 0.2 s idle: 8.7 ms instead of 0.55). Binding
+    threads (``OMP_PROC_BIND``) avoids it but pins the caller's own thread, so concurrent callers
+    serialize. Instead the workers' affinity excludes the caller's CPU, set while they sleep so that
+    their wake-up lands elsewhere, and kept: a call re-places them only when its caller runs on
+    another CPU than the one they were placed against (one ``sched_getcpu`` per call, the syscalls
+    only after a migration). Placing them only for a call after an idle gap of the caller, and
+    giving them their affinity back after it, missed the team sleeping through calls that open no
+    parallel region (a tiny model at a short length): the next call that did woke it onto the
+    caller's CPU -- tiny BERT at L = 139 4.3-5.3 ms instead of 0.6-0.8, twice in a row."""
 
     def __init__(self):
         self._local = threading.local()
 
     def _team(self, n: int):
-        """This thread's team for ``n`` threads: ``tids`` (kernel thread ids, the caller first) and
-        ``size`` (how many the team really has), asked once per requested count."""
+        """This thread's team for ``n`` threads: ``tids`` (kernel thread ids, the caller first),
+        ``size`` (how many the team really has) and ``cpu`` (the caller CPU the workers avoid, -1:
+        not placed), asked once per requested count."""
         st = self._local
         if getattr(st, "requested", None) != n:
             import numpy as np
@@ -225,28 +231,32 @@ class TeamPlacement:
             st.tids = np.zeros(max(n, 1), np.int64)
             st.size = _placement_library().tscomp_team_tids(st.tids.ctypes.data, n)
             st.addr = st.tids.ctypes.data
+            st.cpu = np.full(1, -1, np.int32)
+            st.cpu_addr = st.cpu.ctypes.data
+            st.asked = getattr(st, "asked", 0) if getattr(st, "requested", None) is None else 0
             st.requested = n
         return st
 
     def enter(self, n: int) -> bool:
-        """Before a call with ``n`` OpenMP threads: True if the workers were placed."""
-        last = getattr(self._local, "last_end", 0.0)
-        if n < 2 or time.perf_counter() - last < self.IDLE_S:
+        """Before a call with ``n`` OpenMP threads: True if the workers were (re)placed now."""
+        if n < 2:
             return False
         try:
             st = self._team(n)
-            placed = _placement_library().tscomp_place_workers(st.addr, st.size)
+            placed = _placement_library().tscomp_place_workers(st.addr, st.size, st.cpu_addr)
         except OSError:
             return False
-        if placed < st.size - 1:       # a worker exited (the pool was rebuilt): ask again next time
-            st.requested = None
+        if 0 <= placed < st.size - 1 and st.cpu[0] < 0 and st.asked < 3:
+            st.requested = None        # a worker exited (the pool was rebuilt): ask for the team again
+            st.asked += 1
         return placed > 0
 
-    def exit(self, placed: bool) -> None:
-        if placed:
-            st = self._local
+    def release(self) -> None:
+        """Give this thread's workers the caller's affinity back (they are placed again at the next call)."""
+        st = self._local
+        if getattr(st, "requested", None) is not None:
             _placement_library().tscomp_release_workers(st.addr, st.size)
-        self._local.last_end = time.perf_counter()
+            st.cpu[0] = -1
 
 
 team_placement = TeamPlacement()
