@@ -48,7 +48,6 @@ import numpy as np
 from tscomp.codegen.build import build_object, link_library, load_library
 from tscomp.codegen.native import sha256_text
 from tscomp.runtime.host_library import HOST_NAME
-from tscomp.codegen.cpu_gemm import aligned_copy
 from tscomp.compiler import CompiledModel
 from tscomp.errors import TscompError
 from tscomp.graph.symbols import shape_str
@@ -535,7 +534,7 @@ def _attach_weights(packs, blobs: BlobReader) -> None:
     jobs: dict = {}
     for kernel, entry in packs:
         if "packed" in entry:
-            kernel.packed = aligned_copy(np.asarray(blobs.view(entry["packed"])))
+            kernel.packed = blobs.get(entry["packed"])   # its own aligned copy (a view would keep the file's buffer)
             continue
         key = _pack_key(kernel, entry)
         if key not in jobs:
