@@ -28,7 +28,6 @@ import ctypes
 import functools
 import os
 import threading
-import time
 
 #: libgomp spin iterations before a waiting worker sleeps (default 300000)
 DEFAULT_SPINCOUNT = 10000
@@ -217,23 +216,33 @@ class TeamPlacement:
     parallel region (a tiny model at a short length): the next call that did woke it onto the
     caller's CPU -- tiny BERT at L = 139 4.3-5.3 ms instead of 0.6-0.8, twice in a row."""
 
+    #: times a thread asks for its team again after a worker could not be placed (a pool rebuilt
+    #: after a worker exited) before it stops asking: a lasting failure must not cost a parallel
+    #: region per call
+    MAX_REASKS = 3
+
+    class _State(threading.local):
+        """One calling thread's team: ``tids`` (kernel thread ids, the caller first), ``size`` (how
+        many the team really has), ``cpu`` (the caller CPU the workers avoid, -1: not placed)."""
+        requested: int | None = None      # the thread count the team was asked for
+        reasks = 0
+
     def __init__(self):
-        self._local = threading.local()
+        self._local = self._State()
 
     def _team(self, n: int):
-        """This thread's team for ``n`` threads: ``tids`` (kernel thread ids, the caller first),
-        ``size`` (how many the team really has) and ``cpu`` (the caller CPU the workers avoid, -1:
-        not placed), asked once per requested count."""
+        """This thread's team for ``n`` threads, asked once per requested count."""
         st = self._local
-        if getattr(st, "requested", None) != n:
+        if st.requested != n:
             import numpy as np
 
+            if st.requested is not None:     # another thread count: a new team, a fresh allowance
+                st.reasks = 0
             st.tids = np.zeros(max(n, 1), np.int64)
             st.size = _placement_library().tscomp_team_tids(st.tids.ctypes.data, n)
             st.addr = st.tids.ctypes.data
             st.cpu = np.full(1, -1, np.int32)
             st.cpu_addr = st.cpu.ctypes.data
-            st.asked = getattr(st, "asked", 0) if getattr(st, "requested", None) is None else 0
             st.requested = n
         return st
 
@@ -246,15 +255,15 @@ class TeamPlacement:
             placed = _placement_library().tscomp_place_workers(st.addr, st.size, st.cpu_addr)
         except OSError:
             return False
-        if 0 <= placed < st.size - 1 and st.cpu[0] < 0 and st.asked < 3:
+        if 0 <= placed < st.size - 1 and st.cpu[0] < 0 and st.reasks < self.MAX_REASKS:
             st.requested = None        # a worker exited (the pool was rebuilt): ask for the team again
-            st.asked += 1
+            st.reasks += 1
         return placed > 0
 
     def release(self) -> None:
         """Give this thread's workers the caller's affinity back (they are placed again at the next call)."""
         st = self._local
-        if getattr(st, "requested", None) is not None:
+        if st.requested is not None:
             _placement_library().tscomp_release_workers(st.addr, st.size)
             st.cpu[0] = -1
 
