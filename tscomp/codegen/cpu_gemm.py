@@ -1027,7 +1027,7 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     w_next = f"(jp + 1) * NR < nw ? wpanel + (int64_t)({panel}) : wblock + {k_rows('k0 + kl')}"
     # the L2 stream: pass ip covers the ip-th stretch of the next panel's K block (one line per k step,
     # the bf16 step being a pair-row, AMX's 16 of them); NR / 16 passes cover it all (AMX: a panel's
-    # later passes start over; the SIMD kernels' pass NULL and skip the prefetches)
+    # later passes start over; the SIMD kernels get NULL there and skip the prefetches)
     per_pass = 16 * L2_PREFETCH_LINES
     steps = f"((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2})" if bf16 else "kl"
     window = max(1, g.NR // per_pass) if per_pass else 0
