@@ -1,6 +1,8 @@
 """Building generated C: cache by content, clear errors, ISA detection."""
 import ctypes
 import pathlib
+import shutil
+import subprocess
 
 import pytest
 
@@ -42,3 +44,20 @@ def test_functions_start_on_a_cache_line_alone_and_linked_after_other_objects(tm
     linked = load_library(link_library([*objects, target], tmp_path / "linked.so"))
     for lib in (alone, linked):
         assert ctypes.cast(lib.add_one, ctypes.c_void_p).value % 64 == 0
+
+
+@pytest.mark.skipif(host_isa() != "avx512", reason="the wide-vector rule applies to AVX-512 hosts only")
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs objdump to read the generated code")
+def test_plain_loops_vectorize_with_512_bit_registers_on_avx512_hosts():
+    # the fused epilogues and elementwise kernels are plain `omp simd` loops: GCC's -march=native
+    # alone keeps them at 256 bits on Intel AVX-512 cores
+    loop = """
+    void scale(float* restrict y, const float* restrict x, long n)
+    {
+        #pragma omp simd
+        for (long i = 0; i < n; ++i) y[i] = x[i] * 2.0f + 1.0f;
+    }
+    """
+    obj = build_object(loop, "wide_loop")
+    code = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True, check=True).stdout
+    assert "zmm" in code

@@ -1,7 +1,8 @@
 """Building generated C into shared libraries, with a compile cache.
 
 Sources are compiled with the system C compiler (``$CC``, default ``cc``) as
-``-O3 -march=native -fopenmp -shared -fPIC -falign-functions=64``; the library lands in a cache
+``-O3 -march=native -fopenmp -shared -fPIC -falign-functions=64`` (and, on AVX-512 hosts,
+``-mprefer-vector-width=512``: :func:`vector_width_flags`); the library lands in a cache
 directory keyed by a hash of the source and the flags, so an unchanged kernel is
 never compiled twice. A compile error raises :class:`BuildError` naming the
 source file kept on disk and the compiler's first error lines.
@@ -38,6 +39,16 @@ BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"
 #: ``TSCOMP_SANITIZE=address`` builds every kernel with AddressSanitizer (``make test-asan``);
 #: the flags are part of the cache key, so sanitized and plain objects never mix
 SANITIZERS = {"address": ("-fsanitize=address", "-fno-omit-frame-pointer")}
+
+
+def vector_width_flags() -> tuple[str, ...]:
+    """``-mprefer-vector-width=512`` where the host has AVX-512. GCC's ``-march=native`` on
+    Intel AVX-512 cores vectorizes plain loops (the fused epilogues and row passes after a GEMM
+    tile, the elementwise, reduction and attention kernels) with 256-bit vectors only; the
+    GEMM micro-kernels use 512-bit intrinsics anyway, so the wider loops cost no clock speed.
+    Measured on a Sapphire Rapids guest: GPT-2's tanh-GELU epilogue 0.58 -> 0.44 ns per
+    element; whole models 0.98-0.99x the time (BERT-base, GPT-2-base, ViT-base)."""
+    return ("-mprefer-vector-width=512",) if host_isa() == "avx512" else ()
 
 
 def sanitize_flags() -> tuple[str, ...]:
@@ -99,7 +110,7 @@ def build_library(source: str, name: str, *, extra_flags: tuple[str, ...] = (),
 def build_object(source: str, name: str, *, extra_flags: tuple[str, ...] = ()) -> Path:
     """Compile ``source`` into a position-independent object file (cached by content), for
     :func:`link_library` to put many kernels into one shared library."""
-    flags = tuple(f for f in BASE_FLAGS if f != "-shared") + tuple(extra_flags) + sanitize_flags()
+    flags = (*(f for f in BASE_FLAGS if f != "-shared"), *vector_width_flags(), *extra_flags, *sanitize_flags())
     digest = hashlib.sha256((source + "\0" + " ".join(flags) + "\0" + compiler()).encode()).hexdigest()[:20]
     out_dir = cache_dir()
     obj = out_dir / f"{name}-{digest}.o"
