@@ -220,6 +220,20 @@ def test_generated_source_names_config_isa_epilogue_and_uses_the_isa_fma(isa, in
         assert f"Prefetch:   the weight panel {PREFETCH_K_STEPS} k steps ahead" in src
 
 
+@pytest.mark.parametrize("isa,precision,packs", [("avx512", "fp32", False), ("avx2", "fp32", False),
+                                                  ("scalar", "fp32", True), ("avx512", "bf16", True)])
+def test_fp32_simd_kernels_read_x_in_place_and_the_others_pack_it(isa, precision, packs):
+    # packing copied X once per task and K block (N / nc copies per call); the fp32 SIMD kernels
+    # broadcast X's elements from its rows (K floats apart) instead; bf16 converts X while packing
+    cfg = {"avx2": TileConfig(mr=8, nr=8, mc=64, nc=64, kc=64), "scalar": CONFIGS["scalar"][0]}.get(
+        isa, TileConfig(mr=8, nr=32, mc=64, nc=64, kc=64))
+    src = generate_gemm(cfg, 160, 96, isa, name="xk", precision=precision)
+    assert ("pack_x(X, m0, mv, k0, kl, xpack);" in src) == packs
+    assert ("X + (m0 + ip * MR) * (int64_t)K + k0" in src) == (not packs)
+    if not packs:
+        assert "xk[7 * K]" in _fma_loops(src)[0] and "X read in place" in src
+
+
 def _fma_loops(src: str) -> list[str]:
     """The bodies of the generated FMA loops, in source order (the full-height micro-kernel's first)."""
     def body(after_marker: str) -> str:   # up to the loop's closing brace (inside a branch or not)

@@ -6,17 +6,21 @@ integer argument, so one compiled kernel serves every M (TSCompiler's macro-kern
 
 Tiling (TSCompiler §5.1, see :mod:`tscomp.codegen.tile_config`): one OpenMP task computes an
 ``mc × nc`` block of Y (block tile ⟨T_Mb, T_Nb⟩), walking K in steps of ``kc`` (T_Kb). Per
-step it packs the ``mc × kc`` slice of X into ``mr``-row panels (k-major), then for every
-``nr``-column weight panel and every X panel runs the micro-kernel: an ``mr × nr`` tile of
-accumulators in SIMD registers (⟨T_Mi, T_Ni⟩) updated with broadcast-FMA over ``kc``.
+step, for every ``nr``-column weight panel and every ``mr``-row panel of X it runs the
+micro-kernel: an ``mr × nr`` tile of accumulators in SIMD registers (⟨T_Mi, T_Ni⟩) updated with
+broadcast-FMA over ``kc``. The fp32 SIMD kernels broadcast X's elements from X itself (``mr``
+rows ``K`` apart, each read along k: the hardware prefetchers follow ``mr`` streams); only the
+bf16, AMX and scalar kernels pack the ``mc × kc`` slice of X into ``mr``-row panels first
+(converted to bf16 pairs or AMX rows). Packing was a copy of X per task and K step, that is
+``N / nc`` copies of X per call: 2-7% of an fp32 GEMM's time at BERT-base's shapes.
 Partial sums between K steps live in a per-thread buffer laid out tile by tile; after the
 last step the epilogue is applied to the accumulators and the tile is stored once.
 
 Imperfect tiles use DietCode's local padding (§4.1): W's columns are zero-padded to a
-multiple of ``nr`` when it is packed (at compile time), X's rows past M are zero-filled when
-a partial panel is packed, so the FMA loop has no bounds checks at all; only the packing
-loads and the final store are guarded (masked stores on the last partial columns, a row
-test on the last partial rows).
+multiple of ``nr`` when it is packed (at compile time); the last, partial row panel runs a
+micro-kernel of exactly its height (or, where X is packed, reads zero-filled rows), so the
+FMA loop has no bounds checks at all; only the final store is guarded (masked stores on the
+last partial columns, a row test on the last partial rows).
 
 Packed weight layout (:func:`prepack_weights`): Np = N rounded up to ``nr``; W is cut into
 ``Np / nr`` panels of ``nr`` columns, panel ``p`` (columns ``[p·nr, p·nr + nr)``) occupying
@@ -71,6 +75,7 @@ tile registers in the parallel region; the kernel's library asks Linux for the t
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -255,6 +260,7 @@ class _Geometry:
     KC: int      # min(kc, K); bf16: rounded up to BF16_K_BLOCK when K takes several blocks
     precision: str = "fp32"
     l1: int = 32 * 1024   # the core's L1 data cache (bytes): whether a weight panel stays there between row passes
+    x_in_place: bool = False   # the micro-kernel reads X itself (fp32 SIMD), not packed X panels
 
     @staticmethod
     def of(cfg: TileConfig, K: int, N: int, precision: str = "fp32", l1: int | None = None) -> "_Geometry":
@@ -411,9 +417,10 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
     the row passes after a panel's first re-read it from L1 without prefetching it."""
     cfg.validate(isa)
     check_precision(precision, isa)
-    g = _Geometry.of(cfg, K, N, precision, l1)
     bf16 = precision == "bf16"
     amx = isa == "amx"
+    # fp32 SIMD kernels broadcast X's elements where X lies; bf16, AMX and scalar kernels pack it
+    g = dataclasses.replace(_Geometry.of(cfg, K, N, precision, l1), x_in_place=not bf16 and isa in ("avx2", "avx512"))
     name = _c_name(name)
     epi_params = "".join(f", {a.c_param()}" for a in epilogue.args) if epilogue else ""
     epi_names = "".join(f", {a.name}" for a in epilogue.args) if epilogue else ""
@@ -435,9 +442,9 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
  *              <T_Mi,T_Ni> = <{g.MR},{g.NR}> accumulators held in registers over each Kb step)
  * Epilogue:   {epi_text}
  * Row pass:   {(epilogue.row_label or 'row reduction') + ' over each task' + "'" + 's whole rows, after its last K step' if epilogue is not None and epilogue.row_pass.strip() else 'none'}
- * Padding:    local padding (DietCode 4.1): W columns zero-padded to {g.NP} when prepacked,
- *             X rows past M zero-filled while packing; only packing loads and the final
- *             store are guarded, the FMA loop never tests bounds.
+ * Padding:    local padding (DietCode 4.1): W columns zero-padded to {g.NP} when prepacked;
+ *             {_x_text(g)};
+ *             the FMA loop never tests bounds, the final store is guarded.
  * Prefetch:   {_prefetch_text(isa, g)}
  * Row tail:   {'the last row panel (M mod MR rows) runs a micro-kernel of exactly that height (FTuner: two tile sizes, no padded rows)' if isa not in ('scalar', 'amx') and g.MR > 1 else 'padded to MR rows'}
  */
@@ -469,7 +476,7 @@ static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
         _emit_pack_amx(emit, g)
     elif bf16:
         _emit_pack_bf16(emit, g)
-    else:
+    elif not g.x_in_place:
         _emit_pack(emit, g)
     _emit_micro_kernel(emit, g, isa, epilogue, epi_params, epi_names)
     rows = epilogue is not None and bool(epilogue.row_pass.strip())
@@ -507,6 +514,13 @@ def _prefetch_text(isa: str, g: "_Geometry") -> str:
              + ("on its first row pass (later passes find it in L1)" if g.panel_stays_in_l1
                 else "on every row pass (it is larger than L1)"))
     return f"{panel};\n *             {stream}" if stream else panel
+
+
+def _x_text(g: _Geometry) -> str:
+    if g.x_in_place:
+        return ("X read in place (MR rows K floats apart, no packing); the last row panel runs a kernel\n"
+                " *             of exactly its height, so no row past M is read")
+    return "X packed per task and K block into MR-row panels, rows past M zero-filled"
 
 
 def _isa_text(isa: str, g: _Geometry) -> str:
@@ -728,7 +742,7 @@ def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, 
     const {_operand(g)}* restrict wn, int pull, float* restrict ct,
     int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{epi_params}"""
     emit(f"""/* Micro-kernel: an MR x NR tile of accumulators over kl steps of k.
- *   xp: packed X panel (k-major, MR per k); wp: packed W panel (k-major, NR per k);
+ *   xp: {_xp_text(g)}; wp: packed W panel (k-major, NR per k);
  *   wn: a stretch of weights to pull into L2 meanwhile (one cache line per k step), or NULL;
  *   pull: prefetch wp's panel into L1 ahead of use (SIMD kernels; the panel's first row pass);
  *   ct: this tile's slot in the per-thread partial-sum buffer (MR*NR floats);
@@ -773,6 +787,11 @@ static __attribute__((noinline)) void micro_kernel_tail(int64_t rows, {params})
     }}
 }}
 """)
+
+
+def _xp_text(g: _Geometry) -> str:
+    return "X at the tile's first row, column k0 (its MR rows K floats apart)" if g.x_in_place else \
+        "packed X panel (k-major, MR per k)"
 
 
 def _operand(g: _Geometry) -> str:
@@ -829,7 +848,7 @@ L2_PREFETCH_LINES = 1
 
 def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, elem: str, vtype: str, *,
                  load, broadcast, madd, add=None, zero: str = "", acc_type: str = "", sets: int = 1,
-                 prefetch: int = 0, stream_lines: int = 0, indent: str = "") -> None:
+                 prefetch: int = 0, stream_lines: int = 0, indent: str = "", x_row_stride: str = "") -> None:
     """The register tile's inner loop over ``count`` packed K steps (one fp32 k, or one bf16 pair):
     per step ``nvec`` W-panel vectors, then per row of the tile one broadcast X element multiplied
     into the row's accumulators (``madd(x, w, acc)``). With ``sets`` > 1 (a tile too small to hide
@@ -837,10 +856,12 @@ def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, e
     the loop. ``prefetch`` > 0: each step prefetches the weight panel that many steps ahead into L1
     (past the K block's end, that is the same panel's next K rows); ``stream_lines`` > 0: each step
     also pulls that many cache lines of the stretch ``wn`` into L2 (the macro-kernel's weight stream).
-    ``indent`` prefixes every line (the loop inside a branch)."""
+    ``indent`` prefixes every line (the loop inside a branch). ``x_row_stride``: X is read in place,
+    row r of the tile at ``xp + r * x_row_stride`` (else X is a packed panel, MR elements per k)."""
     emit = (lambda line, _emit=emit: _emit(indent + line)) if indent else emit
     def step(kk: str, indent: str, names) -> None:
-        emit(f"{indent}{{ const {elem}* restrict wk = wp + ({kk}) * NR; const {elem}* restrict xk = xp + ({kk}) * MR;")
+        xk = f"xp + ({kk})" if x_row_stride else f"xp + ({kk}) * MR"
+        emit(f"{indent}{{ const {elem}* restrict wk = wp + ({kk}) * NR; const {elem}* restrict xk = {xk};")
         for c in range(nvec):
             emit(f"{indent}  const {vtype} w{c} = {load(f'wk + {c * W}')};")
         if prefetch:          # the weight panel PREFETCH_K_STEPS ahead, one prefetch per cache line
@@ -850,7 +871,8 @@ def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, e
             emit(f"{indent}  _mm_prefetch((const char*)(wn + ({kk}) * {16 * stream_lines}) + {64 * line}, "
                  f"_MM_HINT_T1);  /* the weight stream into L2 */")
         for r, row in enumerate(names):
-            emit(f"{indent}  {{ const {vtype} x = {broadcast(f'xk[{r}]')}; "
+            x = f"xk[{r} * {x_row_stride}]" if x_row_stride else f"xk[{r}]"
+            emit(f"{indent}  {{ const {vtype} x = {broadcast(x)}; "
                  + " ".join(f"{a} = {madd('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
         emit(f"{indent}}}")
 
@@ -906,7 +928,7 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None, rows
         else:
             _emit_k_loop(emit, accs, nvec, W, "k", "kl", "FMA loop", "float", v.type,
                          load=v.load, broadcast=v.set1, madd=v.fma, prefetch=prefetch, stream_lines=stream_lines,
-                         indent="    ", **latency)
+                         indent="    ", x_row_stride="K" if g.x_in_place else "", **latency)
 
     if g.precision == "bf16":
         emit("    const int64_t kq = (kl + 1) / 2;   /* bf16 pairs: the K step is 2 */")
@@ -1042,6 +1064,12 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     x_panel = "MR * KCP" if amx else "MR * KQ" if bf16 else "MR * KC"
     x_op = _x_operand(g, amx)
     x_block = "KCP" if amx else "KQ" if bf16 else "KC"
+    in_place = g.x_in_place   # the micro-kernel reads X where it lies: no per-thread X panels
+    x_tile = "X + (m0 + ip * MR) * (int64_t)K + k0" if in_place else f"xpack + ip * ({x_panel})"
+    xpack_alloc = "" if in_place else (f"\n        {x_op}* xpack = ({x_op}*)aligned_alloc(64, (sizeof({x_op}) * MC * "
+                                       f"{x_block} + 63) / 64 * 64);")
+    pack_step = "" if in_place else "\n                pack_x(X, m0, mv, k0, kl, xpack);"
+    xpack_free = "" if in_place else "\n        free(xpack);"
     tiles_on = "\n        amx_configure();   /* this thread's tile registers: 16 rows x 64 bytes each */" if amx else ""
     tiles_off = "\n        _tile_release();" if amx else ""
     emit(f"""/* Macro-kernel: tasks = ceil(M / MC) balanced row blocks x N_NBLOCKS block tiles, shared among the OpenMP
@@ -1056,8 +1084,7 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
     const int64_t n_tasks = n_mblocks * N_NBLOCKS;
     #pragma omp parallel if (n_tasks > 1)
     {{{tiles_on}
-        /* per-thread workspaces (sizes rounded up to the 64-byte alignment, as C11 asks) */
-        {x_op}* xpack = ({x_op}*)aligned_alloc(64, (sizeof({x_op}) * MC * {x_block} + 63) / 64 * 64);
+        /* per-thread workspaces (sizes rounded up to the 64-byte alignment, as C11 asks) */{xpack_alloc}
         float* cbuf = {'NULL' if single else '(float*)aligned_alloc(64, (sizeof(float) * MC * NC + 63) / 64 * 64)'};
         #pragma omp for schedule(dynamic, 1)  /* tasks are large; dynamic rides out a busy core */
         for (int64_t t = 0; t < n_tasks; ++t) {{
@@ -1066,8 +1093,7 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
             const int64_t j0 = nb * NC, nw = min_i64(NC, NP - j0);  /* nw: a multiple of NR */
             const {op}* wblock = {w_base};
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
-                const int64_t k0 = kb * KC, kl = min_i64(KC, K - k0);
-                pack_x(X, m0, mv, k0, kl, xpack);
+                const int64_t k0 = kb * KC, kl = min_i64(KC, K - k0);{pack_step}
                 const {op}* wk = {w_kblock};
                 for (int64_t jp = 0; jp * NR < nw; ++jp) {{
                     const {op}* wpanel = {w_panel};
@@ -1082,16 +1108,15 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
                         const {op}* wn = {w_stream};
                         const int pull = {pull};
                         if (rows == MR)
-                            micro_kernel(kl, xpack + ip * ({x_panel}), wpanel, wn, pull, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
+                            micro_kernel(kl, {x_tile}, wpanel, wn, pull, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
                                          Y, m0 + ip * MR, jj, MR, nv{epi_names});
                         else  /* the last row panel: a kernel of exactly its height (no padded rows computed) */
-                            micro_kernel_tail(rows, kl, xpack + ip * ({x_panel}), wpanel, wn, pull, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
+                            micro_kernel_tail(rows, kl, {x_tile}, wpanel, wn, pull, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
                                               Y, m0 + ip * MR, jj, rows, nv{epi_names});
                     }}
                 }}
             }}{after}
-        }}{rows_after}
-        free(xpack);
+        }}{rows_after}{xpack_free}
         free(cbuf);{tiles_off}
     }}
 }}
