@@ -18,6 +18,11 @@ never-seen length that runs the very same variants (so their code and weights ar
 A shape is new only once per process, so each first call is one sample of a ~0.1 ms call on a
 noisy machine: ``--processes N`` repeats the whole measurement in N fresh processes, one after
 the other, and reports the per-length medians.
+
+``--onnx MODEL`` runs the very same call pattern (reference calls, first call, steady calls) on
+onnxruntime in the same process, after tscomp, and adds its first/steady column: what a shape
+switch costs a peer on this machine (the caches and predictors a switch leaves cold), next to
+tscomp's.
 """
 from __future__ import annotations
 
@@ -36,10 +41,28 @@ from tscomp.sample_inputs import random_inputs
 REFERENCE_LENGTH = 64
 
 
-def _timed(rt, inputs) -> float:
+def _timed(call, inputs) -> float:
     t = time.perf_counter()
-    rt.run(inputs)
+    call(inputs)
     return time.perf_counter() - t
+
+
+def _switch_pattern(call, request, reference) -> tuple[float, list[float]]:
+    """Reference calls, then the first call at ``request`` and 7 more (steady): (first, steady)."""
+    for _ in range(3):
+        call(reference)
+    first = _timed(call, request)
+    return first, [_timed(call, request) for _ in range(7)]
+
+
+def _ort_call(onnx: str, threads: int):
+    """``call(inputs)`` running the ONNX model on onnxruntime with ``threads`` intra-op threads."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(onnx, so, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    return lambda inputs: sess.run(None, {n: inputs[n] for n in names})
 
 
 def measure(args) -> list[dict]:
@@ -54,21 +77,25 @@ def measure(args) -> list[dict]:
     reference = requests[REFERENCE_LENGTH]
     rows = []
     for L in lengths:
-        for _ in range(3):
-            rt.run(reference)
-        first = _timed(rt, requests[L])
-        steady, over = [], []
-        for _ in range(7):
-            steady.append(_timed(rt, requests[L]))
+        over = []
+        def call(inputs):
+            rt.run(inputs)
             over.append(rt.last_call_overhead)
+        first, steady = _switch_pattern(call, requests[L], reference)
         for _ in range(3):
             rt.run(reference)
-        seen = _timed(rt, requests[L])
+        seen = _timed(rt.run, requests[L])
         rows.append({"L": L, "first": first, "seen": seen, "steady": statistics.median(steady),
-                     "overhead": statistics.median(over), "load": load, "executor": rt.executor})
+                     "overhead": statistics.median(over[-7:]), "load": load, "executor": rt.executor})
     used = set(lengths) | {REFERENCE_LENGTH}
     for row in rows:
         row["warm"] = _first_with_warm_variants(rt, base, row["L"], used, reference)
+    if args.onnx:     # the peer, same pattern, after tscomp (its own first calls: the same lengths are new to it)
+        peer = _ort_call(args.onnx, args.threads)
+        peer(requests[REFERENCE_LENGTH])
+        for row in rows:
+            first, steady = _switch_pattern(peer, requests[row["L"]], reference)
+            row["ort_first_steady"] = first / statistics.median(steady)
     return rows
 
 
@@ -89,8 +116,8 @@ def _first_with_warm_variants(rt, base: dict, near: int, used: set, reference) -
         rt.run(reference)
     for _ in range(2):
         rt.run(inputs[twin])
-    first = _timed(rt, inputs[target])
-    steady = statistics.median(_timed(rt, inputs[target]) for _ in range(7))
+    first = _timed(rt.run, inputs[target])
+    steady = statistics.median(_timed(rt.run, inputs[target]) for _ in range(7))
     return first / steady
 
 
@@ -101,6 +128,7 @@ def main() -> None:
     ap.add_argument("--executor", default="native", choices=["native", "python"])
     ap.add_argument("--lengths", default="1,2,3,4,5,6,7,8,9,21,39,90,139,202,287,374,498")
     ap.add_argument("--processes", type=int, default=1, help="repeat in this many fresh processes (medians)")
+    ap.add_argument("--onnx", default="", help="the source ONNX model: onnxruntime's first/steady under the same pattern")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -109,13 +137,15 @@ def main() -> None:
     runs = []
     for _ in range(args.processes):
         cmd = [sys.executable, "-m", "benchmarks.first_call", "--child", "--artifact", args.artifact,
-               "--threads", str(args.threads), "--executor", args.executor, "--lengths", args.lengths]
+               "--threads", str(args.threads), "--executor", args.executor, "--lengths", args.lengths,
+               "--onnx", args.onnx]
         runs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]))
     print(f"{args.artifact}: executor {runs[0][0]['executor']}, load + verify + warm-up "
           f"{statistics.median(r[0]['load'] for r in runs):.2f} s; medians over {len(runs)} process(es)")
     print(f"{'sequence':>8}  {'first ms':>9}  {'seen ms':>8}  {'steady ms':>9}  {'first/steady':>12}  "
-          f"{'seen/steady':>11}  {'first/seen':>10}  {'overhead us':>11}  {'warm-first/steady':>17}")
-    cols = {"fs": [], "ss": [], "fn": [], "ov": []}
+          f"{'seen/steady':>11}  {'first/seen':>10}  {'overhead us':>11}  {'warm-first/steady':>17}"
+          + (f"  {'ort first/steady':>16}" if args.onnx else ""))
+    cols = {"fs": [], "ss": [], "fn": [], "ov": [], "ort": []}
     for k, L in enumerate(r["L"] for r in runs[0]):
         med = {key: statistics.median(run[k][key] for run in runs) for key in ("first", "seen", "steady", "overhead")}
         fs = statistics.median(run[k]["first"] / run[k]["steady"] for run in runs)
@@ -124,13 +154,20 @@ def main() -> None:
         for key, v in zip(cols, (fs, ss, fn, med["overhead"])):
             cols[key].append(v)
         warm = [run[k]["warm"] for run in runs if run[k]["warm"] is not None]
+        peer = ""
+        if args.onnx:
+            cols["ort"].append(statistics.median(run[k]["ort_first_steady"] for run in runs))
+            peer = f"  {cols['ort'][-1]:16.2f}"
         print(f"{L:>8}  {med['first'] * 1e3:9.3f}  {med['seen'] * 1e3:8.3f}  {med['steady'] * 1e3:9.3f}  {fs:12.2f}  "
               f"{ss:11.2f}  {fn:10.2f}  {med['overhead'] * 1e6:11.1f}  "
-              f"{statistics.median(warm) if warm else float('nan'):17.2f}")
+              f"{statistics.median(warm) if warm else float('nan'):17.2f}{peer}")
     print(f"first/steady: max {max(cols['fs']):.2f}, median {statistics.median(cols['fs']):.2f} (target <= 1.10); "
           f"seen/steady: max {max(cols['ss']):.2f}; first/seen: max {max(cols['fn']):.2f}, "
           f"median {statistics.median(cols['fn']):.2f}; overhead per call: median "
           f"{statistics.median(cols['ov']) * 1e6:.1f} us")
+    if args.onnx:
+        print(f"onnxruntime under the same pattern, first/steady: max {max(cols['ort']):.2f}, "
+              f"median {statistics.median(cols['ort']):.2f}")
 
 
 if __name__ == "__main__":
