@@ -6,7 +6,7 @@ import pytest
 from scipy.special import erf
 
 from tscomp.codegen.build import host_isa
-from tscomp.codegen.cpu_gemm import (PREFETCH_K_STEPS, Epilogue, EpilogueArg, GemmError, GemmKernel, generate_gemm,
+from tscomp.codegen.cpu_gemm import (L2_STREAM_K_STRIDE, PREFETCH_K_STEPS, Epilogue, EpilogueArg, GemmError, GemmKernel, generate_gemm,
                                      packed_size, prepack_weights)
 from tscomp.codegen.tile_config import (REGISTER_TILES, VECTOR_WIDTH, CacheSizes, TileConfig,
                                         TileConfigError, candidate_configs)
@@ -207,10 +207,13 @@ def test_generated_source_names_config_isa_epilogue_and_uses_the_isa_fma(isa, in
            "const float* restrict bias)" in src
     other = {"avx512": "_mm256_", "avx2": "_mm512_", "scalar": "_mm"}[isa]
     assert other not in src
-    # local padding: the FMA loop of the micro-kernel has no bounds tests
+    # local padding: the FMA loop of the micro-kernel has no bounds tests (its one test picks the
+    # k steps that stream the next weight panel into L2, every L2_STREAM_K_STRIDE-th)
     body = _fma_loops(src)[0]
     assert "fma" in body
-    assert "if" not in body and "?" not in body
+    stream_test = "if (!((k) & ((1 << stream_log2) - 1))) {  /* the weight stream into L2 */"
+    assert (stream_test in body) == (isa != "scalar")
+    assert "if" not in body.replace(stream_test, "") and "?" not in body
     # the weight panel is prefetched PREFETCH_K_STEPS ahead, one prefetch per cache line of a k step
     if isa == "scalar":
         assert "_mm_prefetch" not in src and "Prefetch:   none" in src
@@ -254,6 +257,12 @@ def test_later_row_passes_skip_the_l1_prefetch_only_when_the_panel_fits_l1(l1_ki
     stream = "/* the weight stream into L2 */"
     first, later, last = _fma_loops(src)[:3]
     assert l1_prefetch in first and stream in first
+    # the stream: the 48-wide panel's K block (3 lines per k step) over 3 row passes at a line per k
+    # step, or over 3 x L2_STREAM_K_STRIDE passes at a line per L2_STREAM_K_STRIDE k steps in a task
+    # that has that many passes
+    every = L2_STREAM_K_STRIDE
+    assert f"const int stream_log2 = (mv + MR - 1) / MR >= {3 * every} ? {every.bit_length() - 1} : 0;" in src
+    assert "ip < (3 << stream_log2) ? wnext + ip * (((kl) + (1 << stream_log2) - 1) >> stream_log2) * 16 : NULL" in src
     if pulls_on_every_pass:
         assert "const int pull = 1;" in src
         assert l1_prefetch in later and stream not in later

@@ -105,7 +105,7 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RESERVED = {
     "X", "Wp", "Y", "M", "N", "K", "NP", "MR", "NR", "MC", "NC", "KC", "N_NBLOCKS", "N_KBLOCKS",
     "acc", "i", "j", "r", "c", "k", "x", "tile", "yrow", "acc_t", "xp", "wp", "wn", "ct", "first", "last",
-    "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock",
+    "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock", "pull", "stream_log2",
     "kb", "k0", "jp", "wpanel", "wnext", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks", "mc",
     "min_i64", "pack_x", "ts_bf16_row", "micro_kernel", "micro_kernel_tail", "rows", "row_pass", "a_prologue", "Xa", "tscomp_erff",
     "int", "float", "double", "char", "void", "const", "restrict", "return", "if", "else", "for",
@@ -508,8 +508,9 @@ def _prefetch_text(isa: str, g: "_Geometry") -> str:
     if isa == "amx":
         return (f"the weight stream {L2_PREFETCH_LINES} cache line(s) per K row into L2, the next panel"
                 if L2_PREFETCH_LINES else "none (hardware prefetchers only)")
-    stream = (f"the weight stream {L2_PREFETCH_LINES} cache line(s) per K row into L2 (the next panel, spread over "
-              f"the first NR/16 row passes)" if L2_PREFETCH_LINES else "")
+    stream = (f"the weight stream {L2_PREFETCH_LINES} cache line(s) per K row into L2 (the next panel, spread over the "
+              f"first NR/16 row passes; per {L2_STREAM_K_STRIDE} K rows over {L2_STREAM_K_STRIDE} x NR/16 passes in a task "
+              f"that has that many)" if L2_PREFETCH_LINES else "")
     panel = (f"the weight panel {PREFETCH_K_STEPS} k steps ahead into L1 "
              + ("on its first row pass (later passes find it in L1)" if g.panel_stays_in_l1
                 else "on every row pass (it is larger than L1)"))
@@ -739,12 +740,13 @@ def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, 
     computes exactly its rows instead of a zero-padded second panel (12). The panel layout is the
     same (a partial panel is still packed MR wide); only the rows the kernel reads differ."""
     params = f"""int64_t kl, const {_x_operand(g, isa == 'amx')}* restrict xp, const {_operand(g)}* restrict wp,
-    const {_operand(g)}* restrict wn, int pull, float* restrict ct,
+    const {_operand(g)}* restrict wn, int pull, int stream_log2, float* restrict ct,
     int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{epi_params}"""
     emit(f"""/* Micro-kernel: an MR x NR tile of accumulators over kl steps of k.
  *   xp: {_xp_text(g)}; wp: packed W panel (k-major, NR per k);
  *   wn: a stretch of weights to pull into L2 meanwhile (one cache line per k step), or NULL;
  *   pull: prefetch wp's panel into L1 ahead of use (SIMD kernels; the panel's first row pass);
+ *   stream_log2: the stream pulls its line on every (1 << stream_log2)-th k step (SIMD kernels);
  *   ct: this tile's slot in the per-thread partial-sum buffer (MR*NR floats);
  *   first: start from zero (else from ct); last: apply the epilogue and store to Y
  *   (else save the partial sums to ct). (i0, j0): tile origin in Y; mv x nv: its valid
@@ -762,7 +764,7 @@ static inline __attribute__((always_inline)) void micro_kernel(
 static inline void micro_kernel_tail(int64_t rows, {params})
 {{
     (void)rows;
-    micro_kernel(kl, xp, wp, wn, pull, ct, first, last, Y, i0, j0, mv, nv{epi_names});
+    micro_kernel(kl, xp, wp, wn, pull, stream_log2, ct, first, last, Y, i0, j0, mv, nv{epi_names});
 }}
 """)
         return
@@ -775,7 +777,7 @@ static __attribute__((noinline)) void micro_kernel_{rows}(
 {{""")
         _emit_simd_body(emit, g, _Vec(isa), epilogue, rows)
         emit("}\n")
-    cases = "\n".join(f"        case {r}: micro_kernel_{r}(kl, xp, wp, wn, pull, ct, first, last, Y, i0, j0, mv, nv"
+    cases = "\n".join(f"        case {r}: micro_kernel_{r}(kl, xp, wp, wn, pull, stream_log2, ct, first, last, Y, i0, j0, mv, nv"
                       f"{epi_names}); return;" for r in range(1, g.MR))
     emit(f"""/* The last row panel (0 < rows < MR valid): the micro-kernel of exactly that height. Kept out of
  * line, like the kernels it calls, so that the full-height kernel's loop is compiled as before. */
@@ -841,9 +843,21 @@ def accumulator_sets(rows: int, nvec: int, max_accumulators: int) -> int:
 #: M=498 5161 -> 4866 us, and 7-20% on K=3072 N=768; 8 steps ahead gained a little less, 32 less.
 PREFETCH_K_STEPS = 16
 
-#: cache lines of the weight stream each k step pulls into L2 ahead of its use (see the macro-kernel's
-#: ``wn``): 0 turns the stream prefetch off
+#: cache lines of the weight stream each streaming k step pulls into L2 ahead of its use (see the
+#: macro-kernel's ``wn``): 0 turns the stream prefetch off
 L2_PREFETCH_LINES = 1
+
+#: k steps per streaming k step (a power of two) in a task with at least L2_STREAM_K_STRIDE x NR/16
+#: row passes per panel: the SIMD kernels then pull a line of the next panel on every
+#: L2_STREAM_K_STRIDE-th k step, the stream spread over that many times the passes (a task with fewer
+#: rows streams on every k step: it has no passes to spare). One line per k step fetched the next
+#: panel within its first NR/16 passes at a rate (a 147 KB panel in ~9 us) above what one core of a
+#: big server part draws from memory; the queued prefetches then held up the loop's own loads.
+#: Measured (Xeon with AVX-512, 2 threads, weights rotated over 160 MB; every k step -> every second):
+#: K=3072 N=768 r8x48_b64x384x768 M=64 1.033 -> 0.916 ms, M=128 1.991 -> 1.786, M=256 3.549 -> 3.407;
+#: K=768 N=3072 r8x48_b256x768x192 M=64 1.014 -> 0.854, M=139 1.835 -> 1.726; warm weights unchanged.
+#: Every fourth: worse again (too few passes left to cover the panel).
+L2_STREAM_K_STRIDE = 2
 
 
 def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, elem: str, vtype: str, *,
@@ -867,9 +881,13 @@ def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, e
         if prefetch:          # the weight panel PREFETCH_K_STEPS ahead, one prefetch per cache line
             for line in range(0, nvec * W * 4, 64):
                 emit(f"{indent}  _mm_prefetch((const char*)(wk + {prefetch} * NR) + {line}, _MM_HINT_T0);")
-        for line in range(stream_lines):   # and ``stream_lines`` lines of the stretch ``wn`` into L2
-            emit(f"{indent}  _mm_prefetch((const char*)(wn + ({kk}) * {16 * stream_lines}) + {64 * line}, "
-                 f"_MM_HINT_T1);  /* the weight stream into L2 */")
+        if stream_lines:   # and ``stream_lines`` lines of the stretch ``wn`` into L2 every (1 << stream_log2)-th step
+            step_line = f"(({kk}) >> stream_log2)"
+            emit(f"{indent}  if (!(({kk}) & ((1 << stream_log2) - 1))) {{  /* the weight stream into L2 */")
+            for line in range(stream_lines):
+                emit(f"{indent}    _mm_prefetch((const char*)(wn + {step_line} * {16 * stream_lines}) + {64 * line}, "
+                     f"_MM_HINT_T1);")
+            emit(f"{indent}  }}")
         for r, row in enumerate(names):
             x = f"xk[{r} * {x_row_stride}]" if x_row_stride else f"xk[{r}]"
             emit(f"{indent}  {{ const {vtype} x = {broadcast(x)}; "
@@ -1047,9 +1065,10 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     w_kblock = f"wblock + {k_rows('k0')}"
     w_panel = f"wk + jp * (int64_t)({panel})"
     w_next = f"(jp + 1) * NR < nw ? wpanel + (int64_t)({panel}) : wblock + {k_rows('k0 + kl')}"
-    # the L2 stream: pass ip covers the ip-th stretch of the next panel's K block (one line per k step,
-    # the bf16 step being a pair-row, AMX's 16 of them); NR / 16 passes cover it all (AMX: a panel's
-    # later passes start over; the SIMD kernels get NULL there and skip the prefetches)
+    # the L2 stream: pass ip covers the ip-th stretch of the next panel's K block (SIMD: one line per
+    # L2_STREAM_K_STRIDE k steps, the bf16 step being a pair-row; AMX: one per pair-row, 16 per tile
+    # step); L2_STREAM_K_STRIDE x NR / 16 passes cover it all (AMX: NR / 16, and a panel's later passes
+    # start over; the SIMD kernels get NULL there and skip the prefetches)
     per_pass = 16 * L2_PREFETCH_LINES
     steps = f"((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2})" if bf16 else "kl"
     window = max(1, g.NR // per_pass) if per_pass else 0
@@ -1058,7 +1077,10 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     elif amx:
         w_stream = f"wnext + (ip % {window}) * ({steps} * {per_pass})"
     else:
-        w_stream = f"ip < {window} ? wnext + ip * ({steps} * {per_pass}) : NULL"
+        w_stream = f"ip < ({window} << stream_log2) ? wnext + ip * ((({steps}) + (1 << stream_log2) - 1) >> stream_log2) * {per_pass} : NULL"
+    # a task with enough row passes spreads the stream over L2_STREAM_K_STRIDE times as many (SIMD)
+    stride_shift = L2_STREAM_K_STRIDE.bit_length() - 1
+    stream_log2 = "0" if amx or not per_pass else f"(mv + MR - 1) / MR >= {window * L2_STREAM_K_STRIDE} ? {stride_shift} : 0"
     # the panel into L1 on its first row pass; the later passes find it there unless it is larger than L1
     pull = "ip == 0" if g.panel_stays_in_l1 else "1"
     x_panel = "MR * KCP" if amx else "MR * KQ" if bf16 else "MR * KC"
@@ -1091,6 +1113,7 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
             const int64_t nb = t / n_mblocks, mb = t % n_mblocks;
             const int64_t m0 = mb * mc, mv = min_i64(mc, M - m0);
             const int64_t j0 = nb * NC, nw = min_i64(NC, NP - j0);  /* nw: a multiple of NR */
+            const int stream_log2 = {stream_log2};  /* log2 of the stream's k-step stride */
             const {op}* wblock = {w_base};
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
                 const int64_t k0 = kb * KC, kl = min_i64(KC, K - k0);{pack_step}
@@ -1108,10 +1131,10 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
                         const {op}* wn = {w_stream};
                         const int pull = {pull};
                         if (rows == MR)
-                            micro_kernel(kl, {x_tile}, wpanel, wn, pull, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
+                            micro_kernel(kl, {x_tile}, wpanel, wn, pull, stream_log2, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
                                          Y, m0 + ip * MR, jj, MR, nv{epi_names});
                         else  /* the last row panel: a kernel of exactly its height (no padded rows computed) */
-                            micro_kernel_tail(rows, kl, {x_tile}, wpanel, wn, pull, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
+                            micro_kernel_tail(rows, kl, {x_tile}, wpanel, wn, pull, stream_log2, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
                                               Y, m0 + ip * MR, jj, rows, nv{epi_names});
                     }}
                 }}
