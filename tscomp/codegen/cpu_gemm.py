@@ -744,7 +744,7 @@ def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, 
     int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{epi_params}"""
     emit(f"""/* Micro-kernel: an MR x NR tile of accumulators over kl steps of k.
  *   xp: {_xp_text(g)}; wp: packed W panel (k-major, NR per k);
- *   wn: a stretch of weights to pull into L2 meanwhile (one cache line per k step), or NULL;
+ *   wn: a stretch of weights to pull into L2 meanwhile (one cache line per streaming k step), or NULL;
  *   pull: prefetch wp's panel into L1 ahead of use (SIMD kernels; the panel's first row pass);
  *   stream_log2: the stream pulls its line on every (1 << stream_log2)-th k step (SIMD kernels);
  *   ct: this tile's slot in the per-thread partial-sum buffer (MR*NR floats);
@@ -851,8 +851,9 @@ L2_PREFETCH_LINES = 1
 #: row passes per panel: the SIMD kernels then pull a line of the next panel on every
 #: L2_STREAM_K_STRIDE-th k step, the stream spread over that many times the passes (a task with fewer
 #: rows streams on every k step: it has no passes to spare). One line per k step fetched the next
-#: panel within its first NR/16 passes at a rate (a 147 KB panel in ~9 us) above what one core of a
-#: big server part draws from memory; the queued prefetches then held up the loop's own loads.
+#: panel within its first NR/16 passes, a 147 KB panel in ~9 us (~16 GB/s from one core); our reading,
+#: not measured directly, is that this is more than one core draws from memory here and the queued
+#: prefetches held up the loop's own loads.
 #: Measured (Xeon with AVX-512, 2 threads, weights rotated over 160 MB; every k step -> every second):
 #: K=3072 N=768 r8x48_b64x384x768 M=64 1.033 -> 0.916 ms, M=128 1.991 -> 1.786, M=256 3.549 -> 3.407;
 #: K=768 N=3072 r8x48_b256x768x192 M=64 1.014 -> 0.854, M=139 1.835 -> 1.726; warm weights unchanged.
@@ -1080,7 +1081,7 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
         w_stream = f"ip < ({window} << stream_log2) ? wnext + ip * ((({steps}) + (1 << stream_log2) - 1) >> stream_log2) * {per_pass} : NULL"
     # a task with enough row passes spreads the stream over L2_STREAM_K_STRIDE times as many (SIMD)
     stride_shift = L2_STREAM_K_STRIDE.bit_length() - 1
-    stream_log2 = "0" if amx or not per_pass else f"(mv + MR - 1) / MR >= {window * L2_STREAM_K_STRIDE} ? {stride_shift} : 0"
+    stride_rule = "0" if amx or not per_pass else f"(mv + MR - 1) / MR >= {window * L2_STREAM_K_STRIDE} ? {stride_shift} : 0"
     # the panel into L1 on its first row pass; the later passes find it there unless it is larger than L1
     pull = "ip == 0" if g.panel_stays_in_l1 else "1"
     x_panel = "MR * KCP" if amx else "MR * KQ" if bf16 else "MR * KC"
@@ -1113,7 +1114,7 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
             const int64_t nb = t / n_mblocks, mb = t % n_mblocks;
             const int64_t m0 = mb * mc, mv = min_i64(mc, M - m0);
             const int64_t j0 = nb * NC, nw = min_i64(NC, NP - j0);  /* nw: a multiple of NR */
-            const int stream_log2 = {stream_log2};  /* log2 of the stream's k-step stride */
+            const int stream_log2 = {stride_rule};  /* log2 of the stream's k-step stride */
             const {op}* wblock = {w_base};
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
                 const int64_t k0 = kb * KC, kl = min_i64(KC, K - k0);{pack_step}
