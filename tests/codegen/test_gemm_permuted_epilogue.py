@@ -31,12 +31,20 @@ def _save(tmp_path, name, nodes, inputs, outputs, inits):
     return path
 
 
-def _convnext_tail(tmp_path, C=8):
+def _convnext_tail(tmp_path, C=8, patchify=False):
+    """The block alone on an [B, C, H, W] input, or (``patchify``) after a stride-4 patch Conv of an
+    image, so that the block's spatial extents are ``floor(H/4)`` and ``floor(W/4)``: expressions
+    whose positivity only the symbol ranges tell."""
     rng = np.random.default_rng(0)
     W1 = rng.standard_normal((C, 4 * C)).astype(np.float32) / np.sqrt(C)
     W2 = rng.standard_normal((4 * C, C)).astype(np.float32) / np.sqrt(4 * C)
     b1, b2, g = (rng.standard_normal(n).astype(np.float32) for n in (4 * C, C, C))
-    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+    stem, inits, image = [], [], ["B", C, "H", "W"]
+    if patchify:
+        stem = [helper.make_node("Conv", ["image", "Wp"], ["x"], kernel_shape=[4, 4], strides=[4, 4])]
+        inits = [_t("Wp", rng.standard_normal((C, 3, 4, 4)).astype(np.float32) / 7)]
+        image = ["B", 3, "H", "W"]
+    nodes = stem + [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
              helper.make_node("MatMul", ["t", "W1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["a1"]),
              helper.make_node("Relu", ["a1"], ["r1"]),
              helper.make_node("MatMul", ["r1", "W2"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["a2"]),
@@ -44,9 +52,10 @@ def _convnext_tail(tmp_path, C=8):
              helper.make_node("Transpose", ["s2"], ["p2"], perm=[0, 3, 1, 2]),
              helper.make_node("Add", ["p2", "x"], ["y"])]
     return _save(tmp_path, "convnext_tail", nodes,
-                 [helper.make_tensor_value_info("x", TP.FLOAT, ["B", C, "H", "W"])],
-                 [helper.make_tensor_value_info("y", TP.FLOAT, ["B", C, "H", "W"])],
-                 [_t("W1", W1), _t("W2", W2), _t("b1", b1), _t("b2", b2), _t("g", g)])
+                 [helper.make_tensor_value_info("image" if patchify else "x", TP.FLOAT, image)],
+                 [helper.make_tensor_value_info("y", TP.FLOAT, ["B", C, "H4" if patchify else "H",
+                                                               "W4" if patchify else "W"])],
+                 inits + [_t("W1", W1), _t("W2", W2), _t("b1", b1), _t("b2", b2), _t("g", g)])
 
 
 def _heads_projection(tmp_path, D=64, heads=4):
@@ -85,6 +94,16 @@ def test_channels_last_block_runs_both_gemms_natively(tmp_path):
                            [{"x": rng.standard_normal((B, 8, H, W)).astype(np.float32)} for B, H, W in shapes])
     assert len(gemm) == 2
     assert any("scattered" in model.kernels[g][0].source for g in gemm)
+
+
+def test_channels_last_block_after_a_strided_stem_runs_both_gemms_natively(tmp_path):
+    # the row index [B*floor(H/4)*floor(W/4)] delinearized and linearized again collapses only
+    # once the ranges show floor(H/4) > 0 (H >= 4): floor(floor(i/W4)/H4) is floor(i/(H4*W4))
+    rng = np.random.default_rng(4)
+    shapes = [(1, 4, 4), (1, 29, 53), (2, 7, 64), (3, 64, 31)]
+    model, gemm = _compare(_convnext_tail(tmp_path, patchify=True), ["B=1:4", "H=4:64", "W=4:64"],
+                           [{"image": rng.standard_normal((B, 3, H, W)).astype(np.float32)} for B, H, W in shapes])
+    assert len(gemm) == 2
 
 
 def test_projection_transposed_into_heads_with_a_scale_is_one_gemm_kernel(tmp_path):

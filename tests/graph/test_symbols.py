@@ -100,3 +100,24 @@ def test_compiled_evaluation_equals_sympy_substitution():
             binding = {"a": rng.randint(1, 1000), "b": rng.randint(1, 1000)}
             want = e.xreplace({a: binding["a"], b: binding["b"]})
             assert fn(binding) == want, (e, binding)
+
+
+def test_nested_floor_and_ceiling_divisions_fold_into_one():
+    # two strided layers give floor(floor(S/5)/2); the exporter's own arithmetic writes floor(S/10)
+    t, (S, B) = table(S=(400, 16000), B=(1, 4))
+    assert t.canon(sympy.floor(sympy.floor(S / 5) / 2) - 1) == sympy.floor(S / 10) - 1
+    assert t.canon(sympy.floor((sympy.floor((S - 10) / 5) + 1 - 3) / 2) + 1) == sympy.floor(S / 10) - 1
+    assert t.canon(sympy.ceiling(sympy.ceiling(S / 4) / 4)) == sympy.ceiling(S / 16)
+    assert t.canon(sympy.floor((sympy.floor(S / 3) + B) / 2)) == sympy.floor((S + 3 * B) / 6)
+    assert t.decide("==", B * (sympy.floor(sympy.floor(S / 5) / 2) - 1), B * (sympy.floor(S / 10) - 1))
+
+
+@pytest.mark.parametrize("expr", ["floor(2*floor(S/3)/3)", "floor(ceiling(S/3)/2)", "ceiling(floor(S/3)/2)",
+                                  "floor(floor(S/3)/2 + 1/4)"])
+def test_nested_rounding_that_does_not_fold_stays_as_written(expr):
+    # a non-unit numerator, mixed floor/ceiling or a fractional offset: the identity does not hold
+    t, (H,) = table(H=(1, 100))
+    e = sympy.sympify(expr, locals={"S": H})
+    assert t.canon(e) == e
+    for h in range(1, 101):          # and the folded forms that do apply are exact at every S
+        assert t.evaluate(t.canon(sympy.floor(sympy.floor(H / 5) / 2)), {"H": h}) == h // 10

@@ -294,6 +294,31 @@ class IndexContext:
         u = self.upper(e)
         return u is not None and self.prove_le(u, sympy.sympify(bound) - 1)
 
+    def collapse(self, off) -> sympy.Expr:
+        """A flat offset delinearized and linearized again, back to its flat form, over any number
+        of axes: ``W*floor(i/W) + Mod(i, W)`` is ``i``, and so is ``Mod(i, W) + W*Mod(floor(i/W), H)
+        + H*W*floor(i/(H*W))`` (a [B*H*W] row index viewed as [B, H, W] and flattened again), since
+        ``floor(floor(i/W)/H)`` is ``floor(i/(H*W))`` for positive ``W`` and ``H`` -- which the
+        symbol ranges decide when the extents are expressions (``floor(height/4)``). Returned only
+        when shorter than ``off``: the fused families compare where an epilogue reads with where it
+        stores, and print the result."""
+        off = sympy.sympify(off)
+        if not off.has(sympy.Mod):
+            return off
+        flat = off.replace(sympy.Mod, lambda a, b: a - b * sympy.floor(a / b))
+        flat = sympy.expand(flat.replace(lambda x: isinstance(x, sympy.floor), self._nested_floor))
+        return flat if sympy.count_ops(flat) < sympy.count_ops(off) else off
+
+    def _nested_floor(self, f):
+        """``floor(floor(a/b)/c)`` as ``floor(a/(b*c))`` for positive ``b`` and a positive integer ``c``
+        (``floor(floor(y)/c) = floor(y/c)`` for every real ``y``)."""
+        num, den = sympy.fraction(sympy.together(f.args[0]))
+        if isinstance(num, sympy.floor) and den.is_integer and self.positive(den):
+            inner_num, inner_den = sympy.fraction(sympy.together(num.args[0]))
+            if self.positive(inner_den):
+                return sympy.floor(inner_num / (inner_den * den))
+        return f
+
     # ------------------------------------------------------------ simplification
     def simplify(self, e) -> sympy.Expr:
         e = sympy.sympify(e)

@@ -189,7 +189,8 @@ class _Generator(GroupGenerator):
         if len(idx) == len(want) and all(same(a, b) for a, b in zip(idx, want)):
             return True
         shape = self.shape(self.heavy)
-        return same(self.ctx.simplify(linearize(idx, shape)), self.ctx.simplify(linearize(want, shape)))
+        return same(self.ctx.collapse(self.ctx.simplify(linearize(idx, shape))),
+                    self.ctx.collapse(self.ctx.simplify(linearize(want, shape))))
 
 
 def _input_names(e: Expr) -> set[str]:

@@ -220,7 +220,7 @@ class TileEpilogue(GroupGenerator):
         if e is not self.heavy and not (isinstance(e, Op) and e.node == self.heavy.node):
             self.fail(f"a second heavy op ({e.op_type}) read by the epilogue", e)
         off = self.ctx.simplify(linearize(tuple(idx), self.hshape))
-        if not same(off, self.flat):
+        if not same(self.ctx.collapse(off), self.ctx.collapse(self.flat)):
             self.fail(f"the epilogue reads the {e.op_type} result at offset {off}, not at the element it "
                       f"computes ({self.flat})", e)
         if self.bias is None:

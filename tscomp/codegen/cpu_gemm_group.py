@@ -108,7 +108,7 @@ class _EpilogueGenerator(GroupGenerator):
         if self.probe is not None:
             self.probe.append(tuple(idx))
             return "acc"
-        lead = _collapse(self.ctx.simplify(linearize(tuple(idx[:-1]), hshape[:-1]))) if len(hshape) > 1 \
+        lead = self.ctx.collapse(self.ctx.simplify(linearize(tuple(idx[:-1]), hshape[:-1]))) if len(hshape) > 1 \
             else sympy.Integer(0)
         col = self.ctx.simplify(idx[-1])
         if not (same(lead, self.i) and same(col, self.j)):
@@ -142,7 +142,7 @@ class _RowPassGenerator(GroupGenerator):
 
     def _value(self, e: Expr, idx) -> str:
         if e is self.T:
-            off = _collapse(self.ctx.simplify(linearize(tuple(idx), self.shape(e))))
+            off = self.ctx.collapse(self.ctx.simplify(linearize(tuple(idx), self.shape(e))))
             if self.i in sympy.expand(off - self.i * self.N).free_symbols:
                 self.fail(f"the row pass reads the pre-reduction value at {off}, not in its own row i (another "
                           f"task may not have stored it yet)")
@@ -153,7 +153,7 @@ class _RowPassGenerator(GroupGenerator):
 
     def store(self, name: str, e: Expr, idx, shape) -> None:
         v = self.value(e, idx)
-        self.emit(f"{self.out_c[name]}[{self.c(_collapse(linearize(idx, shape)))}] = {v};")
+        self.emit(f"{self.out_c[name]}[{self.c(self.ctx.collapse(linearize(idx, shape)))}] = {v};")
 
     def heavy_value(self, e: Op, idx) -> str:
         if e is self.backbone:
@@ -192,7 +192,7 @@ class _RowPassGenerator(GroupGenerator):
             self.final_reads = []
             for name in full:
                 self.store(name, self.group.outputs[name], self.full_idx(ridx), space)
-            store_off = _collapse(self.ctx.simplify(linearize(self.full_idx(ridx), space)))
+            store_off = self.ctx.collapse(self.ctx.simplify(linearize(self.full_idx(ridx), space)))
             close()
             inplace = [n for n in full if self.out_c[n] == "Y"]
             if inplace and not all(same(off, store_off) for off in self.final_reads):
@@ -203,25 +203,6 @@ class _RowPassGenerator(GroupGenerator):
             self.fail("a row op that needs a row buffer (Softmax) in a GEMM row pass")
         body = ["    " + d for d in self.decls] + self.root.render(1)
         return body, None
-
-
-def _collapse(off):
-    """``S*floor(i/S) + Mod(i, S)`` back to ``i`` (a row index delinearized and linearized again,
-    over any number of axes: ``floor(floor(i/W)/H)`` is ``floor(i/(W*H))`` for positive extents)."""
-    off = sympy.sympify(off)
-    if not off.has(sympy.Mod):
-        return off
-    flat = off.replace(sympy.Mod, lambda a, b: a - b * sympy.floor(a / b))
-    flat = sympy.expand(flat.replace(lambda x: isinstance(x, sympy.floor), _nested_floor))
-    return flat if sympy.count_ops(flat) < sympy.count_ops(off) else off
-
-
-def _nested_floor(f):
-    """``floor(floor(a/b)/c)`` as ``floor(a/(b*c))`` (integer a, positive integers b, c)."""
-    num, den = sympy.fraction(sympy.together(f.args[0]))
-    if isinstance(num, sympy.floor) and den.is_positive and den.is_integer:
-        return sympy.floor(num.args[0] / den)
-    return f
 
 
 def _strip_views(e: Expr):

@@ -211,8 +211,12 @@ class SymbolTable:
         return self.simplify(expr)
 
     def simplify(self, expr: Expr) -> Expr:
-        """Resolve Min/Max whose outcome the symbol ranges decide, and put integer ``Mod`` in the form
-        that lets padding arithmetic cancel (:meth:`_resolve_mod`)."""
+        """Resolve Min/Max whose outcome the symbol ranges decide, put integer ``Mod`` in the form
+        that lets padding arithmetic cancel (:meth:`_resolve_mod`), and fold nested floor or ceiling
+        divisions into one (:func:`_fold_nested_rounding`)."""
+        if expr.has(sympy.floor, sympy.ceiling):
+            expr = expr.replace(lambda e: isinstance(e, (sympy.floor, sympy.ceiling)) and e.args[0].has(type(e)),
+                                _fold_nested_rounding)
         if expr.has(sympy.Mod):
             expr = expr.replace(lambda e: isinstance(e, sympy.Mod), self._resolve_mod)
         if not expr.has(sympy.Min, sympy.Max):
@@ -337,6 +341,26 @@ class SymbolTable:
             lines.append(f"{info.name}: [{info.min}, {info.max}]  ({info.origin}"
                          + (f"; {info.note}" if info.note else "") + ")")
         return lines
+
+
+def _fold_nested_rounding(e: Expr) -> Expr:
+    """``floor((floor(y) + n) / b)`` -> ``floor((y + n) / b)`` for a positive integer ``b`` and an
+    integer-valued ``n`` (likewise ``ceiling`` inside ``ceiling``): true for every real ``y``, since
+    ``floor(y) + n = floor(y + n)`` and ``floor(floor(z) / b) = floor(z / b)``. Two strided layers
+    in a row (a stride-5 then a stride-2 convolution) give ``floor(floor(S/5)/2)`` on one path and
+    ``floor(S/10)`` on another (the exporter's own shape arithmetic); only one form lets a Reshape's
+    -1 or an Add's broadcast see that the two are the same size."""
+    rounding = type(e)
+    arg = sympy.expand(e.args[0])
+    for inner in arg.atoms(rounding):
+        k = arg.coeff(inner)
+        if not (k.is_Rational and k > 0 and (1 / k).is_Integer):
+            continue
+        rest = sympy.expand(arg - k * inner)
+        if rest.has(inner) or not sympy.expand(rest / k).is_integer:
+            continue
+        return rounding(sympy.expand(k * inner.args[0] + rest))
+    return e
 
 
 def compile_int_expr(expr: Expr):
