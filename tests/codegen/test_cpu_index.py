@@ -281,6 +281,25 @@ def test_pad_with_pads_computed_from_the_shape(tmp_path, mode):
         _check(path, rt, {"x": rng.standard_normal((2, 3, H, W)).astype(np.float32)})
 
 
+@pytest.mark.parametrize("mode", ["constant", "edge", "wrap", "reflect"])
+@pytest.mark.parametrize("pads", [[0, 2, 1, 3],            # rank 2: both axes, uneven
+                                  [1, 0, 0, 0],            # only a leading (row) axis: rows filled whole
+                                  [0, -1, 0, 2],           # the row axis cropped at its start, padded at its end
+                                  [2, 0, -1, 0]])           # the other axis padded, then cropped at its end
+def test_pad_row_by_row_matches_onnxruntime(tmp_path, mode, pads):
+    """The kernel copies a row at a time (lead fill, source run, tail fill): pads on the row's own axis
+    and on the axes above it, crops on either, every mode."""
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)]
+    path = _model(tmp_path, "pad_rows", nodes, [("x", F, ["H", "W"])], [("y", F, [None, None])],
+                  [helper.make_tensor("pads", I64, [4], pads)], opset=19)
+    model, rt = _compile(path, ["H=3:40", "W=4:40"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(11)
+    # onnxruntime's reflect refuses a pad as long as the axis (numpy's and tscomp's repeat it)
+    for H, W in [(5, 17), (40, 40), (37, 5)] + ([] if mode == "reflect" else [(3, 4)]):
+        _check(path, rt, {"x": rng.standard_normal((H, W)).astype(np.float32)})
+
+
 @pytest.mark.parametrize("upper,k", [(1, 0), (0, 0), (1, -2), (0, 3)])
 def test_trilu_matches_onnxruntime(tmp_path, upper, k):
     nodes = [helper.make_node("Trilu", ["x", "k"], ["y"], upper=upper)]
