@@ -155,6 +155,50 @@ def test_layer_norm_with_residual_prologue_and_epilogue(tmp_path):
         check_against_ort(cp, inputs)
 
 
+def _head_norm_model(tmp_path, tail: str):
+    """Qwen3's key norm: a projection [B, L, 64] split into 4 heads of 16, RMSNorm over each head
+    (decomposed: Pow, ReduceMean, Add, Sqrt, Div, Mul), transposed into [B, 4, L, 16] and scaled
+    by a per-position table there (the rotary cos term); ``tail`` "rotate" adds rotate_half
+    (Split, Neg, Concat) and the sin term."""
+    nodes = [helper.make_node("Reshape", ["X", "heads"], ["xh"]),
+             helper.make_node("Pow", ["xh", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq", "last"], ["ms"], keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"]),
+             helper.make_node("Div", ["xh", "rms"], ["nx"]), helper.make_node("Mul", ["nx", "w"], ["nw"]),
+             helper.make_node("Transpose", ["nw"], ["t"], perm=[0, 2, 1, 3]),
+             helper.make_node("Mul", ["t", "cos"], ["Y" if tail == "scale" else "yc"])]
+    if tail == "rotate":
+        nodes += [helper.make_node("Split", ["t"], ["t1", "t2"], axis=-1, num_outputs=2),
+                  helper.make_node("Neg", ["t2"], ["n2"]), helper.make_node("Concat", ["n2", "t1"], ["rh"], axis=-1),
+                  helper.make_node("Mul", ["rh", "cos"], ["ys"]), helper.make_node("Add", ["yc", "ys"], ["Y"])]
+    ins = [("X", TP.FLOAT, ["B", "L", 64]), ("cos", TP.FLOAT, [1, 1, "L", 16])]
+    rng = np.random.default_rng(5)
+    inits = [const("heads", [0, 0, 4, 16], np.int64), const("two", 2.0), const("last", [-1], np.int64),
+             const("eps", 1e-6), const("w", rng.standard_normal(16))]
+    return save_model(tmp_path, f"head_norm_{tail}", nodes, ins, [("Y", TP.FLOAT, ["B", 4, "L", 16])], inits)
+
+
+def test_rows_normalized_per_head_are_stored_transposed_into_heads(tmp_path):
+    cp = CompiledPlan(_head_norm_model(tmp_path, "scale"), ["B=1:3", "L=1:64"])
+    sources = [k.source for k in cp.kernels.values()]
+    assert any("scattered: the rows in another layout" in src for src in sources)
+    rng = np.random.default_rng(6)
+    for b, n in [(1, 1), (3, 7), (2, 64), (1, 13)]:
+        check_against_ort(cp, {"X": rng.standard_normal((b, n, 64)).astype(np.float32),
+                               "cos": rng.standard_normal((1, 1, n, 16)).astype(np.float32)})
+
+
+def test_a_row_group_storing_its_rows_in_both_layouts_matches_onnxruntime(tmp_path):
+    # with rotate_half after it, the norm group exports the rows as they are (for the Split) and
+    # the scaled transposed copy: one full-row store and one scattered store per row element
+    cp = CompiledPlan(_head_norm_model(tmp_path, "rotate"), ["B=1:3", "L=1:64"])
+    assert any("scattered: the rows in another layout" in k.source for k in cp.kernels.values())
+    rng = np.random.default_rng(7)
+    for b, n in [(1, 1), (2, 9), (3, 64)]:
+        check_against_ort(cp, {"X": rng.standard_normal((b, n, 64)).astype(np.float32),
+                               "cos": rng.standard_normal((1, 1, n, 16)).astype(np.float32)})
+
+
 def test_decomposed_layer_norm_stitches_two_reductions(tmp_path):
     nodes = [
         helper.make_node("ReduceMean", ["X"], ["mu"], axes=[-1]),

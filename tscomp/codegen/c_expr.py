@@ -542,6 +542,40 @@ def view_index(idx: Index, op: ViewOp, src_shape: Sequence, ctx: IndexContext) -
     raise UnsupportedOperatorError(f"view kind {op.kind!r} is not supported by code generation")
 
 
+def landing_index(reads: Index, target: Index, ovars: Index, extents: dict, ctx: IndexContext, fail) -> Index:
+    """Where element ``target`` of a tensor lands in an output that is a permutation of it: the
+    output's multi-index as expressions of ``target``, given ``reads`` -- the tensor's index that
+    output element ``ovars`` reads (its views applied to the output's axis variables; an axis of
+    extent 1 is the integer 0 in ``ovars``). Every component of ``reads`` must be a mixed-radix
+    number over distinct output axes (a reshape and transpose of the axes), so each output axis is
+    a floor/mod of one component of ``target``; anything else calls ``fail(why)``. A kernel
+    computes element ``target`` and stores it there (a scattered store; its loads unchanged)."""
+    free = {v for v in ovars if isinstance(v, sympy.Symbol)}
+    solved: dict = {}
+    for ht, H in zip(reads, target):
+        ht = sympy.expand(ht)
+        used = [v for v in free if ht.has(v)]
+        coeff = {v: ht.coeff(v) for v in used}
+        if any(c.free_symbols & free for c in coeff.values()) or \
+                sympy.expand(ht - sum(c * v for v, c in coeff.items())) != 0:
+            fail(f"index {ht} is not a linear combination of the output's axes")
+        scale = sympy.Integer(1)
+        chain = []
+        while coeff:      # least significant first: coefficient 1, then 1 * its extent, ...
+            v = next((v for v, c in coeff.items() if same(c, scale)), None)
+            if v is None:
+                fail(f"index {ht} is not a mixed-radix number over the output's axes")
+            chain.append((v, scale))
+            scale = scale * extents[v]
+            del coeff[v]
+        for k, (v, c) in enumerate(chain):
+            q = H if c == 1 else sympy.floor(H / c)
+            solved[v] = q if k == len(chain) - 1 else sympy.Mod(q, extents[v])
+    if set(solved) != free:
+        fail(f"output axes {sorted(str(v) for v in free - set(solved))} do not follow from the element")
+    return tuple(ctx.simplify(solved[v]) if isinstance(v, sympy.Symbol) else v for v in ovars)
+
+
 def compose(idx: Index, chain: Sequence[tuple[ViewOp, Sequence]], ctx: IndexContext) -> Index:
     """Apply a view chain, outermost first: ``chain`` lists (view, its source shape) from the
     element read back towards the materialized tensor."""

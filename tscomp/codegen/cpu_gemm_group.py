@@ -70,7 +70,8 @@ import numpy as np
 import sympy
 
 from tscomp.codegen.build import build_library, host_isa, load_library
-from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, linearize
+from tscomp.codegen.c_expr import (PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, landing_index,
+                                   linearize)
 from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, check_precision,
                                      generate_gemm, prepack_weights)
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
@@ -172,7 +173,7 @@ class _RowPassGenerator(GroupGenerator):
         for name, e in outputs.items():
             if np.dtype(e.dtype) != np.float32:
                 self.fail(f"output {name} is {np.dtype(e.dtype)}, only float32 outputs")
-        full, stat = self.split_row_outputs(outputs, space, k)
+        full, stat, _ = self.split_row_outputs(outputs, space, k)
         block = _Block([("for (int64_t i = m0; i < m0 + mv; ++i) {  /* one row of Y per iteration */", 0)],
                        [("}", 0)])
         self.push(block, [self.i])
@@ -438,32 +439,8 @@ class GemmGroupAnalysis:
         (h,) = reads
         hshape = tuple(symtab.canon(d) for d in self.heavy.shape)
         heavy_idx = tuple(delinearize(gen.i, hshape[:-1], gen.ctx)) + (gen.j,)
-        extent = dict(zip(ovars, shape))
-        free = {v for v in ovars if isinstance(v, sympy.Symbol)}
-        solved: dict = {}
-        for ht, H in zip(h, heavy_idx):
-            ht = sympy.expand(ht)
-            used = [v for v in free if ht.has(v)]
-            coeff = {v: ht.coeff(v) for v in used}
-            if any(c.free_symbols & free for c in coeff.values()) or \
-                    sympy.expand(ht - sum(c * v for v, c in coeff.items())) != 0:
-                self._fail(f"GEMM index {ht} is not a linear combination of the output's axes")
-            scale = sympy.Integer(1)
-            chain = []
-            while coeff:      # least significant first: coefficient 1, then 1 * its extent, ...
-                v = next((v for v, c in coeff.items() if same(c, scale)), None)
-                if v is None:
-                    self._fail(f"GEMM index {ht} is not a mixed-radix number over the output's axes")
-                chain.append((v, scale))
-                scale = scale * extent[v]
-                del coeff[v]
-            for k, (v, c) in enumerate(chain):
-                q = H if c == 1 else sympy.floor(H / c)
-                solved[v] = q if k == len(chain) - 1 else sympy.Mod(q, extent[v])
-        if set(solved) != free:
-            missing = sorted(str(v) for v in free - set(solved))
-            self._fail(f"output axes {missing} do not follow from the GEMM element")
-        return tuple(gen.ctx.simplify(solved[v]) if isinstance(v, sympy.Symbol) else v for v in ovars)
+        return landing_index(h, heavy_idx, ovars, dict(zip(ovars, shape)), gen.ctx,
+                             lambda why: self._fail(f"GEMM {why}"))
 
     def _gemm_space_mode(self, name: str, e: Expr) -> tuple[str, int]:
         symtab = self.plan.graph.symbols

@@ -55,7 +55,7 @@ from tscomp.codegen.build import build_library, load_library
 from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group
 from tscomp.codegen.c_expr import (PRELUDE, CPrinter, math_helpers, IndexContext, broadcast_index, c_literal,
-                                   c_symbol_name, linearize, view_index)
+                                   c_symbol_name, landing_index, linearize, view_index)
 from tscomp.errors import ExecutionError, IndexOutOfRangeError, ShapeError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
@@ -556,10 +556,11 @@ class GroupGenerator:
                 self.fail(f"stitched reduction over other rows ({shape_str(s)} vs {shape_str(space)})", h)
         return space, k
 
-    def split_row_outputs(self, outputs, space, k) -> tuple[list[str], list[str]]:
-        """Outputs of a row kernel: full rows (shape ``space``) and row statistics (``space``
-        with the reduced axes dropped or kept as 1); anything else is refused."""
-        full, stat = [], []
+    def split_row_outputs(self, outputs, space, k, scatter: bool = False) -> tuple[list[str], list[str], list[str]]:
+        """Outputs of a row kernel: full rows (shape ``space``), row statistics (``space`` with the
+        reduced axes dropped or kept as 1) and, with ``scatter``, rows stored permuted (views of
+        a ``space``-shaped value: :meth:`store_scattered`); anything else is refused."""
+        full, stat, scattered = [], [], []
         stat_shapes = (space[:k] + (sympy.Integer(1),) * (len(space) - k), space[:k])
         for name, e in outputs.items():
             shape = self.shape(e)
@@ -567,10 +568,81 @@ class GroupGenerator:
                 full.append(name)
             elif any(len(shape) == len(s) and all(same(a, b) for a, b in zip(shape, s)) for s in stat_shapes):
                 stat.append(name)
+            elif scatter and self._views_of_space(e, space):
+                scattered.append(name)
             else:
                 self.fail(f"output {name} of shape {shape_str(shape)} is neither a row {shape_str(space)} "
-                          f"nor a row statistic")
-        return full, stat
+                          f"nor a row statistic" + (" nor a view of rows" if scatter else ""))
+        return full, stat, scattered
+
+    def _views_of_space(self, e: Expr, space) -> bool:
+        """Whether ``e`` reads some row-space value through a view (a candidate for a scattered
+        store; :meth:`store_scattered` decides)."""
+        return any(isinstance(x, View) for x in walk([e]))
+
+    #: ops whose operands are not read at their own (broadcast) element: no landing index is
+    #: solved through them
+    _GATHERING = ("Gather", "Concat", "GatherND", "GatherElements", "Tile")
+
+    def _row_reads(self, e: Expr, idx, out: list) -> bool:
+        """Append the row-space index at which ``e`` read at ``idx`` reads the rows: at the first
+        value of the row space's shape on each path (the rows' input, a full-row result, anything
+        computed from them), or a row statistic's row. False when something in between is not read
+        at its own element (a gather)."""
+        space, k = self.row.space, self.row.k
+        shape = self.shape(e)
+        if len(shape) == len(space) and all(same(a, b) for a, b in zip(shape, space)):
+            out.append(tuple(idx))
+            return True
+        if isinstance(e, View):
+            src_idx = view_index(idx, self.canon_view(e), self.shape(e.src), self.ctx)
+            return self._row_reads(e.src, tuple(self.ctx.simplify(i) for i in src_idx), out)
+        if isinstance(e, (Const, Input)):
+            return True         # a weight or table broadcast over the rows
+        if not isinstance(e, Op):
+            return False
+        if e.heavy:             # a row statistic (keepdims or not): its row only
+            out.append(tuple(idx[:k]) + (None,) * (len(space) - k))
+            return True
+        if e.op_type in self._GATHERING:
+            return False
+        return all(a is None or self._row_reads(a, broadcast_index(idx, shape, self.shape(a)), out) for a in e.args)
+
+    def store_scattered(self, name: str, e: Expr, full_idx) -> None:
+        """Store output ``name`` where row element ``full_idx`` lands in it: an output in another
+        layout than the rows, reading them through views -- a normalized query or key ([B, L,
+        heads, D] rows) transposed into heads ([B, heads, L, D]) and scaled on the way out. Which
+        row element each output element reads is probed (every read of a row value must agree),
+        the landing index solved from it (:func:`landing_index`), and the output read at the
+        landing index must read exactly ``full_idx`` again, so a wrong inverse is refused, never
+        miscompiled."""
+        shape = self.shape(e)
+        if not same(numel(shape), numel(self.row.space)):
+            self.fail(f"output {name} of shape {shape_str(shape)} has another element count than the rows")
+        ovars = tuple(self.ctx.var(self.fresh(f"o{a}_"), d) if d != 1 else sympy.Integer(0)
+                      for a, d in enumerate(shape))
+        target = tuple(self.ctx.simplify(i) for i in full_idx)
+        reads = self._agreed_row_read(name, e, ovars)
+        where = landing_index(reads, target, ovars, dict(zip(ovars, shape)), self.ctx,
+                              lambda why: self.fail(f"output {name}: {why}"))
+        back = self._agreed_row_read(name, e, where)
+        if not all(same(self.ctx.collapse(a), self.ctx.collapse(b)) for a, b in zip(back, target)):
+            self.fail(f"output {name}: its element read at the solved index is not the row element stored")
+        v = self.value(e, where)
+        off = self.ctx.simplify(linearize(where, shape))
+        self.emit(f"{self.out_c[name]}[{self.c(off)}] = {v};  /* scattered: the rows in another layout */")
+
+    def _agreed_row_read(self, name: str, e: Expr, idx) -> tuple:
+        reads: list = []
+        if not self._row_reads(e, idx, reads) or not reads:
+            self.fail(f"output {name}: no row element it reads at its own element (a gather, or no row value)")
+        merged = []
+        for axis in range(len(self.row.space)):
+            seen = {r[axis] for r in reads if r[axis] is not None}
+            if len(seen) != 1:
+                self.fail(f"output {name} reads {len(seen) or 'no'} different row positions on axis {axis}")
+            merged.append(seen.pop())
+        return tuple(merged)
 
     def row_idx(self, idx) -> tuple:
         return tuple(self.row.outer) + tuple(idx[self.row.k:])
@@ -809,7 +881,7 @@ class GroupGenerator:
         if not heavy:
             self.fail("reduce group without a reduction")
         space, k = self.common_rows(heavy)
-        full, stat = self.split_row_outputs(self.group.outputs, space, k)
+        full, stat, scattered = self.split_row_outputs(self.group.outputs, space, k, scatter=True)
         outer_shape = space[:k]
         self.emit(f"/* one row per index of [{', '.join(str(d) for d in outer_shape)}], "
                   f"{len(space) - k} reduced trailing axes [{', '.join(str(d) for d in space[k:])}] */")
@@ -823,11 +895,13 @@ class GroupGenerator:
             shape = self.shape(e)
             sidx = tuple(oidx) + (sympy.Integer(0),) * (len(shape) - k)
             self.store(name, e, sidx, shape)
-        if full:
-            self.emit(f"/* {', '.join(self.out_c[n] for n in full)}: the row, epilogue applied */")
+        if full or scattered:
+            self.emit(f"/* {', '.join(self.out_c[n] for n in full + scattered)}: the row, epilogue applied */")
             ridx, close = self.stat_loop()
             for name in full:
                 self.store(name, self.group.outputs[name], self.full_idx(ridx), space)
+            for name in scattered:
+                self.store_scattered(name, self.group.outputs[name], self.full_idx(ridx))
             close()
         close_rows()
         if self.scratch:
