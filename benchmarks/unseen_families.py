@@ -1,0 +1,284 @@
+"""Model families tscomp was never developed against, compiled and checked against onnxruntime.
+
+    .venv/bin/python -m benchmarks.unseen_families                       # every family, both exporters
+    .venv/bin/python -m benchmarks.unseen_families --models qwen3,swin --exporters torchscript
+
+Every entry of ``MODELS`` is a ``transformers`` config class (tiny geometry unless ``_full``: the
+class's default, a real model size) with random weights, exported with the dynamo and/or the
+TorchScript exporter with its dynamic axes named (text: batch 1..4, sequence 1..128 or the entry's
+``seq``; vision: batch 1..2, height and width over the entry's ``side``; audio: samples 400..16000),
+compiled by ``tscomp compile`` (``--budget``, shared tuning records) and run beside onnxruntime (2
+threads) at awkward shapes (1, primes, the range ends). Per model: the stage reached (export,
+compile, done), allclose at rtol = atol = 1e-4, the relative L2 error and the reference's largest
+magnitude (a vanishing output would make allclose vacuous), the groups on the numpy fallback, and
+tscomp / onnxruntime median latency per shape and its geometric mean. Each model runs in its own
+process (an exporter or compiler crash is a row, not the end of the sweep). A sweep of both
+exporters over every entry takes ~25 minutes here; nothing else may run meanwhile.
+
+Export failures are the exporters' (some families need the TorchScript path); they are reported,
+not hidden. The families of ``models/`` are deliberately absent.
+"""
+import argparse
+import contextlib
+import io
+import json
+import pathlib
+import re
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+
+# the tiny geometry most entries share (2 layers, hidden 128, 4 heads)
+T = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=1000)
+def text(cfg, cls, kw, seq=128, ids=("input_ids", "attention_mask"), sub=None):
+    return dict(kind="text", cfg=cfg, cls=cls, kw=kw, seq=seq, ids=ids, sub=sub)
+def vision(cfg, cls, kw, side=(32, 128), step=None, sub=None):
+    return dict(kind="vision", cfg=cfg, cls=cls, kw=kw, side=side, step=step, sub=sub)
+MODELS = {
+ "electra": text("ElectraConfig", "ElectraModel", dict(T, embedding_size=64)),
+ "deberta_v2": text("DebertaV2Config", "DebertaV2Model", dict(T, max_position_embeddings=128)),
+ "mpnet": text("MPNetConfig", "MPNetModel", dict(T)),
+ "mobilebert": text("MobileBertConfig", "MobileBertModel", dict(T, embedding_size=64, intra_bottleneck_size=64, true_hidden_size=64, num_feedforward_networks=2)),
+ "squeezebert": text("SqueezeBertConfig", "SqueezeBertModel", dict(T, embedding_size=128)),
+ "t5enc": text("T5Config", "T5EncoderModel", dict(d_model=128, d_kv=32, d_ff=256, num_layers=2, num_heads=4, vocab_size=1000)),
+ "roformer": text("RoFormerConfig", "RoFormerModel", dict(T, embedding_size=128)),
+ "modernbert": text("ModernBertConfig", "ModernBertModel", dict(T, global_attn_every_n_layers=2, local_attention=32, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)),
+ "bart_enc": text("BartConfig", "BartModel", dict(d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, vocab_size=1000), sub="encoder"),
+ "mistral": text("MistralConfig", "MistralModel", dict(T, num_key_value_heads=2, sliding_window=None)),
+ "qwen3": text("Qwen3Config", "Qwen3Model", dict(T, num_key_value_heads=2, head_dim=32)),
+ "phi3": text("Phi3Config", "Phi3Model", dict(T, num_key_value_heads=4, pad_token_id=0)),
+ "gemma": text("GemmaConfig", "GemmaModel", dict(T, num_key_value_heads=1, head_dim=32)),
+ "gptneox": text("GPTNeoXConfig", "GPTNeoXModel", dict(T, rotary_pct=0.5)),
+ "opt": text("OPTConfig", "OPTModel", dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, ffn_dim=256, vocab_size=1000, word_embed_proj_dim=128, max_position_embeddings=256)),
+ "bloom": text("BloomConfig", "BloomModel", dict(hidden_size=128, n_layer=2, n_head=4, vocab_size=1000)),
+ "falcon": text("FalconConfig", "FalconModel", dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=1000, new_decoder_architecture=False, multi_query=True)),
+ "deit": vision("DeiTConfig", "DeiTModel", dict(T, image_size=64, patch_size=16), side=(32, 128), step=16),
+ "dinov2": vision("Dinov2Config", "Dinov2Model", dict(T, image_size=64, patch_size=14), side=(28, 126), step=14),
+ "beit": vision("BeitConfig", "BeitModel", dict(T, image_size=64, patch_size=16, use_relative_position_bias=False), side=(32, 128), step=16),
+ "convnext": vision("ConvNextConfig", "ConvNextModel", dict(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2), side=(32, 96), step=None),
+ "mobilenetv2": vision("MobileNetV2Config", "MobileNetV2Model", dict(depth_multiplier=0.35, image_size=64), side=(32, 96)),
+ "regnet": vision("RegNetConfig", "RegNetModel", dict(hidden_sizes=[16, 32], depths=[1, 1], embedding_size=16, groups_width=8), side=(32, 96)),
+ "segformer": vision("SegformerConfig", "SegformerModel", dict(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2]), side=(32, 96)),
+ "swin": vision("SwinConfig", "SwinModel", dict(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4), side=(32, 96), step=16),
+ "mobilenetv2_full": vision("MobileNetV2Config", "MobileNetV2Model", dict(), side=(96, 256)),
+ "convnext_full": vision("ConvNextConfig", "ConvNextModel", dict(), side=(96, 256)),
+ "segformer_full": vision("SegformerConfig", "SegformerModel", dict(), side=(96, 256)),
+ "swin_full": vision("SwinConfig", "SwinModel", dict(), side=(96, 256), step=32),
+ "wav2vec2": dict(kind="audio", cfg="Wav2Vec2Config", cls="Wav2Vec2Model", kw=dict(T, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4), sub=None),
+}
+
+def build(name):
+    import torch, transformers
+    spec = MODELS[name]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, spec["cfg"])(**spec["kw"])
+    try:
+        cfg._attn_implementation = "sdpa"
+        m = getattr(transformers, spec["cls"])(cfg).eval()
+    except ValueError:
+        torch.manual_seed(0)
+        cfg._attn_implementation = "eager"
+        m = getattr(transformers, spec["cls"])(cfg).eval()
+    if spec.get("sub"): m = getattr(m, "get_encoder")() if spec["sub"] == "encoder" else getattr(m, spec["sub"])
+    return spec, cfg, m
+
+def wrapper(spec, m):
+    import torch
+    kind = spec["kind"]
+    class W(torch.nn.Module):
+        def __init__(s): super().__init__(); s.m = m
+    if kind == "text":
+        class WT(W):
+            def forward(s, input_ids, attention_mask):
+                return s.m(input_ids=input_ids, attention_mask=attention_mask, return_dict=True).last_hidden_state
+        return WT(), ["input_ids", "attention_mask"]
+    if kind == "vision":
+        class WV(W):
+            def forward(s, pixel_values):
+                kw = {}
+                import inspect
+                if "interpolate_pos_encoding" in inspect.signature(s.m.forward).parameters: kw["interpolate_pos_encoding"] = True
+                return s.m(pixel_values=pixel_values, return_dict=True, **kw).last_hidden_state
+        return WV(), ["pixel_values"]
+    class WA(W):
+        def forward(s, input_values):
+            return s.m(input_values=input_values, return_dict=True).last_hidden_state
+    return WA(), ["input_values"]
+
+def dims_of(spec):
+    if spec["kind"] == "text": return {"batch": (1, 4), "sequence": (1, spec["seq"])}
+    if spec["kind"] == "vision": return {"batch": (1, 2), "height": spec["side"], "width": spec["side"]}
+    return {"batch": (1, 2), "samples": (400, 16000)}
+
+def make_inputs(spec, b, rng):
+    if spec["kind"] == "text":
+        ids = rng.integers(1, 1000, (b["batch"], b["sequence"])).astype(np.int64)
+        mask = np.ones_like(ids); 
+        if b["sequence"] > 2: mask[0, -1] = 0
+        return {"input_ids": ids, "attention_mask": mask}
+    if spec["kind"] == "vision":
+        return {"pixel_values": rng.standard_normal((b["batch"], 3, b["height"], b["width"])).astype(np.float32)}
+    return {"input_values": rng.standard_normal((b["batch"], b["samples"])).astype(np.float32)}
+
+def export(name, exporter, out_dir):
+    import torch
+    spec, cfg, m = build(name)
+    w, names = wrapper(spec, m)
+    rng = np.random.default_rng(1)
+    d = dims_of(spec)
+    ex = {"batch": 2, "sequence": 11, "height": 5 * (spec.get("step") or 16) + (0 if spec.get("step") else 3), "width": 7 * (spec.get("step") or 16) + (0 if spec.get("step") else 5), "samples": 3001}
+    ex = {k: ex[k] for k in d}
+    inp = make_inputs(spec, ex, rng)
+    args = tuple(torch.from_numpy(inp[n]) for n in names)
+    path = out_dir / f"{name}-{exporter}.onnx"
+    axes = {"text": {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"]},
+            "vision": {"pixel_values": ["batch", None, "height", "width"]},
+            "audio": {"input_values": ["batch", "samples"]}}[spec["kind"]]
+    if exporter == "dynamo":
+        D = {k: torch.export.Dim(k, min=lo, max=hi) for k, (lo, hi) in d.items()}
+        ds = {n: {i: D[a] for i, a in enumerate(axes[n]) if a} for n in names}
+        torch.onnx.export(w, args, str(path), dynamo=True, dynamic_shapes=ds, input_names=names,
+                          output_names=["last_hidden_state"], opset_version=20, external_data=False, verbose=False)
+    else:
+        da = {n: {i: a for i, a in enumerate(axes[n]) if a} for n in names}
+        torch.onnx.export(w, args, str(path), dynamo=False, dynamic_axes=da, input_names=names,
+                          output_names=["last_hidden_state"], opset_version=17)
+    # rename input dim params to our names
+    import onnx
+    mo = onnx.load(str(path))
+    ren = {}
+    for vi in mo.graph.input:
+        for i, dd in enumerate(vi.type.tensor_type.shape.dim):
+            want = axes[vi.name][i]
+            if want and dd.dim_param and dd.dim_param != want: ren[dd.dim_param] = want
+            if want and not dd.dim_param: raise RuntimeError(f"{vi.name} axis {i} exported static")
+    if ren:
+        pat = re.compile(r"\b(" + "|".join(map(re.escape, ren)) + r")\b")
+        for vi in [*mo.graph.input, *mo.graph.output, *mo.graph.value_info]:
+            for dd in vi.type.tensor_type.shape.dim:
+                if dd.HasField("dim_param"): dd.dim_param = pat.sub(lambda x: ren[x.group(1)], dd.dim_param)
+    onnx.save(mo, str(path))
+    return path, spec
+
+def check_shapes(spec):
+    d = dims_of(spec)
+    out = []
+    if spec["kind"] == "text":
+        for b, L in [(1, 1), (1, 2), (1, 7), (3, 13), (1, 31), (2, 64), (1, 127), (4, 128), (1, 128)]:
+            if L <= d["sequence"][1]: out.append({"batch": b, "sequence": L})
+    elif spec["kind"] == "vision":
+        lo, hi = d["height"]; st = spec.get("step")
+        cands = [(lo, lo), (lo, hi), (hi, lo), (hi, hi)]
+        if st: cands += [(lo + st, lo + 3 * st), (lo + 2 * st, lo + st)]
+        else: cands += [(lo + 5, hi - 7), (hi - 3, lo + 11), (lo + 1, hi - 1)]
+        for i, (h, w) in enumerate(cands): out.append({"batch": 1 + i % 2, "height": h, "width": w})
+    else:
+        for b, s in [(1, 400), (1, 16000), (2, 4001), (1, 7919)]: out.append({"batch": b, "samples": s})
+    return out
+
+
+
+def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path) -> dict:
+    """One model: export, compile, compare and time; a JSON-able row."""
+    warnings.simplefilter("ignore")
+    res = {"model": name, "exporter": exporter}
+    t = time.time()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            path, spec = export(name, exporter, out_dir)
+    except Exception as e:      # noqa: BLE001 - the exporter's failure is this row's result
+        return res | {"stage": "export", "error": f"{type(e).__name__}: {str(e)[:300]}"}
+    res["export_s"] = round(time.time() - t, 1)
+    art = out_dir / f"{name}-{exporter}.tsc"
+    cmd = [sys.executable, "-m", "tscomp.cli", "compile", str(path), "-o", str(art), "--budget", budget,
+           "--records", str(out_dir / "tuning-records.json")]
+    for k, (lo, hi) in dims_of(spec).items():
+        cmd += ["--dim", f"{k}={lo}:{hi}"]
+    t = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    res["compile_s"] = round(time.time() - t, 1)
+    if p.returncode:
+        return res | {"stage": "compile", "error": (p.stderr or p.stdout)[-800:]}
+    import onnxruntime as ort
+    from tscomp.runtime import Runtime
+    rt = Runtime(str(art), num_threads=2)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    fails, ratios, rel, scale = [], [], 0.0, 0.0
+    for b in check_shapes(spec):
+        inp = make_inputs(spec, b, rng)
+        got = rt.run(inp)["last_hidden_state"]
+        ref = sess.run(None, inp)[0]
+        if got.shape != ref.shape:
+            fails.append(f"{b}: shape {got.shape} vs {ref.shape}")
+            continue
+        rel = max(rel, float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)))
+        scale = max(scale, float(np.abs(ref).max()))
+        if not np.allclose(got, ref, rtol=1e-4, atol=1e-4):
+            fails.append(f"{b}: max abs diff {float(np.abs(got - ref).max()):.2e}")
+        ratios.append(_median_time(lambda: rt.run(inp)) / _median_time(lambda: sess.run(None, inp)))
+    fallback = json.loads((art / "manifest.json").read_text())["groups"]
+    numpy_groups = [g["name"] for g in fallback if any(v["family"] == "numpy" for v in g["variants"])]
+    return res | {"stage": "done", "ok": not fails, "fails": fails, "rel_l2": rel, "ref_max_abs": scale,
+                  "numpy_groups": numpy_groups, "ratios": [round(r, 3) for r in ratios],
+                  "geomean": float(np.exp(np.mean(np.log(ratios)))) if ratios else None}
+
+
+def _median_time(call, runs: int = 7) -> float:
+    call()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[runs // 2]
+
+
+def _row_text(r: dict) -> str:
+    head = f"{r['model']:>18} {r['exporter']:>11}  "
+    if r["stage"] != "done":
+        return head + f"{r['stage']} failed: {r['error'].splitlines()[0][:110]}"
+    return head + (f"{'ok' if r['ok'] else 'MISMATCH':>8}  rel L2 {r['rel_l2']:.1e} (|ref| <= {r['ref_max_abs']:.1e})  "
+                   f"numpy groups {len(r['numpy_groups'])}  tscomp/ort {r['geomean']:.2f} "
+                   f"(worst {max(r['ratios']):.2f})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--exporters", default="dynamo,torchscript")
+    ap.add_argument("--budget", default="4,90s", help="tscomp compile --budget")
+    ap.add_argument("--cache", default=".cache/unseen", help="exports, artifacts and tuning records")
+    ap.add_argument("--out", default="", help="write the rows as JSON")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    out_dir = pathlib.Path(args.cache)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        print(json.dumps(check(args.child[0], args.child[1], args.budget, out_dir)))
+        return
+    rows = []
+    for exporter in args.exporters.split(","):
+        for name in args.models.split(","):
+            cmd = [sys.executable, "-m", "benchmarks.unseen_families", "--child", name, exporter,
+                   "--budget", args.budget, "--cache", args.cache]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            line = p.stdout.strip().splitlines()[-1] if p.returncode == 0 and p.stdout.strip() else None
+            row = json.loads(line) if line else {"model": name, "exporter": exporter, "stage": "crash",
+                                                 "error": p.stderr[-500:] or f"exit {p.returncode}"}
+            rows.append(row)
+            print(_row_text(row), flush=True)
+    done = [r for r in rows if r["stage"] == "done"]
+    print(f"{len(done)} of {len(rows)} compiled; {sum(r['ok'] for r in done)} match onnxruntime; "
+          f"{sum(bool(r['numpy_groups']) for r in done)} with numpy groups")
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
