@@ -296,6 +296,35 @@ def test_elementwise_prologue_before_a_conv_is_fused_and_matches_onnxruntime(tmp
     _compile_and_compare(path, ["H", "W"], [(1, 1, 1), (2, 7, 13), (1, 97, 13)])
 
 
+@pytest.mark.parametrize("depthwise", [True, False])
+def test_an_epilogue_in_the_transposed_layout_stores_scattered_and_matches_onnxruntime(tmp_path, depthwise):
+    """SegFormer's Mix-FFN: Conv -> flatten the image -> transpose to [N, H*W, C] -> GELU, all in
+    the Conv's group: each output element computed at (n, c, p) lands at [n, p, c]."""
+    path = tmp_path / "mixffn.onnx"
+    rng = np.random.default_rng(1)
+    cin = 1 if depthwise else C
+    inits = [helper.make_tensor("w", TP.FLOAT, [C, cin, 3, 3], rng.standard_normal(C * cin * 9).astype(np.float32)),
+             helper.make_tensor("b", TP.FLOAT, [C], rng.standard_normal(C).astype(np.float32)),
+             helper.make_tensor("flat", TP.INT64, [3], [0, C, -1])]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], group=C if depthwise else 1),
+             helper.make_node("Reshape", ["y", "flat"], ["yf"]),
+             helper.make_node("Transpose", ["yf"], ["yt"], perm=[0, 2, 1]),
+             helper.make_node("Gelu", ["yt"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", C, "H", "W"])],
+                          [helper.make_tensor_value_info("z", TP.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    m.ir_version = 9
+    onnx.save(m, str(path))
+    model = compile_model(str(path), ["batch=1:3", "H=1:40", "W=1:40"], max_variants=1)
+    assert not model.fallback_groups()
+    assert any("scattered" in k.source for ks in model.kernels.values() for k in ks)
+    rt = Runtime.from_compiled(model, num_threads=2)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for n, h, w in [(1, 1, 1), (2, 7, 13), (3, 40, 29)]:
+        x = rng.standard_normal((n, C, h, w)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["z"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
 def test_shape_symbols_named_like_kernel_identifiers_do_not_collide(tmp_path):
     """Dims called G, tile, nv (a macro, an epilogue parameter, a local of the macro-kernel)."""
     path = tmp_path / "names.onnx"

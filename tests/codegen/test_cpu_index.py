@@ -300,6 +300,31 @@ def test_pad_row_by_row_matches_onnxruntime(tmp_path, mode, pads):
         _check(path, rt, {"x": rng.standard_normal((H, W)).astype(np.float32)})
 
 
+@pytest.mark.parametrize("view", ["slice", "transpose"])
+def test_pad_of_a_view_of_its_input_gathers_the_view_first(tmp_path, view):
+    """MobileBERT's shifted embeddings (Slice then Pad) and Swin's window padding after a reshape:
+    the fusion absorbs the view into the Pad's group, and the index kernel gathers it contiguous."""
+    if view == "slice":
+        nodes = [helper.make_node("Slice", ["x", "one", "big", "one"], ["v"]),
+                 helper.make_node("Pad", ["v", "pads"], ["y"])]
+        pads = [0, 0, 0, 0, 1, 0]            # the sequence shifted by one, a zero row at its end
+        out = [("y", F, ["B", "L", 16])]
+    else:
+        nodes = [helper.make_node("Transpose", ["x"], ["v"], perm=[0, 2, 1]),
+                 helper.make_node("Pad", ["v", "pads"], ["y"])]
+        pads = [0, 1, 0, 0, 2, 3]
+        out = [("y", F, ["B", 19, None])]
+    inits = [helper.make_tensor("one", I64, [1], [1]), helper.make_tensor("big", I64, [1], [1 << 40]),
+             helper.make_tensor("pads", I64, [6], pads)]
+    path = _model(tmp_path, f"pad_of_{view}", nodes, [("x", F, ["B", "L", 16])], out, inits)
+    model, rt = _compile(path, ["B=1:3", "L=2:64"])
+    assert _index_groups(model)
+    assert any("gathered contiguous" in k.source for ks in model.kernels.values() for k in ks)
+    rng = np.random.default_rng(12)
+    for B, L in [(1, 2), (3, 13), (2, 64)]:
+        _check(path, rt, {"x": rng.standard_normal((B, L, 16)).astype(np.float32)})
+
+
 @pytest.mark.parametrize("upper,k", [(1, 0), (0, 0), (1, -2), (0, 3)])
 def test_trilu_matches_onnxruntime(tmp_path, upper, k):
     nodes = [helper.make_node("Trilu", ["x", "k"], ["y"], upper=upper)]

@@ -51,7 +51,8 @@ import numpy as np
 import sympy
 
 from tscomp.codegen.build import build_library, get_num_threads, load_library
-from tscomp.codegen.c_expr import PRELUDE, c_literal, c_symbol_name, delinearize, linearize, math_helpers
+from tscomp.codegen.c_expr import (PRELUDE, c_literal, c_symbol_name, delinearize, landing_index, linearize,
+                                   math_helpers)
 from tscomp.codegen.cpu_gemm import _Vec, emit_accumulators
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
@@ -214,11 +215,15 @@ class TileEpilogue(GroupGenerator):
         self.p = self.ctx.var("ts_p", self.P)
         self.pos = delinearize(self.p, self.spatial, self.ctx)
         self.flat = self.ctx.simplify(linearize((self.n, self.ch) + tuple(self.pos), self.hshape))
+        self.probe: list | None = None
 
     # ------------------------------------------------------------------ the backbone's value
     def heavy_value(self, e: Op, idx) -> str:
         if e is not self.heavy and not (isinstance(e, Op) and e.node == self.heavy.node):
             self.fail(f"a second heavy op ({e.op_type}) read by the epilogue", e)
+        if self.probe is not None:          # probing where an output reads the backbone
+            self.probe.append(tuple(self.ctx.simplify(i) for i in idx))
+            return "ts_acc"
         off = self.ctx.simplify(linearize(tuple(idx), self.hshape))
         if not same(self.ctx.collapse(off), self.ctx.collapse(self.flat)):
             self.fail(f"the epilogue reads the {e.op_type} result at offset {off}, not at the element it "
@@ -247,6 +252,40 @@ class TileEpilogue(GroupGenerator):
         return self.define("float", f"({x} - {mean}) * {factor} + {bias}", deps=[x, mean, factor, bias],
                            note="BatchNormalization")
 
+    # ------------------------------------------------------------------ outputs in another layout
+    def _probe_reads(self, e: Expr, idx) -> set | None:
+        """The backbone indices output expression ``e`` reads at ``idx`` (a throwaway generator;
+        None when it cannot be generated at all)."""
+        probe = TileEpilogue(self.plan, self.group, self.heavy, self.hshape, self.bias)
+        probe.probe = []
+        try:
+            probe.value(e, idx)
+        except UnsupportedOperatorError:
+            return None
+        return set(probe.probe)
+
+    def _reads_backbone_at(self, e: Expr, idx, flat) -> bool:
+        reads = self._probe_reads(e, idx)
+        return reads is not None and all(
+            same(self.ctx.collapse(self.ctx.simplify(linearize(r, self.hshape))), self.ctx.collapse(flat)) for r in reads)
+
+    def _landing(self, oname: str, e: Expr, oshape) -> tuple:
+        """Where the backbone's element (n, c, p) lands in output ``oname``, a permutation of its
+        space: SegFormer's Mix-FFN flattens and transposes the depthwise Conv's NCHW result to
+        [N, H*W, C] before its GELU. Solved from the backbone index each output element reads
+        (:func:`landing_index`); :meth:`heavy_value` then checks that the output read there reads
+        exactly (n, c, p)."""
+        ovars = tuple(self.ctx.var(f"ts_o{a}", d) if d != 1 else sympy.Integer(0) for a, d in enumerate(oshape))
+        reads = self._probe_reads(e, ovars)
+        if not reads or len(reads) != 1:
+            self.fail(f"output {oname} reads the {self.heavy.op_type} result at "
+                      f"{len(reads) if reads else 'no'} elements per output element")
+        (read,) = reads
+        # in [N, C, P] coordinates: the spatial axes of the read joined into one flat position
+        flat_pos = self.ctx.collapse(self.ctx.simplify(linearize(read[2:], self.spatial)))
+        return landing_index(read[:2] + (flat_pos,), (self.n, self.ch, self.p), ovars, dict(zip(ovars, oshape)), self.ctx,
+                             lambda why: self.fail(f"output {oname}: {self.heavy.op_type} {why}"))
+
     # ------------------------------------------------------------------ the function
     def generate_function(self, name: str, outputs: Mapping[str, Expr]) -> tuple[str, list[tuple], str]:
         """(C text, [(role, name, C parameter, dtype/symbol)], file-scope statics)."""
@@ -263,12 +302,17 @@ class TileEpilogue(GroupGenerator):
             if not same(numel(oshape), numel(self.hshape)):
                 self.fail(f"output {oname} of shape {list(oshape)} is not in the {self.heavy.op_type}'s output "
                           f"space {list(self.hshape)}")
+            off = self.flat
             if len(oshape) == len(self.hshape) and all(same(a, b) for a, b in zip(oshape, self.hshape)):
                 oidx = (self.n, self.ch) + tuple(self.pos)
             else:
                 oidx = delinearize(self.flat, oshape, self.ctx)
+                if not self._reads_backbone_at(e, oidx, self.flat):
+                    oidx = self._landing(oname, e, oshape)
+                    off = self.ctx.simplify(linearize(oidx, oshape))
             v = self.value(e, oidx)
-            self.emit(f"{self.out_c[oname]}[{self.c(self.flat)}] = {v};")
+            note = "" if off is self.flat else "  /* scattered: the output is a permutation of the backbone's */"
+            self.emit(f"{self.out_c[oname]}[{self.c(off)}] = {v};{note}")
         self.pop()
         self.pop()
         if self.index_checks:

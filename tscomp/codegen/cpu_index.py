@@ -27,11 +27,12 @@ import re
 import numpy as np
 import sympy
 
-from tscomp.codegen.c_expr import PRELUDE, CPrinter, IndexContext, c_literal, c_symbol_name
+from tscomp.codegen.c_expr import (PRELUDE, CPrinter, IndexContext, c_literal, c_symbol_name, compose, delinearize,
+                                   linearize)
 from tscomp.codegen.cpu_groups import CompiledGroup, IndexCheck, KernelArg, KernelSource
 from tscomp.codegen.native import refusals_name_group
 from tscomp.errors import UnsupportedOperatorError
-from tscomp.graph.fusion.expr import Const, Input, Op, walk
+from tscomp.graph.fusion.expr import Const, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.graph.ops import registry
 from tscomp.graph.ops.registry import c_type
@@ -71,6 +72,8 @@ class IndexKernelWriter:
         self.in_c = {name: f"in{k}" for k, name in enumerate(group.inputs)}
         self.out_c = {name: f"out{k}" for k, name in enumerate(group.outputs)}
         self._consts: dict[int, Operand] = {}
+        self._views: dict[int, Operand] = {}
+        self.cleanup: list[str] = []       # statements before the function returns (view buffers freed)
 
     # ------------------------------------------------------------------ what writers call
     def fail(self, why: str):
@@ -208,8 +211,35 @@ class IndexKernelWriter:
             if id(a) not in self._consts:
                 self._consts[id(a)] = self._const(a, ct, shape)
             return self._consts[id(a)]
-        self.fail(f"input {i} is read through {type(a).__name__} (a view or a fused op); only group inputs "
-                  f"and constants")
+        if isinstance(a, View):
+            if id(a) not in self._views:
+                self._views[id(a)] = self._view_copy(a, i, ct, shape)
+            return self._views[id(a)]
+        self.fail(f"input {i} is read through {type(a).__name__} (a fused op); only group inputs, views of "
+                  f"them and constants")
+
+    def _view_copy(self, a: View, i: int, ct: str, shape) -> Operand:
+        """A view of a group input (a Slice, Reshape or Transpose the fusion absorbed into the op's
+        group: MobileBERT's shifted copies of the embedding, Swin's window padding after a reshape)
+        gathered into a contiguous buffer before the op, so every writer indexes it flat. Its index
+        map is divided out once per element here, in one parallel pass."""
+        chain, src = [], a
+        while isinstance(src, View):
+            chain.append((src.op.canonical(self.canon), tuple(self.canon(d) for d in src.src.shape)))
+            src = src.src
+        if not isinstance(src, Input):
+            self.fail(f"input {i} is a view of {type(src).__name__}, not of a group input")
+        name = f"view{len(self._views)}"
+        n = self.numel(shape)
+        q = self.ctx.var(f"{name}_q", numel(shape))
+        source = compose(delinearize(q, shape, self.ctx), chain, self.ctx)
+        off = self.ctx.simplify(linearize(source, tuple(self.canon(d) for d in src.shape)))
+        self.decls += [f"/* input {i}: {a.op.describe()} of {src.name}, gathered contiguous */",
+                       f"{ct}* {name} = ({ct}*)malloc(sizeof({ct}) * (size_t)({n}) + 1);",
+                       f"#pragma omp parallel for schedule(static){self.parallel(n)}",
+                       f"for (int64_t {q} = 0; {q} < {n}; ++{q}) {name}[{q}] = {self.in_c[src.name]}[{self.pr(off)}];"]
+        self.cleanup.append(f"free({name});")
+        return Operand(a.dtype, shape, ct, name)
 
     def out(self, k: int = 0) -> Operand:
         for name, e in self.group.outputs.items():
@@ -332,7 +362,7 @@ def _source(w: IndexKernelWriter) -> KernelSource:
     else:
         signature, ret = f"void {func}({', '.join(params)})", []
     header = _header(w, args)
-    body = ["    " + line for line in w.decls + w.lines]
+    body = ["    " + line for line in w.decls + w.lines + w.cleanup]
     source = "\n".join([header, prelude, *w.statics, signature, "{", *body, *ret, "}", ""])
     return KernelSource(g.name, g.kind, func, source, args, list(w.index_checks))
 

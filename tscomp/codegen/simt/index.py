@@ -44,6 +44,10 @@ class SimtIndexWriter(IndexKernelWriter):
         self.one_group = False      # a serial section: the kernel runs as one work-group
         self.flat_count = 0
 
+    def _view_copy(self, a, i: int, ct: str, shape):
+        self.fail(f"input {i} is read through a view ({a.op.describe()}): the SIMT index kernels gather "
+                  f"group inputs only (no device-side buffer to gather a view into)")
+
     def parallel_for(self, loops, *, work=None, min_work=0, simd=False, brace=True) -> None:
         if len(loops) == 1:
             v, n = loops[0]
