@@ -68,6 +68,40 @@ def attention_model(tmp_path, dk: int, dv: int, *, guard: bool = True, p_op: str
 
 DIMS = ["b=1:3", "M=1:600", "N=1:600"]
 
+def window_attention_model(tmp_path, heads: int = 2, keys: int = 16, dk: int = 8):
+    """Swin's window attention: q, k, v [w, heads, keys, dk] with a static key count and a learned
+    [heads, keys, keys] bias -> softmax(q·kᵀ + bias) · v. (path, numpy reference of q, k, v)."""
+    bias = np.random.default_rng(3).standard_normal((heads, keys, keys)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+         helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Add", ["s", "bias"], ["sb"]),
+         helper.make_node("Softmax", ["sb"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])],
+        "windows", [helper.make_tensor_value_info(n, TP.FLOAT, ["w", heads, keys, dk]) for n in "qkv"],
+        [helper.make_tensor_value_info("y", TP.FLOAT, ["w", heads, keys, dk])],
+        initializer=[helper.make_tensor("bias", TP.FLOAT, bias.shape, bias.reshape(-1))])
+    path = tmp_path / "windows.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+
+    def reference(q, k, v):
+        s = q @ k.transpose(0, 1, 3, 2) + bias
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return (p / p.sum(-1, keepdims=True)) @ v
+    return path, reference
+
+
+def test_window_attention_with_a_static_key_count_compiles_fused(tmp_path):
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+    path, reference = window_attention_model(tmp_path)
+    model = compile_model(str(path), ["w=1:64"], max_variants=1)
+    assert not model.fallback_groups()
+    assert [ks[0].family for ks in model.kernels.values()] == ["attention"]
+    rt = Runtime.from_compiled(model, num_threads=2)
+    rng = np.random.default_rng(4)
+    for w in (1, 7, 64):
+        feeds = {n: rng.standard_normal((w, 2, 16, 8)).astype(np.float32) for n in "qkv"}
+        np.testing.assert_allclose(rt.run(feeds)["y"], reference(**feeds), rtol=1e-4, atol=1e-4)
+
 
 def plan_of(path):
     return fuse(G.load_model(path, DIMS))

@@ -11,7 +11,7 @@ from onnx import helper
 
 import tscomp.graph as G
 from tscomp.graph.fusion import fuse, run_plan
-from tests.codegen.test_cpu_attention import DIMS, attention_model, feeds_at
+from tests.codegen.test_cpu_attention import DIMS, attention_model, feeds_at, window_attention_model
 
 
 def kinds(plan):
@@ -59,3 +59,14 @@ def test_a_chain_through_a_constant_weight_is_not_attention(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
     plan = fuse(G.load_model(path, ["n=1:64"]))
     assert "attention" not in kinds(plan)
+
+
+def test_window_attention_with_a_static_key_count_is_merged_not_stitched_into_qk(tmp_path):
+    """Swin: windows of 16 tokens, so QKᵀ's last axis (the Softmax's row) is a static 16. A row
+    reduction stitches onto a GEMM only when its B operand is a weight (the batched kernel has no
+    row pass): here the Softmax stays its own group and the chain merges into attention."""
+    path, reference = window_attention_model(tmp_path)
+    plan = fuse(G.load_model(path, ["w=1:64"]))
+    assert kinds(plan) == ["attention"]
+    feeds = {n: np.random.default_rng(k).standard_normal((5, 2, 16, 8)).astype(np.float32) for k, n in enumerate("qkv")}
+    np.testing.assert_allclose(run_plan(plan, feeds)["y"], reference(**feeds), rtol=1e-5, atol=1e-5)
