@@ -199,6 +199,24 @@ def test_a_row_group_storing_its_rows_in_both_layouts_matches_onnxruntime(tmp_pa
                                "cos": rng.standard_normal((1, 1, n, 16)).astype(np.float32)})
 
 
+@pytest.mark.parametrize("spatial", [["L"], ["H", "W"]])
+def test_instance_norm_is_a_row_kernel_with_a_per_channel_affine(tmp_path, spatial):
+    """wav2vec2's feature extractor (GroupNorm with a group per channel, exported as
+    InstanceNormalization over [N, C, L]); the image form normalizes each (n, c) over H x W."""
+    C = 5
+    rng = np.random.default_rng(8)
+    nodes = [helper.make_node("InstanceNormalization", ["X", "scale", "bias"], ["n"], epsilon=1e-5),
+             helper.make_node("Relu", ["n"], ["Y"])]
+    dims = ["N", C, *spatial]
+    path = save_model(tmp_path, "instnorm", nodes, [("X", TP.FLOAT, dims)], [("Y", TP.FLOAT, dims)],
+                      [const("scale", rng.standard_normal(C)), const("bias", rng.standard_normal(C))])
+    cp = CompiledPlan(path, ["N=1:3"] + [f"{d}=1:600" for d in spatial])
+    sizes = [(1, 1), (3, 7), (2, 97), (1, 600)] if len(spatial) == 1 else [(1, 1, 1), (2, 7, 13), (3, 31, 17)]
+    for size in sizes:
+        shape = (size[0], C, *size[1:])
+        check_against_ort(cp, {"X": (rng.standard_normal(shape) * 3 + 1).astype(np.float32)})
+
+
 def test_decomposed_layer_norm_stitches_two_reductions(tmp_path):
     nodes = [
         helper.make_node("ReduceMean", ["X"], ["mu"], axes=[-1]),

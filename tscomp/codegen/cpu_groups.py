@@ -66,7 +66,7 @@ from tscomp.graph.shape_propagation import node_context
 from tscomp.graph.symbols import compile_int_expr, numel, same, shape_str
 
 #: normalizing reductions the row kernel implements (besides the Reduce* family)
-ROW_KERNEL_OPS = ("Softmax", "LogSoftmax", "LayerNormalization", "ArgMax", "ArgMin")
+ROW_KERNEL_OPS = ("Softmax", "LogSoftmax", "LayerNormalization", "InstanceNormalization", "ArgMax", "ArgMin")
 
 #: arg reductions: the comparison that makes a new element the row's extreme
 ARG_OPS = {"ArgMax": ">", "ArgMin": "<"}
@@ -75,7 +75,7 @@ ARG_OPS = {"ArgMax": ">", "ArgMin": "<"}
 PARALLEL_MIN_ELEMENTS = 1 << 15
 
 #: heavy ops a row kernel implements, by how they reduce
-ROW_OPS = ("Softmax", "LogSoftmax", "LayerNormalization", "ArgMax", "ArgMin", *REDUCTIONS)
+ROW_OPS = (*ROW_KERNEL_OPS, *REDUCTIONS)
 
 
 @dataclass
@@ -667,7 +667,7 @@ class GroupGenerator:
         op = h.op_type
         st: dict[str, str] = {}
         self.emit(f"/* {op} {h.node}: row statistics */")
-        if op in ("Softmax", "LogSoftmax", "LayerNormalization") and dt.kind != "f":
+        if op in ("Softmax", "LogSoftmax", "LayerNormalization", "InstanceNormalization") and dt.kind != "f":
             self.fail(f"{op} of {dt}", h)
         if op in ("Softmax", "LogSoftmax", "ReduceLogSumExp"):
             exp = "ts_expf" if f else "exp"   # ts_expf vectorizes (PRELUDE)
@@ -718,7 +718,7 @@ class GroupGenerator:
             close()
             st["result"] = self.fresh("red")
             self.emit(f"const int64_t {st['result']} = {arg} < 0 ? 0 : {arg};")
-        elif op == "LayerNormalization":
+        elif op in ("LayerNormalization", "InstanceNormalization"):
             s, q = self.fresh("sum"), self.fresh("sq")
             mean, inv = self.fresh("mean"), self.fresh("rstd")
             eps = c_literal(float(h.attrs.get("epsilon", 1e-5)), dt)
@@ -832,13 +832,16 @@ class GroupGenerator:
         deps = [xv, *st.values()]
         if op == "LogSoftmax":
             expr = f"{xv} - {st['max']} - {st['logsum']}"
-        else:  # LayerNormalization output 0: ((x - mean) * rstd) * scale + bias
+        else:  # LayerNormalization / InstanceNormalization output 0: ((x - mean) * rstd) * scale + bias
             shape = self.shape(e)
-            scale = self.value(e.args[1], broadcast_index(idx, shape, self.shape(e.args[1])))
+
+            def affine_index(arg):   # LayerNorm's scale spans the row; InstanceNorm's is per channel
+                return (idx[1],) if op == "InstanceNormalization" else broadcast_index(idx, shape, self.shape(arg))
+            scale = self.value(e.args[1], affine_index(e.args[1]))
             expr = f"(({xv} - {st['mean']}) * {st['rstd']}) * {scale}"
             deps.append(scale)
             if len(e.args) > 2 and e.args[2] is not None:
-                bias = self.value(e.args[2], broadcast_index(idx, shape, self.shape(e.args[2])))
+                bias = self.value(e.args[2], affine_index(e.args[2]))
                 expr += f" + {bias}"
                 deps.append(bias)
         return self.define(ct, expr, deps=deps, note=op)
