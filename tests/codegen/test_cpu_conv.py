@@ -110,6 +110,7 @@ BRANCHES_2D = [
     ("depthwise", C, (3, 3), dict(group=C, pads=[1, 1, 1, 1]), ("relu",)),
     ("depthwise_s2", 2 * C, (3, 3), dict(group=C, pads=[1, 2, 1, 0], strides=[2, 2]), ()),
     ("depthwise_dil", C, (5, 3), dict(group=C, pads=[4, 1, 4, 1], dilations=[2, 1]), ("bn",)),
+    ("depthwise_7x7", C, (7, 7), dict(group=C, pads=[3, 3, 3, 3]), ()),          # ConvNeXt's
 ]
 
 
@@ -119,7 +120,16 @@ def test_conv2d_branches_match_onnxruntime_at_awkward_sizes(tmp_path):
     model = _compile_and_compare(path, spatial, SIZES_2D, residual_channels=8,
                                  families={"conv", "conv-depthwise"})
     depthwise = [g for g, ks in model.kernels.items() if ks[0].family == "conv-depthwise"]
-    assert len(depthwise) == 3
+    assert len(depthwise) == 4
+
+
+def test_depthwise_rows_the_taps_end_before_the_input_does(tmp_path):
+    """A stride-2 3x3 depthwise without padding on an even width: no tap reads the last input
+    column, so the kernel's padded block holds fewer columns than the input row has."""
+    path = tmp_path / "dw_tail.onnx"
+    spatial = _model(path, [("dw", C, (3, 3), dict(group=C, strides=[2, 2]), ("relu",))])
+    _compile_and_compare(path, spatial, [(1, 3, 3), (2, 8, 8), (1, 9, 14), (3, 100, 4)], lo=3,
+                         families={"conv-depthwise"})
 
 
 BRANCHES_1D = [

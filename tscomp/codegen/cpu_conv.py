@@ -825,19 +825,17 @@ def depthwise_source(analysis: DepthwiseAnalysis, isa: str) -> str:
     emit("static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }")
     emit("static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }")
     emit(WORKSPACE_C)
-    emit_t("""/* output columns q whose tap at offset `off` (iw = q*SW + off) is >= 0 / < W */
-static inline int64_t tap_lo(int64_t off) { return off >= 0 ? 0 : (-off + SW - 1) / SW; }
-static inline int64_t tap_hi(int64_t off, int64_t W, int64_t OW)
-{ return min_i64(OW, W - 1 - off >= 0 ? (W - 1 - off) / SW + 1 : 0); }
-""")
     emit(a.math)
     if a.statics:
         emit(a.statics)
     emit(a.epilogue_c)
     emit(a.prologue_c)
-    emit_t(f"""/* Direct depthwise macro-kernel: output channel oc reads input channel oc / OCG; per output row the
- * KH x KW taps accumulate into a row buffer (the in-image columns of each tap one strided pass,
- * contiguous at SW = 1); the fused epilogue stores the row. */
+    emit_t(f"""/* Direct depthwise macro-kernel: output channel oc reads input channel oc / OCG. A task (image,
+ * channel, block of output rows) first copies the input rows its outputs read into a zero-padded
+ * per-thread block (the padding columns and any row outside the image are zeros), so every tap of
+ * every output column is in the block: per output row and kernel row, one vectorized pass over
+ * the whole row with the KW taps unrolled (KW is a constant) and no edge columns; the fused
+ * epilogue stores the row. */
 void {name}({_runtime_params()}{params})
 {{
     const int64_t P = OH * OW;
@@ -846,38 +844,43 @@ void {name}({_runtime_params()}{params})
     const int64_t rows = max_i64(1, min_i64(OH, 4096 / (OW > 0 ? OW : 1)));
     const int64_t n_rb = (OH + rows - 1) / rows;
     const int64_t n_tasks = NB * OC * n_rb;
+    /* the padded block: PW columns (input column iw at PL + iw), at most BR rows */
+    const int64_t PW = (OW - 1) * SW + (KW - 1) * DW + 1;
+    const int64_t BR = (rows - 1) * SH + (KH - 1) * DH + 1;
+    const int64_t ncopy = max_i64(0, min_i64(W, PW - PL));     /* input columns that land in the block */
     #pragma omp parallel if (n_tasks > 1)
     {{
-        float* acc = tscomp_thread_workspace((size_t)OW);
+        float* acc = tscomp_thread_workspace((size_t)(OW + BR * PW));
+        float* restrict pad = acc + OW;
         #pragma omp for schedule(dynamic, 4)
         for (int64_t t = 0; t < n_tasks; ++t) {{
             const int64_t rb = t % n_rb, oc = (t / n_rb) % OC, n = t / (n_rb * OC);
             const float* restrict src = X + (n * C_IN + oc / OCG) * H * W;
             const float* restrict wk = Wp + oc * (KH * KW);
-            for (int64_t oh = rb * rows; oh < min_i64(OH, (rb + 1) * rows); ++oh) {{
+            const int64_t oh0 = rb * rows, oh1 = min_i64(OH, oh0 + rows);
+            const int64_t ih0 = oh0 * SH - PT, nr = (oh1 - 1 - oh0) * SH + (KH - 1) * DH + 1;
+            for (int64_t r = 0; r < nr; ++r) {{
+                float* restrict prow = pad + r * PW;
+                const int64_t ih = ih0 + r;
+                if (ih < 0 || ih >= H) {{
+                    for (int64_t c = 0; c < PW; ++c) prow[c] = 0.0f;
+                    continue;
+                }}
+                for (int64_t c = 0; c < PL && c < PW; ++c) prow[c] = 0.0f;
+                for (int64_t c = 0; c < ncopy; ++c) prow[PL + c] = src[ih * W + c];
+                for (int64_t c = max_i64(PL, 0) + ncopy; c < PW; ++c) prow[c] = 0.0f;
+            }}
+            for (int64_t oh = oh0; oh < oh1; ++oh) {{
                 for (int64_t q = 0; q < OW; ++q) acc[q] = 0.0f;
                 for (int64_t kh = 0; kh < KH; ++kh) {{
                     const int64_t ih = oh * SH - PT + kh * DH;
-                    if (ih < 0 || ih >= H) continue;
-                    const float* restrict row = src + ih * W;
+                    if (ih < 0 || ih >= H) continue;          /* a zero row: nothing to add */
+                    const float* restrict prow = pad + (ih - ih0) * PW;
                     const float* restrict wr = wk + kh * KW;
-                    /* interior columns [qa, qb): every tap of the row inside the image, all KW taps in one
-                     * pass (KW is a constant: unrolled); the few edge columns test each tap */
-                    const int64_t qa = min_i64(OW, tap_lo(-PL)), qb = max_i64(qa, tap_hi((KW - 1) * DW - PL, W, OW));
-                    for (int64_t q = 0; q < qa; ++q)
-                        for (int64_t kw = 0; kw < KW; ++kw) {{
-                            const int64_t iw = q * SW + kw * DW - PL;
-                            if (iw >= 0 && iw < W) acc[q] += wr[kw] * row[iw];
-                        }}
-                    for (int64_t q = qb; q < OW; ++q)
-                        for (int64_t kw = 0; kw < KW; ++kw) {{
-                            const int64_t iw = q * SW + kw * DW - PL;
-                            if (iw >= 0 && iw < W) acc[q] += wr[kw] * row[iw];
-                        }}
                     #pragma omp simd
-                    for (int64_t q = qa; q < qb; ++q) {{
+                    for (int64_t q = 0; q < OW; ++q) {{
                         float s = acc[q];
-                        for (int64_t kw = 0; kw < KW; ++kw) s += wr[kw] * row[q * SW + kw * DW - PL];
+                        for (int64_t kw = 0; kw < KW; ++kw) s += wr[kw] * prow[q * SW + kw * DW];
                         acc[q] = s;
                     }}
                 }}
