@@ -120,8 +120,9 @@ def test_unsupported_groups_are_refused_with_the_group_name(tmp_path):
 # ------------------------------------------------------------------ row-reduction (LayerNorm) epilogues
 def _ln_model(tmp_path, K, N, variant):
     """MatMul + bias + residual, then LayerNormalization ("ln"), the same exporting the residual
-    sum too ("ln_sum", GPT-2's residual stream), or the decomposed LayerNorm of old torchscript
-    exports ("decomposed": ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add)."""
+    sum too ("ln_sum", GPT-2's residual stream), the decomposed LayerNorm of old torchscript
+    exports ("decomposed": ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add), or "ln"
+    with a scale and shift on the A operand first ("prologue")."""
     rng = np.random.default_rng(2)
     W = rng.standard_normal((K, N)).astype(np.float32) / np.sqrt(K)
     b = rng.standard_normal(N).astype(np.float32)
@@ -131,9 +132,17 @@ def _ln_model(tmp_path, K, N, variant):
              helper.make_tensor("b", TP.FLOAT, b.shape, b.tolist()),
              helper.make_tensor("gamma", TP.FLOAT, gamma.shape, gamma.tolist()),
              helper.make_tensor("beta", TP.FLOAT, beta.shape, beta.tolist())]
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"]),
-             helper.make_node("Add", ["mm", "b"], ["biased"]),
-             helper.make_node("Add", ["biased", "res"], ["h"])]
+    a = "x"
+    if variant == "prologue":     # ConvNeXt-V2's GRN scale and shift on the A operand, a constant vector each
+        inits += [helper.make_tensor("gx", TP.FLOAT, [K], (1 + 0.1 * rng.standard_normal(K)).astype(np.float32)),
+                  helper.make_tensor("bx", TP.FLOAT, [K], (0.1 * rng.standard_normal(K)).astype(np.float32))]
+        nodes = [helper.make_node("Mul", ["x", "gx"], ["xg"]), helper.make_node("Add", ["xg", "bx"], ["xa"])]
+        a = "xa"
+    else:
+        nodes = []
+    nodes += [helper.make_node("MatMul", [a, "W"], ["mm"]),
+              helper.make_node("Add", ["mm", "b"], ["biased"]),
+              helper.make_node("Add", ["biased", "res"], ["h"])]
     outputs = [helper.make_tensor_value_info("y", TP.FLOAT, ["B", "S", N])]
     if variant == "decomposed":
         inits += [helper.make_tensor("two", TP.FLOAT, [], [2.0]), helper.make_tensor("eps", TP.FLOAT, [], [1e-5])]
@@ -211,6 +220,26 @@ def test_layernorm_epilogue_variants_vs_onnxruntime(tmp_path_factory, variant, B
     if variant == "ln_sum":
         assert kernel.y_output == "h" and not kernel.analysis.y_inplace      # Y is the exported residual sum
     _run_vs_ort(path, plan, group, kernel, B, S, K, N)
+
+
+def test_an_a_prologue_and_a_layernorm_row_pass_with_constant_vectors_compile_together(tmp_path):
+    """Both generators put their constant arrays (GRN's scale and shift, LayerNorm's gamma and
+    beta) at file scope: their names must not collide (ConvNeXt-V2 failed to compile)."""
+    import onnxruntime as ort
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+    path = _ln_model(tmp_path, 64, 48, "prologue")
+    model = compile_model(str(path), ["B=1:3", "S=1:64"], max_variants=1)
+    assert not model.fallback_groups()
+    (gemm,) = [ks[0] for ks in model.kernels.values() if ks[0].family == "gemm"]
+    assert "k_pro0" in gemm.source and "k_row0" in gemm.source
+    rt = Runtime.from_compiled(model, num_threads=2)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    for B, S in [(1, 1), (3, 13), (2, 64)]:
+        feeds = {"x": rng.standard_normal((B, S, 64)).astype(np.float32),
+                 "res": rng.standard_normal((B, S, 48)).astype(np.float32)}
+        close(rt.run(feeds)["y"], sess.run(None, feeds)[0], f"B={B} S={S}")
 
 
 def test_layernorm_epilogue_several_k_steps_and_configs(tmp_path_factory):

@@ -217,6 +217,19 @@ def test_instance_norm_is_a_row_kernel_with_a_per_channel_affine(tmp_path, spati
         check_against_ort(cp, {"X": (rng.standard_normal(shape) * 3 + 1).astype(np.float32)})
 
 
+def test_a_reduction_followed_only_by_unit_axes_is_a_row_reduction(tmp_path):
+    """ConvBERT's dynamic-convolution kernel weights: Softmax over axis 1 of [R, 9, 1] (and a
+    keepdims sum alike): the unit axis after the reduced one leaves the rows contiguous."""
+    nodes = [helper.make_node("Softmax", ["X"], ["Y"], axis=1),
+             helper.make_node("ReduceSum", ["X", "one"], ["S"], keepdims=1)]
+    path = save_model(tmp_path, "unit_tail", nodes, [("X", TP.FLOAT, ["R", 9, 1])],
+                      [("Y", TP.FLOAT, ["R", 9, 1]), ("S", TP.FLOAT, ["R", 1, 1])], [const("one", [1], np.int64)])
+    cp = CompiledPlan(path, ["R=1:512"])
+    rng = np.random.default_rng(9)
+    for r in (1, 7, 512):
+        check_against_ort(cp, {"X": (rng.standard_normal((r, 9, 1)) * 3).astype(np.float32)})
+
+
 def test_decomposed_layer_norm_stitches_two_reductions(tmp_path):
     nodes = [
         helper.make_node("ReduceMean", ["X"], ["mu"], axes=[-1]),

@@ -542,6 +542,7 @@ class GemmGroupAnalysis:
         pro_text = ""
         if self.a_prologue:
             pgen = GroupGenerator(self.plan, g)
+            pgen.const_stem = "k_pro"
             pgen.reports_index_errors = False
             a = self.heavy.args[0]
             ashape = pgen.shape(a)
@@ -605,6 +606,7 @@ class GemmGroupAnalysis:
     def _row_generator(self, row_outs: dict[str, Expr], y_map: dict[str, str]) -> _RowPassGenerator:
         out_c = {**self.out_c, **y_map}
         rgen = _RowPassGenerator(self.plan, self.group, self.heavy, self.T, self.M, self.N, out_c)
+        rgen.const_stem = "k_row"      # its arrays and the A prologue's share the file scope
         rgen.row_body, _ = rgen.gen_rows(self.reductions, row_outs)
         return rgen
 

@@ -198,6 +198,9 @@ class GroupGenerator:
         self.where: dict[str, _Block] = {}          # local -> block that defines it
         self.var_block: dict[sympy.Symbol, _Block] = {}
         self.counter = Counter()
+        #: names of constant arrays (k0, k1, ...); generators whose arrays share one file scope
+        #: (a GEMM group's row pass and A prologue) take different stems
+        self.const_stem = "k"
         self.canon_cache: dict = {}
         self.in_c = {name: f"in{k}" for k, name in enumerate(group.inputs)}
         self.out_c = {name: f"out{k}" for k, name in enumerate(group.outputs)}
@@ -378,7 +381,7 @@ class GroupGenerator:
             if val.size == 1:
                 return f"(({ct})({self.c(flat[0])}))"
             if id(e) not in self.arrays:
-                name = self.fresh("k")
+                name = self.fresh(self.const_stem)
                 self.arrays[id(e)] = name
                 self.decls.append(f"const {ct} {name}[{val.size}] = {{{', '.join(self.c(x) for x in flat)}}};"
                                   f"  /* {e.name} */")
@@ -387,7 +390,7 @@ class GroupGenerator:
         if val.size == 1:
             return c_literal(val.reshape(-1)[0], e.dtype)
         if id(e) not in self.arrays:
-            name = self.fresh("k")
+            name = self.fresh(self.const_stem)
             self.arrays[id(e)] = name
             body = ", ".join(c_literal(v, e.dtype) for v in val.reshape(-1))
             self.statics.append(f"static const {ct} {name}[{val.size}] = {{{body}}};  /* {e.name} */")
@@ -538,6 +541,9 @@ class GroupGenerator:
         if not axes:
             self.fail("noop_with_empty_axes", h)
         axes = sorted(axes)
+        after = range(axes[-1] + 1, rank)
+        if all(same(self.shape(h.args[0])[a], 1) for a in after):
+            axes += list(after)   # unit axes after the reduced ones: ConvBERT's Softmax over [N, 9, 1]'s axis 1
         if axes != list(range(rank - len(axes), rank)):
             self.fail(f"reduces axes {axes} of a rank-{rank} tensor; only trailing axes are supported", h)
         return rank - len(axes)
