@@ -118,6 +118,24 @@ def test_composed_reshapes_cancel_without_division():
     assert c_index(linearize(back, (B, 1, 1, L, 1)), ctx) == "i0*sequence + i3"
 
 
+def test_a_flat_index_split_into_floored_extents_and_joined_again_collapses():
+    """GroupNorm's reshapes: r over [16 * H4 * W4] split into [16, H4, W4] and flattened again, with
+    H4 = floor(height/4) -- positive only by the symbol ranges -- reads offset r itself."""
+    table = SymbolTable()
+    height = table.new_symbol("height", origin="dim_param", min=32, max=96)
+    width = table.new_symbol("width", origin="dim_param", min=32, max=96)
+    ctx = IndexContext(table)
+    h4, w4 = sympy.floor(height / 4), sympy.floor(width / 4)
+    r = ctx.var("r", 16 * h4 * w4)
+    split = reshape_index((r,), (16 * h4 * w4,), (16, h4, w4), ctx)
+    off = ctx.simplify(linearize(split, (16, h4, w4)))
+    assert off != r                          # the plain simplification keeps the floors and Mods
+    assert ctx.collapse(off) == r
+    # whole multiples of a symbolic divisor that only add up to one: (w4+1)*q inside a floor
+    q = sympy.floor(r / (w4 + 1))
+    assert ctx.simplify(sympy.floor((r + q * w4 + q) / (w4 + 1))) == 2 * q
+
+
 def test_split_axes_index_by_division_and_modulo():
     ctx = IndexContext(SYMS)
     j = ctx.var("j", B * L)

@@ -230,6 +230,30 @@ def test_a_reduction_followed_only_by_unit_axes_is_a_row_reduction(tmp_path):
         check_against_ort(cp, {"X": (rng.standard_normal((r, 9, 1)) * 3).astype(np.float32)})
 
 
+def test_group_norm_over_reshapes_loads_and_stores_its_rows_without_division(tmp_path):
+    """PoolFormer's GroupNorm with one group: [N, C, H, W] reshaped to [N, 1, C*H*W],
+    InstanceNormalization, reshaped back, per-channel scale and shift. The row runs over the
+    image in memory order, so its loads and its store are unit-stride: no division per element."""
+    C = 6
+    rng = np.random.default_rng(10)
+    nodes = [helper.make_node("Reshape", ["X", "flat"], ["xf"]),
+             helper.make_node("InstanceNormalization", ["xf", "one", "zero"], ["nf"], epsilon=1e-5),
+             helper.make_node("Shape", ["X"], ["shp"]), helper.make_node("Reshape", ["nf", "shp"], ["n"]),
+             helper.make_node("Mul", ["n", "g"], ["ng"]), helper.make_node("Add", ["ng", "b"], ["Y"])]
+    path = save_model(tmp_path, "groupnorm", nodes, [("X", TP.FLOAT, ["N", C, "H", "W"])],
+                      [("Y", TP.FLOAT, ["N", C, "H", "W"])],
+                      [const("flat", [0, 1, -1], np.int64), const("one", [1.0]), const("zero", [0.0]),
+                       const("g", rng.standard_normal((C, 1, 1))), const("b", rng.standard_normal((C, 1, 1)))])
+    cp = CompiledPlan(path, ["N=1:3", "H=1:64", "W=1:64"])
+    (src,) = [k.source for k in cp.kernels.values()]
+    body = src[src.index("{", src.index("void tscomp_")):]
+    loads = [line for line in body.splitlines() if "in0[" in line or "out0[" in line]
+    index = [line.split("/*")[0].split("[", 1)[1] for line in loads]
+    assert loads and not any("/" in i or "%" in i for i in index), loads
+    for n, h, w in [(1, 1, 1), (2, 7, 13), (3, 64, 5)]:
+        check_against_ort(cp, {"X": (rng.standard_normal((n, C, h, w)) * 2 + 1).astype(np.float32)})
+
+
 def test_decomposed_layer_norm_stitches_two_reductions(tmp_path):
     nodes = [
         helper.make_node("ReduceMean", ["X"], ["mu"], axes=[-1]),

@@ -307,6 +307,7 @@ class IndexContext:
             return off
         flat = off.replace(sympy.Mod, lambda a, b: a - b * sympy.floor(a / b))
         flat = sympy.expand(flat.replace(lambda x: isinstance(x, sympy.floor), self._nested_floor))
+        flat = sympy.expand(self.simplify(flat))   # the floors the Mods became, with whole multiples taken out
         return flat if sympy.count_ops(flat) < sympy.count_ops(off) else off
 
     def _nested_floor(self, f):
@@ -361,6 +362,10 @@ class IndexContext:
             else:
                 rest.append(t)
         q, r = sympy.Add(*quotient), sympy.Add(*rest)
+        if r != 0 and not den.is_Number:
+            q2, r = _divide_out(r, den)
+            q = q + q2
+            quotient = quotient or q2 != 0
         if r == 0 or self.below(r, den):
             return q
         return q + sympy.floor(r / den) if quotient else sympy.floor(num / den)
@@ -574,6 +579,22 @@ def landing_index(reads: Index, target: Index, ovars: Index, extents: dict, ctx:
     if set(solved) != free:
         fail(f"output axes {sorted(str(v) for v in free - set(solved))} do not follow from the element")
     return tuple(ctx.simplify(solved[v]) if isinstance(v, sympy.Symbol) else v for v in ovars)
+
+
+def _divide_out(r, den) -> tuple:
+    """``r = den * q + rest`` with ``q`` integer-valued, by polynomial division in ``r``'s floor and
+    Mod terms first, then the symbols: terms that are a multiple of ``den`` only together
+    (``w*floor(x/(w+1)) + floor(x/(w+1))`` is ``(w+1)*floor(x/(w+1))``, what a view's index
+    composed with its inverse leaves). ``(0, r)`` when nothing divides out."""
+    atoms = sorted(r.atoms(sympy.floor, sympy.Mod), key=sympy.default_sort_key)
+    gens = atoms + sorted(r.free_symbols | den.free_symbols, key=sympy.default_sort_key)
+    try:
+        q, rest = sympy.div(r, den, *gens)
+    except (sympy.PolynomialError, sympy.polys.polyerrors.GeneratorsError):
+        return sympy.Integer(0), r
+    if q == 0 or not all(c.is_Integer for c in sympy.Poly(q, *gens).coeffs()):
+        return sympy.Integer(0), r
+    return q, sympy.expand(rest)
 
 
 def compose(idx: Index, chain: Sequence[tuple[ViewOp, Sequence]], ctx: IndexContext) -> Index:

@@ -344,7 +344,9 @@ class GroupGenerator:
 
     def _value(self, e: Expr, idx) -> str:
         if isinstance(e, Input):
-            off = self.ctx.simplify(linearize(idx, self.shape(e)))
+            # a flat index split by one view and joined by another (GroupNorm's reshapes around its
+            # norm) collapses back: one unit-stride load, not a division per element
+            off = self.ctx.collapse(self.ctx.simplify(linearize(idx, self.shape(e))))
             return self.define(self.ctype(e.dtype, e), f"{self.in_c[e.name]}[{self.c(off)}]", index=[off], stem="x")
         if isinstance(e, Const):
             return self.const_value(e, idx)
@@ -635,8 +637,10 @@ class GroupGenerator:
         if not all(same(self.ctx.collapse(a), self.ctx.collapse(b)) for a, b in zip(back, target)):
             self.fail(f"output {name}: its element read at the solved index is not the row element stored")
         v = self.value(e, where)
-        off = self.ctx.simplify(linearize(where, shape))
-        self.emit(f"{self.out_c[name]}[{self.c(off)}] = {v};  /* scattered: the rows in another layout */")
+        off = self.ctx.collapse(self.ctx.simplify(linearize(where, shape)))
+        in_order = same(off, self.ctx.collapse(self.ctx.simplify(linearize(target, self.row.space))))
+        note = "the rows, reshaped" if in_order else "scattered: the rows in another layout"
+        self.emit(f"{self.out_c[name]}[{self.c(off)}] = {v};  /* {note} */")
 
     def _agreed_row_read(self, name: str, e: Expr, idx) -> tuple:
         reads: list = []
