@@ -283,6 +283,15 @@ def test_every_conv_and_pool_group_of_the_tiny_cnn_and_vit_gets_a_native_family(
             (g.name, choice.reasons)
 
 
+def _save_x_to_z(path, nodes, inits, *, opset: int) -> None:
+    """A graph from input x [batch, C, H, W] to output z, saved at ``path``."""
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", C, "H", "W"])],
+                          [helper.make_tensor_value_info("z", TP.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8 if opset < 18 else 9
+    onnx.save(m, str(path))
+
+
 def test_elementwise_prologue_before_a_conv_is_fused_and_matches_onnxruntime(tmp_path):
     """(x * scale + shift[C, 1, 1]) -> Conv -> Relu, an input normalization: one native Conv group."""
     path = tmp_path / "pro.onnx"
@@ -293,11 +302,7 @@ def test_elementwise_prologue_before_a_conv_is_fused_and_matches_onnxruntime(tmp
     nodes = [helper.make_node("Mul", ["x", "scale"], ["xs"]), helper.make_node("Add", ["xs", "shift"], ["xn"]),
              helper.make_node("Conv", ["xn", "w"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2]),
              helper.make_node("Relu", ["y"], ["z"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", C, "H", "W"])],
-                          [helper.make_tensor_value_info("z", TP.FLOAT, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, str(path))
+    _save_x_to_z(path, nodes, inits, opset=17)
     plan = fuse(load_model(str(path), ["batch=1:3", "H=1:100", "W=1:100"]))
     (group,) = plan.groups
     assert {o.op_type for o in group.ops()} == {"Mul", "Add", "Conv", "Relu"}
@@ -320,11 +325,7 @@ def test_an_epilogue_in_the_transposed_layout_stores_scattered_and_matches_onnxr
              helper.make_node("Reshape", ["y", "flat"], ["yf"]),
              helper.make_node("Transpose", ["yf"], ["yt"], perm=[0, 2, 1]),
              helper.make_node("Gelu", ["yt"], ["z"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", C, "H", "W"])],
-                          [helper.make_tensor_value_info("z", TP.FLOAT, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
-    m.ir_version = 9
-    onnx.save(m, str(path))
+    _save_x_to_z(path, nodes, inits, opset=20)
     model = compile_model(str(path), ["batch=1:3", "H=1:40", "W=1:40"], max_variants=1)
     assert not model.fallback_groups()
     assert any("scattered" in k.source for ks in model.kernels.values() for k in ks)

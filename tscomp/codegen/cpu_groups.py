@@ -576,16 +576,17 @@ class GroupGenerator:
                 full.append(name)
             elif any(len(shape) == len(s) and all(same(a, b) for a, b in zip(shape, s)) for s in stat_shapes):
                 stat.append(name)
-            elif scatter and self._views_of_space(e, space):
+            elif scatter and self._reads_through_views(e):
                 scattered.append(name)
             else:
                 self.fail(f"output {name} of shape {shape_str(shape)} is neither a row {shape_str(space)} "
                           f"nor a row statistic" + (" nor a view of rows" if scatter else ""))
         return full, stat, scattered
 
-    def _views_of_space(self, e: Expr, space) -> bool:
-        """Whether ``e`` reads some row-space value through a view (a candidate for a scattered
-        store; :meth:`store_scattered` decides)."""
+    @staticmethod
+    def _reads_through_views(e: Expr) -> bool:
+        """Whether ``e`` reads anything through a view: a candidate for a scattered store
+        (:meth:`store_scattered` decides, or refuses)."""
         return any(isinstance(x, View) for x in walk([e]))
 
     #: ops whose operands are not read at their own (broadcast) element: no landing index is
