@@ -156,7 +156,12 @@ def export(name, exporter, out_dir):
     w, names = wrapper(spec, m)
     rng = np.random.default_rng(1)
     d = dims_of(spec)
-    ex = {"batch": 2, "sequence": 11, "height": 5 * (spec.get("step") or 16) + (0 if spec.get("step") else 3), "width": 7 * (spec.get("step") or 16) + (0 if spec.get("step") else 5), "samples": 3001}
+    lo, hi = d.get("height", (0, 0))
+    st = spec.get("step") or 0
+    # a non-square example inside the declared ranges (dynamo refuses one outside); whole patches
+    # where the model has a patch size, odd sides otherwise
+    side_h, side_w = (min(lo + st, hi), min(lo + 2 * st, hi)) if st else (min(lo + 13, hi), min(lo + 29, hi))
+    ex = {"batch": 2, "sequence": 11, "height": side_h, "width": side_w, "samples": 3001}
     ex = {k: ex[k] for k in d}
     inp = make_inputs(spec, ex, rng)
     args = tuple(torch.from_numpy(inp[n]) for n in names)
