@@ -31,6 +31,8 @@ import warnings
 
 import numpy as np
 
+from tscomp.bench import _timed
+
 # the tiny geometry most entries share (2 layers, hidden 128, 4 heads)
 T = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=1000)
 def text(cfg, cls, kw, seq=128, ids=("input_ids", "attention_mask"), sub=None):
@@ -266,13 +268,9 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path) -> dict:
 
 
 def _median_time(call, runs: int = 7) -> float:
+    """The median of ``runs`` calls after a warm-up call."""
     call()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[runs // 2]
+    return _timed(call, runs)
 
 
 def _row_text(r: dict) -> str:

@@ -32,7 +32,7 @@ import numpy as np
 import sympy
 
 from tscomp.errors import UnsupportedOperatorError
-from tscomp.graph.symbols import SymbolTable, numel, same
+from tscomp.graph.symbols import SymbolTable, fold_nested_rounding, numel, same
 from tscomp.graph.views import ViewOp
 
 Index = tuple[sympy.Expr, ...]
@@ -306,19 +306,10 @@ class IndexContext:
         if not off.has(sympy.Mod):
             return off
         flat = off.replace(sympy.Mod, lambda a, b: a - b * sympy.floor(a / b))
-        flat = sympy.expand(flat.replace(lambda x: isinstance(x, sympy.floor), self._nested_floor))
+        flat = sympy.expand(flat.replace(lambda x: isinstance(x, sympy.floor) and x.args[0].has(sympy.floor),
+                                         lambda f: fold_nested_rounding(f, self.positive)))
         flat = sympy.expand(self.simplify(flat))   # the floors the Mods became, with whole multiples taken out
         return flat if sympy.count_ops(flat) < sympy.count_ops(off) else off
-
-    def _nested_floor(self, f):
-        """``floor(floor(a/b)/c)`` as ``floor(a/(b*c))`` for positive ``b`` and a positive integer ``c``
-        (``floor(floor(y)/c) = floor(y/c)`` for every real ``y``)."""
-        num, den = sympy.fraction(sympy.together(f.args[0]))
-        if isinstance(num, sympy.floor) and den.is_integer and self.positive(den):
-            inner_num, inner_den = sympy.fraction(sympy.together(num.args[0]))
-            if self.positive(inner_den):
-                return sympy.floor(inner_num / (inner_den * den))
-        return f
 
     # ------------------------------------------------------------ simplification
     def simplify(self, e) -> sympy.Expr:

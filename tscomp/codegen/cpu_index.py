@@ -233,7 +233,7 @@ class IndexKernelWriter:
         n = self.numel(shape)
         q = self.ctx.var(f"{name}_q", numel(shape))
         source = compose(delinearize(q, shape, self.ctx), chain, self.ctx)
-        off = self.ctx.simplify(linearize(source, tuple(self.canon(d) for d in src.shape)))
+        off = self.ctx.collapse(self.ctx.simplify(linearize(source, tuple(self.canon(d) for d in src.shape))))
         self.decls += [f"/* input {i}: {a.op.describe()} of {src.name}, gathered contiguous */",
                        f"{ct}* {name} = ({ct}*)malloc(sizeof({ct}) * (size_t)({n}) + 1);",
                        f"#pragma omp parallel for schedule(static){self.parallel(n)}",

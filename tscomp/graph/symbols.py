@@ -213,10 +213,10 @@ class SymbolTable:
     def simplify(self, expr: Expr) -> Expr:
         """Resolve Min/Max whose outcome the symbol ranges decide, put integer ``Mod`` in the form
         that lets padding arithmetic cancel (:meth:`_resolve_mod`), and fold nested floor or ceiling
-        divisions into one (:func:`_fold_nested_rounding`)."""
+        divisions into one (:func:`fold_nested_rounding`)."""
         if expr.has(sympy.floor, sympy.ceiling):
             expr = expr.replace(lambda e: isinstance(e, (sympy.floor, sympy.ceiling)) and e.args[0].has(type(e)),
-                                _fold_nested_rounding)
+                                fold_nested_rounding)
         if expr.has(sympy.Mod):
             expr = expr.replace(lambda e: isinstance(e, sympy.Mod), self._resolve_mod)
         if not expr.has(sympy.Min, sympy.Max):
@@ -343,21 +343,26 @@ class SymbolTable:
         return lines
 
 
-def _fold_nested_rounding(e: Expr) -> Expr:
+def fold_nested_rounding(e: Expr, positive=lambda b: b.is_Number and b > 0) -> Expr:
     """``floor((floor(y) + n) / b)`` -> ``floor((y + n) / b)`` for a positive integer ``b`` and an
     integer-valued ``n`` (likewise ``ceiling`` inside ``ceiling``): true for every real ``y``, since
     ``floor(y) + n = floor(y + n)`` and ``floor(floor(z) / b) = floor(z / b)``. Two strided layers
     in a row (a stride-5 then a stride-2 convolution) give ``floor(floor(S/5)/2)`` on one path and
     ``floor(S/10)`` on another (the exporter's own shape arithmetic); only one form lets a Reshape's
-    -1 or an Add's broadcast see that the two are the same size."""
+    -1 or an Add's broadcast see that the two are the same size. ``positive(b)`` says whether an
+    integer-valued ``b`` is positive: a literal by default; index simplification asks the symbol
+    ranges (``floor(height/4)`` as the divisor)."""
     rounding = type(e)
     arg = sympy.expand(e.args[0])
     for inner in arg.atoms(rounding):
         k = arg.coeff(inner)
-        if not (k.is_Rational and k > 0 and (1 / k).is_Integer):
+        if k == 0:
+            continue
+        b = 1 / k
+        if not (b.is_integer and positive(b)):
             continue
         rest = sympy.expand(arg - k * inner)
-        if rest.has(inner) or not sympy.expand(rest / k).is_integer:
+        if rest.has(inner) or not sympy.expand(rest * b).is_integer:
             continue
         return rounding(sympy.expand(k * inner.args[0] + rest))
     return e

@@ -33,16 +33,11 @@ def _seed(cg: ComputeGraph, g: GroupState):
     return next((cg.nodes[m] for m in g.members if cg.fusion_class(m) is want), None)
 
 
-def _is_activation(cg: ComputeGraph, value: str) -> bool:
-    v = cg.graph.values[cg.source_value(value)]
-    return v.const is None and v.symdata is None
-
-
 def _batched_backbone(cg: ComputeGraph, g: GroupState) -> bool:
     """A gemm group whose backbone is a MatMul of two activations."""
     node = _seed(cg, g)
     return (node is not None and g.kind == "gemm" and node.op_type == "MatMul" and len(node.inputs) == 2
-            and all(_is_activation(cg, v) for v in node.inputs))
+            and all(cg.is_activation(v) for v in node.inputs))
 
 
 def _readers_outside(cg: ComputeGraph, g: GroupState) -> set[str]:

@@ -107,6 +107,11 @@ class ComputeGraph:
             value = self.producer[value].inputs[0]
         return value
 
+    def is_activation(self, value: str) -> bool:
+        """Whether ``value`` (read through any views) is computed at run time, not a weight."""
+        v = self.graph.values[self.source_value(value)]
+        return v.const is None and v.symdata is None
+
     def source_node(self, value: str) -> str | None:
         src = self.source_value(value)
         node = self.producer.get(src)
@@ -211,7 +216,7 @@ class Partitioner:
             # a row reduction joins the GEMM's row pass only when B is a weight: the batched kernel
             # (two activations: Swin's window attention has a static 49-key row) has no row pass,
             # and the Softmax left separate lets the attention pass merge QK^T, Softmax and PV
-            if node.op_type in ("MatMul", "Gemm") and n_dim.is_Integer and not self._activation(node.inputs[1]):
+            if node.op_type in ("MatMul", "Gemm") and n_dim.is_Integer and not self.cg.is_activation(node.inputs[1]):
                 g.row_n = int(n_dim)
         elif kind == "reduce":
             g.space = self.in_numel(seed)
@@ -221,11 +226,6 @@ class Partitioner:
         self.groups[gid] = g
         self.group_of[seed] = gid
         return g
-
-    def _activation(self, value: str) -> bool:
-        """Whether ``value`` (read through any views) is computed at run time, not a weight."""
-        v = self.graph.values[self.cg.source_value(value)]
-        return v.const is None and v.symdata is None
 
     def absorb(self, g: GroupState, name: str, rule: str) -> None:
         g.members.append(name)

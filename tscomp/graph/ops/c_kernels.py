@@ -404,7 +404,8 @@ def pad_c(w) -> None:
     inside = []
     for d in range(r):
         if d not in begin:
-            w.emit(f"    const int64_t s{d} = {'0' if d == last else f'c{d}'}, t{d} = 0, n{d} = {w.c(x.shape[d])};")
+            w.emit(f"    const int64_t lead = 0, n{d} = {w.c(x.shape[d])}, s{d} = 0;" if d == last
+                   else f"    const int64_t s{d} = c{d};")
             continue
         crop0, lead = sympy.Max(-begin[d], 0), sympy.Max(begin[d], 0)
         n = w.c(x.shape[d] - crop0 - sympy.Max(-end[d], 0))
@@ -419,23 +420,20 @@ def pad_c(w) -> None:
         else:
             src = PAD_SOURCE[mode].format(t=f"t{d}", n=f"n{d}")
             w.emit(f"    const int64_t s{d} = ({crop0}) + ({src});")
-    if last not in begin:
-        w.emit("    const int64_t lead = 0;")
     row = " + ".join(f"s{d} * ({w.numel(x.shape[d + 1:])})" for d in range(r - 1)) or "0"
     w.emit(f"    const int64_t dst = p * ({width}), src = {row} + s{last};")
-    at_y, at_x = (lambda off: y.at(off)), (lambda off: x.at(off))
     if mode == "constant":
         if inside:
             w.emit(f"    if (!({' && '.join(inside)})) {{")
-            w.emit(f"        for (int64_t j = 0; j < {width}; ++j) {at_y('dst + j')} = {value};")
+            w.emit(f"        for (int64_t j = 0; j < {width}; ++j) {y.at('dst + j')} = {value};")
             w.emit("        continue;")
             w.emit("    }")
-        w.emit(f"    for (int64_t j = 0; j < lead; ++j) {at_y('dst + j')} = {value};")
-        w.emit(f"    for (int64_t j = 0; j < n{last}; ++j) {at_y('dst + lead + j')} = {at_x('src + j')};")
-        w.emit(f"    for (int64_t j = lead + n{last}; j < {width}; ++j) {at_y('dst + j')} = {value};")
+        w.emit(f"    for (int64_t j = 0; j < lead; ++j) {y.at('dst + j')} = {value};")
+        w.emit(f"    for (int64_t j = 0; j < n{last}; ++j) {y.at('dst + lead + j')} = {x.at('src + j')};")
+        w.emit(f"    for (int64_t j = lead + n{last}; j < {width}; ++j) {y.at('dst + j')} = {value};")
     else:
         col = PAD_SOURCE[mode].format(t="(j - lead)", n=f"n{last}")
-        w.emit(f"    for (int64_t j = 0; j < {width}; ++j) {at_y('dst + j')} = {at_x(f'src + ({col})')};")
+        w.emit(f"    for (int64_t j = 0; j < {width}; ++j) {y.at('dst + j')} = {x.at(f'src + ({col})')};")
     w.emit("}")
 
 
