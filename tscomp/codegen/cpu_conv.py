@@ -159,7 +159,7 @@ class Geometry2D:
 #: compile-time constants of the generated kernels; spelled TS_<name> in the C so that no shape
 #: symbol of the epilogue (a model dim called ``G`` or ``KH``) can collide with them
 MACROS = ("C_IN", "CG", "OCG", "G", "OC", "KH", "KW", "SH", "SW", "DH", "DW", "KDIM", "MR", "NR", "MC", "NC", "KC",
-          "N_KBLOCKS", "N_OCP")
+          "N_KBLOCKS", "N_OCP", "L1_FLOATS")
 _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 
 
@@ -806,24 +806,82 @@ void {name}({_runtime_params()}{params})
     return "\n".join(L)
 
 
-def depthwise_source(analysis: DepthwiseAnalysis, isa: str) -> str:
+#: outputs one depthwise task aims at (rows of one channel, or whole channels of a small image)
+DEPTHWISE_TASK_OUTPUTS = 4096
+
+
+def depthwise_l1_floats(l1_bytes: int) -> int:
+    """The floats of a task's accumulator rows and phase planes: 3/4 of L1, the rest for the
+    weights, the epilogue's operands and the stack."""
+    return l1_bytes * 3 // 4 // 4
+
+
+def depthwise_blocks(OC: int, OH: int, OW: int, geo: Geometry2D, l1_bytes: int) -> tuple[int, int]:
+    """(output rows, channels) one depthwise task covers: about DEPTHWISE_TASK_OUTPUTS outputs and
+    no more rows than keep its accumulators and phase planes in L1; whole channels grouped when a
+    channel is smaller than that, but at least 8 channel blocks per image so that 2+ threads
+    balance. The kernel computes the same rule in C (``depthwise_source``)."""
+    taps = _depthwise_taps(geo)
+    TR, PWS = max(t[2] for t in taps), OW + max(t[3] for t in taps)
+    fit = depthwise_l1_floats(l1_bytes) // (PWS * (1 + geo.sh * geo.sw)) - TR - 1
+    rows = max(1, min(OH, DEPTHWISE_TASK_OUTPUTS // max(OW, 1), fit))
+    if rows < OH:
+        return rows, 1
+    return rows, max(1, min(DEPTHWISE_TASK_OUTPUTS // max(OH * OW, 1), OC // 8))
+
+
+def _depthwise_taps(geo: Geometry2D) -> list[tuple[int, int, int, int]]:
+    """Per tap (kh, kw): (weight index, phase plane, plane row offset, plane column offset). With the
+    padded input split into SH x SW phase planes (plane (a, b) holds padded rows a, a + SH, ... and
+    columns b, b + SW, ...), output (oh, ow)'s tap reads plane ((kh DH) % SH, (kw DW) % SW) at row
+    oh + (kh DH) // SH and column ow + (kw DW) // SW: unit stride in ow at every stride."""
+    taps = []
+    for kh in range(geo.kh):
+        for kw in range(geo.kw):
+            rh, rw = kh * geo.dh, kw * geo.dw
+            taps.append((kh * geo.kw + kw, (rh % geo.sh) * geo.sw + rw % geo.sw, rh // geo.sh, rw // geo.sw))
+    return taps
+
+
+def _depthwise_tap_loop(geo: Geometry2D) -> str:
+    """The unrolled tap sum of one flat output position f: a pointer per (plane, row offset), so
+    the taps of one kernel row differ only in a constant displacement."""
+    taps = _depthwise_taps(geo)
+    rows = sorted({(plane, dr) for _, plane, dr, _ in taps})
+    ptr = {key: f"q{i}" for i, key in enumerate(rows)}
+    lines = [f"                const float* restrict {ptr[(plane, dr)]} = planes + {plane} * PLANE + {dr} * PWS;"
+             for plane, dr in rows]
+    lines += [f"                const float w{t} = wk[{t}];" for t, *_ in taps]
+    lines.append("                #pragma omp simd")
+    lines.append("                for (int64_t f = 0; f < F; ++f)")
+    terms = " + ".join(f"w{t} * {ptr[(plane, dr)]}[f + {dc}]" for t, plane, dr, dc in taps)
+    lines.append(f"                    acc[f] = {terms};")
+    return "\n".join(lines)
+
+
+def depthwise_source(analysis: DepthwiseAnalysis, isa: str, l1_bytes: int) -> str:
     """The source step of the ``conv-depthwise`` family (pure): C text of the direct kernel."""
     a, geo = analysis, analysis.geo
     name = conv_func_name(a, None, isa)
     params, names, pro_names = _epi_params(a)
+    taps = _depthwise_taps(geo)
+    TR, TC = max(t[2] for t in taps), max(t[3] for t in taps)
     L: list[str] = []
     emit = L.append
 
     def emit_t(text: str) -> None:   # a template: its constants spelled TS_<name>
         L.append(ts_macros(text))
 
-    emit(a.header("direct depthwise", f"one OpenMP task per (image, channel, block of output rows); rows "
-                  f"accumulated in a buffer, vectorized along the row ({isa})"))
+    emit(a.header("direct depthwise", f"one OpenMP task per (image, block of channels, block of output rows); "
+                  f"the input in {geo.sh * geo.sw} zero-padded phase plane(s), the {geo.kh}x{geo.kw} taps "
+                  f"unrolled over a flat run of output positions, vectorized ({isa})"))
     emit(PRELUDE)
     emit(c_defines(C_IN=a.C, OCG=a.OCg, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw, DH=geo.dh,
-                   DW=geo.dw))
+                   DW=geo.dw, L1_FLOATS=depthwise_l1_floats(l1_bytes)))
     emit("static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }")
     emit("static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }")
+    emit("static inline int64_t ceil_div_i64(int64_t a, int64_t b) { return -ts_floordiv(-a, b); }")
+    emit("#include <string.h>")
     emit(WORKSPACE_C)
     emit(a.math)
     if a.statics:
@@ -831,60 +889,63 @@ def depthwise_source(analysis: DepthwiseAnalysis, isa: str) -> str:
     emit(a.epilogue_c)
     emit(a.prologue_c)
     emit_t(f"""/* Direct depthwise macro-kernel: output channel oc reads input channel oc / OCG. A task (image,
- * channel, block of output rows) first copies the input rows its outputs read into a zero-padded
- * per-thread block (the padding columns and any row outside the image are zeros), so every tap of
- * every output column is in the block: per output row and kernel row, one vectorized pass over
- * the whole row with the KW taps unrolled (KW is a constant) and no edge columns; the fused
- * epilogue stores the row. */
+ * block of channels, block of output rows) copies, per channel, the input rows its outputs read into
+ * SH x SW zero-padded phase planes (plane (a, b): padded rows a + SH r, columns b + SW c), so every
+ * tap of output (oh, ow) is plane[(oh + {TR}-bounded row offset) * PWS + ow + column offset]: with
+ * a plane row PWS = OW + {TC} wide, output positions are one flat run f = oh * PWS + ow over the
+ * task's rows (the {TC} extra columns per row are computed and dropped), one long vectorized loop with
+ * the KH x KW taps unrolled, whatever the stride and dilation. The fused epilogue stores each row. */
 void {name}({_runtime_params()}{params})
 {{
     const int64_t P = OH * OW;
     if (NB <= 0 || P <= 0) return;{_prologue_call(a, pro_names)}
-    /* rows per task: about 4096 outputs, at least one row */
-    const int64_t rows = max_i64(1, min_i64(OH, 4096 / (OW > 0 ? OW : 1)));
-    const int64_t n_rb = (OH + rows - 1) / rows;
-    const int64_t n_tasks = NB * OC * n_rb;
-    /* the padded block: PW columns (input column iw at PL + iw), at most BR rows */
-    const int64_t PW = (OW - 1) * SW + (KW - 1) * DW + 1;
-    const int64_t BR = (rows - 1) * SH + (KH - 1) * DH + 1;
-    const int64_t ncopy = max_i64(0, min_i64(W, PW - PL));     /* input columns that land in the block */
+    /* output rows and channels per task (depthwise_blocks in Python computes the same): about
+     * {DEPTHWISE_TASK_OUTPUTS} outputs, and the accumulators and planes in L1 */
+    const int64_t PWS = OW + {TC};
+    const int64_t fit = L1_FLOATS / (PWS * (1 + SH * SW)) - {TR} - 1;
+    const int64_t rows = max_i64(1, min_i64(min_i64(OH, {DEPTHWISE_TASK_OUTPUTS} / OW), fit));
+    const int64_t cb = rows < OH ? 1 : max_i64(1, min_i64({DEPTHWISE_TASK_OUTPUTS} / P, OC / 8));
+    const int64_t n_rb = (OH + rows - 1) / rows, n_cb = (OC + cb - 1) / cb;
+    const int64_t n_tasks = NB * n_cb * n_rb;
+    const int64_t PR = rows + {TR} + 1, PLANE = PR * PWS;
     #pragma omp parallel if (n_tasks > 1)
     {{
-        float* acc = tscomp_thread_workspace((size_t)(OW + BR * PW));
-        float* restrict pad = acc + OW;
-        #pragma omp for schedule(dynamic, 4)
+        float* restrict acc = tscomp_thread_workspace((size_t)(rows * PWS + SH * SW * PLANE));
+        float* restrict planes = acc + rows * PWS;
+        #pragma omp for schedule(dynamic, 2)
         for (int64_t t = 0; t < n_tasks; ++t) {{
-            const int64_t rb = t % n_rb, oc = (t / n_rb) % OC, n = t / (n_rb * OC);
-            const float* restrict src = X + (n * C_IN + oc / OCG) * H * W;
-            const float* restrict wk = Wp + oc * (KH * KW);
-            const int64_t oh0 = rb * rows, oh1 = min_i64(OH, oh0 + rows);
-            const int64_t ih0 = oh0 * SH - PT, nr = (oh1 - 1 - oh0) * SH + (KH - 1) * DH + 1;
-            for (int64_t r = 0; r < nr; ++r) {{
-                float* restrict prow = pad + r * PW;
-                const int64_t ih = ih0 + r;
-                if (ih < 0 || ih >= H) {{
-                    for (int64_t c = 0; c < PW; ++c) prow[c] = 0.0f;
-                    continue;
-                }}
-                for (int64_t c = 0; c < PL && c < PW; ++c) prow[c] = 0.0f;
-                for (int64_t c = 0; c < ncopy; ++c) prow[PL + c] = src[ih * W + c];
-                for (int64_t c = max_i64(PL, 0) + ncopy; c < PW; ++c) prow[c] = 0.0f;
-            }}
-            for (int64_t oh = oh0; oh < oh1; ++oh) {{
-                for (int64_t q = 0; q < OW; ++q) acc[q] = 0.0f;
-                for (int64_t kh = 0; kh < KH; ++kh) {{
-                    const int64_t ih = oh * SH - PT + kh * DH;
-                    if (ih < 0 || ih >= H) continue;          /* a zero row: nothing to add */
-                    const float* restrict prow = pad + (ih - ih0) * PW;
-                    const float* restrict wr = wk + kh * KW;
-                    #pragma omp simd
-                    for (int64_t q = 0; q < OW; ++q) {{
-                        float s = acc[q];
-                        for (int64_t kw = 0; kw < KW; ++kw) s += wr[kw] * prow[q * SW + kw * DW];
-                        acc[q] = s;
+            const int64_t rb = t % n_rb, cblk = (t / n_rb) % n_cb, n = t / (n_rb * n_cb);
+            const int64_t oh0 = rb * rows, R = min_i64(OH, oh0 + rows) - oh0, F = R * PWS;
+            /* padding (columns outside the input, rows outside the image, the overhang row) is the
+             * same for every channel of the task: zeroed once, then each channel copies its rows */
+            const int64_t NRW = R + {TR} + 1;
+            for (int64_t pl = 0; pl < SH * SW; ++pl)
+                memset(planes + pl * PLANE, 0, (size_t)(NRW * PWS) * sizeof(float));
+            for (int64_t oc = cblk * cb; oc < min_i64(OC, (cblk + 1) * cb); ++oc) {{
+                const float* restrict src = X + (n * C_IN + oc / OCG) * H * W;
+                const float* restrict wk = Wp + oc * (KH * KW);
+                for (int64_t pr = 0; pr < SH; ++pr)
+                    for (int64_t pc = 0; pc < SW; ++pc) {{
+                        float* restrict plane = planes + (pr * SW + pc) * PLANE;
+                        /* plane column c holds input column c * SW + pc - PL */
+                        const int64_t c_lo = min_i64(PWS, max_i64(0, ceil_div_i64(PL - pc, SW)));
+                        const int64_t c_hi = max_i64(c_lo, min_i64(PWS, ceil_div_i64(W + PL - pc, SW)));
+                        for (int64_t r = 0; r < NRW - 1; ++r) {{
+                            const int64_t ih = oh0 * SH - PT + r * SH + pr;
+                            if (ih < 0 || ih >= H) continue;
+                            const float* restrict srow = src + ih * W + pc - PL;
+                            float* restrict prow = plane + r * PWS;
+                            if (SW == 1)
+                                memcpy(prow + c_lo, srow + c_lo, (size_t)(c_hi - c_lo) * sizeof(float));
+                            else
+                                for (int64_t c = c_lo; c < c_hi; ++c) prow[c] = srow[c * SW];
+                        }}
                     }}
-                }}
-                conv_epilogue(acc, OW, n, oc, oh * OW, 1, OW{names});
+{_depthwise_tap_loop(geo)}
+                /* rows packed to OW apart (dropping the extra columns), then one long epilogue pass */
+                for (int64_t r = 1; r < R && PWS != OW; ++r)
+                    memmove(acc + r * OW, acc + r * PWS, (size_t)OW * sizeof(float));
+                conv_epilogue(acc, R * OW, n, oc, oh0 * OW, 1, R * OW{names});
             }}
         }}
     }}
@@ -942,8 +1003,9 @@ class CompiledConv(PicklableKernel):
     TRANSIENT = {"fn": None, "_memo": dict}
     takes_out = True          # writes into the runtime's arena views when given
 
-    def __init__(self, analysis: _ConvBase, cfg: TileConfig | None, isa: str):
+    def __init__(self, analysis: _ConvBase, cfg: TileConfig | None, isa: str, l1_bytes: int | None = None):
         self.analysis = analysis
+        self.l1_bytes = host_caches().l1 if l1_bytes is None else l1_bytes
         self.family = analysis.family
         self.group = analysis.group
         self.symtab = analysis.symtab
@@ -954,7 +1016,7 @@ class CompiledConv(PicklableKernel):
             self.source = conv_source(analysis, self.cfg, isa)
             self.packed = prepack_conv_weight(analysis.W, analysis.G, self.cfg.mr)
         else:
-            self.source = depthwise_source(analysis, isa)
+            self.source = depthwise_source(analysis, isa, self.l1_bytes)
             flat = np.ascontiguousarray(analysis.W.reshape(analysis.OC, -1), np.float32)
             self.packed = _aligned(flat.size)
             self.packed[:] = flat.reshape(-1)
@@ -1001,8 +1063,8 @@ class CompiledConv(PicklableKernel):
         xshape, (H, W, OH, OW, *_), *_ = self._ints(binding)
         a = self.analysis
         if self.cfg is None:
-            rows = max(1, min(OH, 4096 // max(OW, 1)))
-            return xshape[0] * a.OC * -(-OH // rows)
+            rows, cb = depthwise_blocks(a.OC, OH, OW, a.geo, self.l1_bytes)
+            return xshape[0] * -(-a.OC // cb) * -(-OH // rows)
         n_pb, n_ob = -(-(OH * OW) // self.cfg.nc), -(-a.OCg // self.cfg.mc)
         base, nth = xshape[0] * a.G * n_pb, get_num_threads()      # the kernel's own rule (conv_source)
         if base <= 0:

@@ -199,7 +199,7 @@ def _depthwise_analyze(plan, group):
 
 def _conv_executor(analysis, cfg, target: Target):
     from tscomp.codegen.cpu_conv import CompiledConv
-    return CompiledConv(analysis, cfg, target.isa)
+    return CompiledConv(analysis, cfg, target.isa, target.spec.l1)
 
 
 def _conv_heuristic(analysis, target: Target, limit: int) -> list:

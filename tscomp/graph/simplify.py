@@ -9,6 +9,10 @@
   graph too. Consumers such as Reshape read the expressions, evaluated at the
   run-time binding — shape arithmetic never runs as tensor code.
 * **Identity/Dropout removal** (inference: Dropout is the identity).
+* **Pad folding**: a zero-valued constant Pad of the spatial axes in front of a
+  Conv becomes the Conv's own padding (TensorFlow-style "SAME" ports emit one
+  before every Conv; TSCompiler Fig. 7 fuses pad + conv into one kernel), so
+  the padded copy is never written.
 * **Dead-node elimination**.
 
 Compound operators: LayerNormalization, Softmax and Gelu are *kept* as
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from tscomp.graph.ir import Graph, Node
 
 PASS_THROUGH_OPS = {"Identity", "Dropout"}
@@ -30,17 +36,19 @@ PASS_THROUGH_OPS = {"Identity", "Dropout"}
 class SimplifyReport:
     folded: int = 0
     pass_through_removed: int = 0
+    pads_folded: int = 0
     dead_removed: int = 0
 
     def __str__(self) -> str:
         return (f"folded {self.folded} constant/shape nodes, removed {self.pass_through_removed} "
-                f"Identity/Dropout, {self.dead_removed} dead nodes")
+                f"Identity/Dropout, folded {self.pads_folded} Pads into Convs, {self.dead_removed} dead nodes")
 
 
 def simplify(graph: Graph) -> SimplifyReport:
     report = SimplifyReport()
     report.folded = remove_folded_nodes(graph)
     report.pass_through_removed = remove_pass_through(graph)
+    report.pads_folded = fold_pads_into_convs(graph)
     report.dead_removed = eliminate_dead_nodes(graph)
     release_unused_constants(graph)
     return report
@@ -84,6 +92,76 @@ def _uses_dropout_mask(node: Node, graph: Graph) -> bool:
     if len(node.outputs) < 2 or not node.outputs[1]:
         return False
     return node.outputs[1] in graph.outputs or any(node.outputs[1] in n.inputs for n in graph.nodes)
+
+
+def fold_pads_into_convs(graph: Graph) -> int:
+    """Give every Conv that reads a foldable Pad's output the Pad's input and the summed pads
+    (the Pad itself leaves with dead-node elimination once nothing else reads it)."""
+    producers = graph.producers()
+    folded = 0
+    for conv in graph.nodes:
+        pad = producers.get(conv.inputs[0]) if conv.op_type == "Conv" and not conv.domain else None
+        spatial = _foldable_spatial_pads(graph, pad) if pad is not None else None
+        if spatial is None or conv.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            continue
+        rank = len(spatial) // 2
+        own = [0] * (2 * rank) if conv.attrs.get("auto_pad", "NOTSET") == "VALID" else \
+            [int(p) for p in conv.attrs.get("pads", [0] * (2 * rank))]
+        conv.attrs["pads"] = [a + b for a, b in zip(own, spatial)]
+        conv.attrs["auto_pad"] = "NOTSET"
+        conv.inputs[0] = pad.inputs[0]
+        folded += 1
+    return folded
+
+
+def _foldable_spatial_pads(graph: Graph, pad: Node) -> list[int] | None:
+    """The Pad's [begin..., end...] over the spatial axes of an N, C, spatial... tensor when it
+    pads with zeros by constant non-negative amounts and leaves N and C alone, else None."""
+    if pad.op_type != "Pad" or pad.domain or pad.attrs.get("mode", "constant") != "constant":
+        return None
+    rank = graph.values[pad.inputs[0]].rank
+    opset = graph.opset_of(pad)
+    if opset < 11:
+        pads, value = pad.attrs.get("pads", pad.attrs.get("paddings")), pad.attrs.get("value", 0.0)
+        axes = None
+    else:
+        pads, value, axes = (_constant_ints(graph, pad, 1), _constant_scalar(graph, pad, 2),
+                             _constant_ints(graph, pad, 3) if opset >= 18 else None)
+        if len(pad.inputs) > 3 and pad.inputs[3] and axes is None:
+            return None
+    if pads is None or value is None or value != 0 or rank is None or rank < 3:
+        return None
+    axes = list(range(rank)) if axes is None else [a % rank for a in axes]
+    if len(pads) != 2 * len(axes) or min(pads) < 0:
+        return None
+    per_axis = {a: (pads[i], pads[i + len(axes)]) for i, a in enumerate(axes)}
+    if any(per_axis.get(a, (0, 0)) != (0, 0) for a in (0, 1)):
+        return None
+    spatial = range(2, rank)
+    return [per_axis.get(a, (0, 0))[0] for a in spatial] + [per_axis.get(a, (0, 0))[1] for a in spatial]
+
+
+def _constant_ints(graph: Graph, node: Node, index: int) -> list[int] | None:
+    if len(node.inputs) <= index or not node.inputs[index]:
+        return None
+    v = graph.values[node.inputs[index]]
+    data = v.const if v.const is not None else v.symdata
+    if data is None:
+        return None
+    try:
+        return [int(x) for x in np.asarray(data).reshape(-1)]
+    except TypeError:  # symbolic pads: not folded
+        return None
+
+
+def _constant_scalar(graph: Graph, node: Node, index: int) -> float | None:
+    """The Pad's constant value: 0 when omitted, None when not a compile-time number."""
+    if len(node.inputs) <= index or not node.inputs[index]:
+        return 0.0
+    const = graph.values[node.inputs[index]].const
+    if const is None:
+        return None
+    return float(np.asarray(const).reshape(-1)[0]) if const.size else 0.0
 
 
 def eliminate_dead_nodes(graph: Graph) -> int:

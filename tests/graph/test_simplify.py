@@ -1,0 +1,79 @@
+"""Graph simplification: a zero constant Pad of the spatial axes folds into the Conv after it
+(TensorFlow-style "SAME" ports such as MobileNetV2 emit one before every Conv); any other Pad stays."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+from tscomp.compiler import compile_model
+from tscomp.graph import load_model
+from tscomp.runtime import Runtime
+from tscomp.runtime.artifact import write_artifact
+
+C = 3
+
+
+def _pad_conv_model(path, pads, *, mode="constant", value=None, conv_pads=(1, 0, 0, 2), extra_reader=False,
+                    strides=(2, 1)):
+    """x [N, C, H, W] -> Pad(pads, mode, value) -> Conv 3x3 (own pads, strides) -> y; with
+    ``extra_reader`` the padded tensor is also a graph output."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, C, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.asarray(pads, np.int64), "pads")]
+    pad_inputs = ["x", "pads"]
+    if value is not None:
+        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), "value"))
+        pad_inputs.append("value")
+    nodes = [helper.make_node("Pad", pad_inputs, ["xp"], mode=mode),
+             helper.make_node("Conv", ["xp", "w"], ["y"], pads=list(conv_pads), strides=list(strides))]
+    outputs = [helper.make_tensor_value_info("y", TP.FLOAT, None)]
+    if extra_reader:
+        outputs.append(helper.make_tensor_value_info("xp", TP.FLOAT, None))
+    graph = helper.make_graph(nodes, "pad_conv", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", C, "H", "W"])],
+                              outputs, inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+def _ops(path):
+    return [n.op_type for n in load_model(path, ["N=1:2", "H=1:40", "W=1:40"]).nodes]
+
+
+def test_a_zero_spatial_pad_folds_into_the_conv_and_matches_onnxruntime(tmp_path):
+    path = str(tmp_path / "m.onnx")
+    _pad_conv_model(path, [0, 0, 2, 1, 0, 0, 1, 3], value=0.0)
+    graph = load_model(path, ["N=1:2", "H=1:40", "W=1:40"])
+    (conv,) = graph.nodes
+    assert conv.op_type == "Conv" and list(conv.attrs["pads"]) == [1 + 2, 0 + 1, 0 + 1, 2 + 3]
+    assert conv.inputs[0] == "x"
+    model = compile_model(path, ["N=1:2", "H=1:40", "W=1:40"])
+    write_artifact(model, tmp_path / "m.tsc")
+    rt = Runtime(tmp_path / "m.tsc")
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for n, h, w in [(1, 1, 1), (2, 7, 13), (1, 40, 40), (2, 2, 37)]:
+        x = rng.standard_normal((n, C, h, w)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("why, kwargs", [
+    ("a non-zero pad value", dict(pads=[0, 0, 1, 1, 0, 0, 1, 1], value=0.5)),
+    ("a reflect pad", dict(pads=[0, 0, 1, 1, 0, 0, 1, 1], mode="reflect")),
+    ("a padded batch axis", dict(pads=[1, 0, 1, 1, 0, 0, 1, 1])),
+    ("a negative pad (a crop)", dict(pads=[0, 0, -1, 1, 0, 0, 1, 1])),
+])
+def test_a_pad_the_conv_cannot_absorb_stays_in_the_graph(tmp_path, why, kwargs):
+    path = str(tmp_path / "m.onnx")
+    _pad_conv_model(path, **kwargs)
+    assert "Pad" in _ops(path), why
+
+
+def test_a_pad_with_another_reader_stays_for_it_while_the_conv_reads_the_unpadded_input(tmp_path):
+    path = str(tmp_path / "m.onnx")
+    _pad_conv_model(path, [0, 0, 1, 1, 0, 0, 1, 1], extra_reader=True)
+    graph = load_model(path, ["N=1:2", "H=1:40", "W=1:40"])
+    conv = next(n for n in graph.nodes if n.op_type == "Conv")
+    assert [n.op_type for n in graph.nodes].count("Pad") == 1 and conv.inputs[0] == "x"
