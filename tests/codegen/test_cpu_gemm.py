@@ -357,7 +357,8 @@ def test_bad_weights_and_epilogue_definitions_are_rejected():
 
 def test_row_pass_hook_runs_over_whole_rows_per_task_or_after_split_n_tiles():
     """Epilogue.row_pass: a hand-written row pass (scale each row by its max) after the last K step
-    of a whole-row task, or after the task loop when N is split over tasks."""
+    of a whole-row task, or after the task loop when N is split over tasks -- by the configuration,
+    or at run time when M leaves fewer row blocks than threads (M = 1 and 17 with nc = NP)."""
     from tscomp.codegen.cpu_gemm import Epilogue, GemmKernel, generate_gemm
     from tscomp.codegen.tile_config import TileConfig
     from tscomp.codegen.build import host_isa
@@ -373,15 +374,29 @@ def test_row_pass_hook_runs_over_whole_rows_per_task_or_after_split_n_tiles():
     }"""
     epi = Epilogue("acc + bias[j]", (EpilogueArg("bias", shape=("N",)),), "bias", row_pass=row, row_label="max-scale")
     split = generate_gemm(TileConfig(mr=mr, nr=nr, mc=4 * mr, nc=nr, kc=64), K, N + nr, isa, epi)
-    assert "row_pass(Y, r0," in split and "row_pass(Y, m0, mv" not in split
+    assert "if (n_nblocks > 1)" in split and "if (n_nblocks == 1) row_pass(Y, m0, mv" in split
     rng = np.random.default_rng(5)
     W = rng.standard_normal((K, N)).astype(np.float32)
     bias = np.abs(rng.standard_normal(N)).astype(np.float32) + 50
     kern = GemmKernel(W, TileConfig(mr=mr, nr=nr, mc=4 * mr, nc=NP, kc=64), isa=isa, epilogue=epi)
-    assert "row_pass(Y, m0, mv" in kern.source
     kern_split = GemmKernel(W, TileConfig(mr=mr, nr=nr, mc=4 * mr, nc=nr, kc=64), isa=isa, epilogue=epi)
     for M in (1, 17, 61):
         X = rng.standard_normal((M, K)).astype(np.float32)
         y = X.astype(np.float64) @ W + bias
         for k in (kern, kern_split):
             np.testing.assert_allclose(k.run(X, bias=bias), y / y.max(axis=1, keepdims=True), rtol=1e-4, atol=1e-4)
+
+
+def test_small_m_cuts_n_finer_so_every_thread_has_a_task():
+    """A configuration whose one N block covers all of N (nc = NP) gives one task per row block; when
+    that is fewer than the threads, the kernel cuts N into whole panels at run time and the task
+    count the runtime's wave model reads says so."""
+    from tscomp.codegen.cpu_gemm import _Geometry
+    from tscomp.codegen.tile_config import TileConfig
+    g = _Geometry.of(TileConfig(mr=8, nr=32, mc=64, nc=3072, kc=256), 768, 3072, "fp32")
+    assert g.n_nblocks == 1
+    assert g.tasks(49, 1) == 1
+    assert g.tasks(49, 2) == 2 and g.tasks(49, 8) == 8
+    assert g.tasks(100, 2) == 2          # two row blocks already
+    assert g.tasks(100, 5) == 2 * 3      # ceil(5 / 2) N blocks per row block
+    assert _Geometry.of(TileConfig(mr=8, nr=32, mc=64, nc=32, kc=256), 768, 64, "fp32").tasks(1, 16) == 2

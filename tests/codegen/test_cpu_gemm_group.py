@@ -268,11 +268,21 @@ def test_runtime_contract_pickle_bind_tasks_memo(tmp_path_factory):
     clone._bind_function(ctypes.CDLL(str(build_library(kernel.source, kernel.func))))
     assert clone.fn is not None
     _run_vs_ort(path, plan, group, clone, 2, 9, K, N)
-    # tasks: ceil(M / T_Mb) x N blocks (one N block with a row pass)
+    # tasks: ceil(M / T_Mb) x N blocks (one N block with a row pass) on one thread; on two, a single
+    # row block has its N cut in two (whole panels)
     def bound(B, S):
         return bind_symbols(plan.graph, {"x": np.zeros((B, S, K), np.float32), "res": np.zeros((B, S, N), np.float32)})
-    assert clone.tasks(bound(2, 9)) == -(-18 // clone.cfg.mc)
-    assert clone.tasks(bound(4, 1000)) == -(-4000 // clone.cfg.mc)
+    from tscomp.codegen.build import get_num_threads, set_num_threads
+    before = get_num_threads()
+    try:
+        set_num_threads(1)
+        assert clone.tasks(bound(2, 9)) == -(-18 // clone.cfg.mc)
+        assert clone.tasks(bound(4, 1000)) == -(-4000 // clone.cfg.mc)
+        set_num_threads(2)
+        assert clone.geometry.n_nblocks == 1 and clone.geometry.NP // clone.geometry.NR >= 2
+        assert clone.tasks(bound(1, 1)) == 2
+    finally:
+        set_num_threads(before)
     # a repeated binding evaluates no symbolic size again
     calls = []
     real = clone.symtab.evaluate

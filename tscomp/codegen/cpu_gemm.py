@@ -107,6 +107,7 @@ _RESERVED = {
     "acc", "i", "j", "r", "c", "k", "x", "tile", "yrow", "acc_t", "xp", "wp", "wn", "ct", "first", "last",
     "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock", "pull", "stream_log2",
     "kb", "k0", "jp", "wpanel", "wnext", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks", "mc",
+    "nc", "nth", "n_nblocks", "panels", "parts", "omp_get_max_threads",
     "min_i64", "pack_x", "ts_bf16_row", "micro_kernel", "micro_kernel_tail", "rows", "row_pass", "a_prologue", "Xa", "tscomp_erff",
     "int", "float", "double", "char", "void", "const", "restrict", "return", "if", "else", "for",
     "while", "do", "static", "inline", "sizeof", "int64_t", "int32_t",
@@ -297,6 +298,18 @@ class _Geometry:
     def n_nblocks(self) -> int:
         return -(-self.NP // self.NC)
 
+    def tasks(self, M: int, threads: int) -> int:
+        """The macro-kernel's task count at M rows on ``threads`` threads (its C computes the same):
+        balanced row blocks x N blocks, N cut finer, in whole panels, when that is fewer than the
+        threads."""
+        n_mblocks = -(-M // self.MC)
+        nc = self.NC
+        if n_mblocks * self.n_nblocks < threads:
+            panels = self.NP // self.NR
+            parts = min(panels, -(-threads // n_mblocks))
+            nc = -(-panels // parts) * self.NR
+        return n_mblocks * -(-self.NP // nc)
+
     @property
     def n_kblocks(self) -> int:
         return -(-self.K // self.KC)
@@ -450,6 +463,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
  */
 #include <math.h>
 #include <stdint.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 {'#include <immintrin.h>' if isa != 'scalar' else ''}
@@ -1049,14 +1063,17 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     single = g.n_kblocks == 1
     before = f"\n    a_prologue((float*)X, M{epi_names});  /* X is the caller's scratch: A computed here */" \
         if a_prologue else ""
-    whole_rows = g.n_nblocks == 1
-    after = f"\n            row_pass(Y, m0, mv{epi_names});  /* fused row reduction over this task's rows */" \
-        if row_pass and whole_rows else ""
+    # a task owning whole rows (one N block, as configured or after the run-time split) reduces them
+    # while they are in cache; otherwise the row pass runs after the task loop's barrier
+    after = f"\n            if (n_nblocks == 1) row_pass(Y, m0, mv{epi_names});  /* fused row reduction over this task's rows */" \
+        if row_pass else ""
     rows_after = f"""
         /* N was split over tasks: the row reduction starts once every tile is stored (the loop's barrier) */
-        #pragma omp for schedule(static)
-        for (int64_t r0 = 0; r0 < M; r0 += MR)
-            row_pass(Y, r0, min_i64(MR, M - r0){epi_names});""" if row_pass and not whole_rows else ""
+        if (n_nblocks > 1) {{
+            #pragma omp for schedule(static)
+            for (int64_t r0 = 0; r0 < M; r0 += MR)
+                row_pass(Y, r0, min_i64(MR, M - r0){epi_names});
+        }}""" if row_pass else ""
     bf16 = g.precision == "bf16"
     op = _operand(g)
     # fp32: W offsets in floats; bf16: in 32-bit lanes of bf16 pairs (K padded to BF16_K_BLOCK, halved)
@@ -1095,7 +1112,7 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     xpack_free = "" if in_place else "\n        free(xpack);"
     tiles_on = "\n        amx_configure();   /* this thread's tile registers: 16 rows x 64 bytes each */" if amx else ""
     tiles_off = "\n        _tile_release();" if amx else ""
-    emit(f"""/* Macro-kernel: tasks = ceil(M / MC) balanced row blocks x N_NBLOCKS block tiles, shared among the OpenMP
+    emit(f"""/* Macro-kernel: tasks = ceil(M / MC) balanced row blocks x N_NBLOCKS block tiles (more where that is fewer than the threads), shared among the OpenMP
  * threads; each task walks K in N_KBLOCKS steps of KC{' (here one step: no partial sums)' if single else ''}. */
 void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y, int64_t M{epi_params})
 {{
@@ -1104,7 +1121,17 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
     /* balanced row blocks: M split evenly (whole register tiles, at most MC rows), not MC-row
      * blocks and a thin remainder that streams every weight panel again for a few rows */
     const int64_t mc = ((M + n_mblocks - 1) / n_mblocks + MR - 1) / MR * MR;
-    const int64_t n_tasks = n_mblocks * N_NBLOCKS;
+    /* too few tasks for the threads (small M): N cut finer at run time, in whole NR panels (W is
+     * packed panel by panel over all of K, so any panel starts a block); gemm_tasks() in Python
+     * computes the same */
+    const int64_t nth = omp_get_max_threads();
+    int64_t nc = NC;
+    if (n_mblocks * N_NBLOCKS < nth) {{
+        const int64_t panels = NP / NR, parts = min_i64(panels, (nth + n_mblocks - 1) / n_mblocks);
+        nc = (panels + parts - 1) / parts * NR;
+    }}
+    const int64_t n_nblocks = (NP + nc - 1) / nc;
+    const int64_t n_tasks = n_mblocks * n_nblocks;
     #pragma omp parallel if (n_tasks > 1)
     {{{tiles_on}
         /* per-thread workspaces (sizes rounded up to the 64-byte alignment, as C11 asks) */{xpack_alloc}
@@ -1113,7 +1140,7 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
         for (int64_t t = 0; t < n_tasks; ++t) {{
             const int64_t nb = t / n_mblocks, mb = t % n_mblocks;
             const int64_t m0 = mb * mc, mv = min_i64(mc, M - m0);
-            const int64_t j0 = nb * NC, nw = min_i64(NC, NP - j0);  /* nw: a multiple of NR */
+            const int64_t j0 = nb * nc, nw = min_i64(nc, NP - j0);  /* nw: a multiple of NR */
             const int stream_log2 = {stride_rule};  /* log2 of the stream's k-step stride */
             const {op}* wblock = {w_base};
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{

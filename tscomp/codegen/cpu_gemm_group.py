@@ -69,7 +69,7 @@ from typing import Mapping
 import numpy as np
 import sympy
 
-from tscomp.codegen.build import build_library, host_isa, load_library
+from tscomp.codegen.build import build_library, get_num_threads, host_isa, load_library
 from tscomp.codegen.c_expr import (PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, landing_index,
                                    linearize)
 from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, check_precision,
@@ -759,10 +759,11 @@ class CompiledGemmGroup(PicklableKernel):
         return hit
 
     def tasks(self, binding: Mapping[str, int]) -> int:
-        """Parallel tile tasks at ``binding``: ceil(M / T_Mb) x (N blocks). Only M is evaluated: the
+        """Parallel tile tasks at ``binding``: ceil(M / T_Mb) x (N blocks, cut finer when that is
+        fewer than the threads). Only M is evaluated: the
         runtime asks every variant this when it meets a new shape."""
         M = int(self.symtab.evaluate(self.M, dict(binding)))
-        return -(-M // self.cfg.mc) * self.geometry.n_nblocks
+        return self.geometry.tasks(M, get_num_threads()) if M > 0 else 0
 
     def native_call(self) -> NativeCall:
         """X (the A input, a contiguous copy of its view chain, or scratch the A prologue fills),
