@@ -135,14 +135,17 @@ def test_depthwise_rows_the_taps_end_before_the_input_does(tmp_path):
 
 def test_depthwise_tasks_that_take_several_channels_of_a_small_image_match_onnxruntime(tmp_path):
     """48 channels at 3..13 pixels a side: a task takes several whole channels (and one padding of
-    the phase planes serves them all); a channel multiplier, and stride 3 with dilation 2 (nine
-    phase planes, taps landing in several of them)."""
+    the phase planes serves them all); a channel multiplier, stride 3 with dilation 2 (nine phase
+    planes, taps landing in several of them), and a 5x5 at stride 2 (more taps than registers: one
+    pass per kernel column over blocks of 4 output rows, the rows after the last block flat)."""
     path = tmp_path / "dw_small.onnx"
     channels = 48
     spatial = _model(path, [("dw", channels, (3, 3), dict(group=channels, pads=[1, 1, 1, 1]), ("relu",)),
                             ("dw_mult", 2 * channels, (3, 3), dict(group=channels, pads=[0, 1, 2, 1]), ()),
                             ("dw_s3", channels, (3, 5), dict(group=channels, pads=[2, 3, 2, 3], strides=[3, 3],
-                                                             dilations=[2, 2]), ("bn",))], channels=channels)
+                                                             dilations=[2, 2]), ("bn",)),
+                            ("dw_5x5_s2", channels, (5, 5), dict(group=channels, pads=[2, 1, 2, 3], strides=[2, 2]),
+                             ())], channels=channels)
     _compile_and_compare(path, spatial, [(1, 3, 3), (2, 7, 13), (1, 13, 5), (3, 4, 11)], channels=channels, lo=3,
                          families={"conv-depthwise"})
 

@@ -808,6 +808,11 @@ void {name}({_runtime_params()}{params})
 
 #: outputs one depthwise task aims at (rows of one channel, or whole channels of a small image)
 DEPTHWISE_TASK_OUTPUTS = 4096
+#: a kernel with more taps than this keeps only one kernel column's weights in registers at a time
+#: (a 7x7's 49 broadcast weights do not fit 32 vector registers beside accumulators and inputs)
+DEPTHWISE_REGISTER_TAPS = 16
+#: output rows one kernel-column pass accumulates together
+DEPTHWISE_ROW_BLOCK = 4
 
 
 def depthwise_l1_floats(l1_bytes: int) -> int:
@@ -816,13 +821,18 @@ def depthwise_l1_floats(l1_bytes: int) -> int:
     return l1_bytes * 3 // 4 // 4
 
 
-def depthwise_blocks(OC: int, OH: int, OW: int, geo: Geometry2D, l1_bytes: int) -> tuple[int, int]:
+def depthwise_row_width(OW: int, geo: Geometry2D, isa: str) -> int:
+    """PWS, the phase planes' and accumulators' row: OW plus the widest tap's column offset,
+    rounded up to whole vectors (a pass over one row then has no scalar remainder)."""
+    return _round_up(OW + max(t[3] for t in _depthwise_taps(geo)), VECTOR_WIDTH[isa])
+
+
+def depthwise_blocks(OC: int, OH: int, OW: int, geo: Geometry2D, l1_bytes: int, isa: str) -> tuple[int, int]:
     """(output rows, channels) one depthwise task covers: about DEPTHWISE_TASK_OUTPUTS outputs and
     no more rows than keep its accumulators and phase planes in L1; whole channels grouped when a
     channel is smaller than that, but at least 8 channel blocks per image so that 2+ threads
     balance. The kernel computes the same rule in C (``depthwise_source``)."""
-    taps = _depthwise_taps(geo)
-    TR, PWS = max(t[2] for t in taps), OW + max(t[3] for t in taps)
+    TR, PWS = max(t[2] for t in _depthwise_taps(geo)), depthwise_row_width(OW, geo, isa)
     fit = depthwise_l1_floats(l1_bytes) // (PWS * (1 + geo.sh * geo.sw)) - TR - 1
     rows = max(1, min(OH, DEPTHWISE_TASK_OUTPUTS // max(OW, 1), fit))
     if rows < OH:
@@ -843,9 +853,9 @@ def _depthwise_taps(geo: Geometry2D) -> list[tuple[int, int, int, int]]:
     return taps
 
 
-def _depthwise_tap_loop(geo: Geometry2D) -> str:
-    """The unrolled tap sum of one flat output position f: a pointer per (plane, row offset), so
-    the taps of one kernel row differ only in a constant displacement."""
+def _depthwise_tap_loop(geo: Geometry2D, start: str) -> str:
+    """The unrolled tap sum of flat output positions [start, F): a pointer per (plane, row offset),
+    so the taps of one kernel row differ only in a constant displacement."""
     taps = _depthwise_taps(geo)
     rows = sorted({(plane, dr) for _, plane, dr, _ in taps})
     ptr = {key: f"q{i}" for i, key in enumerate(rows)}
@@ -853,9 +863,42 @@ def _depthwise_tap_loop(geo: Geometry2D) -> str:
              for plane, dr in rows]
     lines += [f"                const float w{t} = wk[{t}];" for t, *_ in taps]
     lines.append("                #pragma omp simd")
-    lines.append("                for (int64_t f = 0; f < F; ++f)")
+    lines.append(f"                for (int64_t f = {start}; f < F; ++f)")
     terms = " + ".join(f"w{t} * {ptr[(plane, dr)]}[f + {dc}]" for t, plane, dr, dc in taps)
     lines.append(f"                    acc[f] = {terms};")
+    return "\n".join(lines)
+
+
+def _depthwise_column_passes(geo: Geometry2D) -> str:
+    """For kernels with more taps than registers: blocks of DEPTHWISE_ROW_BLOCK output rows, one
+    vectorized pass per kernel column, with only that column's KH weights live. Each input row a
+    pass reads is loaded once for every output row of the block that uses it (a 7x7 loads 10 input
+    vectors for 28 FMAs, where one tap sum per position loads 49 inputs and 49 spilled weights for
+    49 FMAs); the block's rows accumulate in ``acc`` between passes. Rows past the last whole block
+    take the flat tap sum."""
+    RB = DEPTHWISE_ROW_BLOCK
+    taps = _depthwise_taps(geo)
+    ind = " " * 24
+    lines = ["                int64_t r0 = 0;",
+             f"                for (; r0 + {RB} <= R; r0 += {RB}) {{"]
+    for kw in range(geo.kw):
+        column = [taps[kh * geo.kw + kw] for kh in range(geo.kh)]
+        lines.append(f"                    {{   /* kernel column {kw} */")
+        lines += [f"{ind}const float w{t} = wk[{t}];" for t, *_ in column]
+        lines += [f"{ind}#pragma omp simd", f"{ind}for (int64_t f = 0; f < PWS; ++f) {{"]
+        lines += [f"{ind}    float a{r} = {'0.0f' if kw == 0 else f'acc[(r0 + {r}) * PWS + f]'};" for r in range(RB)]
+        loaded: dict[tuple, str] = {}
+        for t, plane, dr, dc in column:
+            for r in range(RB):
+                key = (plane, r + dr, dc)
+                if key not in loaded:
+                    loaded[key] = f"x{len(loaded)}"
+                    lines.append(f"{ind}    const float {loaded[key]} = planes[{plane} * PLANE + (r0 + {r + dr}) * PWS + f + {dc}];")
+                lines.append(f"{ind}    a{r} += w{t} * {loaded[key]};")
+        lines += [f"{ind}    acc[(r0 + {r}) * PWS + f] = a{r};" for r in range(RB)]
+        lines += [f"{ind}}}", "                    }"]
+    lines.append("                }")
+    lines.append(_depthwise_tap_loop(geo, "r0 * PWS"))
     return "\n".join(lines)
 
 
@@ -901,7 +944,7 @@ void {name}({_runtime_params()}{params})
     if (NB <= 0 || P <= 0) return;{_prologue_call(a, pro_names)}
     /* output rows and channels per task (depthwise_blocks in Python computes the same): about
      * {DEPTHWISE_TASK_OUTPUTS} outputs, and the accumulators and planes in L1 */
-    const int64_t PWS = OW + {TC};
+    const int64_t PWS = (OW + {TC} + {VECTOR_WIDTH[isa] - 1}) / {VECTOR_WIDTH[isa]} * {VECTOR_WIDTH[isa]};   /* whole vectors */
     const int64_t fit = L1_FLOATS / (PWS * (1 + SH * SW)) - {TR} - 1;
     const int64_t rows = max_i64(1, min_i64(min_i64(OH, {DEPTHWISE_TASK_OUTPUTS} / OW), fit));
     const int64_t cb = rows < OH ? 1 : max_i64(1, min_i64({DEPTHWISE_TASK_OUTPUTS} / P, OC / 8));
@@ -941,7 +984,7 @@ void {name}({_runtime_params()}{params})
                                 for (int64_t c = c_lo; c < c_hi; ++c) prow[c] = srow[c * SW];
                         }}
                     }}
-{_depthwise_tap_loop(geo)}
+{_depthwise_column_passes(geo) if geo.kh * geo.kw > DEPTHWISE_REGISTER_TAPS else _depthwise_tap_loop(geo, "0")}
                 /* rows packed to OW apart (dropping the extra columns), then one long epilogue pass */
                 for (int64_t r = 1; r < R && PWS != OW; ++r)
                     memmove(acc + r * OW, acc + r * PWS, (size_t)OW * sizeof(float));
@@ -1063,7 +1106,7 @@ class CompiledConv(PicklableKernel):
         xshape, (H, W, OH, OW, *_), *_ = self._ints(binding)
         a = self.analysis
         if self.cfg is None:
-            rows, cb = depthwise_blocks(a.OC, OH, OW, a.geo, self.l1_bytes)
+            rows, cb = depthwise_blocks(a.OC, OH, OW, a.geo, self.l1_bytes, self.isa)
             return xshape[0] * -(-a.OC // cb) * -(-OH // rows)
         n_pb, n_ob = -(-(OH * OW) // self.cfg.nc), -(-a.OCg // self.cfg.mc)
         base, nth = xshape[0] * a.G * n_pb, get_num_threads()      # the kernel's own rule (conv_source)
