@@ -28,8 +28,12 @@ Two strategies (two families of :mod:`tscomp.codegen.families`):
   arena views (``takes_out``).
 * **direct depthwise** (:class:`DepthwiseAnalysis`, family ``conv-depthwise``): one input channel
   per group (``group = C``, channel multiplier allowed), where the GEMM would have K = KH·KW and
-  one row: per (n, oc, output row) and kernel row, the interior output columns take all KW taps in
-  one vectorized pass (KW a constant, unrolled), the few edge columns test each tap.
+  one row. A task (image, block of channels, block of output rows sized for L1) copies each
+  channel's input rows into SH x SW zero-padded *phase planes*, so that every tap at every stride
+  and dilation reads unit-stride at a constant offset; a task's output positions are then one flat
+  vectorized run (plane rows of whole vectors; the extra columns are computed and dropped), with
+  the taps unrolled -- for kernels with more taps than vector registers (a 7x7), one pass per kernel
+  column over blocks of 4 output rows, loading each input row once for all of them.
 
 The fused epilogue (both strategies) is generated from the group's expression IR by the elementwise
 generator of :mod:`tscomp.codegen.cpu_groups` (:class:`TileEpilogue`): per finished tile of
