@@ -162,6 +162,28 @@ def test_printer_uses_helpers_only_when_signs_are_unknown():
     assert c_index(HP * WP + 1, ctx) == "(height / 8)*(width / 8) + 1"
 
 
+
+def test_a_printer_with_hoist_names_sizes_of_shape_symbols_once_and_keeps_loop_terms_inline():
+    """floor/ceiling/Mod of shape symbols alone print as one declared constant each (a loop index
+    through ts_floordiv kept GCC from vectorizing every loop it appeared in); terms with a loop index
+    stay in place."""
+    from tscomp.codegen.c_expr import CPrinter
+    ctx = IndexContext(SYMS)
+    i = ctx.var("i", L)
+    declared = []
+
+    def hoist(text):
+        declared.append(text)
+        return f"sz{len(declared) - 1}"
+
+    pr = CPrinter(ctx, hoist=hoist, shape_symbols=frozenset({B, L, H, W}))
+    oh = sympy.floor((H - 3) / 4) + 1
+    assert pr(i * oh * (sympy.floor((W - 3) / 4) + 1) + sympy.Mod(i - 3, L)) == \
+        "i*(sz0 + 1)*(sz1 + 1) + ts_mod(i - 3, sequence)"
+    assert pr(2 * oh) == "2*sz0 + 2"              # the same size again: no second declaration
+    assert declared == ["ts_floordiv(height - 3, 4)", "ts_floordiv(width - 3, 4)"]
+    assert pr.used >= {H, W, L, i}                  # the sizes' symbols are still the kernel's parameters
+
 def test_literals():
     assert c_literal(0.5, np.float32) == "0.5f"
     assert c_literal(1e-12, np.float32) == "1e-12f"

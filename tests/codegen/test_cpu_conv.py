@@ -396,3 +396,20 @@ def test_outputs_go_into_given_buffers_and_a_wrong_buffer_is_named(tmp_path):
     np.testing.assert_array_equal(buf, want)
     with pytest.raises(ExecutionError, match="output buffer 'a_0' is float64"):
         kernel.run(env, binding, {"a_0": np.empty((1, 8, 7, 13))})
+
+
+def test_a_strided_conv_epilogue_reads_its_floored_sizes_from_constants_not_inside_the_loop(tmp_path):
+    """The output of a stride-2 Conv is floor((H - 1)/2) + 1 high: the epilogue's store index names
+    that size through a function-scope constant, so the vectorized loop holds no ts_floordiv call
+    (which kept GCC from vectorizing it: PoolFormer's GELU epilogue ran scalar)."""
+    path = tmp_path / "s2.onnx"
+    spatial = _model(path, [("s2", 8, (3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2]), ("silu",)),
+                            ("dw", C, (3, 3), dict(group=C, pads=[1, 1, 1, 1], strides=[2, 2]), ("relu",))])
+    model = _compile_and_compare(path, spatial, [(1, 1, 1), (2, 13, 8)])
+    for kernels in model.kernels.values():
+        source = kernels[0].source
+        epilogue = source[source.index("void conv_epilogue("):]
+        epilogue = epilogue[:epilogue.index("\n}\n")]
+        assert "const int64_t ts_sz0 = ts_floordiv(" in epilogue
+        loop = epilogue[epilogue.index("#pragma omp simd"):]
+        assert "ts_floordiv" not in loop, loop

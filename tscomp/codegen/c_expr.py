@@ -601,12 +601,22 @@ _ADD, _MUL, _ATOM = 1, 2, 3
 
 
 class CPrinter:
-    """SymPy integer expressions -> C over int64_t."""
+    """SymPy integer expressions -> C over int64_t.
 
-    def __init__(self, ctx: IndexContext | None = None, names: dict | None = None):
+    With ``hoist`` (a callable that declares ``const int64_t <name> = <C text>;`` at function scope
+    and returns the name) and the set of ``shape_symbols``, every floor, ceiling and Mod of shape
+    symbols alone (``floor((height - 3)/4)``: a strided Conv's output height) prints as that name.
+    Inside a loop such a term is invariant, but GCC cannot always see it through ``ts_floordiv``'s
+    branches: an output index holding one defeated the vectorizer of every loop it appeared in."""
+
+    def __init__(self, ctx: IndexContext | None = None, names: dict | None = None, *,
+                 hoist=None, shape_symbols: frozenset = frozenset()):
         self.ctx = ctx or IndexContext()
         self.names = names or {}
         self.used: set[sympy.Symbol] = set()
+        self.hoist = hoist
+        self.shape_symbols = shape_symbols
+        self.hoisted: dict[sympy.Expr, str] = {}
 
     def __call__(self, e) -> str:
         return self.p(sympy.sympify(e), 0)
@@ -615,7 +625,20 @@ class CPrinter:
         text, own = self._p(e)
         return f"({text})" if own < prec else text
 
+    def _hoistable(self, e) -> bool:
+        return (self.hoist is not None and isinstance(e, (sympy.floor, sympy.ceiling, sympy.Mod))
+                and bool(e.free_symbols) and e.free_symbols <= self.shape_symbols)
+
     def _p(self, e) -> tuple[str, int]:
+        if self._hoistable(e):
+            if e not in self.hoisted:
+                hoist, self.hoist = self.hoist, None      # the definition itself prints in full
+                try:
+                    text = self(e)
+                finally:
+                    self.hoist = hoist
+                self.hoisted[e] = hoist(text)
+            return self.hoisted[e], _ATOM
         if e.is_Integer:
             v = int(e)
             text = str(v) if -2**31 < v < 2**31 else f"INT64_C({v})"

@@ -189,10 +189,11 @@ class GroupGenerator:
         self.nodes = {n.name: n for n in plan.graph.nodes}
         self.symtab = plan.graph.symbols
         self.ctx = IndexContext(self.symtab)
-        self.pr = CPrinter(self.ctx)
+        self.decls: list[str] = []      # function-scope declarations (symbolic constant arrays, hoisted sizes)
+        self.pr = CPrinter(self.ctx, hoist=self._declare_size,
+                           shape_symbols=frozenset(i.symbol for i in self.symtab.infos.values()))
         self.root = _Block()
         self.stack: list[_Block] = [self.root]
-        self.decls: list[str] = []      # function-scope declarations (symbolic constant arrays)
         self.statics: list[str] = []    # file-scope constant arrays
         self.arrays: dict[int, str] = {}
         self.where: dict[str, _Block] = {}          # local -> block that defines it
@@ -238,6 +239,12 @@ class GroupGenerator:
 
     def c(self, e) -> str:
         return self.pr(e)
+
+    def _declare_size(self, text: str) -> str:
+        """A function-scope constant for a size of shape symbols alone (the printer's ``hoist``)."""
+        name = self.fresh("ts_sz")
+        self.decls.append(f"const int64_t {name} = {text};")
+        return name
 
     def fresh(self, stem: str) -> str:
         self.counter[stem] += 1
