@@ -1,6 +1,6 @@
 """The index kernel family (:mod:`tscomp.codegen.cpu_index`, writers in
 :mod:`tscomp.graph.ops.c_kernels`): one-op groups (CumSum, Range, ConstantOfShape, ArgMax/ArgMin,
-ScatterElements, ScatterND) compile to native kernels, match onnxruntime at awkward shapes (1,
+ScatterElements, ScatterND, Reduce* over non-trailing axes) compile to native kernels, match onnxruntime at awkward shapes (1,
 primes, range ends), and range-check their data-dependent indices with an error naming the node,
 the index input and the value."""
 from __future__ import annotations
@@ -363,3 +363,27 @@ def test_tile_is_an_index_map_of_the_elementwise_kernel(tmp_path):
     rng = np.random.default_rng(12)
     for B, L in [(1, 1), (2, 7), (3, 64)]:
         _check(path, rt, {"x": rng.standard_normal((B, L)).astype(np.float32)})
+
+
+REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceProd",
+              "ReduceMax", "ReduceMin", "ReduceLogSumExp"]
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+@pytest.mark.parametrize("axes,keepdims", [([1, 2], 1), ([0, 2], 0), ([1], 1)])
+def test_a_reduction_over_non_trailing_axes_is_an_index_kernel_matching_onnxruntime(tmp_path, op, axes, keepdims):
+    """The row kernel reduces trailing axes only; any other axes (ConvNeXt-V2's GRN: ReduceL2 over
+    the spatial axes of [N, H, W, C]) go to the index family's reduction kernel, not numpy."""
+    nodes = [helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)]
+    out = [1 if a in axes else d for a, d in enumerate(["B", "H", "W", 5])] if keepdims else \
+        [d for a, d in enumerate(["B", "H", "W", 5]) if a not in axes]
+    path = _model(tmp_path, "reduce", nodes, [("x", F, ["B", "H", "W", 5])], [("y", F, out)],
+                  [helper.make_tensor("axes", I64, [len(axes)], axes)])
+    model, rt = _compile(path, ["B=1:3", "H=1:40", "W=1:40"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(len(op) + sum(axes))
+    for B, H, W in [(1, 1, 1), (2, 7, 13), (3, 40, 1), (1, 37, 40)]:
+        x = rng.uniform(0.5, 1.5, (B, H, W, 5)).astype(np.float32)   # positive: ReduceLogSum's log
+        if op == "ReduceProd":
+            x = rng.uniform(0.97, 1.03, x.shape).astype(np.float32)   # a product of up to 1600 terms stays finite
+        _check(path, rt, {"x": x})

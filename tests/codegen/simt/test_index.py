@@ -152,6 +152,20 @@ def test_range_argmax_pad_trilu_onehot_match_onnxruntime(opencl, tmp_path):
         _check(path, runner, {"x": x, "sq": rng.standard_normal((L, L)).astype(np.float32)})
 
 
+
+@pytest.mark.parametrize("op", ["ReduceL2", "ReduceLogSumExp", "ReduceMax"])
+def test_a_reduction_over_non_trailing_axes_matches_onnxruntime(opencl, tmp_path, op):
+    """The CPU index family's reduction kernel (any axes) rendered in the SIMT dialect: one
+    work-item per output element."""
+    nodes = [helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)]
+    path = _model(tmp_path, "reduce", nodes, [("x", F, ["B", "L", 3])], [("y", F, [1, "L", 1])],
+                  [helper.make_tensor("axes", I64, [2], [0, 2])])
+    plan, kernels, runner = _runner(path, ["B=1:97", "L=1:97"])
+    _index_kernels(kernels)
+    rng = np.random.default_rng(3)
+    for B, L in AWKWARD:
+        _check(path, runner, {"x": rng.standard_normal((B, L, 3)).astype(np.float32)})
+
 @pytest.mark.parametrize("reduction", ["none", "add"])
 def test_scatter_elements_runs_its_updates_on_one_thread_and_checks_indices(opencl, tmp_path, reduction):
     path = _scatter_elements(tmp_path, reduction)

@@ -111,6 +111,71 @@ def _arg_c(better: str):
     return arg_c
 
 
+# =========================================================================== Reduce*
+#: ONNX reduction -> (C initial value, C update of ``acc`` with ``v``, C result from ``acc`` and the
+#: reduced count ``n``); accumulated in double. NaN propagates through max/min as in numpy.
+REDUCE_C = {
+    "ReduceSum": ("0.0", "acc += v;", "acc"),
+    "ReduceMean": ("0.0", "acc += v;", "acc / (double)({n})"),
+    "ReduceSumSquare": ("0.0", "acc += v * v;", "acc"),
+    "ReduceL1": ("0.0", "acc += fabs(v);", "acc"),
+    "ReduceL2": ("0.0", "acc += v * v;", "sqrt(acc)"),
+    "ReduceLogSum": ("0.0", "acc += v;", "log(acc)"),
+    "ReduceProd": ("1.0", "acc *= v;", "acc"),
+    "ReduceMax": ("-INFINITY", "acc = (v > acc || v != v) ? v : acc;", "acc"),
+    "ReduceMin": ("INFINITY", "acc = (v < acc || v != v) ? v : acc;", "acc"),
+    "ReduceLogSumExp": ("0.0", "acc += exp(v - top);", "log(acc) + top"),
+}
+
+
+def reduce_c(w) -> None:
+    """Any set of reduced axes (the row kernel takes trailing ones only: ConvNeXt-V2's GRN reduces
+    the spatial axes of an NHWC tensor): one output element per iteration, its reduced elements
+    walked by nested loops over the reduced axes, innermost last. ReduceLogSumExp takes the maximum
+    first (a non-finite maximum shifts by 0, as the reference does)."""
+    x, y = w.arg(0), w.out(0)
+    if np.dtype(x.dtype).kind != "f":
+        w.fail(f"{w.op_type} of {np.dtype(x.dtype)} (the C kernel reduces floating-point tensors)")
+    axes = w.reduced_axes()
+    if axes is None:
+        w.fail("reduction axes known only at run time")
+    if not axes:
+        w.fail("noop_with_empty_axes (an identity) is not a reduction kernel")
+    rank = len(x.shape)
+    kept = [d for d in range(rank) if d not in axes]
+    strides = [w.numel(x.shape[d + 1:]) for d in range(rank)]
+    n = w.numel([x.shape[d] for d in axes])
+    init, update, result = REDUCE_C[w.op_type]
+    w.emit(f"/* {w.op_type} over axes {list(axes)} of [{', '.join(w.c(d) for d in x.shape)}]: one output "
+           f"element per iteration, the reduced elements in nested loops */")
+    w.parallel_for([("p", w.numel([x.shape[d] for d in kept]) if kept else "1")], work=w.numel(x.shape))
+    _coords(w, [x.shape[d] for d in kept])
+    base = " + ".join(f"c{k} * ({strides[d]})" for k, d in enumerate(kept)) or "0"
+    w.emit(f"    const int64_t base = {base};")
+
+    def walk_reduced(body: str) -> None:
+        off = "base"
+        for depth, d in enumerate(axes):
+            pad = "    " * (depth + 1)
+            w.emit(f"{pad}for (int64_t r{d} = 0; r{d} < {w.c(x.shape[d])}; ++r{d}) {{")
+            w.emit(f"{pad}    const int64_t o{d} = {off} + r{d} * ({strides[d]});")
+            off = f"o{d}"
+        pad = "    " * (len(axes) + 1)
+        w.emit(f"{pad}const double v = (double){x.at(off)};")
+        w.emit(f"{pad}{body}")
+        for depth in reversed(range(len(axes))):
+            w.emit("    " * (depth + 1) + "}")
+
+    if w.op_type == "ReduceLogSumExp":
+        w.emit("    double top = -INFINITY;")
+        walk_reduced("top = v > top ? v : top;")
+        w.emit("    if (!isfinite(top)) top = 0.0;")
+    w.emit(f"    double acc = {init};")
+    walk_reduced(update)
+    w.emit(f"    {y.at('p')} = ({y.ctype})({result.format(n=n)});")
+    w.emit("}")
+
+
 # =========================================================================== ScatterElements, ScatterND
 #: reduction attribute -> C update of ``d`` (the output element) with ``u`` (the update)
 SCATTER_UPDATES = {"none": "{d} = {u};", "add": "{d} += {u};", "mul": "{d} *= {u};",
@@ -483,6 +548,7 @@ C_KERNELS = {
     "Trilu": trilu_c,
     "OneHot": onehot_c,
     "EyeLike": eye_like_c,
+    **{op: reduce_c for op in REDUCE_C},
 }
 
 for _op, _fn in C_KERNELS.items():
