@@ -300,9 +300,9 @@ def test_every_conv_and_pool_group_of_the_tiny_cnn_and_vit_gets_a_native_family(
             (g.name, choice.reasons)
 
 
-def _save_x_to_z(path, nodes, inits, *, opset: int) -> None:
-    """A graph from input x [batch, C, H, W] to output z, saved at ``path``."""
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", C, "H", "W"])],
+def _save_x_to_z(path, nodes, inits, *, opset: int, channels: int = C) -> None:
+    """A graph from input x [batch, channels, H, W] to output z, saved at ``path``."""
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", channels, "H", "W"])],
                           [helper.make_tensor_value_info("z", TP.FLOAT, None)], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8 if opset < 18 else 9
@@ -331,9 +331,11 @@ def test_elementwise_prologue_before_a_conv_is_fused_and_matches_onnxruntime(tmp
 @pytest.mark.parametrize("depthwise", [True, False])
 def test_an_epilogue_in_the_transposed_layout_stores_scattered_and_matches_onnxruntime(tmp_path, depthwise):
     """SegFormer's Mix-FFN: Conv -> flatten the image -> transpose to [N, H*W, C] -> GELU, all in
-    the Conv's group: each output element computed at (n, c, p) lands at [n, p, c]."""
+    the Conv's group: each output element computed at (n, c, p) lands at [n, p, c]. 20 channels:
+    the depthwise kernel's tasks take 16 channels (whole output lines) and then the 4 left."""
     path = tmp_path / "mixffn.onnx"
     rng = np.random.default_rng(1)
+    C = 20
     cin = 1 if depthwise else C
     inits = [helper.make_tensor("w", TP.FLOAT, [C, cin, 3, 3], rng.standard_normal(C * cin * 9).astype(np.float32)),
              helper.make_tensor("b", TP.FLOAT, [C], rng.standard_normal(C).astype(np.float32)),
@@ -342,7 +344,7 @@ def test_an_epilogue_in_the_transposed_layout_stores_scattered_and_matches_onnxr
              helper.make_node("Reshape", ["y", "flat"], ["yf"]),
              helper.make_node("Transpose", ["yf"], ["yt"], perm=[0, 2, 1]),
              helper.make_node("Gelu", ["yt"], ["z"])]
-    _save_x_to_z(path, nodes, inits, opset=20)
+    _save_x_to_z(path, nodes, inits, opset=20, channels=C)
     model = compile_model(str(path), ["batch=1:3", "H=1:40", "W=1:40"], max_variants=1)
     assert not model.fallback_groups()
     assert any("scattered" in k.source for ks in model.kernels.values() for k in ks)

@@ -109,7 +109,8 @@ def test_an_unknown_executor_is_a_clear_error(bert):
 def _view_gemm_model(path):
     """x[batch, 96, seq] -> Transpose -> [batch, seq, 96] -> Slice [16:80] -> MatMul W[64, 24] + b,
     and a second GEMM reading x through Transpose alone; both A operands are views the host
-    program must copy (a transpose; a transpose and a slice)."""
+    program must copy (a transpose; a transpose and a slice), in 16 x 16 tiles whose edges the
+    sizes 1, 7, 131 and 300 cut."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -144,6 +145,7 @@ def test_gemm_operands_read_through_transposes_and_slices_are_copied_natively(tm
     rt = Runtime.from_compiled(model)
     assert rt.executor == "native" and all(s.native for s in rt._native.program.steps)
     assert "contiguous copy of" in rt._native.program.source
+    assert "16 x 16 tiles of a transpose" in rt._native.program.source   # seq is the source's unit stride
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(4)
     for batch, seq in [(1, 1), (2, 7), (3, 64), (4, 300), (1, 131)]:

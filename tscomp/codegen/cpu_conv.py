@@ -292,7 +292,9 @@ class TileEpilogue(GroupGenerator):
 
     # ------------------------------------------------------------------ the function
     def generate_function(self, name: str, outputs: Mapping[str, Expr]) -> tuple[str, list[tuple], str]:
-        """(C text, [(role, name, C parameter, dtype/symbol)], file-scope statics)."""
+        """(C text, [(role, name, C parameter, dtype/symbol)], file-scope statics); ``scattered``
+        then says whether an output is stored in another layout than [N, OC, positions]."""
+        self.scattered = False
         rows = _Block([("for (int64_t ts_er = 0; ts_er < ts_mv; ++ts_er) {", 0)], [("}", 0)])
         self.push(rows, [self.ch])
         self.emit("const int64_t ts_c = ts_ch0 + ts_er;")
@@ -315,6 +317,7 @@ class TileEpilogue(GroupGenerator):
                     oidx = self._landing(oname, e, oshape)
                     off = self.ctx.simplify(linearize(oidx, oshape))
             v = self.value(e, oidx)
+            self.scattered |= off is not self.flat
             note = "" if off is self.flat else "  /* scattered: the output is a permutation of the backbone's */"
             self.emit(f"{self.out_c[oname]}[{self.c(off)}] = {v};{note}")
         self.pop()
@@ -432,6 +435,7 @@ class _ConvBase:
     def _gen_epilogue(self) -> None:
         gen = TileEpilogue(self.plan, self.group, self.heavy, self.out_shape, self.bias)
         self.epilogue_c, epi_args, self.statics = gen.generate_function("conv_epilogue", self.group.outputs)
+        self.scattered_store = gen.scattered
         pro_args, self.prologue_c = [], ""
         if self.prologue:
             self.prologue_c, pro_args, statics = x_prologue_function(self.plan, self.group, self.heavy.args[0],
@@ -817,6 +821,8 @@ DEPTHWISE_TASK_OUTPUTS = 4096
 DEPTHWISE_REGISTER_TAPS = 16
 #: output rows one kernel-column pass accumulates together
 DEPTHWISE_ROW_BLOCK = 4
+#: channels per task when the epilogue stores channels-last: one 64-byte line of floats
+DEPTHWISE_LINE_CHANNELS = 16
 
 
 def depthwise_l1_floats(l1_bytes: int) -> int:
@@ -831,14 +837,21 @@ def depthwise_row_width(OW: int, geo: Geometry2D, isa: str) -> int:
     return _round_up(OW + max(t[3] for t in _depthwise_taps(geo)), VECTOR_WIDTH[isa])
 
 
-def depthwise_blocks(OC: int, OH: int, OW: int, geo: Geometry2D, l1_bytes: int, isa: str) -> tuple[int, int]:
+def depthwise_blocks(OC: int, OH: int, OW: int, geo: Geometry2D, l1_bytes: int, isa: str,
+                     scattered: bool = False) -> tuple[int, int]:
     """(output rows, channels) one depthwise task covers: about DEPTHWISE_TASK_OUTPUTS outputs and
     no more rows than keep its accumulators and phase planes in L1; whole channels grouped when a
     channel is smaller than that, but at least 8 channel blocks per image so that 2+ threads
-    balance. The kernel computes the same rule in C (``depthwise_source``)."""
+    balance. An epilogue that stores channels-last (``scattered``: SegFormer's Mix-FFN) takes
+    DEPTHWISE_LINE_CHANNELS channels per task whatever the rows, so each output cache line is
+    written whole by one task, not a float at a time by 16 tasks on both cores. The kernel computes
+    the same rule in C (``depthwise_source``)."""
     TR, PWS = max(t[2] for t in _depthwise_taps(geo)), depthwise_row_width(OW, geo, isa)
     fit = depthwise_l1_floats(l1_bytes) // (PWS * (1 + geo.sh * geo.sw)) - TR - 1
     rows = max(1, min(OH, DEPTHWISE_TASK_OUTPUTS // max(OW, 1), fit))
+    if scattered:   # and few enough rows that those lines stay in L1 while the channels fill them
+        lines = depthwise_l1_floats(l1_bytes) // 2 // (DEPTHWISE_LINE_CHANNELS * max(OW, 1))
+        return max(1, min(rows, lines)), min(OC, DEPTHWISE_LINE_CHANNELS)
     if rows < OH:
         return rows, 1
     return rows, max(1, min(DEPTHWISE_TASK_OUTPUTS // max(OH * OW, 1), OC // 8))
@@ -913,6 +926,10 @@ def depthwise_source(analysis: DepthwiseAnalysis, isa: str, l1_bytes: int) -> st
     params, names, pro_names = _epi_params(a)
     taps = _depthwise_taps(geo)
     TR, TC = max(t[2] for t in taps), max(t[3] for t in taps)
+    rows_rule = f"rows = max_i64(1, min_i64(min_i64(OH, {DEPTHWISE_TASK_OUTPUTS} / OW), fit));"
+    if a.scattered_store:   # a channels-last store: the output lines a task fills stay in L1
+        rows_rule = (f"rows = max_i64(1, min_i64(min_i64(min_i64(OH, {DEPTHWISE_TASK_OUTPUTS} / OW), fit), "
+                     f"L1_FLOATS / 2 / ({DEPTHWISE_LINE_CHANNELS} * OW)));   /* output lines stay in L1 */")
     L: list[str] = []
     emit = L.append
 
@@ -950,8 +967,10 @@ void {name}({_runtime_params()}{params})
      * {DEPTHWISE_TASK_OUTPUTS} outputs, and the accumulators and planes in L1 */
     const int64_t PWS = (OW + {TC} + {VECTOR_WIDTH[isa] - 1}) / {VECTOR_WIDTH[isa]} * {VECTOR_WIDTH[isa]};   /* whole vectors */
     const int64_t fit = L1_FLOATS / (PWS * (1 + SH * SW)) - {TR} - 1;
-    const int64_t rows = max_i64(1, min_i64(min_i64(OH, {DEPTHWISE_TASK_OUTPUTS} / OW), fit));
-    const int64_t cb = rows < OH ? 1 : max_i64(1, min_i64({DEPTHWISE_TASK_OUTPUTS} / P, OC / 8));
+    const int64_t {rows_rule}
+    const int64_t cb = {f"min_i64(OC, {DEPTHWISE_LINE_CHANNELS});   /* a channels-last store: whole output lines per task */"
+                        if a.scattered_store else
+                        f"rows < OH ? 1 : max_i64(1, min_i64({DEPTHWISE_TASK_OUTPUTS} / P, OC / 8));"}
     const int64_t n_rb = (OH + rows - 1) / rows, n_cb = (OC + cb - 1) / cb;
     const int64_t n_tasks = NB * n_cb * n_rb;
     const int64_t PR = rows + {TR} + 1, PLANE = PR * PWS;
@@ -1110,7 +1129,7 @@ class CompiledConv(PicklableKernel):
         xshape, (H, W, OH, OW, *_), *_ = self._ints(binding)
         a = self.analysis
         if self.cfg is None:
-            rows, cb = depthwise_blocks(a.OC, OH, OW, a.geo, self.l1_bytes, self.isa)
+            rows, cb = depthwise_blocks(a.OC, OH, OW, a.geo, self.l1_bytes, self.isa, a.scattered_store)
             return xshape[0] * -(-a.OC // cb) * -(-OH // rows)
         n_pb, n_ob = -(-(OH * OW) // self.cfg.nc), -(-a.OCg // self.cfg.mc)
         base, nth = xshape[0] * a.G * n_pb, get_num_threads()      # the kernel's own rule (conv_source)
