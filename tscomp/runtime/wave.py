@@ -221,9 +221,12 @@ def _wave_coefficients(ch, nl, th, tl, per_wave: int):
     th, tl = np.asarray(th, dtype=np.float64), np.asarray(tl, dtype=np.float64)
     q, r = ch // P, ch % P
     free = P - r
-    ratio = th / np.maximum(tl, 1e-300)
-    fits = nl <= free * np.floor(ratio)
-    rounds = np.where(fits, -(-nl // free), np.ceil((nl + r * ratio) / P - 1e-9))
+    # without light tasks (tl = 0) the ratio is infinite and the branch np.where drops computes
+    # inf x 0: the selected values are right, the floating-point warnings noise
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        ratio = th / np.maximum(tl, 1e-300)
+        fits = nl <= free * np.floor(ratio)
+        rounds = np.where(fits, -(-nl // free), np.ceil((nl + r * ratio) / P - 1e-9))
     heavy_longer = (r > 0) & (rounds * tl < th)
     a_h = q + np.where((r > 0) & ((nl == 0) | heavy_longer), 1, 0)
     a_l = np.where((nl == 0) | heavy_longer, 0, rounds)
