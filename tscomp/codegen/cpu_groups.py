@@ -780,25 +780,18 @@ class GroupGenerator:
                 close()
                 result = f"({nan} ? NAN : {acc})" if nan else acc
             else:
-                init, update, red = {
-                    "ReduceSum": ("0", "{a} += {x};", "+"),
-                    "ReduceMean": ("0", "{a} += {x};", "+"),
-                    "ReduceSumSquare": ("0", "{a} += {x} * {x};", "+"),
-                    "ReduceL2": ("0", "{a} += {x} * {x};", "+"),
-                    "ReduceL1": ("0", "{a} += {x} < 0 ? -{x} : {x};", "+"),
-                    "ReduceLogSum": ("0", "{a} += {x};", "+"),
-                    "ReduceProd": ("1", "{a} *= {x};", "*"),
-                }[op]
-                self.emit(f"{acc_t} {acc} = {init};")
-                ridx, close = self.stat_loop((f"{red}:{acc}",))
+                form = REDUCTIONS[op].c          # the registry entry's C form
+                if form is None:
+                    self.fail("reduction is not implemented by the row kernel", h)
+                self.emit(f"{acc_t} {acc} = {form.init};")
+                ridx, close = self.stat_loop((f"{form.omp}:{acc}",))
                 xv = self.value(x, self.full_idx(ridx))
-                self.emit(update.format(a=acc, x=xv))
+                self.emit(form.update.format(a=acc, x=xv))
                 close()
-                result = {
-                    "ReduceMean": f"{acc} / ({acc_t})({n})",
-                    "ReduceL2": f"sqrt{f}({acc})" if dt.kind == "f" else f"(int64_t)sqrt((double){acc})",
-                    "ReduceLogSum": f"log{f}({acc})" if dt.kind == "f" else f"(int64_t)log((double){acc})",
-                }.get(op, acc)
+                if dt.kind == "f" or "{f}" not in form.result:
+                    result = form.result.format(a=acc, n=n, t=acc_t, f=f)
+                else:       # an integer sqrt/log goes through double (the reference's)
+                    result = f"({acc_t}){form.result.format(a=f'(double){acc}', n=n, t=acc_t, f='')}"
             st["result"] = self.fresh("red")
             self.emit(f"const {ct} {st['result']} = {result};")
         for key, name in st.items():

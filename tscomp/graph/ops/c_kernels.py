@@ -25,6 +25,7 @@ import math
 import numpy as np
 import sympy
 
+from tscomp.graph.ops.nn import REDUCTIONS
 from tscomp.graph.ops.registry import attach
 from tscomp.graph.ops.tensor import SCATTER_REDUCTIONS, _fill_value
 
@@ -112,20 +113,22 @@ def _arg_c(better: str):
 
 
 # =========================================================================== Reduce*
-#: ONNX reduction -> (C initial value, C update of ``acc`` with ``v``, C result from ``acc`` and the
-#: reduced count ``n``); accumulated in double. NaN propagates through max/min as in numpy.
-REDUCE_C = {
-    "ReduceSum": ("0.0", "acc += v;", "acc"),
-    "ReduceMean": ("0.0", "acc += v;", "acc / (double)({n})"),
-    "ReduceSumSquare": ("0.0", "acc += v * v;", "acc"),
-    "ReduceL1": ("0.0", "acc += fabs(v);", "acc"),
-    "ReduceL2": ("0.0", "acc += v * v;", "sqrt(acc)"),
-    "ReduceLogSum": ("0.0", "acc += v;", "log(acc)"),
-    "ReduceProd": ("1.0", "acc *= v;", "acc"),
+#: the reductions the registry gives no C form for (:class:`~tscomp.graph.ops.nn.ReductionC`):
+#: (initial value, update of ``acc`` with ``v``, result); NaN propagates through max/min as in
+#: numpy, ReduceLogSumExp accumulates exp(v - top) after a first pass finds ``top``
+REDUCE_SPECIAL_C = {
     "ReduceMax": ("-INFINITY", "acc = (v > acc || v != v) ? v : acc;", "acc"),
     "ReduceMin": ("INFINITY", "acc = (v < acc || v != v) ? v : acc;", "acc"),
     "ReduceLogSumExp": ("0.0", "acc += exp(v - top);", "log(acc) + top"),
 }
+
+
+def _reduce_form(op: str) -> tuple[str, str, str]:
+    """(initial value, update of ``acc`` with ``v``, result) of ``op`` in double precision."""
+    form = REDUCTIONS[op].c
+    if form is None:
+        return REDUCE_SPECIAL_C[op]
+    return form.init, form.update.format(a="acc", x="v"), form.result.format(a="acc", n="{n}", t="double", f="")
 
 
 def reduce_c(w) -> None:
@@ -145,7 +148,7 @@ def reduce_c(w) -> None:
     kept = [d for d in range(rank) if d not in axes]
     strides = [w.numel(x.shape[d + 1:]) for d in range(rank)]
     n = w.numel([x.shape[d] for d in axes])
-    init, update, result = REDUCE_C[w.op_type]
+    init, update, result = _reduce_form(w.op_type)
     w.emit(f"/* {w.op_type} over axes {list(axes)} of [{', '.join(w.c(d) for d in x.shape)}]: one output "
            f"element per iteration, the reduced elements in nested loops */")
     w.parallel_for([("p", w.numel([x.shape[d] for d in kept]) if kept else "1")], work=w.numel(x.shape))
@@ -548,7 +551,7 @@ C_KERNELS = {
     "Trilu": trilu_c,
     "OneHot": onehot_c,
     "EyeLike": eye_like_c,
-    **{op: reduce_c for op in REDUCE_C},
+    **{op: reduce_c for op in REDUCTIONS},
 }
 
 for _op, _fn in C_KERNELS.items():

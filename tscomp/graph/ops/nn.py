@@ -586,22 +586,45 @@ def _log_sum_exp(x, axes):
 
 
 @dataclass(frozen=True)
+class ReductionC:
+    """A reduction as C, for the kernels that generate it (the row kernel, the index family's
+    any-axes kernel): the accumulator's initial value, the update of accumulator ``{a}`` with
+    element ``{x}``, the OpenMP reduction operator that combines partial accumulators, and the
+    result from the accumulator (``{n}`` the reduced count, ``{t}`` the accumulator's C type,
+    ``{f}`` libm's suffix for that type: ``f`` for float)."""
+    init: str
+    update: str
+    omp: str
+    result: str = "{a}"
+
+
+@dataclass(frozen=True)
 class Reduction:
     fn: Callable[[np.ndarray, tuple[int, ...]], np.ndarray]  # (x, axes) -> result with keepdims
     axes_input_since: int  # the opset from which ``axes`` is an input instead of an attribute
     symbolic: Callable | None = None  # binary SymPy function for shape-holding data
+    #: the sum-like reductions' C form; None for the extremes and LogSumExp, which each generator
+    #: writes itself (NaN propagation, the shift by the maximum)
+    c: ReductionC | None = None
 
 
+_SUM = ReductionC("0", "{a} += {x};", "+")
 REDUCTIONS: dict[str, Reduction] = {
-    "ReduceSum": Reduction(lambda x, a: np.sum(x, axis=a, keepdims=True), 13, operator.add),
-    "ReduceMean": Reduction(lambda x, a: np.mean(x, axis=a, keepdims=True), 18),
+    "ReduceSum": Reduction(lambda x, a: np.sum(x, axis=a, keepdims=True), 13, operator.add, _SUM),
+    "ReduceMean": Reduction(lambda x, a: np.mean(x, axis=a, keepdims=True), 18,
+                            c=ReductionC("0", "{a} += {x};", "+", "{a} / ({t})({n})")),
     "ReduceMax": Reduction(_extreme(np.maximum), 18, sympy.Max),
     "ReduceMin": Reduction(_extreme(np.minimum), 18, sympy.Min),
-    "ReduceProd": Reduction(lambda x, a: np.prod(x, axis=a, keepdims=True), 18, operator.mul),
-    "ReduceL1": Reduction(lambda x, a: np.sum(np.abs(x), axis=a, keepdims=True), 18),
-    "ReduceL2": Reduction(lambda x, a: np.sqrt(np.sum(x * x, axis=a, keepdims=True)), 18),
-    "ReduceSumSquare": Reduction(lambda x, a: np.sum(x * x, axis=a, keepdims=True), 18),
-    "ReduceLogSum": Reduction(lambda x, a: np.log(np.sum(x, axis=a, keepdims=True)), 18),
+    "ReduceProd": Reduction(lambda x, a: np.prod(x, axis=a, keepdims=True), 18, operator.mul,
+                            ReductionC("1", "{a} *= {x};", "*")),
+    "ReduceL1": Reduction(lambda x, a: np.sum(np.abs(x), axis=a, keepdims=True), 18,
+                          c=ReductionC("0", "{a} += {x} < 0 ? -{x} : {x};", "+")),
+    "ReduceL2": Reduction(lambda x, a: np.sqrt(np.sum(x * x, axis=a, keepdims=True)), 18,
+                          c=ReductionC("0", "{a} += {x} * {x};", "+", "sqrt{f}({a})")),
+    "ReduceSumSquare": Reduction(lambda x, a: np.sum(x * x, axis=a, keepdims=True), 18,
+                                 c=ReductionC("0", "{a} += {x} * {x};", "+")),
+    "ReduceLogSum": Reduction(lambda x, a: np.log(np.sum(x, axis=a, keepdims=True)), 18,
+                              c=ReductionC("0", "{a} += {x};", "+", "log{f}({a})")),
     "ReduceLogSumExp": Reduction(_log_sum_exp, 18),
 }
 
