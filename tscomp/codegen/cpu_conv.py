@@ -926,10 +926,9 @@ def depthwise_source(analysis: DepthwiseAnalysis, isa: str, l1_bytes: int) -> st
     params, names, pro_names = _epi_params(a)
     taps = _depthwise_taps(geo)
     TR, TC = max(t[2] for t in taps), max(t[3] for t in taps)
-    rows_rule = f"rows = max_i64(1, min_i64(min_i64(OH, {DEPTHWISE_TASK_OUTPUTS} / OW), fit));"
+    rows_cap = f"min_i64(min_i64(OH, {DEPTHWISE_TASK_OUTPUTS} / OW), fit)"
     if a.scattered_store:   # a channels-last store: the output lines a task fills stay in L1
-        rows_rule = (f"rows = max_i64(1, min_i64(min_i64(min_i64(OH, {DEPTHWISE_TASK_OUTPUTS} / OW), fit), "
-                     f"L1_FLOATS / 2 / ({DEPTHWISE_LINE_CHANNELS} * OW)));   /* output lines stay in L1 */")
+        rows_cap = f"min_i64({rows_cap}, L1_FLOATS / 2 / ({DEPTHWISE_LINE_CHANNELS} * OW))"
     L: list[str] = []
     emit = L.append
 
@@ -955,10 +954,11 @@ def depthwise_source(analysis: DepthwiseAnalysis, isa: str, l1_bytes: int) -> st
     emit_t(f"""/* Direct depthwise macro-kernel: output channel oc reads input channel oc / OCG. A task (image,
  * block of channels, block of output rows) copies, per channel, the input rows its outputs read into
  * SH x SW zero-padded phase planes (plane (a, b): padded rows a + SH r, columns b + SW c), so every
- * tap of output (oh, ow) is plane[(oh + {TR}-bounded row offset) * PWS + ow + column offset]: with
- * a plane row PWS = OW + {TC} wide, output positions are one flat run f = oh * PWS + ow over the
- * task's rows (the {TC} extra columns per row are computed and dropped), one long vectorized loop with
- * the KH x KW taps unrolled, whatever the stride and dilation. The fused epilogue stores each row. */
+ * tap of output (oh, ow) reads its plane at (oh + row offset) * PWS + ow + column offset (offsets at
+ * most {TR} and {TC}): with plane rows PWS >= OW + {TC} wide, a task's output positions are one flat run
+ * f = oh * PWS + ow (the extra columns of each row are computed and dropped), vectorized with the
+ * KH x KW taps unrolled, whatever the stride and dilation. The rows are then packed OW apart for one
+ * pass of the fused epilogue. */
 void {name}({_runtime_params()}{params})
 {{
     const int64_t P = OH * OW;
@@ -967,7 +967,7 @@ void {name}({_runtime_params()}{params})
      * {DEPTHWISE_TASK_OUTPUTS} outputs, and the accumulators and planes in L1 */
     const int64_t PWS = (OW + {TC} + {VECTOR_WIDTH[isa] - 1}) / {VECTOR_WIDTH[isa]} * {VECTOR_WIDTH[isa]};   /* whole vectors */
     const int64_t fit = L1_FLOATS / (PWS * (1 + SH * SW)) - {TR} - 1;
-    const int64_t {rows_rule}
+    const int64_t rows = max_i64(1, {rows_cap});
     const int64_t cb = {f"min_i64(OC, {DEPTHWISE_LINE_CHANNELS});   /* a channels-last store: whole output lines per task */"
                         if a.scattered_store else
                         f"rows < OH ? 1 : max_i64(1, min_i64({DEPTHWISE_TASK_OUTPUTS} / P, OC / 8));"}

@@ -1122,7 +1122,7 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
      * blocks and a thin remainder that streams every weight panel again for a few rows */
     const int64_t mc = ((M + n_mblocks - 1) / n_mblocks + MR - 1) / MR * MR;
     /* too few tasks for the threads (small M): N cut finer at run time, in whole NR panels (W is
-     * packed panel by panel over all of K, so any panel starts a block); gemm_tasks() in Python
+     * packed panel by panel over all of K, so any panel starts a block); _Geometry.tasks in Python
      * computes the same */
     const int64_t nth = omp_get_max_threads();
     int64_t nc = NC;

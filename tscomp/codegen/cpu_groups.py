@@ -62,7 +62,7 @@ from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.graph.ops import registry
 from tscomp.graph.ops.nn import REDUCTIONS
 from tscomp.graph.ops.registry import CTypes, c_type
-from tscomp.graph.shape_propagation import node_context
+from tscomp.graph.shape_propagation import reduced_axes
 from tscomp.graph.symbols import compile_int_expr, numel, same, shape_str
 
 #: normalizing reductions the row kernel implements (besides the Reduce* family)
@@ -542,9 +542,7 @@ class GroupGenerator:
             self.fail("reduction is not implemented by the row kernel", h)
         if h.op_type == "LayerNormalization" and int(h.attrs.get("stash_type", 1)) != 1:
             self.fail("stash_type other than float", h)
-        node = self.nodes[h.node]
-        opdef = registry.lookup(node.op_type, node.domain, self.plan.graph.opset_of(node), node.name)
-        axes = opdef.reduced_axes(node_context(self.plan.graph, node))
+        axes = reduced_axes(self.plan.graph, self.nodes[h.node])
         if axes is None:
             self.fail("reduction axes known only at run time", h)
         if not axes:

@@ -177,12 +177,9 @@ class IndexKernelWriter:
         return self.op.opset
 
     def reduced_axes(self) -> list[int] | None:
-        """The axes the op reduces, as its registry entry says (``OpDef.reduced_axes``), or None
-        when only run time knows them."""
-        from tscomp.graph.shape_propagation import node_context
-        opdef = registry.lookup(self.node.op_type, self.node.domain, self.plan.graph.opset_of(self.node),
-                                self.node.name)
-        return None if opdef.reduced_axes is None else opdef.reduced_axes(node_context(self.plan.graph, self.node))
+        """The axes the op reduces (:func:`tscomp.graph.shape_propagation.reduced_axes`)."""
+        from tscomp.graph.shape_propagation import reduced_axes
+        return reduced_axes(self.plan.graph, self.node)
 
     def has_arg(self, i: int) -> bool:
         return i < len(self.op.args) and self.op.args[i] is not None

@@ -97,6 +97,13 @@ def compute_node(graph: Graph, node: Node) -> None:
                 v.symdata = symdata[i]
 
 
+def reduced_axes(graph: Graph, node: Node) -> list[int] | None:
+    """The axes a reduction node reduces, as its registry entry says (``OpDef.reduced_axes``),
+    or None when only run time knows them (or the op has no such rule)."""
+    opdef = registry.lookup(node.op_type, node.domain, graph.opset_of(node), node.name)
+    return None if opdef.reduced_axes is None else opdef.reduced_axes(node_context(graph, node))
+
+
 def node_context(graph: Graph, node: Node) -> ShapeContext:
     """The facts a rule sees about ``node``: its inputs as propagation knows them."""
     facts = []

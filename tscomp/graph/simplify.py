@@ -102,11 +102,11 @@ def fold_pads_into_convs(graph: Graph) -> int:
     for conv in graph.nodes:
         pad = producers.get(conv.inputs[0]) if conv.op_type == "Conv" and not conv.domain else None
         spatial = _foldable_spatial_pads(graph, pad) if pad is not None else None
-        if spatial is None or conv.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        auto_pad = conv.attrs.get("auto_pad", "NOTSET")
+        if spatial is None or auto_pad not in ("NOTSET", "VALID"):
             continue
         rank = len(spatial) // 2
-        own = [0] * (2 * rank) if conv.attrs.get("auto_pad", "NOTSET") == "VALID" else \
-            [int(p) for p in conv.attrs.get("pads", [0] * (2 * rank))]
+        own = [0] * (2 * rank) if auto_pad == "VALID" else [int(p) for p in conv.attrs.get("pads", [0] * (2 * rank))]
         conv.attrs["pads"] = [a + b for a, b in zip(own, spatial)]
         conv.attrs["auto_pad"] = "NOTSET"
         conv.inputs[0] = pad.inputs[0]

@@ -134,18 +134,19 @@ class _Writer:
             return got
         return self._c(expr, ctx)
 
-    def _c(self, expr, ctx: IndexContext | None) -> str:
+    def _c(self, expr, ctx: IndexContext | None, printer: CPrinter | None = None) -> str:
+        """``expr`` as C through ``printer`` (a fresh one by default), its symbols read from ``sym[]``."""
         expr = self.symtab.canon(sympy.sympify(expr))
         ctx = ctx or IndexContext(self.symtab)
-        names = {}
+        printer = printer or CPrinter(ctx)
         for s in expr.free_symbols:
             if s in ctx.upper_bounds:
                 continue
             if s.name not in self.symbols:
                 raise NotNativeError(f"size {expr} uses {s.name}, which the inputs' shapes do not bind")
-            names[s] = f"sym[{self.symbols.index(s.name)}]"
+            printer.names[s] = f"sym[{self.symbols.index(s.name)}]"
         try:
-            return CPrinter(ctx, names)(expr)
+            return printer(expr)
         except UnsupportedOperatorError as exc:
             raise NotNativeError(str(exc)) from None
 
@@ -261,29 +262,15 @@ class _Writer:
         return dst
 
     def _block_printer(self, ctx: IndexContext, sizes: list[str]):
-        """A printer for one copy block: symbols read from ``sym[]``, and each floor/Mod of symbols
-        alone declared once in ``sizes`` (kept out of the loops, where it defeats the vectorizer)."""
-        names = {s: f"sym[{self.symbols.index(s.name)}]" for s in self.symtab_symbols() if s.name in self.symbols}
-
+        """:meth:`_c` for one copy block, each floor/Mod of symbols alone declared once in ``sizes``
+        (kept out of the loops, where it defeats the vectorizer)."""
         def hoist(text: str) -> str:
             sizes.append(f"const int64_t ts_sz{len(sizes)} = {text};")
             return f"ts_sz{len(sizes) - 1}"
 
-        pr = CPrinter(ctx, names, hoist=hoist, shape_symbols=frozenset(names))
-
-        def c(expr) -> str:
-            expr = self.symtab.canon(sympy.sympify(expr))
-            for sym in expr.free_symbols - set(ctx.upper_bounds):
-                if sym not in names:
-                    raise NotNativeError(f"size {expr} uses {sym.name}, which the inputs' shapes do not bind")
-            try:
-                return pr(expr)
-            except UnsupportedOperatorError as exc:
-                raise NotNativeError(str(exc)) from None
-        return c
-
-    def symtab_symbols(self) -> list:
-        return [info.symbol for info in self.symtab.live_symbols()]
+        bound = frozenset(i.symbol for i in self.symtab.live_symbols() if i.symbol.name in self.symbols)
+        printer = CPrinter(ctx, hoist=hoist, shape_symbols=bound)
+        return lambda expr: self._c(expr, ctx, printer)
 
     @staticmethod
     def _copy_loops(idx, shape, src_off, c) -> list[str]:

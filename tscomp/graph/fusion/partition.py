@@ -50,7 +50,7 @@ import sympy
 from tscomp.graph.ir import Graph, Node
 from tscomp.graph.ops import registry
 from tscomp.graph.ops.registry import FusionClass
-from tscomp.graph.shape_propagation import node_context
+from tscomp.graph.shape_propagation import node_context, reduced_axes
 from tscomp.graph.symbols import numel, same
 
 E, I, R, B, O = (FusionClass.ELEMENTWISE, FusionClass.INJECTIVE, FusionClass.REDUCTION,
@@ -166,10 +166,7 @@ class Partitioner:
     def reduction_rows(self, name: str) -> tuple[tuple, tuple[int, ...]] | None:
         """(input shape, reduced axes) of a reduction, or None when run time decides the axes."""
         node = self.cg.nodes[name]
-        opdef = registry.lookup(node.op_type, node.domain, self.graph.opset_of(node), node.name)
-        if opdef.reduced_axes is None:
-            return None
-        axes = opdef.reduced_axes(node_context(self.graph, node))
+        axes = reduced_axes(self.graph, node)
         if axes is None:
             return None
         return tuple(self.graph.values[node.inputs[0]].shape), tuple(sorted(axes))
