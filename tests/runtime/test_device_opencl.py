@@ -1,34 +1,60 @@
-"""SIMT devices: device="cuda" without pycuda/GPU is a one-line error saying which; the launch
-geometry and argument marshalling shared by both devices run here on OpenCL."""
+"""SIMT devices: device="cuda" without the CUDA bindings, a driver or a GPU is a one-line error
+saying which; the launch geometry and argument marshalling shared by both devices run on the default
+SIMT device (OpenCL here), and the CUDA device's driver calls against a stand-in driver."""
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 import pytest
 
 from tscomp.codegen.simt.launch import Buffer, Launch, grid_stride_launch, input_buffer, output_buffer, scalar
 from tscomp.codegen.simt.program import SimtProgram
-from tscomp.runtime.device_opencl import DeviceError, device
+from tscomp.runtime.device_opencl import DEFAULT_DEVICE_ENV, DeviceError, default_device_name, device
 
 
 @pytest.fixture(scope="module")
-def opencl():
-    pytest.importorskip("pyopencl", reason="pyopencl missing: install the 'opencl' extra")
+def simt_device():
+    name = default_device_name()
+    if name == "opencl":
+        pytest.importorskip("pyopencl", reason="pyopencl missing: install the 'opencl' extra")
     try:
-        return device("opencl")
+        return device(name)
     except DeviceError as exc:
-        pytest.skip(f"no OpenCL runtime: {exc}")
+        pytest.skip(f"no {name} device: {exc}")
 
 
-def test_cuda_device_without_gpu_or_pycuda_is_a_clear_one_line_error():
+def _cuda_usable() -> bool:
     try:
-        import pycuda.driver  # noqa: F401
-        pytest.skip("pycuda is installed here")
-    except ImportError:
-        pass
+        device("cuda")
+        return True
+    except DeviceError:
+        return False
+
+
+def test_cuda_device_without_gpu_or_bindings_is_a_clear_one_line_error(monkeypatch):
+    if _cuda_usable():
+        pytest.skip("a GPU is usable here")
+    from tscomp.runtime import device_opencl as dev_mod
     with pytest.raises(DeviceError) as exc:
         device("cuda")
     msg = str(exc.value)
-    assert "\n" not in msg and "pycuda" in msg and "device='cuda'" in msg
+    assert "\n" not in msg and "device='cuda'" in msg
+    assert "cuda-bindings" in msg or "driver" in msg or "GPU" in msg
+    monkeypatch.setitem(__import__("sys").modules, "cuda.bindings", None)     # bindings absent: named
+    monkeypatch.delitem(dev_mod._DEVICES, "cuda", raising=False)
+    with pytest.raises(DeviceError, match="cuda-bindings is not installed"):
+        device("cuda")
+
+
+def test_default_device_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(DEFAULT_DEVICE_ENV, raising=False)
+    assert default_device_name() == "opencl"
+    monkeypatch.setenv(DEFAULT_DEVICE_ENV, "cuda")
+    assert default_device_name() == "cuda"
+    monkeypatch.setenv(DEFAULT_DEVICE_ENV, "metal")
+    with pytest.raises(DeviceError, match="TSCOMP_SIMT_DEVICE='metal'"):
+        default_device_name()
 
 
 def test_unknown_device_is_refused():
@@ -50,7 +76,7 @@ def test_launch_geometry_and_marshalling():
     assert o.download and not o.upload
 
 
-def test_one_buffer_object_is_one_device_allocation_across_launches(opencl):
+def test_one_buffer_object_is_one_device_allocation_across_launches(simt_device):
     body = """TS_KERNEL void fill(TS_GLOBAL float* TS_RESTRICT y, const int64_t n)
 { for (int64_t i = TS_BLOCK(0) * TS_NTHREADS(0) + TS_THREAD(0); i < n; i += TS_NBLOCKS(0) * TS_NTHREADS(0)) y[i] = (float)i; }
 TS_KERNEL void twice(TS_GLOBAL float* TS_RESTRICT y, TS_GLOBAL float* TS_RESTRICT z, const int64_t n)
@@ -64,73 +90,95 @@ TS_KERNEL void twice(TS_GLOBAL float* TS_RESTRICT y, TS_GLOBAL float* TS_RESTRIC
     np.testing.assert_array_equal(out.array, 2 * np.arange(n, dtype=np.float32))
 
 
-class _Mem(np.ndarray):
-    """Fake device memory (an ndarray subclass takes attributes)."""
+class _FakeCudaDriver:
+    """A stand-in for ``cuda.bindings.driver``: every call returns ``(CUresult, *values)``; device
+    memory is host bytearrays keyed by fake addresses; a launch decodes its ``void**`` parameter
+    array (``nargs`` per kernel) and its "kernel" fills every written (not uploaded) allocation it
+    is passed with the launch's index."""
 
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = "major"
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = "minor"
 
-class _FakeDriver:
-    """A stand-in for pycuda.driver: device memory as numpy arrays, launches recorded."""
+    def __init__(self, nargs):
+        self.nargs, self.mem, self.uploaded = nargs, {}, set()
+        self.calls, self.loaded, self.freed = [], [], []
 
-    class Error(Exception):
-        pass
+    def cuInit(self, flags):
+        return (0,)
 
-    def __init__(self):
-        self.calls, self.allocs, self.loaded = [], [], []
-        drv = self
+    def cuDeviceGetCount(self):
+        return (0, 1)
 
-        class Device:
-            def __init__(self, i):
-                pass
+    def cuDeviceGet(self, i):
+        return (0, i)
 
-            @staticmethod
-            def count():
-                return 1
+    def cuDevicePrimaryCtxRetain(self, dev):
+        return (0, "ctx")
 
-            def make_context(self):
-                return object()
+    def cuCtxSetCurrent(self, ctx):
+        return (0,)
 
-        class Module:
-            def get_function(self, name):
-                def launch(*args, grid, block):
-                    drv.calls.append((name, args, grid, block))
-                    for a in args:   # the "kernel": fills every written buffer with its launch index
-                        if isinstance(a, np.ndarray) and a.dtype == np.uint8 and getattr(a, "is_out", False):
-                            a[:] = len(drv.calls)
-                return launch
+    def cuDeviceGetAttribute(self, attr, dev):
+        return (0, {"major": 9, "minor": 0}[attr])
 
-        self.Device, self._Module = Device, Module
+    def cuDeviceGetName(self, n, dev):
+        return (0, b"Fake GPU\0\0")
 
-    def init(self):
-        pass
+    def cuGetErrorString(self, err):
+        return (0, b"fake error")
 
-    def module_from_buffer(self, cubin):
-        self.loaded.append(cubin)
-        return self._Module()
+    def cuModuleLoadData(self, image):
+        self.loaded.append(image)
+        return (0, "module")
 
-    def mem_alloc(self, n):
-        mem = np.zeros(n, np.uint8).view(_Mem)
-        self.allocs.append(mem)
-        return mem
+    def cuModuleGetFunction(self, mod, name):
+        return (0, name.decode())
 
-    def memcpy_htod(self, dst, src):
-        dst[:] = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
+    def cuMemAlloc(self, n):
+        addr = 0x1000 * (len(self.mem) + 1)
+        self.mem[addr] = bytearray(n)
+        return (0, addr)
 
-    def memcpy_dtoh(self, dst, src):
-        dst.view(np.uint8).reshape(-1)[:] = src
+    def cuMemcpyHtoD(self, dst, src, n):
+        self.mem[dst][:n] = ctypes.string_at(src, n)
+        self.uploaded.add(dst)
+        return (0,)
+
+    def cuMemcpyDtoH(self, dst, src, n):
+        ctypes.memmove(dst, bytes(self.mem[src][:n]), n)
+        return (0,)
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        ptrs = (ctypes.c_void_p * self.nargs[f]).from_address(params)
+        args = [ctypes.c_int64.from_address(p).value for p in ptrs]
+        self.calls.append((f, args, (gx, gy, gz), (bx, by, bz)))
+        for a in args:
+            if a in self.mem and a not in self.uploaded:
+                self.mem[a][:] = bytes([len(self.calls)]) * len(self.mem[a])
+        return (0,)
+
+    def cuCtxSynchronize(self):
+        return (0,)
+
+    def cuMemFree(self, p):
+        self.freed.append(p)
+        return (0,)
 
 
 def test_cuda_device_marshals_the_shared_launches(monkeypatch):
-    """The pycuda path maps the same Launch lists the OpenCL path runs: one allocation per Buffer
-    object, inputs uploaded, scalars as int64, grid/block as given, outputs read back."""
+    """The CUDA device maps the same Launch lists the OpenCL path runs: one allocation per Buffer
+    object, inputs uploaded, scalars as int64, grid/block as given, outputs read back, every
+    allocation freed."""
     import sys
     import types
 
     from tscomp.runtime import device_opencl as dev_mod
-    fake = _FakeDriver()
-    pkg = types.ModuleType("pycuda")
-    pkg.driver = fake
-    monkeypatch.setitem(sys.modules, "pycuda", pkg)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", fake)
+    fake = _FakeCudaDriver({"k1": 3, "k3": 3})
+    pkg, bindings = types.ModuleType("cuda"), types.ModuleType("cuda.bindings")
+    pkg.bindings, bindings.driver = bindings, fake
+    for name, mod in (("cuda", pkg), ("cuda.bindings", bindings), ("cuda.bindings.driver", fake)):
+        monkeypatch.setitem(sys.modules, name, mod)
     saved = dev_mod._DEVICES.pop("cuda", None)
     try:
         cuda = dev_mod.device("cuda")
@@ -138,23 +186,20 @@ def test_cuda_device_marshals_the_shared_launches(monkeypatch):
         dev_mod._DEVICES.pop("cuda", None)
         if saved is not None:
             dev_mod._DEVICES["cuda"] = saved
+    assert cuda.arch == "sm_90" and cuda.device_name == "Fake GPU"
     x = input_buffer(np.arange(6, dtype=np.float32), np.float32)
     scratch = Buffer(np.empty(6, np.float32), upload=False)
     out = output_buffer((6,), np.float32)
-    orig_alloc = fake.mem_alloc
-
-    def alloc(n):                  # mark allocations of non-uploaded buffers as kernel-written
-        mem = orig_alloc(n)
-        mem.is_out = len(fake.allocs) > 1
-        return mem
-    fake.mem_alloc = alloc
     cuda.run_launches(b"cubin", [Launch("k1", (2, 1, 1), (64, 1, 1), [x, scratch, scalar(6)]),
                                  Launch("k2", (0, 1, 1), (64, 1, 1), [x]),             # empty grid: skipped
                                  Launch("k3", (1, 3, 1), (128, 1, 1), [scratch, out, scalar(-2)])])
     assert fake.loaded == [b"cubin"] and [c[0] for c in fake.calls] == ["k1", "k3"]
-    assert len(fake.allocs) == 3                              # x, scratch (shared by k1 and k3), out
-    assert np.array_equal(fake.allocs[0].view(np.float32), x.array)
+    assert len(fake.mem) == 3                                 # x, scratch (shared by k1 and k3), out
+    addr_x, addr_scratch, addr_out = sorted(fake.mem)
+    assert np.frombuffer(bytes(fake.mem[addr_x]), np.float32).tolist() == x.array.tolist()
     name, args, grid, block = fake.calls[1]
     assert grid == (1, 3, 1) and block == (128, 1, 1)
-    assert args[0] is fake.allocs[1] and isinstance(args[2], np.int64) and args[2] == -2
+    assert args == [addr_scratch, addr_out, -2]               # device pointers and the int64 scalar
+    assert fake.calls[0][1] == [addr_x, addr_scratch, 6]
     assert out.array.view(np.uint8).tolist() == [2] * 24      # written by the second launch, read back
+    assert sorted(fake.freed) == sorted(fake.mem)             # nothing leaks on the device

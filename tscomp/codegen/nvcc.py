@@ -143,9 +143,9 @@ def compile_ptx(source: str, arch: str = "sm_80", flags: tuple[str, ...] = NVCC_
 
 
 def default_arch_of_device() -> str:   # pragma: no cover - needs a GPU
-    import pycuda.driver as drv
-    major, minor = drv.Device(0).compute_capability()
-    return f"sm_{major}{minor}"
+    """The architecture (``sm_XY``) of the GPU that ``device("cuda")`` runs on."""
+    from tscomp.runtime.device_opencl import device
+    return device("cuda").arch
 
 
 __all__ = ["CudaBuild", "KernelResources", "NVCC_FLAGS", "NvccError", "compile_cubin", "compile_ptx",

@@ -1,5 +1,5 @@
 """SIMT devices: the OpenCL executor (pyopencl, any OpenCL device — here a CPU runtime such as
-Debian's PoCL) and the CUDA executor (pycuda; needs a GPU and a driver). Both run the
+Debian's PoCL) and the CUDA executor (NVIDIA's cuda-bindings; needs a GPU and a driver). Both run the
 :class:`~tscomp.codegen.simt.launch.Launch` lists a SIMT kernel computes, so grid geometry and
 argument marshalling are shared and tested here without a GPU (DESIGN.md, targets: "cuda").
 
@@ -9,6 +9,7 @@ Buffers marked ``download``. Programs are built once per source text.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 
@@ -19,7 +20,7 @@ from tscomp.errors import TscompError
 
 
 class DeviceError(TscompError):
-    """A SIMT device that is not available here (no GPU, no pycuda, no OpenCL platform) or a
+    """A SIMT device that is not available here (no GPU, no CUDA bindings, no OpenCL platform) or a
     kernel it failed to build."""
 
 
@@ -111,56 +112,125 @@ class OpenCLDevice:
 
 
 class CudaDevice:
-    """Launches cubins through pycuda (the ``tscomp[cuda]`` extra). Constructing it without pycuda
-    or without a GPU raises a one-line :class:`DeviceError` saying which."""
+    """Launches cubins through NVIDIA's CUDA driver bindings (``cuda-bindings``, the ``tscomp[cuda]``
+    extra: binary wheels, no compiler needed at install). Constructing it without the bindings, a
+    driver or a GPU raises a one-line :class:`DeviceError` saying which.
+
+    ``profile``: set to a list to have every launch append ``(kernel, milliseconds)`` measured with
+    CUDA events around it (the GPU time of that launch alone)."""
     name = "cuda"
 
     def __init__(self):
         try:
-            import pycuda.driver as drv
+            from cuda.bindings import driver as cu
         except ImportError:
-            raise DeviceError("device='cuda' needs pycuda (pip install 'tscomp[cuda]' on a machine with an NVIDIA "
-                              "GPU and driver); pycuda is not installed here") from None
+            raise DeviceError("device='cuda' needs NVIDIA's CUDA driver bindings (pip install 'tscomp[cuda]' on a "
+                              "machine with an NVIDIA GPU and driver); cuda-bindings is not installed here") from None
+        self.cu = cu
         try:
-            drv.init()
-            if drv.Device.count() == 0:
-                raise DeviceError("device='cuda': pycuda found no NVIDIA GPU on this machine")
-        except drv.Error as exc:
-            raise DeviceError(f"device='cuda': the CUDA driver reports no usable GPU ({exc})") from None
-        self.drv = drv
-        self.ctx = drv.Device(0).make_context()
+            self._call("cuInit", 0)
+        except DeviceError:
+            raise
+        except Exception as exc:   # the bindings raise their own error when libcuda.so is missing
+            raise DeviceError(f"device='cuda': no NVIDIA driver on this machine ({str(exc).splitlines()[0]})") from None
+        if self._call("cuDeviceGetCount") == 0:
+            raise DeviceError("device='cuda': the CUDA driver found no NVIDIA GPU on this machine")
+        self.dev = self._call("cuDeviceGet", 0)
+        # the primary context: shared with any other CUDA user in this process (PyTorch, CuPy)
+        self.ctx = self._call("cuDevicePrimaryCtxRetain", self.dev)
+        self._call("cuCtxSetCurrent", self.ctx)
+        attr = cu.CUdevice_attribute
+        major = self._call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.dev)
+        minor = self._call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.dev)
+        self.arch = f"sm_{major}{minor}"
+        self.device_name = self._call("cuDeviceGetName", 256, self.dev).split(b"\0", 1)[0].decode()
         self._modules: dict[str, object] = {}
+        self._functions: dict[tuple, object] = {}
+        self.profile: list | None = None
+
+    def _call(self, fn: str, *args):
+        """Call a driver function; a failure raises DeviceError naming it and the driver's message.
+        Returns the function's result (None, one value or a tuple)."""
+        res = getattr(self.cu, fn)(*args)
+        err, values = res[0], res[1:]
+        if int(err) != 0:
+            _, msg = self.cu.cuGetErrorString(err)
+            text = msg.decode() if isinstance(msg, bytes) else str(err)
+            raise DeviceError(f"device='cuda': {fn} failed: {text}")
+        return values[0] if len(values) == 1 else (values or None)
+
+    def _function(self, cubin: bytes, kernel: str):
+        key = hashlib.sha256(cubin).hexdigest()
+        mod = self._modules.get(key)
+        if mod is None:
+            mod = self._modules[key] = self._call("cuModuleLoadData", cubin)
+        f = self._functions.get((key, kernel))
+        if f is None:
+            f = self._functions[(key, kernel)] = self._call("cuModuleGetFunction", mod, kernel.encode())
+        return f
+
+    def _launch(self, f, launch: Launch, ptrs: dict) -> None:
+        # kernelParams is a void** whose entries point at each argument's value
+        values = [ctypes.c_uint64(ptrs[id(a)]) if isinstance(a, Buffer) else ctypes.c_int64(int(a))
+                  for a in launch.args]
+        params = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+        self._call("cuLaunchKernel", f, *launch.grid, *launch.block, 0, 0, ctypes.addressof(params), 0)
+
+    def _timed_launch(self, f, launch: Launch, ptrs: dict) -> None:
+        start, end = self._call("cuEventCreate", 0), self._call("cuEventCreate", 0)
+        self._call("cuEventRecord", start, 0)
+        self._launch(f, launch, ptrs)
+        self._call("cuEventRecord", end, 0)
+        self._call("cuEventSynchronize", end)
+        self.profile.append((launch.kernel, float(self._call("cuEventElapsedTime", start, end))))
+        self._call("cuEventDestroy", start)
+        self._call("cuEventDestroy", end)
 
     def run_launches(self, cubin: bytes, launches: list[Launch]) -> None:
-        drv = self.drv
-        key = hashlib.sha256(cubin).hexdigest()
-        mod = self._modules.get(key) or self._modules.setdefault(key, drv.module_from_buffer(cubin))
-        bufs: dict[int, object] = {}
-        for launch in launches:
-            if launch.empty:
-                continue
-            args = []
-            for a in launch.args:
-                if isinstance(a, Buffer):
-                    if id(a) not in bufs:
-                        bufs[id(a)] = drv.mem_alloc(max(a.array.nbytes, 1))
-                        if a.upload:
-                            drv.memcpy_htod(bufs[id(a)], a.array)
-                    args.append(bufs[id(a)])
-                else:
-                    args.append(np.int64(a))
-            mod.get_function(launch.kernel)(*args, grid=launch.grid, block=launch.block)
-        for launch in launches:
-            for a in launch.args:
-                if isinstance(a, Buffer) and a.download and a.array.size:
-                    drv.memcpy_dtoh(a.array, bufs[id(a)])
+        ptrs: dict[int, int] = {}
+        try:
+            for launch in launches:
+                if launch.empty:
+                    continue
+                for a in launch.args:
+                    if isinstance(a, Buffer) and id(a) not in ptrs:
+                        ptrs[id(a)] = int(self._call("cuMemAlloc", max(a.array.nbytes, 1)))
+                        if a.upload and a.array.nbytes:
+                            arr = np.ascontiguousarray(a.array)
+                            self._call("cuMemcpyHtoD", ptrs[id(a)], arr.ctypes.data, arr.nbytes)
+                f = self._function(cubin, launch.kernel)
+                (self._timed_launch if self.profile is not None else self._launch)(f, launch, ptrs)
+            self._call("cuCtxSynchronize")     # a kernel's fault surfaces here, named
+            for launch in launches:
+                for a in launch.args:
+                    if isinstance(a, Buffer) and a.download and a.array.size and id(a) in ptrs:
+                        if not a.array.flags.c_contiguous:
+                            raise DeviceError(f"{launch.kernel}: an output buffer must be C-contiguous")
+                        self._call("cuMemcpyDtoH", a.array.ctypes.data, ptrs[id(a)], a.array.nbytes)
+        finally:
+            for p in ptrs.values():
+                self.cu.cuMemFree(p)
 
 
 _DEVICES: dict[str, object] = {}
 
 
-def device(name: str):
-    """The process-wide SIMT device ``name`` ("opencl" | "cuda")."""
+DEFAULT_DEVICE_ENV = "TSCOMP_SIMT_DEVICE"
+
+
+def default_device_name() -> str:
+    """The SIMT device that runs kernels when none is named: ``$TSCOMP_SIMT_DEVICE`` ("opencl" or
+    "cuda"), else "opencl" (so the SIMT test suite runs unchanged on a GPU machine with
+    ``TSCOMP_SIMT_DEVICE=cuda``)."""
+    name = os.environ.get(DEFAULT_DEVICE_ENV, "opencl") or "opencl"
+    if name not in ("opencl", "cuda"):
+        raise DeviceError(f"{DEFAULT_DEVICE_ENV}={name!r}: expected 'opencl' or 'cuda'")
+    return name
+
+
+def device(name: str | None = None):
+    """The process-wide SIMT device ``name`` ("opencl" | "cuda"; None: :func:`default_device_name`)."""
+    name = default_device_name() if name is None else name
     if name not in ("opencl", "cuda"):
         raise DeviceError(f"unknown SIMT device {name!r}; expected 'opencl' or 'cuda'")
     d = _DEVICES.get(name)
@@ -177,4 +247,5 @@ def opencl_available() -> bool:
         return False
 
 
-__all__ = ["CudaDevice", "DeviceError", "OpenCLDevice", "device", "opencl_available"]
+__all__ = ["CudaDevice", "DEFAULT_DEVICE_ENV", "DeviceError", "OpenCLDevice", "default_device_name", "device",
+           "opencl_available"]

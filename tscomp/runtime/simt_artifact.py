@@ -17,7 +17,7 @@ Layout::
 
 :func:`load_cuda_artifact` verifies every file's sha256 and returns a :class:`CudaArtifactRunner`;
 ``device="opencl"`` runs the OpenCL renderings, ``device="cuda"`` loads the cubin of the GPU's
-architecture (pycuda; a one-line error without a GPU).
+architecture (NVIDIA's cuda-bindings; a one-line error without a GPU).
 """
 from __future__ import annotations
 
@@ -151,10 +151,12 @@ def read_cuda_manifest(path) -> dict:
 
 
 class CudaArtifactRunner:
-    """Runs a CUDA artifact on ``device`` ("opencl" | "cuda")."""
+    """Runs a CUDA artifact on ``device`` ("opencl" | "cuda"; None: ``$TSCOMP_SIMT_DEVICE``, else opencl)."""
 
-    def __init__(self, path, device: str = "opencl"):
+    def __init__(self, path, device: str | None = None):
         from tscomp.codegen.simt.families import SimtPlanRunner
+        from tscomp.runtime.device_opencl import default_device_name
+        device = default_device_name() if device is None else device
         self.path = Path(path)
         self.manifest = read_cuda_manifest(self.path)
         buf, _ = read_aligned(self.path / "weights.bin")
@@ -181,7 +183,7 @@ class CudaArtifactRunner:
         return self.runner.run(inputs)
 
 
-def load_cuda_artifact(path, device: str = "opencl") -> CudaArtifactRunner:
+def load_cuda_artifact(path, device: str | None = None) -> CudaArtifactRunner:
     return CudaArtifactRunner(path, device)
 
 

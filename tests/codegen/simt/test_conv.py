@@ -47,7 +47,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_conv_matches_onnxruntime_at_awkward_sizes(opencl, tmp_path, case):
+def test_conv_matches_onnxruntime_at_awkward_sizes(simt_device, tmp_path, case):
     spec = dict(CASES[case])
     path, sp = _model(tmp_path, **spec)
     plan = fuse(G.load_model(str(path), ["B=1:4"] + [f"{s}=1:64" for s in sp]))
@@ -66,7 +66,7 @@ def test_conv_matches_onnxruntime_at_awkward_sizes(opencl, tmp_path, case):
 
 
 @pytest.mark.models
-def test_vit_patch_embedding_matches_the_interpreter(opencl, exported_model):
+def test_vit_patch_embedding_matches_the_interpreter(simt_device, exported_model):
     from tests.codegen.plan_runs import check_against_interpreter, model_plan
     plan, ranges = model_plan(exported_model, "vit", "dynamo", attention=False)
     kernels = {g.name: SimtConv(ConvAnalysis(plan, g)) for g in plan.groups

@@ -1,6 +1,7 @@
 """``tscomp compile --target cuda`` of tiny BERT: cubins per architecture + PTX, ptxas resources per
 kernel and architecture in the manifest, no spills, every non-shape group a SIMT kernel; the same
-artifact runs with device="opencl" and matches onnxruntime at 10 shapes (1, primes, range ends)."""
+artifact runs on the SIMT device (OpenCL here; ``TSCOMP_SIMT_DEVICE=cuda`` on a GPU) and matches
+onnxruntime at 10 shapes (1, primes, range ends)."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ DIMS = ["batch=1:8", "sequence=1:512"]
 
 
 @pytest.fixture(scope="module")
-def artifact(exported_model, nvcc, opencl, tmp_path_factory):
+def artifact(exported_model, nvcc, simt_device, tmp_path_factory):
     model = exported_model("bert", "tiny", "dynamo")
     out = tmp_path_factory.mktemp("cuda") / "bert.tsc"
     proc = subprocess.run([sys.executable, "-m", "tscomp.cli", "compile", str(model), *sum((["--dim", d] for d in DIMS), []),
@@ -59,11 +60,11 @@ def test_artifact_holds_cubins_ptx_and_resources_per_arch(artifact):
 
 
 @pytest.mark.models
-def test_artifact_runs_on_opencl_and_matches_onnxruntime(artifact):
+def test_artifact_runs_on_the_simt_device_and_matches_onnxruntime(artifact, simt_device):
     from models.families import make_inputs, symbol_ranges
     model, path, _ = artifact
     from tscomp.runtime import Runtime
-    runtime = Runtime(path, device="opencl")       # the runtime's device hook: the CUDA artifact on OpenCL
+    runtime = Runtime(path, device=simt_device)    # the runtime's device hook: the CUDA artifact on OpenCL / a GPU
     assert list(runtime.graph.inputs) == ["input_ids", "attention_mask", "token_type_ids"] or runtime.graph.inputs
     rt = runtime._simt
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
@@ -81,7 +82,10 @@ def test_artifact_runs_on_opencl_and_matches_onnxruntime(artifact):
     assert {"simt-gemm", "simt-batched-gemm", "simt-row-or-elementwise"} <= ran
     gemm_paths = set().union(*(k.paths_run for vs in rt.runner.variants.values() for k in vs
                                if k.family == "simt-gemm" and "paths_run" in k.__dict__))
-    assert gemm_paths == {"plain"}          # OpenCL runs the plain staging path of the one source
+    if simt_device == "opencl":
+        assert gemm_paths == {"plain"}      # OpenCL runs the plain staging path of the one source
+    else:
+        assert "async" in gemm_paths        # sm_80+ runs the cp.async double-buffered path
 
 
 @pytest.mark.models
@@ -93,12 +97,13 @@ def test_a_corrupt_artifact_is_refused_and_cuda_without_gpu_is_a_clear_error(art
     (bad / "kernels/model.sm_90.cubin").write_bytes(b"junk")
     with pytest.raises(CudaArtifactError, match="model.sm_90.cubin"):
         load_cuda_artifact(bad)
+    from tscomp.runtime.device_opencl import DeviceError, device
     try:
-        import pycuda  # noqa: F401
-    except ImportError:
-        from tscomp.runtime.device_opencl import DeviceError
-        with pytest.raises(DeviceError, match="pycuda"):
+        device("cuda")
+    except DeviceError as exc:     # no GPU here: the artifact says so in one line, as the device does
+        with pytest.raises(DeviceError, match="device='cuda'") as err:
             load_cuda_artifact(path, device="cuda")
+        assert str(err.value) == str(exc) and "\n" not in str(err.value)
 
 
 ALL = [(f, e) for f in ("bert", "gpt2", "vit") for e in ("dynamo", "torchscript")]
@@ -108,7 +113,7 @@ ALL = [(f, e) for f in ("bert", "gpt2", "vit") for e in ("dynamo", "torchscript"
 @pytest.mark.skipif(__import__("os").environ.get("TSCOMP_SIMT_ALL_MODELS") != "1",
                     reason="about a minute per model: set TSCOMP_SIMT_ALL_MODELS=1 (tiny BERT runs by default above)")
 @pytest.mark.parametrize("family,exporter", ALL, ids=[f"{f}-{e}" for f, e in ALL])
-def test_every_tiny_model_compiles_for_cuda_and_matches_onnxruntime_on_opencl(exported_model, nvcc, opencl, tmp_path,
+def test_every_tiny_model_compiles_for_cuda_and_matches_onnxruntime_on_the_simt_device(exported_model, nvcc, simt_device, tmp_path,
                                                                                family, exporter):
     from models.families import make_inputs, symbol_ranges
     from tscomp.codegen.simt.compile import compile_cuda

@@ -24,7 +24,7 @@ def _program(t, K, N, epi):
                        {"TS_WANT_ASYNC": 1} if t.async_copy else {})
 
 
-def _run(opencl, t, A, W, epi, extra):
+def _run(simt_device, t, A, W, epi, extra):
     M, K = A.shape
     N = W.shape[1]
     Y = output_buffer((M, N), np.float32)
@@ -40,29 +40,29 @@ def _gelu(v):
 
 @pytest.mark.parametrize("t", [LARGE, SMALL], ids=["large-async-cfg", "small-plain"])
 @pytest.mark.parametrize("K,N", [(13, 97), (97, 7), (1, 513)])
-def test_gemm_bias_gelu_matches_numpy_at_awkward_m(opencl, t, K, N):
+def test_gemm_bias_gelu_matches_numpy_at_awkward_m(simt_device, t, K, N):
     rng = np.random.default_rng(K * 1000 + N)
     W = rng.standard_normal((K, N)).astype(np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
     for M in M_SIZES:
         A = rng.standard_normal((M, K)).astype(np.float32)
-        got = _run(opencl, t, A, W, Epilogue.bias_gelu(), [input_buffer(bias, np.float32)])
+        got = _run(simt_device, t, A, W, Epilogue.bias_gelu(), [input_buffer(bias, np.float32)])
         want = _gelu(A.astype(np.float64) @ W + bias)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"M={M} K={K} N={N}")
 
 
 @pytest.mark.parametrize("M", M_SIZES)
-def test_gemm_bias_residual_and_plain_store(opencl, M):
+def test_gemm_bias_residual_and_plain_store(simt_device, M):
     rng = np.random.default_rng(M)
     K, N = 97, 13
     A = rng.standard_normal((M, K)).astype(np.float32)
     W = rng.standard_normal((K, N)).astype(np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
     res = rng.standard_normal((M, N)).astype(np.float32)
-    got = _run(opencl, LARGE, A, W, Epilogue.bias_residual(),
+    got = _run(simt_device, LARGE, A, W, Epilogue.bias_residual(),
                [input_buffer(bias, np.float32), input_buffer(res, np.float32)])
     np.testing.assert_allclose(got, A.astype(np.float64) @ W + bias + res, rtol=1e-4, atol=1e-4)
-    got = _run(opencl, SMALL, A, W, None, [])
+    got = _run(simt_device, SMALL, A, W, None, [])
     np.testing.assert_allclose(got, A.astype(np.float64) @ W, rtol=1e-4, atol=1e-4)
 
 
@@ -127,7 +127,9 @@ ptxas info    : Used 40 registers, used 0 barriers, 380 bytes cmem[0]
 MMA = SimtTile(64, 64, 16, 32, 32, 4, 8, async_copy=True, mma=True)
 
 
-def test_tensor_core_tile_runs_its_plain_path_on_opencl(opencl):
+def test_tensor_core_tile_is_exact_on_opencl_and_within_tf32_error_on_cuda(simt_device):
+    """OpenCL renders the tile's plain fp32 path; a GPU runs wmma TF32 (10-bit mantissa operands):
+    relative L2 error ~1e-3 there, which is why TF32 tiles are only chosen on request."""
     rng = np.random.default_rng(5)
     K, N = 97, 130
     W = rng.standard_normal((K, N)).astype(np.float32)
@@ -140,7 +142,12 @@ def test_tensor_core_tile_runs_its_plain_path_on_opencl(opencl):
         p.run([Launch("k", (ceil_div(M, MMA.bm), ceil_div(N, MMA.bn), 1), (MMA.threads, 1, 1),
                       [input_buffer(A, np.float32), input_buffer(W, np.float32), Y, scalar(M),
                        input_buffer(bias, np.float32)])])
-        np.testing.assert_allclose(Y.array, _gelu(A.astype(np.float64) @ W + bias), rtol=1e-4, atol=1e-4)
+        want = _gelu(A.astype(np.float64) @ W + bias)
+        if simt_device == "opencl":
+            np.testing.assert_allclose(Y.array, want, rtol=1e-4, atol=1e-4)
+        else:
+            rel = np.linalg.norm(Y.array - want) / np.linalg.norm(want)
+            assert rel < 5e-3, f"M={M}: relative L2 error {rel:.2e} beyond TF32's"
     assert "#if TS_MMA" in p.body and "nvcuda::wmma::mma_sync" in p.body and "#define TS_MMA 0" in p.opencl
 
 

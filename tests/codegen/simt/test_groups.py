@@ -11,7 +11,7 @@ from tscomp.codegen.simt.groups import SimtGroup, simt_group_source
 
 @pytest.mark.models
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
-def test_row_and_elementwise_groups_match_the_interpreter(opencl, exported_model, family):
+def test_row_and_elementwise_groups_match_the_interpreter(simt_device, exported_model, family):
     plan, ranges = model_plan(exported_model, family, "dynamo", attention=False)
     kernels = {g.name: SimtGroup(simt_group_source(plan, g)) for g in plan.groups
                if g.kind in ("elementwise", "reduce")}
@@ -30,7 +30,7 @@ def test_row_and_elementwise_groups_match_the_interpreter(opencl, exported_model
 
 
 @pytest.mark.models
-def test_batched_gemm_groups_match_the_interpreter(opencl, exported_model):
+def test_batched_gemm_groups_match_the_interpreter(simt_device, exported_model):
     from tscomp.codegen.cpu_batched_gemm import BatchedGemmAnalysis
     from tscomp.codegen.simt.batched import SimtBatchedGemm
     from tscomp.errors import UnsupportedOperatorError
@@ -50,7 +50,7 @@ def test_batched_gemm_groups_match_the_interpreter(opencl, exported_model):
 
 @pytest.mark.models
 @pytest.mark.parametrize("family,exporter,opset,staged", [("bert", "dynamo", None, 2), ("albert", "torchscript", 14, 3)])
-def test_gemm_groups_with_a_computed_while_staging_match_the_interpreter(opencl, exported_model, family, exporter,
+def test_gemm_groups_with_a_computed_while_staging_match_the_interpreter(simt_device, exported_model, family, exporter,
                                                                          opset, staged):
     """The attention output read through a permute/reshape (BERT) and a decomposed LayerNorm tail as
     the GEMM's prologue (old-opset ALBERT) are computed per element while staging A: no host copy."""

@@ -59,7 +59,7 @@ AWKWARD = [(1, 1), (7, 13), (97, 1), (13, 97), (1, 7)]
 
 @pytest.mark.parametrize("mode,coord,extra", RESIZE_CASES, ids=[f"{m}-{c}-{len(e)}" for m, c, e in RESIZE_CASES])
 @pytest.mark.parametrize("scale_h,scale_w", [(2.0, 0.5), (0.75, 3.0)])
-def test_resize_with_scales_matches_onnxruntime(opencl, tmp_path, mode, coord, extra, scale_h, scale_w):
+def test_resize_with_scales_matches_onnxruntime(simt_device, tmp_path, mode, coord, extra, scale_h, scale_w):
     nodes = [helper.make_node("Resize", ["x", "", "sc"], ["y"], mode=mode, coordinate_transformation_mode=coord,
                               **extra)]
     path = _model(tmp_path, "resize", nodes, [("x", F, ["B", 3, "H", "W"])], [("y", F, [None, None, None, None])],
@@ -80,7 +80,7 @@ def test_resize_with_scales_matches_onnxruntime(opencl, tmp_path, mode, coord, e
         _check(path, runner, {"x": rng.standard_normal((2, 3, H, W)).astype(np.float32)})
 
 
-def test_resize_to_sizes_from_the_input_shape_as_vit_exports_it(opencl, tmp_path):
+def test_resize_to_sizes_from_the_input_shape_as_vit_exports_it(simt_device, tmp_path):
     """ViT's position grid: bicubic to sizes computed from shape values (H // 4, W // 4), which enter
     as the kernel's shape-symbol arguments; the grid (a weight) is the kernel's input."""
     grid = np.random.default_rng(6).standard_normal((1, 8, 5, 5)).astype(np.float32)
@@ -115,7 +115,7 @@ def test_resize_antialias_by_a_run_time_factor_is_refused_by_name(tmp_path):
 
 
 @pytest.mark.parametrize("axis,reverse,exclusive", [(1, 0, 0), (0, 1, 1), (-1, 1, 0)])
-def test_cumsum_matches_onnxruntime(opencl, tmp_path, axis, reverse, exclusive):
+def test_cumsum_matches_onnxruntime(simt_device, tmp_path, axis, reverse, exclusive):
     nodes = [helper.make_node("CumSum", ["x", "ax"], ["y"], reverse=reverse, exclusive=exclusive)]
     path = _model(tmp_path, "cumsum", nodes, [("x", F, ["B", "L"])], [("y", F, ["B", "L"])],
                   [helper.make_tensor("ax", I64, [], [axis])])
@@ -127,7 +127,7 @@ def test_cumsum_matches_onnxruntime(opencl, tmp_path, axis, reverse, exclusive):
         _check(path, runner, {"x": rng.standard_normal((B, L)).astype(np.float32)}, rtol=1e-4, atol=1e-4)
 
 
-def test_range_argmax_pad_trilu_onehot_match_onnxruntime(opencl, tmp_path):
+def test_range_argmax_pad_trilu_onehot_match_onnxruntime(simt_device, tmp_path):
     """Range over a shape value, ArgMax over a leading axis, Pad (reflect), Trilu and OneHot in one
     model: every group a SIMT kernel (the Range one reads only shape values)."""
     nodes = [helper.make_node("Shape", ["x"], ["s"]),
@@ -154,7 +154,7 @@ def test_range_argmax_pad_trilu_onehot_match_onnxruntime(opencl, tmp_path):
 
 
 @pytest.mark.parametrize("op", ["ReduceL2", "ReduceLogSumExp", "ReduceMax"])
-def test_a_reduction_over_non_trailing_axes_matches_onnxruntime(opencl, tmp_path, op):
+def test_a_reduction_over_non_trailing_axes_matches_onnxruntime(simt_device, tmp_path, op):
     """The CPU index family's reduction kernel (any axes) rendered in the SIMT dialect: one
     work-item per output element."""
     nodes = [helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)]
@@ -167,7 +167,7 @@ def test_a_reduction_over_non_trailing_axes_matches_onnxruntime(opencl, tmp_path
         _check(path, runner, {"x": rng.standard_normal((B, L, 3)).astype(np.float32)})
 
 @pytest.mark.parametrize("reduction", ["none", "add"])
-def test_scatter_elements_runs_its_updates_on_one_thread_and_checks_indices(opencl, tmp_path, reduction):
+def test_scatter_elements_runs_its_updates_on_one_thread_and_checks_indices(simt_device, tmp_path, reduction):
     path = _scatter_elements(tmp_path, reduction)
     _, kernels, runner = _runner(path, ["B=1:13", "L=1:97", "K=1:8"])
     (k,) = _index_kernels(kernels)

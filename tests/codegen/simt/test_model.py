@@ -20,7 +20,7 @@ def _shapes(ranges, n, rng):
 
 @pytest.mark.models
 @pytest.mark.parametrize("family,exporter", [("gpt2", "dynamo"), ("bert", "torchscript")])
-def test_tiny_model_on_opencl_matches_onnxruntime(opencl, exported_model, family, exporter):
+def test_tiny_model_on_the_simt_device_matches_onnxruntime(simt_device, exported_model, family, exporter):
     from models.families import make_inputs
     plan, ranges = model_plan(exported_model, family, exporter, attention=False)
     runner = SimtPlanRunner(plan)
@@ -39,7 +39,10 @@ def test_tiny_model_on_opencl_matches_onnxruntime(opencl, exported_model, family
     ran = set(runner.families_run.values())
     assert {"simt-gemm", "simt-batched-gemm", "simt-row-or-elementwise"} <= ran
     gemms = [k for k in runner.kernels.values() if k.family == "simt-gemm"]
-    assert all(k.paths_run == {"plain"} for k in gemms)       # OpenCL runs the plain staging path
+    if simt_device == "opencl":
+        assert all(k.paths_run == {"plain"} for k in gemms)   # OpenCL runs the plain staging path
+    else:                                                     # sm_80+: cp.async where the tile has it
+        assert all(k.paths_run == {"async" if k.cfg.async_copy else "plain"} for k in gemms)
     assert any(k.cfg.async_copy and "#if TS_ASYNC_COPY" in k.program.body for k in gemms)
     assert any(k.has_row_pass for k in gemms)                  # residual + LayerNorm fused
     print(f"{family}-{exporter}: numpy fallback groups {sorted(fallback)}")

@@ -159,7 +159,7 @@ class SimtBatchedGemm(KernelBase):
     family = "simt-batched-gemm"
     target = "cuda"
 
-    def __init__(self, analysis, t: SimtTile = DEFAULT_TILE, device: str = "opencl"):
+    def __init__(self, analysis, t: SimtTile = DEFAULT_TILE, device: str | None = None):
         self.analysis = analysis
         self.group = analysis.group
         self.symtab = analysis.plan.graph.symbols

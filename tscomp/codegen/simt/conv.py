@@ -150,7 +150,7 @@ class SimtConv(KernelBase):
     family = "simt-conv"
     target = "cuda"
 
-    def __init__(self, analysis, t: SimtTile = DEFAULT_TILE, device: str = "opencl"):
+    def __init__(self, analysis, t: SimtTile = DEFAULT_TILE, device: str | None = None):
         self.analysis = analysis
         self.group = analysis.group
         self.symtab = analysis.symtab

@@ -69,7 +69,7 @@ SIMT_FAMILIES: tuple[SimtFamily, ...] = (
 )
 
 
-def simt_kernel_for_group(plan: Plan, group: Group, tile=None, device: str = "opencl"):
+def simt_kernel_for_group(plan: Plan, group: Group, tile=None, device: str | None = None):
     """The first SIMT family's executor for ``group``, else the numpy fallback with every reason."""
     reasons = []
     for fam in SIMT_FAMILIES:
@@ -86,7 +86,7 @@ def simt_kernel_for_group(plan: Plan, group: Group, tile=None, device: str = "op
     return InterpretedGroup(plan, group, reasons)
 
 
-def simt_kernels(plan: Plan, device: str = "opencl") -> dict[str, object]:
+def simt_kernels(plan: Plan, device: str | None = None) -> dict[str, object]:
     return {g.name: simt_kernel_for_group(plan, g, device=device) for g in plan.groups}
 
 
@@ -127,7 +127,7 @@ class SimtPlanRunner:
     :func:`choose_variant`); ``families_run`` records which family ran each group, ``variants_run``
     which kernel."""
 
-    def __init__(self, plan: Plan, kernels: Mapping[str, object] | None = None, device: str = "opencl"):
+    def __init__(self, plan: Plan, kernels: Mapping[str, object] | None = None, device: str | None = None):
         self.plan = plan
         kernels = dict(kernels) if kernels is not None else simt_kernels(plan, device)
         self.variants = {g: (list(k) if isinstance(k, (list, tuple)) else [k]) for g, k in kernels.items()}

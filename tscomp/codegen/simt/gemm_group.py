@@ -5,7 +5,7 @@ executor that launches it on a SIMT device (TSCompiler §5.1 tiles, §6 grid = b
 
 The weight is stored unpacked ([K, N] row-major float32: the kernel stages it tile by tile); the
 A operand through views that are not the identity on memory is made contiguous on the host, as the
-CPU family does. ``run(env, binding)`` executes on ``self.device`` (``"opencl"`` by default; the
+CPU family does. ``run(env, binding)`` executes on ``self.device`` (``$TSCOMP_SIMT_DEVICE``, else ``"opencl"``; the
 runtime may set ``"cuda"``)."""
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ class SimtGemmGroup(KernelBase):
     target = "cuda"
     takes_out = False
 
-    def __init__(self, analysis, t: SimtTile, device: str = "opencl"):
+    def __init__(self, analysis, t: SimtTile, device: str | None = None):
         self.analysis = analysis
         self.group = analysis.group
         self.symtab = analysis.symtab
@@ -191,8 +191,9 @@ class SimtGemmGroup(KernelBase):
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
         launches, outputs = self.launches(env, binding)
-        self.program.run(launches, self.device, getattr(self, "cubin", None))
-        self.__dict__.setdefault("paths_run", set()).add("async" if self.cfg.async_copy and self.device == "cuda" else "plain")
+        ran_on = self.program.run(launches, self.device, getattr(self, "cubin", None))
+        # the cp.async staging is compiled in for sm_80+ only (OpenCL renders the plain path)
+        self.__dict__.setdefault("paths_run", set()).add("async" if self.cfg.async_copy and ran_on == "cuda" else "plain")
         return outputs
 
     __call__ = run

@@ -250,7 +250,7 @@ class SimtGroup(KernelBase):
     _sizes_at = CompiledGroup._sizes_at
     index_error = CompiledGroup.index_error
 
-    def __init__(self, src: SimtGroupSource, device: str = "opencl"):
+    def __init__(self, src: SimtGroupSource, device: str | None = None):
         self.src = src
         self.source_info = src.info
         self.group = src.info.group

@@ -1,11 +1,11 @@
 """Launch geometry and argument marshalling shared by every SIMT device (DESIGN.md "runtime":
-execute on cuda (pycuda) | opencl (pyopencl); TSCompiler §6: the grid of a macro-kernel is a
+execute on cuda (cuda-bindings) | opencl (pyopencl); TSCompiler §6: the grid of a macro-kernel is a
 function of the concrete shape and the tile configuration).
 
 A SIMT executor turns (group inputs, symbol binding) into a list of :class:`Launch` es: the kernel
 entry point, the grid and block extents, and the arguments in order — device buffers named by
 role (an input array uploaded, an output or scratch array allocated and read back) and scalars
-(``int64_t`` symbol values, M). A device (:mod:`tscomp.runtime.device_opencl`, the pycuda one)
+(``int64_t`` symbol values, M). A device (:mod:`tscomp.runtime.device_opencl`, the CUDA driver one)
 only maps these to its API; nothing here imports a GPU library.
 """
 from __future__ import annotations

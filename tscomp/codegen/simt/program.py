@@ -24,10 +24,13 @@ class SimtProgram:
     def opencl(self) -> str:
         return OPENCL.render(self.header, self.body, self.defines)
 
-    def run(self, launches, device: str = "opencl", cubin: bytes | None = None) -> None:
+    def run(self, launches, device: str | None = None, cubin: bytes | None = None) -> str:
         """Launch on ``device``: OpenCL builds this program's OpenCL rendering; CUDA loads ``cubin``
-        (the artifact's, for this device's architecture) or builds this program with nvcc."""
-        from tscomp.runtime.device_opencl import device as get_device
+        (the artifact's, for this device's architecture) or builds this program with nvcc.
+        ``device`` None: :func:`~tscomp.runtime.device_opencl.default_device_name`. Returns the
+        name of the device it ran on."""
+        from tscomp.runtime.device_opencl import default_device_name, device as get_device
+        device = default_device_name() if device is None else device
         dev = get_device(device)
         if device == "opencl":
             dev.run_launches(self.opencl, launches)
@@ -36,6 +39,7 @@ class SimtProgram:
                 from tscomp.codegen.nvcc import compile_cubin, default_arch_of_device
                 cubin = compile_cubin(self.cuda, default_arch_of_device()).cubin
             dev.run_launches(cubin, launches)
+        return device
 
 
 def header_comment(lines: list[str]) -> str:
