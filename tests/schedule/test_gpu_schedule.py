@@ -89,14 +89,14 @@ def test_a_spilling_variant_is_replaced_by_the_next_ranked_and_the_manifest_says
     from tscomp.codegen.simt import compile as C
     from tscomp.runtime.simt_artifact import write_cuda_artifact
     path = _one_gemm_model(tmp_path)
-    real, rejected = C._spilling, []
+    real, rejected = C._rejections, []
 
-    def spilling(build):
-        out = real(build)
+    def spilling(model):
+        out = real(model)
         if not rejected:
             first = next(k for vs in model_kernels.values() for k in vs if k.family == "simt-gemm")
             rejected.append((first.func, first.cfg, first.reserve[0].config))
-            out = out | {first.func}
+            out = {**out, first.func: "spills registers on sm_80"}
         return out
     model_kernels = {}
     orig_kernels_for = C.kernels_for
@@ -104,13 +104,13 @@ def test_a_spilling_variant_is_replaced_by_the_next_ranked_and_the_manifest_says
     def kernels_for(plan, choices, schedules):
         model_kernels.update(orig_kernels_for(plan, choices, schedules))
         return model_kernels
-    monkeypatch.setattr(C, "_spilling", spilling)
+    monkeypatch.setattr(C, "_rejections", spilling)
     monkeypatch.setattr(C, "kernels_for", kernels_for)
     model = C.compile_cuda(str(path), ["M=1:300"], ("sm_80",), max_variants=1)
     (func, cfg, repl), = rejected
     (g,) = [g for g, vs in model.kernels.items() if vs[0].family == "simt-gemm"]
     assert model.kernels[g][0].cfg == repl != cfg
-    assert any(f"rejected {cfg.slug()}" in n for n in model.notes)
+    assert any(f"rejected {cfg.slug()} (spills registers on sm_80)" in n for n in model.notes)
     assert model.schedules.groups[g].variants[0].config == repl
     man = json.loads((write_cuda_artifact(model, tmp_path / "m.tsc") / "manifest.json").read_text())
     (entry,) = [e for e in man["groups"] if e["name"] == g]
@@ -119,3 +119,25 @@ def test_a_spilling_variant_is_replaced_by_the_next_ranked_and_the_manifest_says
     assert v["tile_config"] == repl.to_json() and v["schedule"]["method"] == "analytic"
     assert v["schedule"]["measured"] is False and 0 < v["schedule"]["model"]["occupancy"] <= 1
     assert man["schedules"]["target"]["key"] == cuda("sm_80").key() and man["schedules"]["methods"]["analytic"] == 1
+
+
+def test_a_kernel_whose_ptxas_registers_do_not_fit_an_sm_is_rejected():
+    """The ranking estimates registers; ptxas may report more. A 1024-thread kernel at 72 registers
+    cannot launch on any architecture (72 x 1024 > 64K registers per block): the build rejects it."""
+    from types import SimpleNamespace
+
+    from tscomp.codegen.nvcc import CudaBuild, KernelResources
+    from tscomp.codegen.simt import compile as C
+
+    def kernel(func, threads):
+        return SimpleNamespace(target="cuda", func=func, resources=lambda: {"threads": threads, "shared_bytes": 0})
+
+    def res(regs, spills=0):
+        return KernelResources(regs, 8192, spills, spills, 0)
+    model = SimpleNamespace(kernels={"g1": [kernel("big", 1024), kernel("fine", 256)], "g2": [kernel("spilly", 128)]},
+                            builds={"sm_80": CudaBuild("sm_80", b"", {"big": res(72), "fine": res(72), "spilly": res(40, 8)}),
+                                    "sm_90": CudaBuild("sm_90", b"", {"big": res(64), "fine": res(72), "spilly": res(40)})})
+    rejected = C._rejections(model)
+    assert set(rejected) == {"big", "spilly"}
+    assert rejected["big"] == "1024 threads x 72 registers (ptxas) do not fit an SM of sm_80"
+    assert rejected["spilly"] == "spills registers on sm_80"

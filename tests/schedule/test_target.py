@@ -53,6 +53,16 @@ def test_gpu_occupancy_takes_the_tightest_resource():
     assert a100.occupancy({"threads": 256, "registers": 64}) == pytest.approx(4 * 8 / 64)
 
 
+def test_a_block_must_fit_the_register_file_with_per_warp_rounding():
+    """64K registers per block: 1024 threads fit at 64 registers; at 57..63 they fit too (rounded to
+    64 per thread per warp), at 65 the launch fails ("too many resources requested"), as seen on an H200."""
+    h100 = cuda("sm_90").spec
+    assert h100.blocks_per_sm({"threads": 1024, "registers": 64}) == 1
+    assert h100.blocks_per_sm({"threads": 1024, "registers": 58}) == 1
+    assert h100.blocks_per_sm({"threads": 1024, "registers": 65}) == 0
+    assert h100.blocks_per_sm({"threads": 992, "registers": 66}) == 0    # 66 x 992 < 64K, but 72 x 992 per warp > 64K
+
+
 def test_targets_round_trip_through_json():
     for t in (host_cpu(2), cuda("sm_90")):
         back = Target.from_json(t.to_json())

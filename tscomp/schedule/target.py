@@ -99,12 +99,12 @@ class GpuSpec:
         threads = int(resources.get("threads", 128))
         regs = int(resources.get("registers", 32))
         smem = int(resources.get("shared_bytes", 0))
-        if threads > self.max_threads_per_block or regs > self.max_regs_per_thread or smem > self.smem_per_block \
-                or regs * threads > self.regs_per_block:
-            return 0
-        # registers are allocated per warp in units of 256
+        # registers are allocated per warp in units of 256 (a block must fit with that rounding)
         warp_regs = -(-regs * self.warp_size // 256) * 256
         warps = -(-threads // self.warp_size)
+        if threads > self.max_threads_per_block or regs > self.max_regs_per_thread or smem > self.smem_per_block \
+                or warp_regs * warps > self.regs_per_block:
+            return 0
         limits = [self.max_blocks_per_sm, self.max_threads_per_sm // threads,
                   self.regs_per_sm // max(1, warp_regs * warps)]
         if smem:

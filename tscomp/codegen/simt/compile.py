@@ -206,38 +206,62 @@ def translation_unit(kernels: dict) -> str:
     return CUDA.render("", "\n".join(parts), {"TS_WANT_ASYNC": 1, "TS_WANT_MMA": 1})
 
 
-def _spilling(build: CudaBuild) -> set:
-    return {name for name, r in build.resources.items() if r.spill_stores or r.spill_loads}
+def _rejections(model: CudaCompiled) -> dict[str, str]:
+    """Kernels the build cannot keep, by entry point, with why: register spills, or ptxas resources
+    with which one block of the kernel's launch does not fit an SM of the architecture (the launch
+    would fail: "too many resources requested"; the ranking only knew estimated registers)."""
+    out: dict[str, str] = {}
+    for arch, b in model.builds.items():
+        for name, r in b.resources.items():
+            if r.spill_stores or r.spill_loads:
+                out.setdefault(name, f"spills registers on {arch}")
+        spec = cuda(arch).spec
+        for variants in model.kernels.values():
+            for k in variants:
+                r = b.resources.get(k.func) if k.target == "cuda" else None
+                if r is None:
+                    continue
+                threads = k.resources()["threads"]
+                if spec.blocks_per_sm({"threads": threads, "registers": r.registers, "shared_bytes": r.shared_bytes}) < 1:
+                    out.setdefault(k.func, f"{threads} threads x {r.registers} registers (ptxas) do not fit an "
+                                           f"SM of {arch}")
+    return out
+
+
+def _replace_from_reserve(model: CudaCompiled, g: str, i: int, why: str) -> None:
+    """Variant ``i`` of group ``g`` is rejected: the next configuration of its ranking takes its place."""
+    variants = model.kernels[g]
+    k = variants[i]
+    reserve = k.__dict__.get("reserve") or []
+    taken = {v.cfg for v in variants}
+    reserve = [v for v in reserve if v.config not in taken]
+    if not reserve:
+        raise TscompError(f"group {g}: kernel {k.func} {why}, and no ranked configuration is left to replace it")
+    model.notes.append(f"group {g}: rejected {k.cfg.slug()} ({why}); next in the ranking")
+    repl = _FAMILY[k.family].build(k.analysis, reserve[0].config)
+    repl.reserve = reserve[1:]
+    variants[i] = repl
+    sched = model.schedules.groups.get(g) if model.schedules is not None else None
+    if sched is not None:     # the schedule records what was built
+        sched.variants = list(sched.variants)
+        sched.variants[i] = reserve[0]
 
 
 def build_all(model: CudaCompiled) -> None:
-    """nvcc the translation unit per architecture; replace spilling GEMM variants (reject, re-rank)."""
+    """nvcc the translation unit per architecture; replace variants that spill or cannot launch
+    with ptxas's register count (reject, take the next in the ranking)."""
     for _attempt in range(4):
         model.source = translation_unit(model.kernels)
         model.builds = {arch: compile_cubin(model.source, arch) for arch in model.archs}
-        spills = set().union(*(_spilling(b) for b in model.builds.values()))
-        if not spills:
+        rejected = _rejections(model)
+        if not rejected:
             break
         for g, variants in model.kernels.items():
             for i, k in enumerate(variants):
-                if k.func not in spills:
-                    continue
-                reserve = k.__dict__.get("reserve") or []
-                if not reserve:
-                    raise TscompError(f"group {g}: kernel {k.func} spills registers on "
-                                      f"{[a for a, b in model.builds.items() if k.func in _spilling(b)]}")
-                model.notes.append(f"group {g}: rejected {k.cfg.slug()} (spills); next in the ranking")
-                taken = {v.cfg for v in variants}
-                reserve = [v for v in reserve if v.config not in taken]
-                repl = _FAMILY[k.family].build(k.analysis, reserve[0].config)
-                repl.reserve = reserve[1:]
-                variants[i] = repl
-                sched = model.schedules.groups.get(g) if model.schedules is not None else None
-                if sched is not None:     # the schedule records what was built
-                    sched.variants = list(sched.variants)
-                    sched.variants[i] = reserve[0]
+                if k.func in rejected:
+                    _replace_from_reserve(model, g, i, rejected[k.func])
     else:
-        raise TscompError("kernels still spill after re-ranking")
+        raise TscompError("kernels still spill or exceed the SM's resources after re-ranking")
     for variants in model.kernels.values():
         for k in variants:
             if k.target == "cuda":

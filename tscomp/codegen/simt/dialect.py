@@ -8,6 +8,9 @@ the language (the way tinygrad's C-style renderer keeps one renderer with per-la
 vocabulary             CUDA                            OpenCL C
 =====================  ==============================  ==================================
 ``TS_KERNEL``          ``extern "C" __global__``       ``__kernel``
+``TS_LAUNCH_BOUNDS(n)`` ``__launch_bounds__(n)``        (nothing)
+                       (ptxas keeps n threads
+                       launchable: registers capped)
 ``TS_GLOBAL``          (nothing)                       ``__global``
 ``TS_SHARED``          ``__shared__``                  ``__local``
 ``TS_CONSTANT``        ``__device__ const``            ``__constant``
@@ -70,6 +73,7 @@ CUDA_PRELUDE = r"""/* ---- CUDA prelude ---- */
 #include <stdint.h>
 #include <math.h>
 #define TS_KERNEL extern "C" __global__
+#define TS_LAUNCH_BOUNDS(n) __launch_bounds__(n)
 #define TS_GLOBAL
 #define TS_SHARED __shared__
 #define TS_CONSTANT __device__ const
@@ -125,6 +129,7 @@ typedef uchar uint8_t;
 #define INT64_MIN LONG_MIN
 #define UINT64_MAX ULONG_MAX
 #define TS_KERNEL __kernel
+#define TS_LAUNCH_BOUNDS(n)
 #define TS_GLOBAL __global
 #define TS_SHARED __local
 #define TS_CONSTANT __constant

@@ -257,7 +257,8 @@ for (int64_t kt = 0; kt < {kt}; ++kt) {{
 {plain}
 #endif"""
     tables = "\n".join(epi.tables) + ("\n" if epi.tables else "")
-    text = f"""{tables}TS_KERNEL void {name}(TS_GLOBAL const float* TS_RESTRICT A, TS_GLOBAL const float* TS_RESTRICT W,
+    # launch bounds: ptxas must keep t.threads launchable (a 1024-thread tile otherwise got 65-80 registers)
+    text = f"""{tables}TS_KERNEL void TS_LAUNCH_BOUNDS({t.threads}) {name}(TS_GLOBAL const float* TS_RESTRICT A, TS_GLOBAL const float* TS_RESTRICT W,
         TS_GLOBAL float* TS_RESTRICT {y_arg}, const int64_t M{epi.params()}{a_op.params if a_op else ""})
 {{
     const int64_t K_ = {K}, N_ = {N};
