@@ -127,11 +127,15 @@ def _summary(compiled, path: Path) -> list[str]:
 
 
 def cmd_compile(args) -> int:
+    if getattr(args, "measure_gpu", False) and getattr(args, "target", "cpu") != "cuda":
+        raise TscompError("--measure-gpu times CUDA kernels: it needs --target cuda (the CPU target always measures; "
+                          "--budget sets how long)")
     if getattr(args, "target", "cpu") == "cuda":
         if args.precision != "fp32":
             raise TscompError(f"--precision {args.precision} is implemented for --target cpu only")
         from tscomp.codegen.simt.compile import compile_cuda_command
-        print("\n".join(compile_cuda_command(args.model, args.dim, args.output, args.arch or None)))
+        print("\n".join(compile_cuda_command(args.model, args.dim, args.output, args.arch or None,
+                                             measure=args.measure_gpu, measure_top=args.measure_top)))
         return 0
     path, compiled = compile_to(args.model, args.dim, args.output, variants=args.variants, threads=args.threads,
                                 tuning=tuning_options(args), embed_source=args.embed_source,
@@ -256,6 +260,11 @@ def add_commands(sub, add_dim_flag) -> None:
                    help="cpu (default) or cuda: SIMT kernels, nvcc cubins + PTX, run with device='opencl'|'cuda'")
     p.add_argument("--arch", action="append", default=[], metavar="sm_XY",
                    help="CUDA architectures to build (repeatable; default sm_80 and sm_90)")
+    p.add_argument("--measure-gpu", action="store_true",
+                   help="--target cuda: time the cost model's best GEMM configurations on this machine's GPU "
+                        "and keep the measured choice (needs an NVIDIA GPU and the 'cuda' extra)")
+    p.add_argument("--measure-top", type=int, default=None, metavar="N",
+                   help="configurations timed per distinct GEMM group with --measure-gpu (default 8)")
     p.add_argument("--embed-source", action="store_true",
                    help="copy the ONNX model into the artifact (for out-of-range shapes; otherwise that path "
                         "reads the source model the manifest names)")

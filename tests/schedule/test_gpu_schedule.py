@@ -141,3 +141,66 @@ def test_a_kernel_whose_ptxas_registers_do_not_fit_an_sm_is_rejected():
     assert set(rejected) == {"big", "spilly"}
     assert rejected["big"] == "1024 threads x 72 registers (ptxas) do not fit an SM of sm_80"
     assert rejected["spilly"] == "spills registers on sm_80"
+
+
+class _FakeGpu:
+    """A stand-in CudaDevice for the measured path: each launch "takes" the milliseconds ``speed``
+    assigns to its kernel's configuration slug (default 1.0), scaled by the GEMM's M (its 4th
+    argument); launches are recorded, nothing runs."""
+    arch, device_name = "sm_90", "Fake GPU"
+
+    def __init__(self, speed):
+        self.speed, self.profile, self.launched = speed, None, []
+
+    def run_launches(self, cubin, launches):
+        assert cubin    # the configuration was built for sm_90
+        for launch in launches:
+            self.launched.append(launch.kernel)
+            slug = launch.kernel.rsplit("_", 1)[0] if launch.kernel.endswith("_rows") else launch.kernel
+            ms = next((v for k, v in self.speed.items() if slug.endswith(k)), 1.0) * int(launch.args[3])
+            if self.profile is not None:
+                self.profile.append((launch.kernel, ms))
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not installed (CUDA toolkit)")
+def test_measured_gpu_selection_keeps_the_fastest_timed_configuration(tmp_path, monkeypatch):
+    """With a GPU present (here a stand-in that makes the model's third-ranked configuration the
+    fastest), --measure-gpu times the model's first 4 configurations at every sample shape, keeps
+    the fastest as the first variant, the rest as the build's reserve, and the manifest says
+    measured-gpu with the times per shape."""
+    from tscomp.codegen.simt import compile as C
+    from tscomp.runtime import device_opencl
+    from tscomp.runtime.simt_artifact import write_cuda_artifact
+    from tscomp.schedule.gpu_space import GpuGemmSpace
+    path = _one_gemm_model(tmp_path)
+    ranked = [r.tile for r in GpuGemmSpace(24, 40, cuda("sm_90"), (1, 300)).rank(4)]
+    gpu = _FakeGpu({ranked[2].slug(): 0.25})
+    monkeypatch.setattr(device_opencl, "device", lambda name=None: gpu)
+    model = C.compile_cuda(str(path), ["M=1:300"], ("sm_80", "sm_90"), max_variants=1, measure=True, measure_top=4)
+    (g,) = [g for g, vs in model.kernels.items() if vs[0].family == "simt-gemm"]
+    sched = model.schedules.groups[g]
+    assert sched.method == "measured-gpu" and sched.measured and sched.trials == 4
+    assert model.kernels[g][0].cfg == ranked[2] and sched.variants[0].config == ranked[2]
+    assert {v.config for v in sched.reserve} == {ranked[0], ranked[1], ranked[3]}
+    shapes = sched.variants[0].timings
+    assert len(shapes) >= 2 and all(ms > 0 for ms in shapes.values())
+    from tscomp.codegen.simt.gemm import kernel_name
+    assert set(gpu.launched) == {kernel_name(g, t) for t in ranked}          # every candidate timed, no other
+    man = json.loads((write_cuda_artifact(model, tmp_path / "m.tsc") / "manifest.json").read_text())
+    (entry,) = [e for e in man["groups"] if e["name"] == g]
+    v = entry["variants"][0]
+    assert v["schedule"]["method"] == "measured-gpu" and v["schedule"]["measured"] is True
+    assert v["schedule"]["measured_ms"] == shapes and entry["schedule"]["method"] == "measured-gpu"
+    assert man["schedules"]["methods"]["measured-gpu"] == 1
+
+
+def test_measure_gpu_without_a_gpu_is_a_clear_error(tmp_path):
+    from tscomp.codegen.simt import compile as C
+    from tscomp.runtime.device_opencl import DeviceError, device
+    try:
+        device("cuda")
+        pytest.skip("a GPU is usable here")
+    except DeviceError:
+        pass
+    with pytest.raises(DeviceError, match="device='cuda'"):
+        C.compile_cuda(str(_one_gemm_model(tmp_path)), ["M=1:300"], measure=True)

@@ -98,3 +98,15 @@ def test_the_calibrated_model_ranks_the_timings_measured_on_an_h200():
         regrets.append(pick / min(ms))
         spearman.append(np.corrcoef(np.argsort(np.argsort(pred)), np.argsort(np.argsort(ms)))[0, 1])
     assert np.exp(np.mean(np.log(regrets))) < 1.15 and np.mean(spearman) > 0.7
+
+
+def test_variants_cover_the_range_rather_than_count_sample_wins():
+    """Three samples: 'b' wins two small ones by a hair, 'c' is 3x better than 'a' at the large one.
+    The second variant is 'c' (it lowers the set's mean relative cost most), not 'b' (most wins);
+    nothing is added that does not help."""
+    from tscomp.schedule.gpu_space import cover
+    costs = {"a": [1.0, 1.0, 3.0], "b": [0.99, 0.99, 3.0], "c": [2.0, 2.0, 1.0]}
+    assert cover(["a", "b", "c"], costs, 2) == ["a", "c"]
+    assert cover(["a", "b", "c"], costs, 3) == ["a", "c", "b"]
+    assert cover(["a", "b"], {"a": [1.0, 1.0], "b": [2.0, 2.0]}, 3) == ["a"]
+    assert cover(["a", "b"], {"a": [1.0, float("inf")], "b": [2.0, 1.0]}, 2) == ["a", "b"]

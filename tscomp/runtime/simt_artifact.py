@@ -7,8 +7,9 @@ Layout::
       manifest.json              format, archs, inputs/outputs, per group its variants: family,
                                  entry point, tile configuration, ptxas resources per architecture
                                  (registers, shared bytes, spills), the schedule stage's provenance
-                                 (method analytic/single, measured: false) with the model's
-                                 prediction per variant and the group's analytic ranking; the
+                                 (method analytic/single, measured: false, with the model's
+                                 prediction per variant; or measured-gpu with the times per sample
+                                 shape) and the group's ranking; the
                                  Schedules summary; sha256 of every file and a digest over it all
       plan.json + weights.bin    the Plan and the kernel objects as plain data (no pickle)
       kernels/model.<sm_XY>.cubin  one cubin per architecture (every kernel of the model)
@@ -57,9 +58,12 @@ def _variant_entry(k, sched=None, variant=None) -> dict:
             e["tile_config_text"] = cfg.describe()
         e["resources"] = {arch: {name: r.to_json() for name, r in res.items()} for arch, res in k.ptxas.items()}
         e["launch"] = {kk: v for kk, v in k.resources().items() if kk in ("threads", "shared_bytes")}
-        e["schedule"] = {"method": sched.method if sched is not None else "heuristic", "measured": False}
+        e["schedule"] = {"method": sched.method if sched is not None else "heuristic",
+                         "measured": bool(sched is not None and sched.measured)}
         if variant is not None and variant.model is not None:
             e["schedule"]["model"] = {kk: v for kk, v in variant.to_json().items() if kk not in ("config", "measured")}
+        if variant is not None and variant.timings is not None:   # timed on a GPU at compile time
+            e["schedule"]["measured_ms"] = dict(variant.timings)
         if k.family == "simt-gemm":
             e["paths"] = ["plain", "cp.async double-buffered (sm_80+)"] if cfg.async_copy else ["plain"]
     else:

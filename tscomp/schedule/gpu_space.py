@@ -102,6 +102,27 @@ def gemm_cost(s: GpuSpec, t: SimtTile, M: int, K: int, N: int, registers: int | 
     return waves * steps * max(throughput, memory, latency) + model.launch_cycles
 
 
+def cover(order: list, costs: dict, k: int) -> list:
+    """Variants for a dynamic range: ``order[0]`` (the best by mean relative cost), then greedily the
+    configuration whose addition most lowers the mean over samples of (the set's cheapest / the
+    sample's cheapest) -- what the wave model achieves when it picks among the set per shape --
+    until ``k`` or no addition helps. ``costs``: configuration -> cost per sample (inf: cannot run)."""
+    n = len(next(iter(costs.values())))
+    best = [min(c[i] for c in costs.values()) for i in range(n)]
+    picks, held = [order[0]], list(costs[order[0]])
+
+    def mean_with(c):
+        return sum(min(h, x) / b for h, x, b in zip(held, c, best)) / n
+    while len(picks) < k:
+        now = mean_with(held)
+        cand = min((t for t in order if t not in picks), key=lambda t: (mean_with(costs[t]), order.index(t)), default=None)
+        if cand is None or not mean_with(costs[cand]) < now - 1e-9:
+            break
+        picks.append(cand)
+        held = [min(h, x) for h, x in zip(held, costs[cand])]
+    return picks
+
+
 def _warp_skew(t: SimtTile) -> int:
     """How far a warp's 32 lanes are from a 4 x 8 / 8 x 4 arrangement (the model does not see the
     layout; among equal scores the squarer warp tile reads shared memory with fewer bank conflicts)."""
@@ -195,23 +216,17 @@ class GpuGemmSpace:
         return out[:limit] if limit else out
 
     def variants(self, k: int = 3, ranked: list[Ranked] | None = None) -> list[SimtTile]:
-        """A few configurations covering the range: the best-ranked, plus the per-sample winners
-        (``ranked``: this space's :meth:`rank`, when the caller has it already)."""
+        """A few configurations covering the range: the best-ranked first, then greedily the one
+        that lowers the set's mean relative cost over the samples most (``ranked``: this space's
+        :meth:`rank`, when the caller has it already)."""
         ranked = ranked if ranked is not None else self.rank()
-        picks = [ranked[0].tile]
-
-        def shape(t):   # variants that differ only in warp layout or staging cost the same: keep one
-            return (t.bm, t.bn, t.bk, t.tm, t.tn, t.mma)
-        for r in sorted(ranked, key=lambda x: -len(x.best_at)):
-            if r.best_at and shape(r.tile) not in {shape(p) for p in picks}:
-                picks.append(r.tile)
-            if len(picks) >= k:
-                break
-        return picks
+        ms = self.samples()
+        return cover([r.tile for r in ranked], {r.tile: [self.cost(r.tile, m) for m in ms] for r in ranked}, k)
 
     def choose(self, variants: list[SimtTile], M: int) -> SimtTile:
         """The wave model's choice among compiled variants at a concrete M."""
         return min(variants, key=lambda t: (self.cost(t, M), t.slug()))
 
 
-__all__ = ["BYTES_PER_CYCLE", "FLOP_PER_CYCLE", "GpuGemmSpace", "Ranked", "estimated_registers", "gemm_cost"]
+__all__ = ["BYTES_PER_CYCLE", "FLOP_PER_CYCLE", "GpuGemmSpace", "MODEL", "Ranked", "SimtGemmModel", "cover",
+           "estimated_registers", "gemm_cost"]

@@ -56,6 +56,8 @@ class ScheduledVariant:
     #: a target that is not present (GPU): the analytic model's prediction instead of measurements
     #: (occupancy, blocks per wave, estimated resources, predicted cycles per sample extent)
     model: dict | None = None
+    #: measured on a GPU present at compile time: milliseconds per sample shape (schedule.gpu_measure)
+    timings: dict | None = None
 
     def to_json(self) -> dict:
         if self.model is not None:
@@ -64,6 +66,8 @@ class ScheduledVariant:
         out: dict[str, Any] = {"config": None if self.config is None else vars(self.config).copy()}
         if self.value is not None:
             out["objective_us"] = round(self.value * 1e6, 3)
+        if self.timings is not None:
+            out["measured_ms"] = dict(self.timings)
         return out
 
 
@@ -72,7 +76,7 @@ class GroupSchedule:
     group: str
     family: str
     signature: str
-    method: str                            # turbo | record | heuristic | single | fallback
+    method: str                            # turbo | record | heuristic | single | fallback | analytic | measured-gpu
     variants: list[ScheduledVariant]
     trials: int = 0
     space_size: int = 0

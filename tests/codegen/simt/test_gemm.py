@@ -51,6 +51,21 @@ def test_gemm_bias_gelu_matches_numpy_at_awkward_m(simt_device, t, K, N):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"M={M} K={K} N={N}")
 
 
+@pytest.mark.parametrize("t", [LARGE, SMALL], ids=["large-async-cfg", "small-plain"])
+@pytest.mark.parametrize("K,N", [(13, 36), (40, 128)])
+def test_gemm_with_n_a_multiple_of_4_stages_w_four_floats_at_a_time(simt_device, t, K, N):
+    """N % 4 == 0: the W tile moves in 16-byte groups (cp.async 16 on a GPU), guarded per group
+    where N is not a multiple of T_Nb (36) and per row where K is not one of T_Kb (13)."""
+    rng = np.random.default_rng(K + N)
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    assert "TS_COPY4" in _program(t, K, N, Epilogue.bias()).body
+    for M in M_SIZES:
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        got = _run(simt_device, t, A, W, Epilogue.bias(), [input_buffer(bias, np.float32)])
+        np.testing.assert_allclose(got, A.astype(np.float64) @ W + bias, rtol=1e-4, atol=1e-4, err_msg=f"M={M}")
+
+
 @pytest.mark.parametrize("M", M_SIZES)
 def test_gemm_bias_residual_and_plain_store(simt_device, M):
     rng = np.random.default_rng(M)
@@ -72,9 +87,12 @@ def test_padding_lives_in_staging_only_the_store_is_guarded():
     assert "if (" not in inner and "? " not in inner.split("for (int kk")[1].split("TS_BARRIER")[0]
     assert ": 0.0f;" in body            # zero-filled out-of-bounds loads while staging
     assert body.count("if (j < N_)") == 1 and "if (i >= M) break;" in body
-    # K a multiple of T_Kb and N of T_Nb: the W staging needs no check at all
+    # K a multiple of T_Kb and N of T_Nb: the W staging needs no check at all (and N a multiple of
+    # 4: it moves 4 floats at a time)
     body = gemm_body("k", SimtTile(32, 64, 8, 16, 32, 2, 8), 64, 128, SimtEpilogue())
-    assert "Bs[0][c][r] = (1) ? W" in body
+    assert "if (1) TS_COPY4(&Bs[0][c][r], &W[gk * N_ + gn]); else TS_ZERO4(&Bs[0][c][r]);" in body
+    body = gemm_body("k", SimtTile(32, 64, 8, 16, 32, 2, 8), 64, 130, SimtEpilogue())
+    assert "Bs[0][c][r] = (gn < N_) ? W[gk * N_ + gn] : 0.0f;" in body and "TS_COPY4" not in body
 
 
 @pytest.mark.parametrize("bad", [SimtTile(64, 64, 8, 32, 32, 2, 2), SimtTile(64, 64, 8, 48, 32, 4, 8),

@@ -274,19 +274,38 @@ def build_all(model: CudaCompiled) -> None:
     model.ptx = compile_ptx(model.source, model.archs[0])
 
 
-def compile_cuda_plan(plan: Plan, archs=DEFAULT_ARCHS, *, max_variants: int = 2, tf32: bool = False) -> CudaCompiled:
+def _measuring_device(archs: tuple):
+    """The GPU to time configurations on (``measure=True``); its architecture must be built."""
+    from tscomp.runtime.device_opencl import device
+    dev = device("cuda")      # no GPU, driver or bindings: a one-line DeviceError saying which
+    if dev.arch not in archs:
+        raise TscompError(f"the GPU here ({dev.device_name}) is {dev.arch}, which this compile does not build "
+                          f"({', '.join(archs)}): add --arch {dev.arch} to measure on it")
+    return dev
+
+
+def compile_cuda_plan(plan: Plan, archs=DEFAULT_ARCHS, *, max_variants: int = 2, tf32: bool = False,
+                      measure: bool = False, measure_top: int | None = None, log=None) -> CudaCompiled:
     """``tf32``: let the ranking pick tensor-core (wmma TF32) tiles for GEMMs (~1e-3 relative error on
-    a GPU; OpenCL always runs their exact SIMT path)."""
+    a GPU; OpenCL always runs their exact SIMT path). ``measure``: time the ranking's first
+    ``measure_top`` configurations of each GEMM group on this machine's GPU and keep the measured
+    choice (:mod:`tscomp.schedule.gpu_measure`); the ranking is for the GPU's architecture then."""
     t0 = time.perf_counter()
     archs = tuple(archs)
     for a in archs:
         cuda(a)     # unknown architectures are refused by name
     from tscomp.schedule.schedules import schedule_analytic
+    dev = _measuring_device(archs) if measure else None
     # no SIMT family fuses attention yet: merged QK^T -> softmax -> P.V groups run as their parts
     plan = plan.split([g.name for g in plan.groups if g.parts])
     choices = choose_families(plan, tf32)
-    # the schedule stage ranks for the first architecture (the wave model's and the PTX's)
-    schedules = schedule_analytic(plan, choices, cuda(archs[0]), max_variants)
+    # the schedule stage ranks for the first architecture (the wave model's and the PTX's), or the
+    # architecture of the GPU it measures on
+    schedules = schedule_analytic(plan, choices, cuda(dev.arch if dev else archs[0]), max_variants)
+    if dev is not None:
+        from tscomp.schedule.gpu_measure import DEFAULT_TOP, measure_on_gpu
+        measure_on_gpu(plan, choices, schedules, lambda an, t: _FAMILY["simt-gemm"].build(an, t), dev,
+                       top=measure_top or DEFAULT_TOP, max_variants=max_variants, log=log)
     ranking = {name: list(s.ranking) for name, s in schedules.groups.items() if s.ranking}
     model = CudaCompiled(plan, kernels_for(plan, choices, schedules), archs, ranking=ranking, schedules=schedules)
     build_all(model)
@@ -295,11 +314,12 @@ def compile_cuda_plan(plan: Plan, archs=DEFAULT_ARCHS, *, max_variants: int = 2,
 
 
 def compile_cuda(model_path: str, dims=(), archs=DEFAULT_ARCHS, *, max_variants: int = 2,
-                 tf32: bool = False) -> CudaCompiled:
+                 tf32: bool = False, measure: bool = False, measure_top: int | None = None, log=None) -> CudaCompiled:
     from tscomp.graph import load_model
     from tscomp.graph.fusion import fuse
     graph = load_model(model_path, list(dims))
-    model = compile_cuda_plan(fuse(graph), archs, max_variants=max_variants, tf32=tf32)
+    model = compile_cuda_plan(fuse(graph), archs, max_variants=max_variants, tf32=tf32, measure=measure,
+                              measure_top=measure_top, log=log)
     model.dims = [str(d) for d in dims]
     return model
 
@@ -309,23 +329,28 @@ __all__ = ["CudaCompiled", "DEFAULT_ARCHS", "FAMILIES", "SimtChoice", "SimtCompi
            "translation_unit"]
 
 
-def compile_cuda_command(model_path: str, dims, output: str, archs=None) -> list[str]:
-    """``tscomp compile --target cuda``: compile, write the artifact, and say what was built."""
+def compile_cuda_command(model_path: str, dims, output: str, archs=None, *, measure: bool = False,
+                         measure_top: int | None = None) -> list[str]:
+    """``tscomp compile --target cuda [--measure-gpu]``: compile, write the artifact, and say what was built."""
     from collections import Counter
     from pathlib import Path
 
     from tscomp.runtime.simt_artifact import write_cuda_artifact
     if not Path(model_path).is_file():
         raise TscompError(f"{model_path}: no such model file")
-    model = compile_cuda(model_path, dims, tuple(archs or DEFAULT_ARCHS))
+    model = compile_cuda(model_path, dims, tuple(archs or DEFAULT_ARCHS), measure=measure, measure_top=measure_top,
+                         log=lambda msg: print(msg, flush=True))
     path = write_cuda_artifact(model, output)
+    methods = model.schedules.summary() if model.schedules is not None else {}
+    how = ("configurations timed on this GPU (measured-gpu)" if methods.get("measured-gpu")
+           else "configurations ranked analytically (unmeasured)")
     fams = Counter(vs[0].family for vs in model.kernels.values())
     n_var = sum(len(vs) for vs in model.kernels.values())
     regs = {a: max((r.registers for r in b.resources.values()), default=0) for a, b in model.builds.items()}
     lines = [f"wrote {path}: {len(model.plan.groups)} groups, {n_var} kernel variants, {model.compile_seconds:.1f}s; "
              f"kernels by family: " + ", ".join(f"{k} {v}" for k, v in sorted(fams.items())),
              f"cuda {', '.join(model.archs)}: cubin per architecture + PTX ({model.ptx_arch}); no spills; max registers "
-             + ", ".join(f"{a} {r}" for a, r in regs.items()) + "; configurations ranked analytically (unmeasured)"]
+             + ", ".join(f"{a} {r}" for a, r in regs.items()) + f"; {how}"]
     for g, vs in model.kernels.items():
         if vs[0].family == "numpy":
             lines.append(f"  {g} runs on the numpy fallback: " + " | ".join(vs[0].reasons))

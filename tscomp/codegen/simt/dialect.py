@@ -11,6 +11,10 @@ vocabulary             CUDA                            OpenCL C
 ``TS_LAUNCH_BOUNDS(n)`` ``__launch_bounds__(n)``        (nothing)
                        (ptxas keeps n threads
                        launchable: registers capped)
+``TS_ALIGN16``         ``__align__(16)``               (nothing: vload4/vstore4 need 4)
+``TS_COPY4(d, s)``     one 16-byte load and store      ``vstore4(vload4(0, s), 0, d)``
+``TS_ZERO4(d)``        one 16-byte zero store          ``vstore4((float4)(0.0f), 0, d)``
+``TS_COPY_ASYNC16``    16-byte ``cp.async`` (sm_80+)   (the plain path is compiled)
 ``TS_GLOBAL``          (nothing)                       ``__global``
 ``TS_SHARED``          ``__shared__``                  ``__local``
 ``TS_CONSTANT``        ``__device__ const``            ``__constant``
@@ -74,6 +78,10 @@ CUDA_PRELUDE = r"""/* ---- CUDA prelude ---- */
 #include <math.h>
 #define TS_KERNEL extern "C" __global__
 #define TS_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+#define TS_ALIGN16 __align__(16)
+/* four consecutive floats, 16-byte aligned at both ends (the caller guarantees it) */
+#define TS_COPY4(dst, src) (*(float4*)(dst) = *(const float4*)(src))
+#define TS_ZERO4(dst) (*(float4*)(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f))
 #define TS_GLOBAL
 #define TS_SHARED __shared__
 #define TS_CONSTANT __device__ const
@@ -99,6 +107,8 @@ CUDA_PRELUDE = r"""/* ---- CUDA prelude ---- */
 /* 4-byte global->shared copy of *src (an address inside the tensor even when not ``ok``);
    zero-filled, nothing read, when ``ok`` is false (local padding, DietCode 4.1) */
 #define TS_COPY_ASYNC(dst, src, ok) __pipeline_memcpy_async((dst), (src), 4, (ok) ? 0 : 4)
+/* the same for four consecutive floats, 16-byte aligned at both ends */
+#define TS_COPY_ASYNC16(dst, src, ok) __pipeline_memcpy_async((dst), (src), 16, (ok) ? 0 : 16)
 #define TS_COPY_COMMIT() __pipeline_commit()
 #define TS_COPY_WAIT(n) __pipeline_wait_prior(n)
 #else
@@ -130,6 +140,9 @@ typedef uchar uint8_t;
 #define UINT64_MAX ULONG_MAX
 #define TS_KERNEL __kernel
 #define TS_LAUNCH_BOUNDS(n)
+#define TS_ALIGN16
+#define TS_COPY4(dst, src) vstore4(vload4(0, (src)), 0, (dst))
+#define TS_ZERO4(dst) vstore4((float4)(0.0f), 0, (dst))
 #define TS_GLOBAL __global
 #define TS_SHARED __local
 #define TS_CONSTANT __constant

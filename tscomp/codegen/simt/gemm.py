@@ -96,16 +96,21 @@ def _stage(t: SimtTile, K: int, N: int, buf: str, k0: str, copy: str, a_op: AOpe
     """Statements staging A[m0:m0+T_Mb, k0:k0+T_Kb] (k-major) and W[k0:k0+T_Kb, n0:n0+T_Nb] into
     shared buffer ``buf``, zero-filling what lies outside (local padding). ``copy`` is "plain" or
     "async" (cp.async with zero-fill; the source address is clamped into the tensor). With
-    ``a_op`` each A element is computed from the expression IR (plain stores in both paths)."""
+    ``a_op`` each A element is computed from the expression IR (plain stores in both paths).
+    Positions inside the tile are 32-bit (the tile is small); the W tile moves 16 bytes at a time
+    where N is a multiple of 4 (rows 16-byte aligned, and a 4-column group lies wholly inside or
+    outside N), which quarters its copies and their index arithmetic."""
     nt = t.threads
     a_ok = "gm < M" + ("" if K % t.bk == 0 else " && gk < K_")
     b_ok = " && ".join(c for c in ("" if K % t.bk == 0 else "gk < K_", "" if N % t.bn == 0 else "gn < N_") if c) or "1"
+    vec = 4 if N % 4 == 0 and t.bn % 4 == 0 else 1
     if copy == "plain":
         a_st = f"As[{buf}][c][r] = ({a_ok}) ? A[gm * K_ + gk] : 0.0f;"
-        b_st = f"Bs[{buf}][c][r] = ({b_ok}) ? W[gk * N_ + gn] : 0.0f;"
+        b_st = (f"if ({b_ok}) TS_COPY4(&Bs[{buf}][c][r], &W[gk * N_ + gn]); else TS_ZERO4(&Bs[{buf}][c][r]);"
+                if vec == 4 else f"Bs[{buf}][c][r] = ({b_ok}) ? W[gk * N_ + gn] : 0.0f;")
     else:
         a_st = f"TS_COPY_ASYNC(&As[{buf}][c][r], &A[({a_ok}) ? gm * K_ + gk : 0], {a_ok});"
-        b_st = f"TS_COPY_ASYNC(&Bs[{buf}][c][r], &W[({b_ok}) ? gk * N_ + gn : 0], {b_ok});"
+        b_st = f"TS_COPY_ASYNC{16 if vec == 4 else ''}(&Bs[{buf}][c][r], &W[({b_ok}) ? gk * N_ + gn : 0], {b_ok});"
     if a_op is not None:
         a_st = f"""float v = 0.0f;   /* A computed while staging ({a_op.label}); zero outside (local padding) */
     if ({a_ok}) {{
@@ -114,13 +119,14 @@ def _stage(t: SimtTile, K: int, N: int, buf: str, k0: str, copy: str, a_op: AOpe
         v = {a_op.value};
     }}
     As[{buf}][c][r] = v;"""
-    return f"""for (int64_t e = tid; e < {t.bm * t.bk}; e += {nt}) {{   /* A tile, coalesced along k */
-    const int64_t r = e / {t.bk}, c = e % {t.bk};
+    groups = t.bn // vec
+    return f"""for (int e = (int)tid; e < {t.bm * t.bk}; e += {nt}) {{   /* A tile, coalesced along k */
+    const int r = e / {t.bk}, c = e % {t.bk};
     const int64_t gm = m0 + r, gk = {k0} + c;
     {a_st}
 }}
-for (int64_t e = tid; e < {t.bk * t.bn}; e += {nt}) {{   /* W tile, coalesced along n */
-    const int64_t c = e / {t.bn}, r = e % {t.bn};
+for (int e = (int)tid; e < {t.bk * groups}; e += {nt}) {{   /* W tile, coalesced along n{", 4 floats at a time" if vec == 4 else ""} */
+    const int c = e / {groups}, r = (e % {groups}){" * 4" if vec == 4 else ""};
     const int64_t gk = {k0} + c, gn = n0 + r;
     {b_st}
 }}"""
@@ -263,8 +269,8 @@ for (int64_t kt = 0; kt < {kt}; ++kt) {{
 {{
     const int64_t K_ = {K}, N_ = {N};
 {_indent(chr(10).join(a_op.decls), 4) if a_op else ""}
-    TS_SHARED float As[{t.stages}][{t.bk}][{t.bm + t.a_pad}];   /* A tile, k-major, zero-padded */
-    TS_SHARED float Bs[{t.stages}][{t.bk}][{t.bn}];   /* W tile, zero-padded */
+    TS_SHARED TS_ALIGN16 float As[{t.stages}][{t.bk}][{t.bm + t.a_pad}];   /* A tile, k-major, zero-padded */
+    TS_SHARED TS_ALIGN16 float Bs[{t.stages}][{t.bk}][{t.bn}];   /* W tile, zero-padded */
     const int64_t tid = TS_THREAD(0);
     const int64_t m0 = TS_BLOCK(0) * {t.bm}, n0 = TS_BLOCK(1) * {t.bn};
     const int64_t warp = tid / {WARP}, lane = tid % {WARP};
