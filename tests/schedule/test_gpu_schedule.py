@@ -164,16 +164,20 @@ class _FakeGpu:
 
 @pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not installed (CUDA toolkit)")
 def test_measured_gpu_selection_keeps_the_fastest_timed_configuration(tmp_path, monkeypatch):
-    """With a GPU present (here a stand-in that makes the model's third-ranked configuration the
-    fastest), --measure-gpu times the model's first 4 configurations at every sample shape, keeps
-    the fastest as the first variant, the rest as the build's reserve, and the manifest says
-    measured-gpu with the times per shape."""
+    """With a GPU present (here a stand-in that makes the third candidate the fastest), --measure-gpu
+    times the model's 4 candidates (its cover of the range, then its best by score) at every sample
+    shape, keeps the fastest as the first variant, the rest as the build's reserve, dispatches
+    measured variants by their times, and the manifest says measured-gpu with the times per M."""
     from tscomp.codegen.simt import compile as C
     from tscomp.runtime import device_opencl
     from tscomp.runtime.simt_artifact import write_cuda_artifact
+    from tscomp.schedule.gpu_measure import _candidates
     from tscomp.schedule.gpu_space import GpuGemmSpace
     path = _one_gemm_model(tmp_path)
-    ranked = [r.tile for r in GpuGemmSpace(24, 40, cuda("sm_90"), (1, 300)).rank(4)]
+    space = GpuGemmSpace(24, 40, cuda("sm_90"), (1, 300))
+    ranked = _candidates(space, 4)
+    cover = space.variants(2)
+    assert len(ranked) == 4 and ranked[:len(cover)] == cover and ranked[0] == space.rank(1)[0].tile
     gpu = _FakeGpu({ranked[2].slug(): 0.25})
     monkeypatch.setattr(device_opencl, "device", lambda name=None: gpu)
     model = C.compile_cuda(str(path), ["M=1:300"], ("sm_80", "sm_90"), max_variants=1, measure=True, measure_top=4)
@@ -183,7 +187,8 @@ def test_measured_gpu_selection_keeps_the_fastest_timed_configuration(tmp_path, 
     assert model.kernels[g][0].cfg == ranked[2] and sched.variants[0].config == ranked[2]
     assert {v.config for v in sched.reserve} == {ranked[0], ranked[1], ranked[3]}
     shapes = sched.variants[0].timings
-    assert len(shapes) >= 2 and all(ms > 0 for ms in shapes.values())
+    assert len(shapes) >= 2 and all(ms > 0 for ms in shapes.values()) and "300" in shapes and "1" in shapes
+    assert model.kernels[g][0].measured_ms == [[int(m), ms] for m, ms in shapes.items()]
     from tscomp.codegen.simt.gemm import kernel_name
     assert set(gpu.launched) == {kernel_name(g, t) for t in ranked}          # every candidate timed, no other
     man = json.loads((write_cuda_artifact(model, tmp_path / "m.tsc") / "manifest.json").read_text())
@@ -204,3 +209,17 @@ def test_measure_gpu_without_a_gpu_is_a_clear_error(tmp_path):
         pass
     with pytest.raises(DeviceError, match="device='cuda'"):
         C.compile_cuda(str(_one_gemm_model(tmp_path)), ["M=1:300"], measure=True)
+
+
+def test_measured_variants_are_dispatched_by_their_interpolated_times():
+    from types import SimpleNamespace
+
+    from tscomp.codegen.simt.families import choose_variant
+    from tscomp.schedule.gpu_measure import estimate_ms
+    small = [[1, 0.010], [64, 0.020], [4096, 1.0]]
+    large = [[1, 0.030], [64, 0.040], [4096, 0.5]]
+    assert estimate_ms(small, 1) == 0.010 and estimate_ms(small, 8) == pytest.approx(0.010 * 2 ** 0.5)
+    assert estimate_ms(large, 8192) == pytest.approx(1.0)          # beyond the last sample: per row
+    symtab = SimpleNamespace(evaluate=lambda expr, b: b["M"])
+    ks = [SimpleNamespace(measured_ms=t, symtab=symtab, M="M", name=n) for n, t in (("small", small), ("large", large))]
+    assert choose_variant(ks, {"M": 16}).name == "small" and choose_variant(ks, {"M": 3000}).name == "large"

@@ -76,28 +76,37 @@ def test_tensor_core_tiles_only_on_request_and_ranked_faster():
     assert tf32.rank(1)[0].tile.mma        # the tensor cores' rate wins where allowed
 
 
-def test_the_calibrated_model_ranks_the_timings_measured_on_an_h200():
-    """benchmarks/results/cuda_gemm_h200.json: BERT-base's GEMM shapes at M = 16..16384, 112
-    configurations each, timed on an H200. Among them the model's first choice is within 1.15x of
-    the fastest (geomean), never slower than the previous ranking's first choice (each row's first
-    configuration), and predicted and measured order agree (Spearman > 0.7 on average)."""
+def _h200_regrets(name):
     import json
     import pathlib
 
     import numpy as np
     from tscomp.schedule.gpu_space import gemm_cost
-    rows = json.loads((pathlib.Path(__file__).parents[2] / "benchmarks/results/cuda_gemm_h200.json").read_text())
+    rows = json.loads((pathlib.Path(__file__).parents[2] / "benchmarks/results" / name).read_text())
     spec = cuda("sm_90").spec
-    regrets, spearman = [], []
+    out = []
     for r in rows:
         tiles = [SimtTile(**c) for c in r["configs"]]
         pred = [gemm_cost(spec, t, r["M"], r["K"], r["N"], reg) for t, reg in zip(tiles, r["registers"])]
         ms = r["measured_ms"]
-        pick = ms[int(np.argmin(pred))]
-        assert pick <= ms[0], (r["group"], r["M"])
-        regrets.append(pick / min(ms))
-        spearman.append(np.corrcoef(np.argsort(np.argsort(pred)), np.argsort(np.argsort(ms)))[0, 1])
-    assert np.exp(np.mean(np.log(regrets))) < 1.15 and np.mean(spearman) > 0.7
+        rho = np.corrcoef(np.argsort(np.argsort(pred)), np.argsort(np.argsort(ms)))[0, 1]
+        out.append((ms[int(np.argmin(pred))], min(ms), ms[0], rho))
+    return out
+
+
+def test_the_calibrated_model_ranks_the_timings_measured_on_an_h200():
+    """benchmarks/results/cuda_gemm_h200.json (what the constants were fitted to): BERT-base's GEMM
+    shapes at M = 16..16384, 112 configurations each, timed on an H200. Among them the model's
+    first choice is within 1.15x of the fastest (geomean), never slower than the previous
+    ranking's first choice (each row's first configuration), and predicted and measured order
+    agree (Spearman > 0.7 on average). On a later kernel's timings (_v2, not fitted) the first
+    choice is still within 1.15x of the fastest (geomean)."""
+    import numpy as np
+    rows = _h200_regrets("cuda_gemm_h200.json")
+    assert all(pick <= previous for pick, _, previous, _ in rows)
+    assert np.exp(np.mean([np.log(p / b) for p, b, _, _ in rows])) < 1.15 and np.mean([r[3] for r in rows]) > 0.7
+    later = _h200_regrets("cuda_gemm_h200_v2.json")
+    assert np.exp(np.mean([np.log(p / b) for p, b, _, _ in later])) < 1.15
 
 
 def test_variants_cover_the_range_rather_than_count_sample_wins():

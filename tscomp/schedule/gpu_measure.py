@@ -10,7 +10,10 @@ its row pass) at the plan's sample shapes (:func:`~tscomp.schedule.samples.sampl
 inputs), and replaces the schedule's variants by the measured choice: the configuration with the
 lowest geometric-mean time relative to the per-shape fastest first (the DietCode objective the
 analytic ranking uses), then greedily those that most lower the set's mean relative time
-(:func:`~tscomp.schedule.gpu_space.cover`, as the analytic variants are chosen). The schedule's method becomes ``measured-gpu``
+(:func:`~tscomp.schedule.gpu_space.cover`, as the analytic variants are chosen). What is timed is
+the model's own cover of the range plus its best by score (:func:`_candidates`), so a tile that
+wins only at large M is among them. At run time a group's measured variants are dispatched by
+their measured times (:func:`estimate_ms`, interpolated in M), not by the model. The schedule's method becomes ``measured-gpu``
 and each variant records its times; the rest of the measured order stays the build's reserve (a
 variant that spills is replaced by the next measured one). Groups with the same signature share
 one measurement.
@@ -34,6 +37,37 @@ from tscomp.schedule.schedules import ScheduledVariant, Schedules
 DEFAULT_TOP = 8
 #: timed launches per configuration and shape (after 2 warm-ups); the median counts
 REPEATS = 5
+
+
+def _candidates(space, top: int) -> list:
+    """What is timed: the model's cover of the range (its variant set of up to ``top // 2``: the
+    large-M tile too, which the mean relative score alone ranks low when most samples are small),
+    then its best by score, ``top`` in all."""
+    order = space.rank()
+    picks = space.variants(max(1, top // 2), order)
+    for r in order:
+        if len(picks) >= top:
+            break
+        if r.tile not in picks:
+            picks.append(r.tile)
+    return picks
+
+
+def estimate_ms(timings: list, M: int) -> float:
+    """A measured variant's time at ``M`` from its ``[[M_sample, ms], ...]`` (log-log interpolation
+    between the samples around M; beyond the ends, the nearest end's time per row)."""
+    pts = sorted((int(m), float(ms)) for m, ms in timings)
+    if M <= pts[0][0]:
+        return pts[0][1]
+    if M >= pts[-1][0]:
+        return pts[-1][1] * M / pts[-1][0]
+    for (m0, t0), (m1, t1) in zip(pts, pts[1:]):
+        if m0 <= M <= m1:
+            if m1 == m0:
+                return t0
+            f = (math.log(M) - math.log(m0)) / (math.log(m1) - math.log(m0))
+            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+    return pts[-1][1]
 
 
 def _time_case(dev, cubin: bytes, launches: list, repeats: int) -> float:
@@ -89,7 +123,7 @@ def measure_on_gpu(plan, choices: dict, schedules: Schedules, build: Callable, d
         else:
             t0 = time.perf_counter()
             space = choice.family.space(choice.analysis, target)
-            tiles = [r.tile for r in space.rank(top)]
+            tiles = _candidates(space, top)
             kernels = [build(choice.analysis, t) for t in tiles]
             with ThreadPoolExecutor(8) as pool:      # nvcc runs as a subprocess: builds overlap
                 builds = list(pool.map(lambda k: compile_cubin(k.program.cuda, device.arch), kernels))
@@ -106,11 +140,12 @@ def measure_on_gpu(plan, choices: dict, schedules: Schedules, build: Callable, d
             if not math.isfinite(score(order[0])):
                 log(f"  {name}: no configuration ran on {device.device_name}; the analytic choice stays")
                 continue
-            shapes = [",".join(f"{k}={v}" for k, v in b.items()) for b, _ in cases]
+            an = choice.analysis
+            rows = [str(int(an.symtab.evaluate(an.M, dict(b)))) for b, _ in cases]   # the GEMM's M per shape
 
             def variant(tile):
                 return ScheduledVariant(tile, value=statistics.geometric_mean(times[tile]) / 1e3,
-                                        timings={s: round(x, 5) for s, x in zip(shapes, times[tile])})
+                                        timings={m: round(x, 5) for m, x in zip(rows, times[tile])})
             picks = cover(order, times, max_variants)
             variants = [variant(t) for t in picks]
             reserve = [variant(t) for t in order if t not in picks and math.isfinite(score(t))]
@@ -127,4 +162,4 @@ def measure_on_gpu(plan, choices: dict, schedules: Schedules, build: Callable, d
     return n
 
 
-__all__ = ["DEFAULT_TOP", "measure_on_gpu"]
+__all__ = ["DEFAULT_TOP", "estimate_ms", "measure_on_gpu"]

@@ -93,8 +93,8 @@ def batched_program(an, t: SimtTile) -> tuple[SimtProgram, str, list]:
 TS_KERNEL void {name}({', '.join(params)})
 {{
 {_indent(chr(10).join(decls), 4)}
-    TS_SHARED float As[1][{t.bk}][{t.bm + t.a_pad}];   /* A tile, k-major, prologue applied, zero-padded */
-    TS_SHARED float Bs[1][{t.bk}][{t.bn}];            /* B tile, prologue applied, zero-padded */
+    TS_SHARED TS_ALIGN16 float As[1][{t.bk}][{t.bm + t.a_pad}];   /* A tile, k-major, prologue applied, zero-padded */
+    TS_SHARED TS_ALIGN16 float Bs[1][{t.bk}][{t.bn}];            /* B tile, prologue applied, zero-padded */
     const int64_t tid = TS_THREAD(0);
     const int64_t n_mb = (ts_M + {t.bm - 1}) / {t.bm};
     const int64_t ts_b = TS_BLOCK(1);

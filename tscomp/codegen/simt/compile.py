@@ -184,6 +184,9 @@ def kernels_for(plan: Plan, choices: dict, schedules) -> dict:
             continue
         sched = schedules.groups[name]
         ks = [choice.compile_family.build(choice.analysis, v.config) for v in sched.variants]
+        for k, v in zip(ks, sched.variants):
+            if v.timings:     # timed on a GPU at compile time: the dispatch reads these
+                k.measured_ms = [[int(m), ms] for m, ms in v.timings.items()]
         if sched.reserve:
             for k in ks:
                 k.reserve = [v for v in sched.reserve if v.config not in {x.config for x in sched.variants}]

@@ -83,8 +83,8 @@ TS_KERNEL void {name}(TS_GLOBAL const float* TS_RESTRICT X, TS_GLOBAL const floa
         const int64_t ts_PT, const int64_t ts_PL{''.join(', ' + p for p in params)})
 {{
 {_indent(chr(10).join(decls), 4)}
-    TS_SHARED float As[1][{t.bk}][{t.bm + t.a_pad}];   /* weight tile [oc, k], k-major */
-    TS_SHARED float Bs[1][{t.bk}][{t.bn}];            /* im2col tile [k, p], gathered, zero-padded */
+    TS_SHARED TS_ALIGN16 float As[1][{t.bk}][{t.bm + t.a_pad}];   /* weight tile [oc, k], k-major */
+    TS_SHARED TS_ALIGN16 float Bs[1][{t.bk}][{t.bn}];            /* im2col tile [k, p], gathered, zero-padded */
     const int64_t tid = TS_THREAD(0);
     const int64_t ts_P = ts_OH * ts_OW;
     const int64_t n_mb = {ceil_div(an.OCg, t.bm)};

@@ -106,12 +106,17 @@ def build_cuda(kernels: Mapping[str, object], archs=("sm_80", "sm_90")) -> dict[
 
 
 def choose_variant(variants: list, binding: Mapping[str, int]):
-    """The wave model's pick among a group's compiled variants (TSCompiler §6): for SIMT GEMMs the
-    analytic cost (waves × single-block time, registers from ptxas) at the concrete M; else the first."""
+    """The wave model's pick among a group's compiled variants (TSCompiler §6): for SIMT GEMMs timed
+    on a GPU at compile time, their measured times interpolated at the concrete M; else the
+    analytic cost (waves × single-block time, registers from ptxas) at M; else the first."""
     if len(variants) == 1:
         return variants[0]
     from tscomp.schedule.gpu_space import gemm_cost
     from tscomp.schedule.target import cuda
+    if all(getattr(k, "measured_ms", None) for k in variants):
+        from tscomp.schedule.gpu_measure import estimate_ms
+        M = int(variants[0].symtab.evaluate(variants[0].M, dict(binding)))
+        return min(variants, key=lambda k: estimate_ms(k.measured_ms, M))
 
     def cost(k):
         arch = getattr(k, "wave_arch", None) or "sm_80"
