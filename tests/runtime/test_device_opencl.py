@@ -8,7 +8,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from tscomp.codegen.simt.launch import Buffer, Launch, grid_stride_launch, input_buffer, output_buffer, scalar
+from tscomp.codegen.simt.launch import (Buffer, Launch, grid_stride_launch, input_buffer, output_buffer,
+                                        resident_buffer, scalar)
 from tscomp.codegen.simt.program import SimtProgram
 from tscomp.runtime.device_opencl import DEFAULT_DEVICE_ENV, DeviceError, default_device_name, device
 
@@ -101,7 +102,7 @@ class _FakeCudaDriver:
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = "minor"
 
     def __init__(self, nargs):
-        self.nargs, self.mem, self.uploaded = nargs, {}, set()
+        self.nargs, self.mem, self.uploaded, self.htod = nargs, {}, set(), []
         self.calls, self.loaded, self.freed = [], [], []
 
     def cuInit(self, flags):
@@ -143,6 +144,7 @@ class _FakeCudaDriver:
     def cuMemcpyHtoD(self, dst, src, n):
         self.mem[dst][:n] = ctypes.string_at(src, n)
         self.uploaded.add(dst)
+        self.htod.append(dst)
         return (0,)
 
     def cuMemcpyDtoH(self, dst, src, n):
@@ -203,3 +205,32 @@ def test_cuda_device_marshals_the_shared_launches(monkeypatch):
     assert fake.calls[0][1] == [addr_x, addr_scratch, 6]
     assert out.array.view(np.uint8).tolist() == [2] * 24      # written by the second launch, read back
     assert sorted(fake.freed) == sorted(fake.mem)             # nothing leaks on the device
+    # a resident buffer (packed weights): allocated and uploaded at its first call only, never freed
+    w = np.arange(6, dtype=np.float32) * 10 + 7
+    for _ in range(2):
+        cuda.run_launches(b"cubin", [Launch("k1", (1, 1, 1), (64, 1, 1), [resident_buffer(w, np.float32), out, scalar(6)])])
+    uploads = [a for a in fake.uploaded if np.frombuffer(bytes(fake.mem[a]), np.float32).tolist() == w.tolist()]
+    assert len(uploads) == 1 and uploads[0] not in fake.freed and cuda._resident[id(w)][0] == uploads[0]
+    assert fake.htod.count(uploads[0]) == 1                   # one upload for both calls
+    assert fake.calls[-1][1][0] == fake.calls[-2][1][0] == uploads[0]
+
+
+def test_a_resident_buffer_is_uploaded_once_and_kept_across_calls(simt_device):
+    """Packed weights: the same array in every call is one device allocation for the device's life;
+    a different array (even equal) is another; results stay right in every call."""
+    body = """TS_KERNEL void axpy(TS_GLOBAL const float* TS_RESTRICT w, TS_GLOBAL const float* TS_RESTRICT x,
+    TS_GLOBAL float* TS_RESTRICT y, const int64_t n)
+{ for (int64_t i = TS_BLOCK(0) * TS_NTHREADS(0) + TS_THREAD(0); i < n; i += TS_NBLOCKS(0) * TS_NTHREADS(0)) y[i] = w[i] * x[i]; }
+"""
+    n = 1000
+    w = np.arange(n, dtype=np.float32)
+    held = dict(simt_device._resident)
+    for call in range(3):
+        x = np.full(n, call + 1, np.float32)
+        out = output_buffer((n,), np.float32)
+        SimtProgram("/* t */\n", body).run([grid_stride_launch("axpy", n, [resident_buffer(w, np.float32),
+                                                                            input_buffer(x, np.float32), out, scalar(n)])])
+        np.testing.assert_array_equal(out.array, w * (call + 1))
+    assert len(simt_device._resident) == len(held) + 1 and simt_device._resident[id(w)][1] is w
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        resident_buffer(w.reshape(10, 100).T, np.float32)     # a copy would be uploaded on every call

@@ -62,6 +62,7 @@ class OpenCLDevice:
         self.max_work_group = dev.max_work_group_size
         self._programs: dict[str, object] = {}
         self._kernels: dict[tuple, object] = {}
+        self._resident: dict[int, tuple] = {}   # id(array) -> (device buffer, the array: keeps the id valid)
 
     def program(self, source: str):
         key = hashlib.sha256(source.encode()).hexdigest()
@@ -88,6 +89,12 @@ class OpenCLDevice:
         bufs: dict[int, object] = {}
 
         def dev(b: Buffer):
+            if b.resident:
+                held = self._resident.get(id(b.array))
+                if held is None or held[1] is not b.array:
+                    held = self._resident[id(b.array)] = (
+                        cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b.array), b.array)
+                return held[0]
             d = bufs.get(id(b))
             if d is None:
                 nbytes = max(b.array.nbytes, 1)
@@ -146,6 +153,7 @@ class CudaDevice:
         self.device_name = self._call("cuDeviceGetName", 256, self.dev).split(b"\0", 1)[0].decode()
         self._modules: dict[str, object] = {}
         self._functions: dict[tuple, object] = {}
+        self._resident: dict[int, tuple] = {}   # id(array) -> (device pointer, the array: keeps the id valid)
         self.profile: list | None = None
 
     def _call(self, fn: str, *args):
@@ -186,20 +194,34 @@ class CudaDevice:
         self._call("cuEventDestroy", start)
         self._call("cuEventDestroy", end)
 
+    def _resident_ptr(self, a: Buffer) -> int:
+        """The device copy of a resident buffer's array, uploaded on first use."""
+        held = self._resident.get(id(a.array))
+        if held is None or held[1] is not a.array:
+            ptr = int(self._call("cuMemAlloc", a.array.nbytes))
+            self._call("cuMemcpyHtoD", ptr, a.array.ctypes.data, a.array.nbytes)
+            held = self._resident[id(a.array)] = (ptr, a.array)
+        return held[0]
+
     def run_launches(self, cubin: bytes, launches: list[Launch]) -> None:
-        ptrs: dict[int, int] = {}
+        ptrs: dict[int, int] = {}           # this call's allocations (resident buffers are not among them)
+        args_at: dict[int, int] = {}
         try:
             for launch in launches:
                 if launch.empty:
                     continue
                 for a in launch.args:
-                    if isinstance(a, Buffer) and id(a) not in ptrs:
-                        ptrs[id(a)] = int(self._call("cuMemAlloc", max(a.array.nbytes, 1)))
-                        if a.upload and a.array.nbytes:
-                            arr = np.ascontiguousarray(a.array)
-                            self._call("cuMemcpyHtoD", ptrs[id(a)], arr.ctypes.data, arr.nbytes)
+                    if not isinstance(a, Buffer) or id(a) in args_at:
+                        continue
+                    if a.resident:
+                        args_at[id(a)] = self._resident_ptr(a)
+                        continue
+                    ptrs[id(a)] = args_at[id(a)] = int(self._call("cuMemAlloc", max(a.array.nbytes, 1)))
+                    if a.upload and a.array.nbytes:
+                        arr = np.ascontiguousarray(a.array)
+                        self._call("cuMemcpyHtoD", ptrs[id(a)], arr.ctypes.data, arr.nbytes)
                 f = self._function(cubin, launch.kernel)
-                (self._timed_launch if self.profile is not None else self._launch)(f, launch, ptrs)
+                (self._timed_launch if self.profile is not None else self._launch)(f, launch, args_at)
             self._call("cuCtxSynchronize")     # a kernel's fault surfaces here, named
             for launch in launches:
                 for a in launch.args:

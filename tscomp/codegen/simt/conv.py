@@ -23,7 +23,7 @@ from tscomp.codegen.kernel import KernelBase
 from tscomp.codegen.simt.config import WARP, SimtTile
 from tscomp.codegen.simt.dialect import hoist_statics
 from tscomp.codegen.simt.gemm import _compute, _indent, check_identifiers
-from tscomp.codegen.simt.launch import Launch, ceil_div, input_buffer, output_buffer, scalar
+from tscomp.codegen.simt.launch import Launch, ceil_div, input_buffer, output_buffer, resident_buffer, scalar
 from tscomp.codegen.simt.program import SimtProgram, header_comment
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.symbols import same
@@ -202,7 +202,7 @@ class SimtConv(KernelBase):
             else:
                 args.append(scalar(ev(info)))
         grid = (ceil_div(an.OCg, self.cfg.bm) * ceil_div(OH * OW, self.cfg.bn), N * an.G, 1)
-        head = [input_buffer(x, np.float32), input_buffer(self.packed, np.float32), scalar(N), scalar(H), scalar(W),
+        head = [input_buffer(x, np.float32), resident_buffer(self.packed, np.float32), scalar(N), scalar(H), scalar(W),
                 scalar(OH), scalar(OW), scalar(pt), scalar(pl)]
         return [Launch(self.func, grid, (self.cfg.threads, 1, 1), head + args)], {n: b.array for n, b in outputs.items()}
 

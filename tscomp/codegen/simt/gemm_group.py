@@ -19,7 +19,7 @@ from tscomp.codegen.kernel import KernelBase
 from tscomp.codegen.simt.config import SimtTile
 from tscomp.codegen.simt.dialect import hoist_statics
 from tscomp.codegen.simt.gemm import AOperand, SimtEpilogue, check_identifiers, gemm_body, kernel_name
-from tscomp.codegen.simt.launch import Buffer, Launch, ceil_div, input_buffer, output_buffer, scalar
+from tscomp.codegen.simt.launch import Buffer, Launch, ceil_div, input_buffer, output_buffer, resident_buffer, scalar
 from tscomp.codegen.simt.program import SimtProgram, header_comment
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.views import apply_view
@@ -182,7 +182,7 @@ class SimtGemmGroup(KernelBase):
                    for role, name, info in self.a_roles]
         gm, gn = self.blocks(M)
         launches = [Launch(self.func, (gm, gn, 1), (self.cfg.threads, 1, 1),
-                           [A, input_buffer(self.packed, np.float32), Y, scalar(M), *extra, *a_extra])]
+                           [A, resident_buffer(self.packed, np.float32), Y, scalar(M), *extra, *a_extra])]
         if self.has_row_pass:
             Y.download = True
             launches.append(Launch(self.func + "_rows", (ceil_div(M, ROW_BLOCK), 1, 1), (ROW_BLOCK, 1, 1),

@@ -23,6 +23,9 @@ class Buffer:
     array: np.ndarray
     upload: bool = True
     download: bool = False
+    #: the same array in every call (packed weights): a device uploads it once and keeps it, keyed
+    #: by the array's identity, for as long as the device lives (weights stay resident on the GPU)
+    resident: bool = False
 
 
 @dataclass
@@ -60,6 +63,16 @@ def input_buffer(arr, dtype) -> Buffer:
     return Buffer(a, upload=True)
 
 
+def resident_buffer(arr: np.ndarray, dtype) -> Buffer:
+    """A constant argument (a kernel's packed weights), kept on the device across calls. ``arr``
+    must already be a non-empty C-contiguous ``dtype`` array: it is kept by identity, so a copy
+    made here would be uploaded again on every call."""
+    if not isinstance(arr, np.ndarray) or arr.dtype != dtype or not arr.flags.c_contiguous or arr.size == 0:
+        raise ValueError(f"a resident buffer needs a non-empty C-contiguous {np.dtype(dtype)} array "
+                         f"(got {getattr(arr, 'dtype', type(arr))}, shape {getattr(arr, 'shape', '?')})")
+    return Buffer(arr, upload=True, resident=True)
+
+
 def output_buffer(shape, dtype) -> Buffer:
     return Buffer(np.empty(shape, dtype), upload=False, download=True)
 
@@ -70,4 +83,5 @@ def grid_stride_launch(kernel: str, total: int, args: list, block: int = 256, ma
     return Launch(kernel, (blocks, 1, 1), (block, 1, 1), args)
 
 
-__all__ = ["Buffer", "Launch", "ceil_div", "grid_stride_launch", "input_buffer", "output_buffer", "scalar"]
+__all__ = ["Buffer", "Launch", "ceil_div", "grid_stride_launch", "input_buffer", "output_buffer", "resident_buffer",
+           "scalar"]
