@@ -281,3 +281,18 @@ def test_bench_within_samples_inside_the_sub_range_and_refuses_one_outside_the_d
         sample_bindings(rt, 4, 0, {}, {"sequence": (0, 600)})
     with pytest.raises(TscompError, match="NAME=LO:HI"):
         parse_ranges(["sequence=39:9"])
+
+
+def test_measure_gpu_is_refused_clearly_for_the_cpu_target_and_without_a_gpu(mlp_file, tmp_path):
+    result = run_cli("compile", mlp_file, "--dim", "batch=1:8", "-o", tmp_path / "m.tsc", "--measure-gpu")
+    assert result.returncode != 0 and "--measure-gpu times CUDA kernels: it needs --target cuda" in result.stderr
+    from tscomp.runtime.device_opencl import DeviceError, device
+    try:
+        device("cuda")
+        pytest.skip("a GPU is usable here: the refusal without one cannot be checked")
+    except DeviceError:
+        pass
+    result = run_cli("compile", mlp_file, "--dim", "batch=1:8", "-o", tmp_path / "c.tsc", "--target", "cuda",
+                     "--measure-gpu")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1 and "device='cuda'" in lines[0], result.stderr

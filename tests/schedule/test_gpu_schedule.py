@@ -191,10 +191,17 @@ def test_measured_gpu_selection_keeps_the_fastest_timed_configuration(tmp_path, 
     assert model.kernels[g][0].measured_ms == [[int(m), ms] for m, ms in shapes.items()]
     from tscomp.codegen.simt.gemm import kernel_name
     assert set(gpu.launched) == {kernel_name(g, t) for t in ranked}          # every candidate timed, no other
-    man = json.loads((write_cuda_artifact(model, tmp_path / "m.tsc") / "manifest.json").read_text())
+    art = write_cuda_artifact(model, tmp_path / "m.tsc")
+    man = json.loads((art / "manifest.json").read_text())
     (entry,) = [e for e in man["groups"] if e["name"] == g]
     v = entry["variants"][0]
     assert v["schedule"]["method"] == "measured-gpu" and v["schedule"]["measured"] is True
+    from tscomp.runtime import plain_data    # the kernels as the artifact loader reads them back
+    from tscomp.runtime.plain_data import BlobReader, read_aligned
+    buf, _ = read_aligned(art / "weights.bin")
+    doc = json.loads((art / "plan.json").read_text())
+    kernels = plain_data.load(doc, BlobReader(buf, doc.get("_blobs", {})))["kernels"]
+    assert kernels[g][0].measured_ms == model.kernels[g][0].measured_ms
     assert v["schedule"]["measured_ms"] == shapes and entry["schedule"]["method"] == "measured-gpu"
     assert man["schedules"]["methods"]["measured-gpu"] == 1
 
