@@ -5,7 +5,9 @@ argument marshalling are shared and tested here without a GPU (DESIGN.md, target
 
 ``device("opencl")`` / ``device("cuda")`` return a process-wide device; ``run_launches`` uploads
 the Buffers (one device allocation per Buffer object), launches in order, and reads back the
-Buffers marked ``download``. Programs are built once per source text.
+Buffers marked ``download``. ``session()`` does the same across several launch lists: allocations
+live until the session closes and nothing is read back until ``fetch`` (a plan run keeps its
+intermediates on the device). Programs are built once per source text.
 """
 from __future__ import annotations
 
@@ -82,40 +84,97 @@ class OpenCLDevice:
             k = self._kernels[key] = self.cl.Kernel(prg, name)
         return k
 
+    def session(self) -> "_OpenCLSession":
+        return _OpenCLSession(self)
+
     def run_launches(self, source: str, launches: list[Launch]) -> None:
-        cl = self.cl
-        prg = self.program(source)
-        mf = cl.mem_flags
-        bufs: dict[int, object] = {}
+        run_and_download(self.session(), source, launches)
 
-        def dev(b: Buffer):
-            if b.resident:
-                held = self._resident.get(id(b.array))
-                if held is None or held[1] is not b.array:
-                    held = self._resident[id(b.array)] = (
-                        cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b.array), b.array)
-                return held[0]
-            d = bufs.get(id(b))
-            if d is None:
-                nbytes = max(b.array.nbytes, 1)
-                if b.upload:
-                    d = cl.Buffer(self.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=b.array)
-                else:
-                    d = cl.Buffer(self.ctx, mf.READ_WRITE, size=nbytes)
-                bufs[id(b)] = d
-            return d
 
+class _Session:
+    """Device allocations that live across several launch lists (a plan run: one group's output
+    Buffer is the next group's input, and stays on the device in between). Keyed by the Buffer
+    object, which the session keeps alive so its id cannot be reused while it is open. Nothing is
+    read back until :meth:`fetch`; :meth:`close` frees every allocation (resident buffers stay with
+    the device). ``stats``: uploads / downloads in count and bytes, for tests and benchmarks."""
+
+    def __init__(self, device):
+        self.device = device
+        self.bufs: dict[int, tuple] = {}        # id(Buffer) -> (device memory, the Buffer)
+        self.fetched: set[int] = set()          # ids of the Buffers read back so far
+        self.stats = {"uploads": 0, "upload_bytes": 0, "downloads": 0, "download_bytes": 0, "host_steps": 0}
+
+    def _count(self, kind: str, nbytes: int) -> None:
+        self.stats[kind + "s"] += 1
+        self.stats[kind + "_bytes"] += int(nbytes)
+
+    def memory(self, b: Buffer):
+        if b.resident:
+            return self._resident(b)
+        held = self.bufs.get(id(b))
+        if held is None:
+            held = self.bufs[id(b)] = (self._allocate(b), b)
+        return held[0]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _OpenCLSession(_Session):
+    def _resident(self, b: Buffer):
+        dev, cl = self.device, self.device.cl
+        held = dev._resident.get(id(b.array))
+        if held is None or held[1] is not b.array:
+            held = dev._resident[id(b.array)] = (
+                cl.Buffer(dev.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=b.array), b.array)
+            self._count("upload", b.array.nbytes)
+        return held[0]
+
+    def _allocate(self, b: Buffer):
+        dev, mf = self.device, self.device.cl.mem_flags
+        if b.upload:
+            self._count("upload", b.array.nbytes)
+            return dev.cl.Buffer(dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(b.array))
+        return dev.cl.Buffer(dev.ctx, mf.READ_WRITE, size=max(b.array.nbytes, 1))
+
+    def run(self, source: str, launches: list[Launch]) -> None:
+        dev = self.device
+        prg = dev.program(source)
         for launch in launches:
             if launch.empty:
                 continue
-            args = [dev(a) if isinstance(a, Buffer) else np.int64(a) for a in launch.args]
-            kern = self._kernel(prg, launch.kernel)
-            kern(self.queue, launch.global_size, launch.block, *args)
+            args = [self.memory(a) if isinstance(a, Buffer) else np.int64(a) for a in launch.args]
+            dev._kernel(prg, launch.kernel)(dev.queue, launch.global_size, launch.block, *args)
+
+    def fetch(self, b: Buffer) -> None:
+        """Read ``b`` back into ``b.array`` now (after every launch queued so far)."""
+        held = self.bufs.get(id(b))
+        if held is not None and b.array.size:
+            self.device.cl.enqueue_copy(self.device.queue, b.array, held[0])
+            self._count("download", b.array.nbytes)
+        self.device.queue.finish()
+        self.fetched.add(id(b))
+
+    def close(self) -> None:
+        self.device.queue.finish()
+        self.bufs.clear()
+
+
+def run_and_download(session, code, launches: list[Launch]) -> None:
+    """One launch list in its own session: launch, read back every Buffer marked ``download``, free."""
+    try:
+        session.run(code, launches)
+        seen = set()
         for launch in launches:
             for a in launch.args:
-                if isinstance(a, Buffer) and a.download and id(a) in bufs and a.array.size:
-                    cl.enqueue_copy(self.queue, a.array, bufs[id(a)])
-        self.queue.finish()
+                if isinstance(a, Buffer) and a.download and a.array.size and id(a) not in seen and id(a) in session.bufs:
+                    seen.add(id(a))
+                    session.fetch(a)
+    finally:
+        session.close()
 
 
 class CudaDevice:
@@ -194,44 +253,65 @@ class CudaDevice:
         self._call("cuEventDestroy", start)
         self._call("cuEventDestroy", end)
 
-    def _resident_ptr(self, a: Buffer) -> int:
-        """The device copy of a resident buffer's array, uploaded on first use."""
-        held = self._resident.get(id(a.array))
-        if held is None or held[1] is not a.array:
-            ptr = int(self._call("cuMemAlloc", a.array.nbytes))
-            self._call("cuMemcpyHtoD", ptr, a.array.ctypes.data, a.array.nbytes)
-            held = self._resident[id(a.array)] = (ptr, a.array)
-        return held[0]
+    def session(self) -> "_CudaSession":
+        return _CudaSession(self)
 
     def run_launches(self, cubin: bytes, launches: list[Launch]) -> None:
-        ptrs: dict[int, int] = {}           # this call's allocations (resident buffers are not among them)
-        args_at: dict[int, int] = {}
+        run_and_download(self.session(), cubin, launches)
+
+
+class _CudaSession(_Session):
+    def _resident(self, b: Buffer) -> int:
+        dev = self.device
+        held = dev._resident.get(id(b.array))
+        if held is None or held[1] is not b.array:
+            ptr = int(dev._call("cuMemAlloc", b.array.nbytes))
+            dev._call("cuMemcpyHtoD", ptr, b.array.ctypes.data, b.array.nbytes)
+            self._count("upload", b.array.nbytes)
+            held = dev._resident[id(b.array)] = (ptr, b.array)
+        return held[0]
+
+    def _allocate(self, b: Buffer) -> int:
+        dev = self.device
+        ptr = int(dev._call("cuMemAlloc", max(b.array.nbytes, 1)))
+        if b.upload and b.array.nbytes:
+            arr = np.ascontiguousarray(b.array)
+            try:
+                dev._call("cuMemcpyHtoD", ptr, arr.ctypes.data, arr.nbytes)
+            except DeviceError:
+                dev.cu.cuMemFree(ptr)
+                raise
+            self._count("upload", arr.nbytes)
+        return ptr
+
+    def run(self, cubin: bytes, launches: list[Launch]) -> None:
+        dev = self.device
+        for launch in launches:
+            if launch.empty:
+                continue
+            at = {id(a): self.memory(a) for a in launch.args if isinstance(a, Buffer)}
+            f = dev._function(cubin, launch.kernel)
+            (dev._timed_launch if dev.profile is not None else dev._launch)(f, launch, at)
+
+    def fetch(self, b: Buffer) -> None:
+        """Read ``b`` back into ``b.array`` now; a kernel's fault surfaces here, named."""
+        dev = self.device
+        dev._call("cuCtxSynchronize")
+        held = self.bufs.get(id(b))
+        if held is not None and b.array.size:
+            if not b.array.flags.c_contiguous:
+                raise DeviceError("an output buffer must be C-contiguous")
+            dev._call("cuMemcpyDtoH", b.array.ctypes.data, held[0], b.array.nbytes)
+            self._count("download", b.array.nbytes)
+        self.fetched.add(id(b))
+
+    def close(self) -> None:
         try:
-            for launch in launches:
-                if launch.empty:
-                    continue
-                for a in launch.args:
-                    if not isinstance(a, Buffer) or id(a) in args_at:
-                        continue
-                    if a.resident:
-                        args_at[id(a)] = self._resident_ptr(a)
-                        continue
-                    ptrs[id(a)] = args_at[id(a)] = int(self._call("cuMemAlloc", max(a.array.nbytes, 1)))
-                    if a.upload and a.array.nbytes:
-                        arr = np.ascontiguousarray(a.array)
-                        self._call("cuMemcpyHtoD", ptrs[id(a)], arr.ctypes.data, arr.nbytes)
-                f = self._function(cubin, launch.kernel)
-                (self._timed_launch if self.profile is not None else self._launch)(f, launch, args_at)
-            self._call("cuCtxSynchronize")     # a kernel's fault surfaces here, named
-            for launch in launches:
-                for a in launch.args:
-                    if isinstance(a, Buffer) and a.download and a.array.size and id(a) in ptrs:
-                        if not a.array.flags.c_contiguous:
-                            raise DeviceError(f"{launch.kernel}: an output buffer must be C-contiguous")
-                        self._call("cuMemcpyDtoH", a.array.ctypes.data, ptrs[id(a)], a.array.nbytes)
+            self.device._call("cuCtxSynchronize")
         finally:
-            for p in ptrs.values():
-                self.cu.cuMemFree(p)
+            for ptr, _ in self.bufs.values():
+                self.device.cu.cuMemFree(ptr)
+            self.bufs.clear()
 
 
 _DEVICES: dict[str, object] = {}

@@ -46,3 +46,30 @@ def test_tiny_model_on_the_simt_device_matches_onnxruntime(simt_device, exported
     assert any(k.cfg.async_copy and "#if TS_ASYNC_COPY" in k.program.body for k in gemms)
     assert any(k.has_row_pass for k in gemms)                  # residual + LayerNorm fused
     print(f"{family}-{exporter}: numpy fallback groups {sorted(fallback)}")
+
+
+@pytest.mark.models
+def test_a_plan_run_keeps_intermediates_and_constants_on_the_device(simt_device, exported_model):
+    """One device session per inference: a group's outputs stay on the device for the next, graph
+    constants and packed weights are uploaded once per device. From the second call on, tiny
+    BERT's run uploads its inputs (and the index checks' 4-int64 error records) and reads back its
+    outputs (and those records) only -- no group in between goes through the host."""
+    from models.families import make_inputs
+    plan, _ = model_plan(exported_model, "bert", "dynamo", attention=False)
+    runner = SimtPlanRunner(plan)
+    rng = np.random.default_rng(5)
+    first = second = None
+    for b, s in ((2, 37), (2, 37), (3, 11)):
+        inputs = make_inputs("bert", {"batch": b, "sequence": s}, rng, size="tiny")
+        out = runner.run(inputs)
+        if first is None:
+            first = runner.last_transfers
+            continue
+        second = runner.last_transfers
+        checks = sum(1 for k in runner.kernels.values() if getattr(getattr(k, "source_info", None), "checks_indices", False))
+        in_bytes = sum(v.nbytes for v in inputs.values())
+        out_bytes = sum(v.nbytes for v in out.values())
+        assert second["host_steps"] == 0
+        assert in_bytes <= second["upload_bytes"] <= in_bytes + 32 * (checks + 1), second
+        assert out_bytes <= second["download_bytes"] <= out_bytes + 32 * (checks + 1), second
+    assert first["upload_bytes"] > 100 * second["upload_bytes"]      # the weights and constants, once

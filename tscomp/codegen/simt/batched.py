@@ -24,7 +24,7 @@ from tscomp.codegen.simt.config import WARP, SimtTile
 from tscomp.codegen.simt.dialect import hoist_statics
 from tscomp.codegen.simt.gemm import _compute, _indent, check_identifiers
 from tscomp.codegen.simt.launch import Launch, ceil_div, input_buffer, output_buffer, scalar
-from tscomp.codegen.simt.program import SimtProgram, header_comment
+from tscomp.codegen.simt.program import SessionRun, SimtProgram, header_comment
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Input, walk
 from tscomp.graph.symbols import same
@@ -155,7 +155,7 @@ TS_KERNEL void {name}({', '.join(params)})
     return SimtProgram(header_comment(lines), body), name, roles
 
 
-class SimtBatchedGemm(KernelBase):
+class SimtBatchedGemm(KernelBase, SessionRun):
     family = "simt-batched-gemm"
     target = "cuda"
 
@@ -186,6 +186,10 @@ class SimtBatchedGemm(KernelBase):
         return ceil_div(ev(an.M), self.cfg.bm) * ceil_div(ev(an.N), self.cfg.bn) * ev(an.NB)
 
     def launches(self, env, binding):
+        launches, outputs = self._launches(env, binding)
+        return launches, {n: b.array for n, b in outputs.items()}
+
+    def _launches(self, env, binding):
         ev, an = self._ev(binding), self.analysis
         NB, M, N, K = (ev(x) for x in (an.NB, an.M, an.N, an.K))
         outputs, args = {}, []
@@ -198,7 +202,7 @@ class SimtBatchedGemm(KernelBase):
         args += [scalar(NB), scalar(M), scalar(N), scalar(K)]
         args += [scalar(ev(info)) for role, _, info in self.arg_roles if role == "symbol"]
         grid = (ceil_div(M, self.cfg.bm) * ceil_div(N, self.cfg.bn), NB, 1)
-        return [Launch(self.func, grid, (self.cfg.threads, 1, 1), args)], {n: b.array for n, b in outputs.items()}
+        return [Launch(self.func, grid, (self.cfg.threads, 1, 1), args)], outputs
 
     def run(self, env, binding):
         launches, outputs = self.launches(env, binding)

@@ -24,7 +24,7 @@ from tscomp.codegen.simt.config import WARP, SimtTile
 from tscomp.codegen.simt.dialect import hoist_statics
 from tscomp.codegen.simt.gemm import _compute, _indent, check_identifiers
 from tscomp.codegen.simt.launch import Launch, ceil_div, input_buffer, output_buffer, resident_buffer, scalar
-from tscomp.codegen.simt.program import SimtProgram, header_comment
+from tscomp.codegen.simt.program import SessionRun, SimtProgram, header_comment
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.symbols import same
 from tscomp.graph.views import apply_view
@@ -146,7 +146,7 @@ TS_KERNEL void {name}(TS_GLOBAL const float* TS_RESTRICT X, TS_GLOBAL const floa
     return SimtProgram(header_comment(head), body), name, roles
 
 
-class SimtConv(KernelBase):
+class SimtConv(KernelBase, SessionRun):
     family = "simt-conv"
     target = "cuda"
 
@@ -174,7 +174,7 @@ class SimtConv(KernelBase):
         an = self.analysis
         plain = dict(binding)
         ev = lambda x: int(self.symtab.evaluate(x, plain))   # noqa: E731
-        x = np.asarray(env[an.x_input])
+        x = np.asanyarray(env[an.x_input])   # a device value stays one; a view that moves data is refused later
         for v in an.x_chain:
             x = apply_view(x, v.op, ev)
         if x.dtype != np.float32:
@@ -190,6 +190,10 @@ class SimtConv(KernelBase):
         return ceil_div(an.OCg, self.cfg.bm) * ceil_div(P, self.cfg.bn) * N * an.G
 
     def launches(self, env, binding):
+        launches, outputs = self._launches(env, binding)
+        return launches, {n: b.array for n, b in outputs.items()}
+
+    def _launches(self, env, binding):
         an = self.analysis
         x, ev, N, H, W, OH, OW, pt, pl = self._geometry(env, binding)
         outputs, args = {}, []
@@ -204,7 +208,7 @@ class SimtConv(KernelBase):
         grid = (ceil_div(an.OCg, self.cfg.bm) * ceil_div(OH * OW, self.cfg.bn), N * an.G, 1)
         head = [input_buffer(x, np.float32), resident_buffer(self.packed, np.float32), scalar(N), scalar(H), scalar(W),
                 scalar(OH), scalar(OW), scalar(pt), scalar(pl)]
-        return [Launch(self.func, grid, (self.cfg.threads, 1, 1), head + args)], {n: b.array for n, b in outputs.items()}
+        return [Launch(self.func, grid, (self.cfg.threads, 1, 1), head + args)], outputs
 
     def run(self, env, binding):
         launches, outputs = self.launches(env, binding)

@@ -21,6 +21,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from tscomp.codegen.interpreted import InterpretedGroup
+from tscomp.codegen.simt.launch import Buffer, DeviceArray, DeviceValueError, device_array
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion.plan import Group, Plan
 
@@ -133,6 +134,11 @@ class SimtPlanRunner:
     which kernel."""
 
     def __init__(self, plan: Plan, kernels: Mapping[str, object] | None = None, device: str | None = None):
+        from tscomp.runtime.device_opencl import default_device_name
+        device = default_device_name() if device is None else device
+        self.device = device
+        self.last_transfers: dict = {}
+        self._constants: dict = {}
         self.plan = plan
         kernels = dict(kernels) if kernels is not None else simt_kernels(plan, device)
         self.variants = {g: (list(k) if isinstance(k, (list, tuple)) else [k]) for g, k in kernels.items()}
@@ -145,22 +151,59 @@ class SimtPlanRunner:
         self.variants_run: dict[str, set] = {}
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One inference, inside one device session: a group whose kernel can run there (``run_in``)
+        leaves its outputs on the device for the next; graph constants are resident device values
+        (uploaded once); values a host step needs (the numpy fallback, a kernel without ``run_in``,
+        an input it would convert) and the graph's outputs are read back. ``last_transfers``:
+        the run's uploads and downloads."""
         from tscomp.graph.reference import bind_symbols, materialize
+        from tscomp.runtime.device_opencl import device as get_device
         graph = self.plan.graph
         binding = bind_symbols(graph, inputs)
         env = dict(inputs)
-        for g in self.plan.groups:
-            for name in g.inputs:
-                if name not in env:
-                    env[name] = materialize(graph, graph.values[name], binding)
-            k = choose_variant(self.variants[g.name], binding)
-            env.update(k.run({n: env[n] for n in g.inputs}, binding))
-            self.families_run[g.name] = k.family
-            self.variants_run.setdefault(g.name, set()).add(k.func)
-        out = {}
-        for name in graph.outputs:
-            out[name] = env[name] if name in env else materialize(graph, graph.values[name], binding)
+        with get_device(self.device).session() as session:
+            for g in self.plan.groups:
+                for name in g.inputs:
+                    if name not in env:
+                        v = graph.values[name]
+                        env[name] = self._constant(name, v.const) if v.const is not None else \
+                            materialize(graph, v, binding)
+                k = choose_variant(self.variants[g.name], binding)
+                env.update(self._run_group(session, k, {n: env[n] for n in g.inputs}, binding))
+                self.families_run[g.name] = k.family
+                self.variants_run.setdefault(g.name, set()).add(k.func)
+            out = {}
+            for name in graph.outputs:
+                v = env[name] if name in env else materialize(graph, graph.values[name], binding)
+                out[name] = _on_host(session, v)
+            self.last_transfers = dict(session.stats)
         return out
+
+    def _constant(self, name: str, const: np.ndarray):
+        """A graph constant as a resident device value (uploaded once per device; its host contents
+        valid too), the same array object every call."""
+        held = self._constants.get(name)
+        if held is None:
+            arr = np.ascontiguousarray(const)
+            held = self._constants[name] = device_array(Buffer(arr, resident=True)) if arr.size else arr
+        return held
+
+    def _run_group(self, session, k, ins: dict, binding) -> dict:
+        if getattr(k, "run_in", None) is not None and getattr(k, "target", None) == "cuda":
+            try:
+                return k.run_in(session, ins, binding)
+            except DeviceValueError:    # an input it would convert or move on the host: run it there
+                session.stats["host_steps"] += 1
+        return k.run({n: _on_host(session, v) for n, v in ins.items()}, binding)
+
+
+def _on_host(session, v):
+    """A plain host array of ``v``: a device value is read back first (once per buffer per run)."""
+    if isinstance(v, DeviceArray) and v.buffer is not None:
+        if id(v.buffer) not in session.fetched:
+            session.fetch(v.buffer)
+        return np.asarray(v)
+    return v
 
 
 __all__ = ["SIMT_FAMILIES", "SimtFamily", "SimtPlanRunner", "choose_variant", "build_cuda", "simt_kernel_for_group", "simt_kernels"]

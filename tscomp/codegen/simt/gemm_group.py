@@ -19,7 +19,8 @@ from tscomp.codegen.kernel import KernelBase
 from tscomp.codegen.simt.config import SimtTile
 from tscomp.codegen.simt.dialect import hoist_statics
 from tscomp.codegen.simt.gemm import AOperand, SimtEpilogue, check_identifiers, gemm_body, kernel_name
-from tscomp.codegen.simt.launch import Buffer, Launch, ceil_div, input_buffer, output_buffer, resident_buffer, scalar
+from tscomp.codegen.simt.launch import (Buffer, Launch, ceil_div, device_array, input_buffer, output_buffer,
+                                        resident_buffer, scalar)
 from tscomp.codegen.simt.program import SimtProgram, header_comment
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.views import apply_view
@@ -151,6 +152,11 @@ class SimtGemmGroup(KernelBase):
     # ------------------------------------------------------------------ launch
     def launches(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]):
         """(launches, outputs): the grid from M and the tile, the arguments in kernel order."""
+        launches, outputs = self._launches(env, binding)
+        return launches, {name: b.array for name, b in outputs.items()}
+
+    def _launches(self, env, binding):
+        """(launches, output Buffers); inputs may be device values of a plan run (DeviceArray)."""
         an, plain = self.analysis, dict(binding)
 
         def ev(x) -> int:
@@ -160,7 +166,7 @@ class SimtGemmGroup(KernelBase):
         if self.a_staged:      # computed while staging from the inputs passed after the epilogue's
             A = input_buffer(np.zeros(1, np.float32), np.float32)
         else:
-            a = np.asarray(env[an.a_input])
+            a = np.asanyarray(env[an.a_input])   # a device value stays one: its views here keep the layout
             for v in an.a_chain:
                 a = apply_view(a, v.op, ev)
             if a.dtype != np.float32:
@@ -187,13 +193,22 @@ class SimtGemmGroup(KernelBase):
             Y.download = True
             launches.append(Launch(self.func + "_rows", (ceil_div(M, ROW_BLOCK), 1, 1), (ROW_BLOCK, 1, 1),
                                    [Y, scalar(M), *extra]))
-        return launches, {name: b.array for name, b in outputs.items()}
+        return launches, outputs
+
+    def run_in(self, session, env, binding) -> dict[str, np.ndarray]:
+        """Inside a plan run's device session: outputs stay on the device (DeviceArray)."""
+        launches, outputs = self._launches(env, binding)
+        self.program.run_in(session, launches, session.device.name, getattr(self, "cubin", None))
+        self._note_path(session.device.name)
+        return {name: device_array(b) for name, b in outputs.items()}
+
+    def _note_path(self, ran_on: str) -> None:
+        # the cp.async staging is compiled in for sm_80+ only (OpenCL renders the plain path)
+        self.__dict__.setdefault("paths_run", set()).add("async" if self.cfg.async_copy and ran_on == "cuda" else "plain")
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]) -> dict[str, np.ndarray]:
         launches, outputs = self.launches(env, binding)
-        ran_on = self.program.run(launches, self.device, getattr(self, "cubin", None))
-        # the cp.async staging is compiled in for sm_80+ only (OpenCL renders the plain path)
-        self.__dict__.setdefault("paths_run", set()).add("async" if self.cfg.async_copy and ran_on == "cuda" else "plain")
+        self._note_path(self.program.run(launches, self.device, getattr(self, "cubin", None)))
         return outputs
 
     __call__ = run

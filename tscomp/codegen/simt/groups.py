@@ -30,7 +30,7 @@ from tscomp.codegen.cpu_groups import CompiledGroup, GroupGenerator, KernelArg, 
 from tscomp.codegen.kernel import KernelBase
 from tscomp.codegen.simt.dialect import hoist_statics
 from tscomp.codegen.simt.gemm import check_identifiers
-from tscomp.codegen.simt.launch import Buffer, Launch, grid_stride_launch, input_buffer, output_buffer, scalar
+from tscomp.codegen.simt.launch import Buffer, Launch, device_array, grid_stride_launch, input_buffer, output_buffer, scalar
 from tscomp.codegen.simt.program import SimtProgram
 from tscomp.errors import ExecutionError
 from tscomp.graph.fusion.expr import Input, walk
@@ -274,11 +274,17 @@ class SimtGroup(KernelBase):
         return out
 
     def launches(self, env, binding):
+        launches, outputs, err, sizes = self._launches(env, binding)
+        return launches, {n: b.array for n, b in outputs.items()}, err, sizes
+
+    def _launches(self, env, binding):
+        """(launches, output Buffers, the index-error Buffer or None, argument sizes); inputs may be
+        device values of a plan run (DeviceArray)."""
         sizes = self._sizes_at(env, binding)
         args, outputs, total = [], {}, 1
         for a, want in zip(self.source_info.args, sizes):
             if a.role == "input":
-                arr = np.asarray(env[a.name])
+                arr = env[a.name] if isinstance(env[a.name], np.ndarray) else np.asarray(env[a.name])
                 if arr.shape != want:
                     raise ExecutionError(f"group {self.group}: input {a.name!r} has shape {arr.shape}, "
                                          f"expected {want}")
@@ -311,7 +317,18 @@ class SimtGroup(KernelBase):
             launch = Launch(self.func, (max(1, min(rows, MAX_BLOCKS)), 1, 1), (BLOCK, 1, 1), args)
         else:
             launch = grid_stride_launch(self.func, total, args, block=BLOCK, max_blocks=MAX_BLOCKS)
-        return [launch], {n: b.array for n, b in outputs.items()}, err, sizes
+        return [launch], outputs, err, sizes
+
+    def run_in(self, session, env, binding):
+        """Inside a plan run's device session: outputs stay on the device (DeviceArray); an index
+        check reads its error record back at once."""
+        launches, outputs, err, sizes = self._launches(env, binding)
+        self.program.run_in(session, launches, session.device.name, getattr(self, "cubin", None))
+        if err is not None:
+            session.fetch(err)
+            if err.array[0]:
+                raise self.index_error(err.array, sizes)
+        return {n: device_array(b) for n, b in outputs.items()}
 
     def run(self, env, binding, out=None):
         launches, outputs, err, sizes = self.launches(env, binding)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tscomp.errors import ExecutionError
+
 
 @dataclass
 class Buffer:
@@ -53,8 +55,43 @@ def scalar(v) -> np.int64:
     return np.int64(int(v))
 
 
+class DeviceArray(np.ndarray):
+    """A value that stays on the SIMT device during a plan run (one group's output, the next one's
+    input): a host array of the value's shape and dtype whose contents are NOT valid until the run's
+    session fetches ``buffer`` (the device allocation it views). Views that keep the memory
+    layout (reshapes) stay device values; :func:`input_buffer` refuses any other."""
+
+    buffer: Buffer
+
+    def __array_finalize__(self, obj):
+        self.buffer = getattr(obj, "buffer", None)
+
+
+class DeviceValueError(ExecutionError):
+    """A device value used where its host contents would be needed (a bug in the caller: fetch it)."""
+
+
+def device_array(b: Buffer) -> DeviceArray:
+    a = b.array.view(DeviceArray)
+    a.buffer = b
+    return a
+
+
+def _same_memory(a: DeviceArray, dtype) -> bool:
+    """``a`` reads exactly its buffer's memory, in its order and element type."""
+    base = a.buffer.array
+    return (a.dtype == dtype and a.flags.c_contiguous and a.nbytes == base.nbytes
+            and a.__array_interface__["data"][0] == base.__array_interface__["data"][0])
+
+
 def input_buffer(arr, dtype) -> Buffer:
-    """A read-only argument from a host array (made contiguous in the kernel's element type)."""
+    """A read-only argument from a host array (made contiguous in the kernel's element type), or the
+    device allocation of a :class:`DeviceArray` (nothing uploaded)."""
+    if isinstance(arr, DeviceArray) and arr.buffer is not None:
+        if not _same_memory(arr, dtype):
+            raise DeviceValueError(f"a device value of {arr.dtype} {arr.shape} cannot be passed as a {np.dtype(dtype)} "
+                                   f"argument without its host contents (a view that moves data, or a conversion)")
+        return arr.buffer
     a = np.asarray(arr)
     if a.dtype != dtype or not a.flags.c_contiguous:
         a = np.ascontiguousarray(a, dtype=dtype)
@@ -83,5 +120,5 @@ def grid_stride_launch(kernel: str, total: int, args: list, block: int = 256, ma
     return Launch(kernel, (blocks, 1, 1), (block, 1, 1), args)
 
 
-__all__ = ["Buffer", "Launch", "ceil_div", "grid_stride_launch", "input_buffer", "output_buffer", "resident_buffer",
-           "scalar"]
+__all__ = ["Buffer", "DeviceArray", "DeviceValueError", "Launch", "ceil_div", "device_array", "grid_stride_launch",
+           "input_buffer", "output_buffer", "resident_buffer", "scalar"]

@@ -24,6 +24,20 @@ class SimtProgram:
     def opencl(self) -> str:
         return OPENCL.render(self.header, self.body, self.defines)
 
+    def code_for(self, device: str, cubin: bytes | None = None):
+        """What ``device`` loads: this program's OpenCL source, or ``cubin`` (the artifact's, for the
+        GPU's architecture) / an nvcc build of its CUDA source for the GPU's architecture."""
+        if device == "opencl":
+            return self.opencl
+        if cubin is None:   # pragma: no cover - needs a GPU
+            from tscomp.codegen.nvcc import compile_cubin, default_arch_of_device
+            cubin = compile_cubin(self.cuda, default_arch_of_device()).cubin
+        return cubin
+
+    def run_in(self, session, launches, device: str, cubin: bytes | None = None) -> None:
+        """Launch inside a device session (allocations shared with the session's other launches)."""
+        session.run(self.code_for(device, cubin), launches)
+
     def run(self, launches, device: str | None = None, cubin: bytes | None = None) -> str:
         """Launch on ``device``: OpenCL builds this program's OpenCL rendering; CUDA loads ``cubin``
         (the artifact's, for this device's architecture) or builds this program with nvcc.
@@ -31,19 +45,24 @@ class SimtProgram:
         name of the device it ran on."""
         from tscomp.runtime.device_opencl import default_device_name, device as get_device
         device = default_device_name() if device is None else device
-        dev = get_device(device)
-        if device == "opencl":
-            dev.run_launches(self.opencl, launches)
-        else:   # pragma: no cover - needs a GPU
-            if cubin is None:
-                from tscomp.codegen.nvcc import compile_cubin, default_arch_of_device
-                cubin = compile_cubin(self.cuda, default_arch_of_device()).cubin
-            dev.run_launches(cubin, launches)
+        get_device(device).run_launches(self.code_for(device, cubin), launches)
         return device
+
+
+class SessionRun:
+    """For SIMT executors whose ``_launches(env, binding)`` returns (launches, output Buffers):
+    ``run_in`` runs them inside a plan run's device session, outputs left on the device."""
+
+    def run_in(self, session, env, binding) -> dict:
+        from tscomp.codegen.simt.launch import device_array
+        launches, outputs = self._launches(env, binding)
+        if any(b.array.size for b in outputs.values()):
+            self.program.run_in(session, launches, session.device.name, getattr(self, "cubin", None))
+        return {n: device_array(b) for n, b in outputs.items()}
 
 
 def header_comment(lines: list[str]) -> str:
     return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */\n"
 
 
-__all__ = ["SimtProgram", "header_comment"]
+__all__ = ["SessionRun", "SimtProgram", "header_comment"]
