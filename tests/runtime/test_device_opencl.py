@@ -168,15 +168,12 @@ class _FakeCudaDriver:
         return (0,)
 
 
-def test_cuda_device_marshals_the_shared_launches(monkeypatch):
-    """The CUDA device maps the same Launch lists the OpenCL path runs: one allocation per Buffer
-    object, inputs uploaded, scalars as int64, grid/block as given, outputs read back, every
-    allocation freed."""
+def _fake_cuda(monkeypatch, nargs):
     import sys
     import types
 
     from tscomp.runtime import device_opencl as dev_mod
-    fake = _FakeCudaDriver({"k1": 3, "k3": 3})
+    fake = _FakeCudaDriver(nargs)
     pkg, bindings = types.ModuleType("cuda"), types.ModuleType("cuda.bindings")
     pkg.bindings, bindings.driver = bindings, fake
     for name, mod in (("cuda", pkg), ("cuda.bindings", bindings), ("cuda.bindings.driver", fake)):
@@ -188,6 +185,14 @@ def test_cuda_device_marshals_the_shared_launches(monkeypatch):
         dev_mod._DEVICES.pop("cuda", None)
         if saved is not None:
             dev_mod._DEVICES["cuda"] = saved
+    return fake, cuda
+
+
+def test_cuda_device_marshals_the_shared_launches(monkeypatch):
+    """The CUDA device maps the same Launch lists the OpenCL path runs: one allocation per Buffer
+    object, inputs uploaded, scalars as int64, grid/block as given, outputs read back, every
+    allocation freed."""
+    fake, cuda = _fake_cuda(monkeypatch, {"k1": 3, "k3": 3})
     assert cuda.arch == "sm_90" and cuda.device_name == "Fake GPU"
     x = input_buffer(np.arange(6, dtype=np.float32), np.float32)
     scratch = Buffer(np.empty(6, np.float32), upload=False)
@@ -234,3 +239,20 @@ def test_a_resident_buffer_is_uploaded_once_and_kept_across_calls(simt_device):
     assert len(simt_device._resident) == len(held) + 1 and simt_device._resident[id(w)][1] is w
     with pytest.raises(ValueError, match="C-contiguous float32"):
         resident_buffer(w.reshape(10, 100).T, np.float32)     # a copy would be uploaded on every call
+
+
+def test_a_cuda_session_reuses_released_memory_and_frees_everything_at_close(monkeypatch):
+    """A released buffer's allocation is taken over by a later one of up to its size (at least
+    half), not by a larger one; nothing is read back before fetch; close frees each pointer once."""
+    fake, cuda = _fake_cuda(monkeypatch, {"k": 1})
+    big, small, bigger = (Buffer(np.zeros(n, np.float32), upload=False) for n in (64, 40, 200))
+    with cuda.session() as s:
+        s.run(b"cubin", [Launch("k", (1, 1, 1), (32, 1, 1), [big])])
+        p_big = s.bufs[id(big)][0]
+        s.release(big)
+        s.run(b"cubin", [Launch("k", (1, 1, 1), (32, 1, 1), [small]), Launch("k", (1, 1, 1), (32, 1, 1), [bigger])])
+        assert s.bufs[id(small)][0] == p_big and s.bufs[id(bigger)][0] != p_big
+        assert s.stats["reused"] == 1 and s.stats["downloads"] == 0 and s.stats["peak_bytes"] == 4 * (64 + 200)
+        s.fetch(bigger)
+        assert s.stats["downloads"] == 1
+    assert sorted(fake.freed) == sorted(fake.mem) and len(fake.freed) == len(set(fake.freed)) == 2

@@ -100,9 +100,12 @@ class _Session:
 
     def __init__(self, device):
         self.device = device
-        self.bufs: dict[int, tuple] = {}        # id(Buffer) -> (device memory, the Buffer)
+        self.bufs: dict[int, tuple] = {}        # id(Buffer) -> (device memory, the Buffer, its bytes)
+        self.free: list[tuple] = []             # (bytes, device memory) released for reuse
         self.fetched: set[int] = set()          # ids of the Buffers read back so far
-        self.stats = {"uploads": 0, "upload_bytes": 0, "downloads": 0, "download_bytes": 0, "host_steps": 0}
+        self.held_bytes = 0
+        self.stats = {"uploads": 0, "upload_bytes": 0, "downloads": 0, "download_bytes": 0, "host_steps": 0,
+                      "peak_bytes": 0, "reused": 0}
 
     def _count(self, kind: str, nbytes: int) -> None:
         self.stats[kind + "s"] += 1
@@ -113,8 +116,26 @@ class _Session:
             return self._resident(b)
         held = self.bufs.get(id(b))
         if held is None:
-            held = self.bufs[id(b)] = (self._allocate(b), b)
+            need = max(b.array.nbytes, 1)
+            fits = [i for i, (n, _) in enumerate(self.free) if need <= n <= 2 * need]
+            if fits:    # reuse a released block: launches run in order, so its last readers are done
+                n, mem = self.free.pop(min(fits, key=lambda i: self.free[i][0]))
+                self.stats["reused"] += 1
+                if b.upload and b.array.nbytes:
+                    self._upload_into(mem, b)
+            else:
+                n, mem = need, self._allocate(b)
+                self.held_bytes += n
+                self.stats["peak_bytes"] = max(self.stats["peak_bytes"], self.held_bytes)
+            held = self.bufs[id(b)] = (mem, b, n)
         return held[0]
+
+    def release(self, b: Buffer) -> None:
+        """``b`` is dead for the rest of the session: its memory goes to the free list, where a
+        later allocation of up to its size (and at least half of it) takes it over."""
+        held = self.bufs.pop(id(b), None)
+        if held is not None:
+            self.free.append((held[2], held[0]))
 
     def __enter__(self):
         return self
@@ -149,6 +170,10 @@ class _OpenCLSession(_Session):
             args = [self.memory(a) if isinstance(a, Buffer) else np.int64(a) for a in launch.args]
             dev._kernel(prg, launch.kernel)(dev.queue, launch.global_size, launch.block, *args)
 
+    def _upload_into(self, mem, b: Buffer) -> None:
+        self.device.cl.enqueue_copy(self.device.queue, mem, np.ascontiguousarray(b.array))
+        self._count("upload", b.array.nbytes)
+
     def fetch(self, b: Buffer) -> None:
         """Read ``b`` back into ``b.array`` now (after every launch queued so far)."""
         held = self.bufs.get(id(b))
@@ -161,6 +186,7 @@ class _OpenCLSession(_Session):
     def close(self) -> None:
         self.device.queue.finish()
         self.bufs.clear()
+        self.free.clear()
 
 
 def run_and_download(session, code, launches: list[Launch]) -> None:
@@ -293,6 +319,11 @@ class _CudaSession(_Session):
             f = dev._function(cubin, launch.kernel)
             (dev._timed_launch if dev.profile is not None else dev._launch)(f, launch, at)
 
+    def _upload_into(self, ptr: int, b: Buffer) -> None:
+        arr = np.ascontiguousarray(b.array)
+        self.device._call("cuMemcpyHtoD", ptr, arr.ctypes.data, arr.nbytes)   # ordered after earlier launches
+        self._count("upload", arr.nbytes)
+
     def fetch(self, b: Buffer) -> None:
         """Read ``b`` back into ``b.array`` now; a kernel's fault surfaces here, named."""
         dev = self.device
@@ -309,9 +340,10 @@ class _CudaSession(_Session):
         try:
             self.device._call("cuCtxSynchronize")
         finally:
-            for ptr, _ in self.bufs.values():
+            for ptr in [h[0] for h in self.bufs.values()] + [m for _, m in self.free]:
                 self.device.cu.cuMemFree(ptr)
             self.bufs.clear()
+            self.free.clear()
 
 
 _DEVICES: dict[str, object] = {}

@@ -161,8 +161,9 @@ class SimtPlanRunner:
         graph = self.plan.graph
         binding = bind_symbols(graph, inputs)
         env = dict(inputs)
+        last_use = self._last_use()
         with get_device(self.device).session() as session:
-            for g in self.plan.groups:
+            for i, g in enumerate(self.plan.groups):
                 for name in g.inputs:
                     if name not in env:
                         v = graph.values[name]
@@ -170,6 +171,12 @@ class SimtPlanRunner:
                             materialize(graph, v, binding)
                 k = choose_variant(self.variants[g.name], binding)
                 env.update(self._run_group(session, k, {n: env[n] for n in g.inputs}, binding))
+                for n in g.inputs:          # device values no later group reads: their memory is reused
+                    v = env.get(n)
+                    if last_use.get(n) == i and isinstance(v, DeviceArray) and v.buffer is not None \
+                            and not v.buffer.resident:
+                        session.release(v.buffer)
+                        del env[n]
                 self.families_run[g.name] = k.family
                 self.variants_run.setdefault(g.name, set()).add(k.func)
             out = {}
@@ -178,6 +185,16 @@ class SimtPlanRunner:
                 out[name] = _on_host(session, v)
             self.last_transfers = dict(session.stats)
         return out
+
+    def _last_use(self) -> dict[str, int]:
+        """Value name -> the index of the last group reading it (graph outputs: never released)."""
+        last = self.__dict__.get("_last")
+        if last is None:
+            last = {n: i for i, g in enumerate(self.plan.groups) for n in g.inputs}
+            for n in self.plan.graph.outputs:
+                last[n] = len(self.plan.groups)
+            self._last = last
+        return last
 
     def _constant(self, name: str, const: np.ndarray):
         """A graph constant as a resident device value (uploaded once per device; its host contents
