@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -74,14 +75,19 @@ def _inputs(model_path, shape: dict, rng):
 
 
 def _kernel_ms(runner, dev, feeds, repeats=5):
-    """Median over runs of the summed CUDA-event time of every launch of one run."""
-    totals = []
+    """(median summed CUDA-event time of a run's launches, median wall time of a run, outputs):
+    the wall time is taken in runs without events (they synchronize after every launch)."""
+    totals, walls = [], []
     for _ in range(repeats + 1):
         dev.profile = []
         out = runner.run(feeds)
         totals.append(sum(ms for _, ms in dev.profile))
     dev.profile = None
-    return statistics.median(totals[1:]), out
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        runner.run(feeds)
+        walls.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(totals[1:]), statistics.median(walls[1:]), out
 
 
 def main() -> None:
@@ -112,20 +118,22 @@ def main() -> None:
         print(f"{how}: compiled in {compiled.compile_seconds:.1f}s; schedules {compiled.schedules.summary()}", flush=True)
         runners[how] = load_cuda_artifact(write_cuda_artifact(compiled, tmp / f"{how}.tsc"), device="cuda")
     rng = np.random.default_rng(1)
-    print(f"\n{dev.device_name}: kernel time per run (ms, median of 5), max relative error vs onnxruntime CPU")
-    print(f"{'shape':24s} {'analytic':>9s} {'measured':>9s} {'ratio':>6s} {'err(a)':>8s} {'err(m)':>8s}")
+    print(f"\n{dev.device_name}: kernel time per run (ms, median of 5; wall: the whole run, host included), "
+          f"max relative error vs onnxruntime CPU")
+    print(f"{'shape':24s} {'analytic':>9s} {'measured':>9s} {'ratio':>6s} {'wall(a)':>8s} {'wall(m)':>8s} "
+          f"{'err(a)':>8s} {'err(m)':>8s}")
     for shape in shapes:
         sess, feeds = _inputs(model, shape, rng)
         want = sess.run(None, feeds)
         row = {}
         for how, runner in runners.items():
-            ms, out = _kernel_ms(runner, dev, feeds)
+            ms, wall, out = _kernel_ms(runner, dev, feeds)
             got = [out[o.name] for o in sess.get_outputs()]
             err = max(float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-30)) for g, w in zip(got, want))
-            row[how] = (ms, err)
-        (a, ea), (m, em) = row["analytic"], row["measured"]
+            row[how] = (ms, wall, err)
+        (a, wa, ea), (m, wm, em) = row["analytic"], row["measured"]
         label = ",".join(f"{k}={v}" for k, v in shape.items())
-        print(f"{label:24s} {a:9.3f} {m:9.3f} {m / a:6.2f} {ea:8.1e} {em:8.1e}", flush=True)
+        print(f"{label:24s} {a:9.3f} {m:9.3f} {m / a:6.2f} {wa:8.2f} {wm:8.2f} {ea:8.1e} {em:8.1e}", flush=True)
 
 
 if __name__ == "__main__":
