@@ -13,10 +13,10 @@ analytic ranking uses), then greedily those that most lower the set's mean relat
 (:func:`~tscomp.schedule.gpu_space.cover`, as the analytic variants are chosen). What is timed is
 the model's own cover of the range plus its best by score (:func:`_candidates`), so a tile that
 wins only at large M is among them. At run time a group's measured variants are dispatched by
-their measured times (:func:`estimate_ms`, interpolated in M), not by the model. The schedule's method becomes ``measured-gpu``
-and each variant records its times; the rest of the measured order stays the build's reserve (a
-variant that spills is replaced by the next measured one). Groups with the same signature share
-one measurement.
+their measured times (:func:`estimate_ms`, interpolated in M), not by the model. The schedule's
+method becomes ``measured-gpu`` and each variant records its times; the rest of the measured order
+stays the build's reserve (a variant that spills is replaced by the next measured one). Groups
+with the same signature share one measurement.
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ from tscomp.schedule.gpu_space import cover
 from tscomp.schedule.samples import group_inputs_at, sample_bindings
 from tscomp.schedule.schedules import ScheduledVariant, Schedules
 
-#: the analytic ranking's configurations timed per distinct group (its first choice is within
-#: 1.11x of the fastest on the H200 calibration data; the best of its first 8, within 1.02x)
+#: configurations timed per distinct group (on the H200 calibration data the model's first choice
+#: is within 1.10x of the fastest timed, geomean; the best of its first 8, within 1.02x)
 DEFAULT_TOP = 8
 #: timed launches per configuration and shape (after 2 warm-ups); the median counts
 REPEATS = 5
