@@ -256,3 +256,14 @@ def test_a_cuda_session_reuses_released_memory_and_frees_everything_at_close(mon
         s.fetch(bigger)
         assert s.stats["downloads"] == 1
     assert sorted(fake.freed) == sorted(fake.mem) and len(fake.freed) == len(set(fake.freed)) == 2
+
+
+def test_a_failed_launch_is_the_error_reported_not_the_close_after_it(monkeypatch):
+    """When a launch fails, the session still frees its memory on the way out, and the error raised
+    names the launch, not the synchronize that fails after it."""
+    fake, cuda = _fake_cuda(monkeypatch, {"k": 1})
+    fake.cuLaunchKernel = lambda *a: (700,)            # CUDA_ERROR_ILLEGAL_ADDRESS
+    fake.cuCtxSynchronize = lambda: (700,)
+    with pytest.raises(DeviceError, match="cuLaunchKernel failed"):
+        cuda.run_launches(b"cubin", [Launch("k", (1, 1, 1), (32, 1, 1), [input_buffer(np.ones(8, np.float32), np.float32)])])
+    assert sorted(fake.freed) == sorted(fake.mem) and fake.mem

@@ -140,8 +140,12 @@ class _Session:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.close()
+        except Exception:
+            if exc_type is None:     # a failure while closing is reported unless it follows another
+                raise
 
 
 class _OpenCLSession(_Session):
@@ -191,7 +195,7 @@ class _OpenCLSession(_Session):
 
 def run_and_download(session, code, launches: list[Launch]) -> None:
     """One launch list in its own session: launch, read back every Buffer marked ``download``, free."""
-    try:
+    with session:
         session.run(code, launches)
         seen = set()
         for launch in launches:
@@ -199,8 +203,6 @@ def run_and_download(session, code, launches: list[Launch]) -> None:
                 if isinstance(a, Buffer) and a.download and a.array.size and id(a) not in seen and id(a) in session.bufs:
                     seen.add(id(a))
                     session.fetch(a)
-    finally:
-        session.close()
 
 
 class CudaDevice:
