@@ -24,6 +24,7 @@ from tscomp.codegen.nvcc import compile_cubin
 from tscomp.codegen.simt.gemm import SimtEpilogue, gemm_body
 from tscomp.codegen.simt.launch import Launch, ceil_div, input_buffer, output_buffer, scalar
 from tscomp.codegen.simt.program import SimtProgram
+from tscomp.schedule.gpu_measure import time_launches
 from tscomp.schedule.gpu_space import GpuGemmSpace
 from tscomp.schedule.target import cuda
 
@@ -64,18 +65,12 @@ def _reference(epi, A, W, extra):
     return y
 
 
-def _time_kernel(dev, cubin, t, A, W, M, N, extra, reps) -> float:
-    """Median ms of ``reps`` launches (after 2 warm-ups) of one configuration."""
+def _time_kernel(dev, cubin, t, A, W, M, N, extra, reps) -> tuple[float, np.ndarray]:
+    """(median ms of ``reps`` launches after 2 warm-ups, the output) of one configuration."""
     Y = output_buffer((M, N), np.float32)
     launch = Launch("k", (ceil_div(M, t.bm), ceil_div(N, t.bn), 1), (t.threads, 1, 1),
                     [input_buffer(A, np.float32), input_buffer(W, np.float32), Y, scalar(M), *extra])
-    dev.profile = []
-    try:
-        dev.run_launches(cubin, [launch] * (reps + 2))
-        times = [ms for _, ms in dev.profile[2:]]
-    finally:
-        dev.profile = None
-    return statistics.median(times), Y.array
+    return time_launches(dev, cubin, [launch], reps), Y.array
 
 
 def _cublas_ms(A, W, reps) -> float | None:
@@ -128,8 +123,8 @@ def measure(top: int, sample: int, ms: list[int], reps: int) -> list[dict]:
         tiles = _candidates(space, top, sample)
         builds = {t: compile_cubin(_program(t, K, N, epi).cuda, dev.arch) for t in tiles}
         # with ptxas's registers one block may not fit an SM (the ranking estimated them): no launch
-        unfit = [t for t in tiles if spec.blocks_per_sm({"threads": t.threads, "registers": builds[t].resources["k"].registers,
-                                                         "shared_bytes": builds[t].resources["k"].shared_bytes}) < 1]
+        unfit = [t for t in tiles if not spec.fits(t.threads, builds[t].resources["k"].registers,
+                                                   builds[t].resources["k"].shared_bytes)]
         if unfit:
             print(f"{name}: {len(unfit)} configurations do not fit an SM with ptxas's registers: "
                   f"{', '.join(t.slug() for t in unfit[:4])}{' ...' if len(unfit) > 4 else ''}", flush=True)

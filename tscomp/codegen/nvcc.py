@@ -36,6 +36,10 @@ class KernelResources:
     spill_loads: int
     stack_bytes: int
 
+    @property
+    def spills(self) -> bool:
+        return bool(self.spill_stores or self.spill_loads)
+
     def to_json(self) -> dict:
         return {"registers": self.registers, "shared_bytes": self.shared_bytes, "spill_stores": self.spill_stores,
                 "spill_loads": self.spill_loads, "stack_bytes": self.stack_bytes}
@@ -49,7 +53,7 @@ class CudaBuild:
 
     @property
     def spills(self) -> bool:
-        return any(r.spill_stores or r.spill_loads for r in self.resources.values())
+        return any(r.spills for r in self.resources.values())
 
 
 def nvcc_path() -> str:

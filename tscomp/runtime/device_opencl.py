@@ -113,7 +113,7 @@ class _Session:
 
     def memory(self, b: Buffer):
         if b.resident:
-            return self._resident(b)
+            return self._resident_memory(b)
         held = self.bufs.get(id(b))
         if held is None:
             need = max(b.array.nbytes, 1)
@@ -128,6 +128,14 @@ class _Session:
                 self.held_bytes += n
                 self.stats["peak_bytes"] = max(self.stats["peak_bytes"], self.held_bytes)
             held = self.bufs[id(b)] = (mem, b, n)
+        return held[0]
+
+    def _resident_memory(self, b: Buffer):
+        """The device's copy of a resident buffer's array, uploaded at its first use and kept by the
+        device (never freed with the session)."""
+        held = self.device._resident.get(id(b.array))
+        if held is None or held[1] is not b.array:
+            held = self.device._resident[id(b.array)] = (self._allocate(b), b.array)
         return held[0]
 
     def release(self, b: Buffer) -> None:
@@ -149,15 +157,6 @@ class _Session:
 
 
 class _OpenCLSession(_Session):
-    def _resident(self, b: Buffer):
-        dev, cl = self.device, self.device.cl
-        held = dev._resident.get(id(b.array))
-        if held is None or held[1] is not b.array:
-            held = dev._resident[id(b.array)] = (
-                cl.Buffer(dev.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=b.array), b.array)
-            self._count("upload", b.array.nbytes)
-        return held[0]
-
     def _allocate(self, b: Buffer):
         dev, mf = self.device, self.device.cl.mem_flags
         if b.upload:
@@ -289,16 +288,6 @@ class CudaDevice:
 
 
 class _CudaSession(_Session):
-    def _resident(self, b: Buffer) -> int:
-        dev = self.device
-        held = dev._resident.get(id(b.array))
-        if held is None or held[1] is not b.array:
-            ptr = int(dev._call("cuMemAlloc", b.array.nbytes))
-            dev._call("cuMemcpyHtoD", ptr, b.array.ctypes.data, b.array.nbytes)
-            self._count("upload", b.array.nbytes)
-            held = dev._resident[id(b.array)] = (ptr, b.array)
-        return held[0]
-
     def _allocate(self, b: Buffer) -> int:
         dev = self.device
         ptr = int(dev._call("cuMemAlloc", max(b.array.nbytes, 1)))

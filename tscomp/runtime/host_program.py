@@ -291,7 +291,7 @@ class _Writer:
             return lines
         a, T = unit[-1], VIEW_COPY_TILE
         outer = [k for k in range(len(idx)) if k not in (a, last)]
-        order = [(f"{idx[k]}", f"0", c(shape[k]), "1") for k in outer]
+        order = [(f"{idx[k]}", "0", c(shape[k]), "1") for k in outer]
         order += [(f"{idx[a]}_t", "0", c(shape[a]), str(T)), (f"{idx[last]}_t", "0", c(shape[last]), str(T))]
         order += [(f"{idx[a]}", f"{idx[a]}_t", f"ts_min({idx[a]}_t + {T}, {c(shape[a])})", "1"),
                   (f"{idx[last]}", f"{idx[last]}_t", f"ts_min({idx[last]}_t + {T}, {c(shape[last])})", "1")]

@@ -70,8 +70,9 @@ def estimate_ms(timings: list, M: int) -> float:
     return pts[-1][1]
 
 
-def _time_case(dev, cubin: bytes, launches: list, repeats: int) -> float:
-    """Median milliseconds of one run of ``launches`` (GEMM + row pass) over ``repeats`` runs."""
+def time_launches(dev, cubin: bytes, launches: list, repeats: int = REPEATS) -> float:
+    """Median milliseconds (CUDA events, the launches alone) of one run of ``launches`` (a GEMM and
+    its row pass) over ``repeats`` runs after 2 warm-ups, all on the same device buffers."""
     dev.profile = []
     try:
         dev.run_launches(cubin, launches * (repeats + 2))
@@ -85,11 +86,10 @@ def _time_case(dev, cubin: bytes, launches: list, repeats: int) -> float:
 
 def _fits(spec, kernel, build) -> bool:
     r = build.resources.get(kernel.func)
-    return r is not None and not (r.spill_stores or r.spill_loads) and spec.blocks_per_sm(
-        {"threads": kernel.cfg.threads, "registers": r.registers, "shared_bytes": r.shared_bytes}) >= 1
+    return r is not None and not r.spills and spec.fits(kernel.cfg.threads, r.registers, r.shared_bytes)
 
 
-def _measured_order(times: dict, shapes: int) -> list:
+def _measured_order(times: dict, shapes: int) -> tuple[list, Callable]:
     """Configurations by geometric-mean time relative to the per-shape fastest (inf: never ran)."""
     best = [min(t[i] for t in times.values()) for i in range(shapes)]
 
@@ -109,8 +109,8 @@ def measure_on_gpu(plan, choices: dict, schedules: Schedules, build: Callable, d
     from tscomp.codegen.nvcc import compile_cubin
     from tscomp.schedule.target import cuda
     log = log or (lambda _msg: None)
-    spec = cuda(device.arch).spec
     target = cuda(device.arch)
+    spec = target.spec
     bindings = sample_bindings(plan)
     measured: dict[str, tuple] = {}     # signature -> (variants, reserve, ranking, trials)
     n = 0
@@ -134,8 +134,7 @@ def measure_on_gpu(plan, choices: dict, schedules: Schedules, build: Callable, d
                 if not _fits(spec, k, b):
                     times[t] = [math.inf] * len(cases)
                     continue
-                times[t] = [_time_case(device, b.cubin, k.launches(env, binding)[0], REPEATS)
-                            for binding, env in cases]
+                times[t] = [time_launches(device, b.cubin, k.launches(env, binding)[0]) for binding, env in cases]
             order, score = _measured_order(times, len(cases))
             if not math.isfinite(score(order[0])):
                 log(f"  {name}: no configuration ran on {device.device_name}; the analytic choice stays")
@@ -162,4 +161,4 @@ def measure_on_gpu(plan, choices: dict, schedules: Schedules, build: Callable, d
     return n
 
 
-__all__ = ["DEFAULT_TOP", "estimate_ms", "measure_on_gpu"]
+__all__ = ["DEFAULT_TOP", "estimate_ms", "measure_on_gpu", "time_launches"]

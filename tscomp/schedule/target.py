@@ -111,6 +111,11 @@ class GpuSpec:
             limits.append(self.smem_per_sm // smem)
         return max(0, min(limits))
 
+    def fits(self, threads: int, registers: int, shared_bytes: int) -> bool:
+        """Whether one block of ``threads`` at these per-thread registers and shared bytes can be
+        resident on an SM (the launch fails otherwise: "too many resources requested")."""
+        return self.blocks_per_sm({"threads": threads, "registers": registers, "shared_bytes": shared_bytes}) >= 1
+
     def blocks_per_wave(self, resources: Mapping[str, int] | None = None) -> int:
         return self.blocks_per_sm(resources or {}) * self.sms
 

@@ -15,7 +15,6 @@ import re
 from typing import Mapping
 
 import numpy as np
-import sympy
 
 from tscomp.codegen.c_expr import broadcast_index, c_symbol_name, delinearize, reshape_index
 from tscomp.codegen.cpu_batched_gemm import _Generator
@@ -27,7 +26,6 @@ from tscomp.codegen.simt.launch import Launch, ceil_div, input_buffer, output_bu
 from tscomp.codegen.simt.program import SessionRun, SimtProgram, header_comment
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Input, walk
-from tscomp.graph.symbols import same
 
 DEFAULT_TILE = SimtTile(32, 32, 8, 16, 16, 2, 4)
 
@@ -185,10 +183,6 @@ class SimtBatchedGemm(KernelBase, SessionRun):
         ev, an = self._ev(binding), self.analysis
         return ceil_div(ev(an.M), self.cfg.bm) * ceil_div(ev(an.N), self.cfg.bn) * ev(an.NB)
 
-    def launches(self, env, binding):
-        launches, outputs = self._launches(env, binding)
-        return launches, {n: b.array for n, b in outputs.items()}
-
     def _launches(self, env, binding):
         ev, an = self._ev(binding), self.analysis
         NB, M, N, K = (ev(x) for x in (an.NB, an.M, an.N, an.K))
@@ -203,14 +197,6 @@ class SimtBatchedGemm(KernelBase, SessionRun):
         args += [scalar(ev(info)) for role, _, info in self.arg_roles if role == "symbol"]
         grid = (ceil_div(M, self.cfg.bm) * ceil_div(N, self.cfg.bn), NB, 1)
         return [Launch(self.func, grid, (self.cfg.threads, 1, 1), args)], outputs
-
-    def run(self, env, binding):
-        launches, outputs = self.launches(env, binding)
-        if any(o.size for o in outputs.values()):
-            self.program.run(launches, self.device, getattr(self, "cubin", None))
-        return outputs
-
-    __call__ = run
 
 
 __all__ = ["DEFAULT_TILE", "SimtBatchedGemm", "batched_program"]

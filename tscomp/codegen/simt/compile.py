@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from tscomp.codegen.interpreted import InterpretedGroup
-from tscomp.codegen.nvcc import CudaBuild, compile_cubin, compile_ptx
+from tscomp.codegen.nvcc import compile_cubin, compile_ptx
 from tscomp.codegen.simt.dialect import CUDA
 from tscomp.errors import TscompError, UnsupportedOperatorError
 from tscomp.graph.fusion.plan import Plan
@@ -216,7 +216,7 @@ def _rejections(model: CudaCompiled) -> dict[str, str]:
     out: dict[str, str] = {}
     for arch, b in model.builds.items():
         for name, r in b.resources.items():
-            if r.spill_stores or r.spill_loads:
+            if r.spills:
                 out.setdefault(name, f"spills registers on {arch}")
         spec = cuda(arch).spec
         for variants in model.kernels.values():
@@ -225,7 +225,7 @@ def _rejections(model: CudaCompiled) -> dict[str, str]:
                 if r is None:
                     continue
                 threads = k.resources()["threads"]
-                if spec.blocks_per_sm({"threads": threads, "registers": r.registers, "shared_bytes": r.shared_bytes}) < 1:
+                if not spec.fits(threads, r.registers, r.shared_bytes):
                     out.setdefault(k.func, f"{threads} threads x {r.registers} registers (ptxas) do not fit an "
                                            f"SM of {arch}")
     return out

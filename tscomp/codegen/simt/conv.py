@@ -189,10 +189,6 @@ class SimtConv(KernelBase, SessionRun):
         N = int(self.symtab.evaluate(an.out_shape[0], plain))
         return ceil_div(an.OCg, self.cfg.bm) * ceil_div(P, self.cfg.bn) * N * an.G
 
-    def launches(self, env, binding):
-        launches, outputs = self._launches(env, binding)
-        return launches, {n: b.array for n, b in outputs.items()}
-
     def _launches(self, env, binding):
         an = self.analysis
         x, ev, N, H, W, OH, OW, pt, pl = self._geometry(env, binding)
@@ -209,14 +205,6 @@ class SimtConv(KernelBase, SessionRun):
         head = [input_buffer(x, np.float32), resident_buffer(self.packed, np.float32), scalar(N), scalar(H), scalar(W),
                 scalar(OH), scalar(OW), scalar(pt), scalar(pl)]
         return [Launch(self.func, grid, (self.cfg.threads, 1, 1), head + args)], outputs
-
-    def run(self, env, binding):
-        launches, outputs = self.launches(env, binding)
-        if any(o.size for o in outputs.values()):
-            self.program.run(launches, self.device, getattr(self, "cubin", None))
-        return outputs
-
-    __call__ = run
 
 
 __all__ = ["DEFAULT_TILE", "SimtConv", "conv_program"]

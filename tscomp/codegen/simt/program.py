@@ -50,8 +50,23 @@ class SimtProgram:
 
 
 class SessionRun:
-    """For SIMT executors whose ``_launches(env, binding)`` returns (launches, output Buffers):
-    ``run_in`` runs them inside a plan run's device session, outputs left on the device."""
+    """A SIMT executor defined by ``_launches(env, binding)`` -> (launches, output Buffers):
+    ``launches`` gives the outputs as host arrays, ``run`` launches on ``self.device`` and returns
+    them, ``run_in`` launches inside a plan run's device session and leaves them on the device. An
+    empty output launches nothing."""
+
+    def launches(self, env, binding):
+        launches, outputs = self._launches(env, binding)
+        return launches, {n: b.array for n, b in outputs.items()}
+
+    def run(self, env, binding):
+        launches, outputs = self._launches(env, binding)
+        if any(b.array.size for b in outputs.values()):
+            self.program.run(launches, self.device, getattr(self, "cubin", None))
+        return {n: b.array for n, b in outputs.items()}
+
+    def __call__(self, env, binding):
+        return self.run(env, binding)
 
     def run_in(self, session, env, binding) -> dict:
         from tscomp.codegen.simt.launch import device_array
