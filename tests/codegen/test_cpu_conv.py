@@ -208,7 +208,7 @@ def test_every_isa_generates_its_micro_kernel_and_avx512_compiles(tmp_path):
     analysis = ConvAnalysis(plan, plan.groups[0])
     for isa, intrinsic in (("avx512", "_mm512_fmadd_ps"), ("avx2", "_mm256_fmadd_ps"), ("scalar", "fmaf(")):
         cfgs = conv_candidate_configs(isa, analysis.OCg, analysis.K)
-        assert cfgs and all(c.validate(isa) for c in cfgs)
+        assert cfgs and all(c.validate(isa, row_vectors=True) for c in cfgs)
         src = conv_source(analysis, cfgs[0], isa)
         assert intrinsic in src
     build_object(conv_source(analysis, conv_candidate_configs("avx512", 16, 36)[0], "avx512"),
@@ -226,6 +226,47 @@ def test_scalar_kernel_runs_and_matches_onnxruntime(tmp_path):
     got = kernel.run(env, {"batch": 2, "H": 13, "W": 7})
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("branch,channels", [
+    (("deep", 70, (3, 3), dict(pads=[1, 1, 1, 1]), ("bn", "relu")), 64),       # partial channel tile, K steps
+    (("wide1x1", 130, (1, 1), dict(), ()), 48),                                 # pointwise gather
+    (("stride2", 40, (3, 3), dict(pads=[1, 0, 1, 2], strides=[2, 2]), ("relu",)), 8),
+])
+def test_row_vector_tiles_match_onnxruntime_at_few_and_many_positions(tmp_path, isa, branch, channels):
+    """``vector_axis`` 0: the lanes run along the output channels and the positions are broadcast
+    (a late stage's 2x2 positions fill no column vector); the finished tile is transposed back into
+    the [channel, position] tile the fused epilogue reads. Positions 1, 4, a prime and several
+    position blocks; channels past a whole register tile; several K steps."""
+    from tscomp.codegen.build import host_isa
+    from tscomp.codegen.cpu_gemm import ISA_RANK
+    from tscomp.codegen.tile_config import TileConfig
+    if ISA_RANK[host_isa()] < ISA_RANK[isa]:
+        pytest.skip(f"{isa} kernels do not run on this host ({host_isa()})")
+    path = tmp_path / "rv.onnx"
+    _model(path, [branch], channels=channels)
+    plan = fuse(load_model(str(path), ["batch=1:3", "H=1:100", "W=1:100"]))
+    analysis = ConvAnalysis(plan, plan.groups[0])
+    mr = {"avx512": 32, "avx2": 16}[isa]
+    cfg = TileConfig(mr=mr, nr=5, mc=2 * mr, nc=15, kc=min(analysis.K, 40), vector_axis=0)
+    kernel = CompiledConv(analysis, cfg, isa)
+    assert "the SIMD lanes along the channels" in kernel.source and "x5v_b" in kernel.func
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    env0 = {name: plan.graph.values[name].const for name in plan.groups[0].inputs if name != "x"}
+    for n, h, w in [(1, 1, 1), (1, 2, 2), (2, 7, 13), (1, 23, 17)]:
+        x = rng.standard_normal((n, channels, h, w)).astype(np.float32)
+        got = kernel.run(env0 | {"x": x}, {"batch": n, "H": h, "W": w})
+        want = sess.run(None, {"x": x})[0]
+        np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4, err_msg=f"{n}x{h}x{w}")
+
+
+def test_row_vector_configs_are_refused_by_the_gemm_kernels():
+    from tscomp.codegen.cpu_gemm import generate_gemm
+    from tscomp.codegen.tile_config import TileConfig, TileConfigError
+    with pytest.raises(TileConfigError, match="columns only"):
+        generate_gemm(TileConfig(mr=16, nr=4, mc=32, nc=8, kc=16, vector_axis=0), 16, 8, "avx2")
 
 
 def test_compiled_conv_pickles_without_the_graph_and_the_raw_weight(tmp_path):

@@ -28,6 +28,21 @@ def test_conv_space_hands_out_valid_configs_and_holds_the_heuristic(isa, ocg, k)
         assert cfg.accumulators(isa) <= MAX_ACCUMULATORS[isa] and cfg.kc <= k
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_conv_space_spans_both_vector_axes_and_maps_a_row_vector_tile_back_to_its_point(isa):
+    # vector_axis 0 (lanes along the channels) is an axis of the space: its points give row-vector
+    # tiles (mr whole vectors of channels, nr broadcast positions) and such a tile maps back exactly
+    space = ConvSpace(512, 4608, TARGETS[isa])
+    width = TARGETS[isa].spec.vector_width
+    points = space.sample(np.random.default_rng(1), 200)
+    rows = [space.config(p) for p in points if p["vector_axis"] == 0]
+    assert rows and [space.config(p) for p in points if p["vector_axis"] == 1]
+    for cfg in rows:
+        assert cfg.vector_axis == 0 and cfg.mr % width == 0 and cfg.mc % cfg.mr == 0
+        assert space.config(space.point_of(cfg)) == cfg
+    assert any(space.config(p).vector_axis == 0 for p in space.initial())
+
+
 def test_tuned_conv_compile_measures_candidates_and_matches_onnxruntime(tmp_path):
     path = tmp_path / "c.onnx"
     _model(path, [("a", 16, (3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 1]), ("relu",))])

@@ -51,6 +51,10 @@ class TileConfig:
     ``mr × nr`` — register tile ⟨T_Mi, T_Ni⟩: rows of X × columns of W accumulated in registers.
     ``mc × nc × kc`` — block tile ⟨T_Mb, T_Nb, T_Kb⟩: one parallel task computes an
     ``mc × nc`` block of Y, walking K in steps of ``kc``.
+    ``vector_axis`` — the axis of the ``mr × nr`` tile the SIMD lanes run along: 1 (the default)
+    columns (``nr`` a whole number of vectors, each of the ``mr`` rows a broadcast operand), 0 rows
+    (``mr`` whole vectors, the ``nr`` columns broadcast). Only the Conv family offers 0: its rows are
+    output channels, and a late stage's few output positions fill no column vector.
     """
 
     mr: int
@@ -58,12 +62,15 @@ class TileConfig:
     mc: int
     nc: int
     kc: int
+    vector_axis: int = 1
 
     def __post_init__(self):
         for field in ("mr", "nr", "mc", "nc", "kc"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise TileConfigError(f"TileConfig.{field} must be a positive int, got {value!r}")
+        if self.vector_axis not in (0, 1) or isinstance(self.vector_axis, bool):
+            raise TileConfigError(f"TileConfig.vector_axis must be 0 (rows) or 1 (columns), got {self.vector_axis!r}")
         if self.mc % self.mr:
             raise TileConfigError(f"TileConfig mc={self.mc} is not a multiple of mr={self.mr}")
         if self.nc % self.nr:
@@ -73,11 +80,15 @@ class TileConfig:
         """Registers (vectors) the ``mr × nr`` accumulator tile occupies under ``isa``."""
         return self.mr * self.nr // VECTOR_WIDTH[_check_isa(isa)]
 
-    def validate(self, isa: str) -> "TileConfig":
-        """Check the hard constraints for ``isa``; return ``self`` (raises TileConfigError)."""
+    def validate(self, isa: str, *, row_vectors: bool = False) -> "TileConfig":
+        """Check the hard constraints for ``isa``; return ``self`` (raises TileConfigError).
+        ``row_vectors``: the kernel asking also generates row-vector tiles (``vector_axis`` 0)."""
+        if self.vector_axis == 0 and not row_vectors:
+            raise TileConfigError(f"{self.describe()}: this kernel vectorizes along the tile's columns only")
         vw = VECTOR_WIDTH[_check_isa(isa)]
-        if self.nr % vw:
-            raise TileConfigError(f"{self.describe()}: nr={self.nr} is not a multiple of the "
+        lanes, extent = ("nr", self.nr) if self.vector_axis == 1 else ("mr", self.mr)
+        if extent % vw:
+            raise TileConfigError(f"{self.describe()}: {lanes}={extent} is not a multiple of the "
                                   f"{isa} vector width ({vw} floats)")
         acc, limit = self.accumulators(isa), MAX_ACCUMULATORS[isa]
         if acc > limit:
@@ -89,12 +100,13 @@ class TileConfig:
         return self
 
     def describe(self) -> str:
-        return (f"register tile T_Mi x T_Ni = {self.mr}x{self.nr}, "
+        lanes = "" if self.vector_axis == 1 else " (vectors along its rows)"
+        return (f"register tile T_Mi x T_Ni = {self.mr}x{self.nr}{lanes}, "
                 f"block tile T_Mb x T_Nb x T_Kb = {self.mc}x{self.nc}x{self.kc}")
 
     def slug(self) -> str:
         """Short identifier usable in C symbol and file names."""
-        return f"r{self.mr}x{self.nr}_b{self.mc}x{self.nc}x{self.kc}"
+        return f"r{self.mr}x{self.nr}{'' if self.vector_axis == 1 else 'v'}_b{self.mc}x{self.nc}x{self.kc}"
 
 
 def _check_isa(isa: str) -> str:

@@ -9,12 +9,26 @@ static M and K and a dynamic N, so the axes and the hard constraints are
 gathered column block fit L2, a K block is at least 8 deep, a channel block is not taller than the
 padded OCg); the hardware-aligned initial population is the Conv family's own heuristic
 (:func:`~tscomp.codegen.cpu_conv.conv_candidate_configs`).
+
+One axis is the Conv's own: ``vector_axis``, which of the output tile's axes the SIMD lanes run
+along -- 1, the positions (``nr_vec`` vectors of positions times ``mr`` broadcast channel rows), or
+0, the channels (``nr_vec`` vectors of channels times ``mr`` broadcast positions: few positions,
+as in a late stage of a small image, waste no padded lanes). ``mr`` and ``nr_vec`` keep their
+meaning as the broadcast count and the vector count of the register tile, so the register
+constraints hold for both.
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Mapping
+
 from tscomp.codegen.tile_config import TileConfig, TileConfigError
-from tscomp.schedule.gemm_space import BatchedGemmSpace, _caches
+from tscomp.schedule.gemm_space import BatchedGemmSpace, _caches, _snap
+from tscomp.schedule.space import Axis
 from tscomp.schedule.target import Target
+
+#: the lanes along the output positions (1) or along the output channels (0)
+VECTOR_AXES = (1, 0)
 
 
 class ConvSpace(BatchedGemmSpace):
@@ -22,6 +36,30 @@ class ConvSpace(BatchedGemmSpace):
 
     def __init__(self, OCg: int, K: int, target: Target):
         super().__init__(int(OCg), None, int(K), target, name="conv")
+
+    def _extra_axes(self) -> list[Axis]:
+        return [Axis("vector_axis", VECTOR_AXES)]
+
+    def tile(self, p: Mapping[str, int]) -> TileConfig:
+        cfg = super().tile(p)       # rows = mr broadcast channels, columns = nr_vec vectors of positions
+        if int(p.get("vector_axis", 1)) == 1:
+            return cfg
+        # the same register tile transposed: nr_vec vectors of channels (rows) x mr broadcast positions
+        return dataclasses.replace(cfg, mr=cfg.nr, nr=cfg.mr, mc=cfg.nr * int(p["mc_tiles"]),
+                                   nc=cfg.mr * int(p["nc_panels"]), vector_axis=0)
+
+    def point_of(self, cfg: TileConfig) -> dict[str, int] | None:
+        W = self.spec.vector_width
+        broadcast, vectors = (cfg.mr, cfg.nr) if cfg.vector_axis == 1 else (cfg.nr, cfg.mr)
+        if vectors % W:
+            return None
+        raw = {"mr": broadcast, "nr_vec": vectors // W, "mc_tiles": max(1, cfg.mc // cfg.mr),
+               "nc_panels": max(1, cfg.nc // cfg.nr), "k_steps": max(1, round(self.K / max(1, cfg.kc)))}
+        sizes = [ax for ax in self.axes if ax.name != "vector_axis"]     # snapped in log scale
+        return {**_snap(raw, sizes), "vector_axis": cfg.vector_axis}
+
+    def config(self, p: Mapping[str, int]) -> TileConfig:
+        return self.tile(p).validate(self.spec.isa, row_vectors=True)
 
     def _heuristic(self) -> list[TileConfig]:
         from tscomp.codegen.cpu_conv import conv_candidate_configs

@@ -159,6 +159,7 @@ class BatchedGemmSpace(DiscreteSpace):
         axes = [Axis("mr", MR_VALUES), Axis("nr_vec", NR_VEC_VALUES), Axis("mc_tiles", MC_TILES[:4]),
                 Axis("nc_panels", NC_PANELS)]
         axes.append(Axis("k_steps", K_STEPS) if K is not None else Axis("kc", KC_VALUES))
+        axes += self._extra_axes()
         max_acc = MAX_ACCUMULATORS[spec.isa]
         W, l2 = spec.vector_width, spec.l2
         constraints = [
@@ -178,13 +179,17 @@ class BatchedGemmSpace(DiscreteSpace):
                                           "a column block is not wider than the padded N"))
         if M is not None:
             constraints.append(Constraint("m-block", lambda p: p["mc_tiles"] == 1 or
-                                          p["mr"] * p["mc_tiles"] <= _round_up(M, p["mr"]),
+                                          self.tile(p).mc <= _round_up(M, self.tile(p).mr),
                                           "a row block is not taller than the padded M"))
         self.axes = tuple(axes)
         initial = [self.point_of(c) for c in self._heuristic()]
         dims = ",".join(f"{n}={'?' if v is None else v}" for n, v in (("M", M), ("N", N), ("K", K)))
         super().__init__(axes, constraints, [p for p in initial if p is not None],
                          name=f"{name}[{dims}]@{target.key()}")
+
+    def _extra_axes(self) -> list[Axis]:
+        """Axes a subclass adds to the batched GEMM's (none here)."""
+        return []
 
     def tile(self, p: Mapping[str, int]) -> TileConfig:
         W = self.spec.vector_width
