@@ -262,6 +262,15 @@ def test_row_vector_tiles_match_onnxruntime_at_few_and_many_positions(tmp_path, 
         np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4, err_msg=f"{n}x{h}x{w}")
 
 
+def test_a_few_position_blocks_are_cut_into_a_multiple_of_the_threads():
+    from tscomp.codegen.cpu_conv import conv_position_blocks
+    assert conv_position_blocks(1080, 1, 256, 32, 2) == 6      # 5 blocks over 2 threads: one idle 1/5
+    assert conv_position_blocks(1080, 2, 256, 32, 2) == 5      # 2 images x 5: already even
+    assert conv_position_blocks(3136, 1, 256, 32, 2) == 13     # 13 tasks: few enough idle time left
+    assert conv_position_blocks(40, 1, 64, 32, 2) == 2         # at most one block per NR positions
+    assert conv_position_blocks(20, 1, 64, 32, 2) == 1
+
+
 def test_row_vector_configs_are_refused_by_the_gemm_kernels():
     from tscomp.codegen.cpu_gemm import generate_gemm
     from tscomp.codegen.tile_config import TileConfig, TileConfigError

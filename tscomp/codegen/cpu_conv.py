@@ -163,7 +163,7 @@ class Geometry2D:
 #: compile-time constants of the generated kernels; spelled TS_<name> in the C so that no shape
 #: symbol of the epilogue (a model dim called ``G`` or ``KH``) can collide with them
 MACROS = ("C_IN", "CG", "OCG", "G", "OC", "KH", "KW", "SH", "SW", "DH", "DW", "KDIM", "MR", "NR", "MC", "NC", "KC",
-          "N_KBLOCKS", "N_OCP", "L1_FLOATS")
+          "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD")
 _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 
 
@@ -589,6 +589,24 @@ def conv_candidate_configs(isa: str, OCg: int, K: int, *, caches: CacheSizes | N
 
 
 # ============================================================================ source
+#: below this many position-block tasks per thread, their count is rounded up to a multiple of the
+#: threads (5 blocks over 2 threads leave one idle for a fifth of the call; 13 over 2, a 14th)
+BALANCE_TASKS_PER_THREAD = 4
+
+
+def conv_position_blocks(P: int, images: int, nc: int, nr: int, threads: int) -> int:
+    """Position blocks of an implicit-GEMM Conv call (``images`` = batch x groups), as the macro-kernel
+    computes them: ceil(P / nc), rounded up to balance a few tasks over the threads, then the count
+    of ``nr``-aligned blocks that covers P."""
+    if P <= 0:
+        return 0
+    n_pb = -(-P // nc)
+    if images * n_pb < BALANCE_TASKS_PER_THREAD * threads and (images * n_pb) % threads:
+        n_pb = next((w for w in range(n_pb + 1, -(-P // nr) + 1) if (images * w) % threads == 0), n_pb)
+    ncw = min(nc, -(-(-(-P // n_pb)) // nr) * nr)
+    return -(-P // ncw)
+
+
 def conv_func_name(analysis: _ConvBase, cfg: TileConfig | None, isa: str) -> str:
     tail = cfg.slug() if cfg is not None else "direct"
     return "tscomp_" + re.sub(r"\W", "_", analysis.group.name) + f"_conv_{isa}_{tail}"
@@ -815,7 +833,7 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
         emit("#include <immintrin.h>")
     emit(c_defines(C_IN=a.C, CG=a.Cg, OCG=a.OCg, G=a.G, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw,
                    DH=geo.dh, DW=geo.dw, KDIM=a.K, MR=MR, NR=NR, MC=MC, NC=NC, KC=KC, N_KBLOCKS=n_kb,
-                   N_OCP=n_ocp))
+                   N_OCP=n_ocp, BALANCE_TASKS_PER_THREAD=BALANCE_TASKS_PER_THREAD))
     emit("static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }")
     emit("static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }")
     emit(WORKSPACE_C)
@@ -834,12 +852,19 @@ void {name}({_runtime_params()}{params})
 {{
     const int64_t P = OH * OW;
     if (NB <= 0 || P <= 0) return;{_prologue_call(a, pro_names)}
-    /* position blocks: ceil(P / NC) of them, balanced (P = 196 at NC = 192: 112 + 84, not 192 + 4) */
-    const int64_t n_pb = (P + NC - 1) / NC, n_ob = (OCG + MC - 1) / MC;
+    /* position blocks: ceil(P / NC) of them, balanced (P = 196 at NC = 192: 112 + 84, not 192 + 4);
+     * a few blocks that do not divide among the threads (5 over 2: one thread idle a fifth of the
+     * time) are cut into a multiple of the thread count (conv_position_blocks in Python: the same) */
+    const int64_t nth = omp_get_max_threads(), n_ob = (OCG + MC - 1) / MC;
+    int64_t n_pb = (P + NC - 1) / NC;
+    if (NB * G * n_pb < BALANCE_TASKS_PER_THREAD * nth && (NB * G * n_pb) % nth)
+        for (int64_t want = n_pb + 1; want <= (P + NR - 1) / NR; ++want)
+            if ((NB * G * want) % nth == 0) {{ n_pb = want; break; }}
     const int64_t ncw = min_i64(NC, ((P + n_pb - 1) / n_pb + NR - 1) / NR * NR);
+    n_pb = (P + ncw - 1) / ncw;
     /* channel blocks per task: all of them (the column block is gathered once per K step for every
      * channel block), cut into balanced runs only when there are fewer other tasks than threads */
-    const int64_t base = NB * G * n_pb, nth = omp_get_max_threads();
+    const int64_t base = NB * G * n_pb;
     const int64_t runs = base >= nth ? 1 : min_i64(n_ob, (nth + base - 1) / base);
     const int64_t obt = (n_ob + runs - 1) / runs;
     const int64_t n_obt = (n_ob + obt - 1) / obt;
@@ -1199,8 +1224,10 @@ class CompiledConv(PicklableKernel):
         if self.cfg is None:
             rows, cb = depthwise_blocks(a.OC, OH, OW, a.geo, self.l1_bytes, self.isa, a.scattered_store)
             return xshape[0] * -(-a.OC // cb) * -(-OH // rows)
-        n_pb, n_ob = -(-(OH * OW) // self.cfg.nc), -(-a.OCg // self.cfg.mc)
-        base, nth = xshape[0] * a.G * n_pb, get_num_threads()      # the kernel's own rule (conv_source)
+        nth = get_num_threads()                                    # the kernel's own rule (conv_source)
+        n_pb = conv_position_blocks(OH * OW, xshape[0] * a.G, self.cfg.nc, self.cfg.nr, nth)
+        n_ob = -(-a.OCg // self.cfg.mc)
+        base = xshape[0] * a.G * n_pb
         if base <= 0:
             return 0
         runs = 1 if base >= nth else min(n_ob, -(-nth // base))
