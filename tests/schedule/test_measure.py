@@ -117,3 +117,16 @@ def test_inline_timing_median_and_outlier_retry():
     m = measure_inline(noisy, wl, warmup=1, repeats=3, max_spread=0.15)
     assert m.ok and noisy.calls >= 4 + 3
     assert measure_inline(RaisingCandidate(), wl) == Measurement(False, [], "RuntimeError: tile config rejected")
+
+
+def test_every_case_is_timed_with_the_openmp_workers_kept_off_the_measuring_cpu(monkeypatch):
+    # a worker that slept between candidates wakes onto the measuring thread's CPU on a KVM guest;
+    # each case places the team first, as Runtime.run does before a call
+    from tscomp.codegen.build import get_num_threads, set_num_threads
+    from tscomp.runtime import threads
+    set_num_threads(2)
+    placed = []
+    monkeypatch.setattr(threads.team_placement, "enter", lambda n: placed.append(n) or False)
+    wl = Workload("two", [({"M": 1}, {}), ({"M": 2}, {})])
+    assert measure_inline(CountingCandidate([0.0]), wl, warmup=1, repeats=3).ok
+    assert placed == [get_num_threads()] * 2

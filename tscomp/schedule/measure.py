@@ -97,12 +97,23 @@ def _repeat(candidate, env, binding, repeats: int, copies: Rotation | None = Non
     return med, (hi - lo) / med if med > 0 else 0.0
 
 
+def _place_team() -> None:
+    """Keep the OpenMP workers off this thread's CPU, as :meth:`tscomp.runtime.Runtime.run` does: a
+    worker that slept while the measurer waited for its next candidate is otherwise woken onto the
+    measuring thread's CPU on a KVM guest, and every case of the candidate then times the two
+    sharing one CPU (~0.3 ms a run for a 10 us kernel, at random: tuning kept the losers)."""
+    from tscomp.codegen.build import get_num_threads
+    from tscomp.runtime.threads import team_placement
+    team_placement.enter(get_num_threads())
+
+
 def time_case(candidate, env, binding, *, warmup: int, repeats: int, max_spread: float,
               copies: Rotation | None = None) -> float:
     """Median seconds of one case: warm-up runs, timed repeats, one retry when too noisy. With
     ``copies`` (:func:`tscomp.schedule.cold_start.rotation`) the timed runs rotate over them, so the
     packed data is cold in the private caches; the candidate keeps its own copy afterwards."""
     own = getattr(candidate, "packed", None)
+    _place_team()
     try:
         for _ in range(warmup):
             candidate.run(env, binding)
