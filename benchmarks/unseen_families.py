@@ -267,8 +267,11 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path) -> dict:
                   "geomean": float(np.exp(np.mean(np.log(ratios)))) if ratios else None}
 
 
-def _median_time(call, runs: int = 7) -> float:
-    """The median of ``runs`` calls after a warm-up call."""
+def _median_time(call, runs: int = 7, settle_s: float = 0.1) -> float:
+    """The median of ``runs`` calls after a pause and a warm-up call. The pause lets the other
+    system's workers stop spinning (onnxruntime's pool spins on after a run: tscomp timed right after
+    the reference run shared the 2 cores with it, MobileNetV2 at 101x249 7.4 ms instead of 2.7)."""
+    time.sleep(settle_s)
     call()
     return _timed(call, runs)
 

@@ -22,10 +22,16 @@ Two strategies (two families of :mod:`tscomp.codegen.families`):
   channel rows). Tiles are TSCompiler §5.1's: block ⟨T_Mb = mc output channels, T_Nb = nc
   positions, T_Kb = kc⟩; one OpenMP task covers (n, g, a position block) and a run of channel
   blocks that all consume each gathered column block (the whole OCg, cut into balanced runs only
-  when there are fewer other tasks than threads); register tile ⟨T_Mi, T_Ni⟩ = ``mr × nr``
-  accumulators (AVX-512 / AVX2 FMA intrinsics by the target's ISA, portable C for ``scalar``),
-  partial sums between K steps in a per-thread buffer. Outputs go straight into the runtime's
-  arena views (``takes_out``).
+  when there are fewer other tasks than threads; a few position blocks are cut into a multiple of
+  the thread count); register tile ⟨T_Mi, T_Ni⟩ = ``mr × nr`` accumulators (AVX-512 / AVX2 FMA
+  intrinsics by the target's ISA, portable C for ``scalar``), partial sums between K steps in a
+  per-thread buffer. Outputs go straight into the runtime's arena views (``takes_out``).
+  The SIMD lanes run along the positions (``TileConfig.vector_axis`` 1: ``nr`` a whole number of
+  vectors, each weight broadcast) or, for the few positions of a late stage of a small image,
+  along the channels (``vector_axis`` 0: ``mr`` whole vectors loaded from the same weight panels,
+  each gathered position broadcast, the weights prefetched ahead; the finished tile is transposed
+  into the [channel, position] tile the epilogue reads). Both are points of one search space
+  (:mod:`tscomp.schedule.conv_space`); the runtime picks per shape.
 * **direct depthwise** (:class:`DepthwiseAnalysis`, family ``conv-depthwise``): one input channel
   per group (``group = C``, channel multiplier allowed), where the GEMM would have K = KH·KW and
   one row. A task (image, block of channels, block of output rows sized for L1) copies each
