@@ -262,13 +262,20 @@ def test_row_vector_tiles_match_onnxruntime_at_few_and_many_positions(tmp_path, 
         np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4, err_msg=f"{n}x{h}x{w}")
 
 
-def test_a_few_position_blocks_are_cut_into_a_multiple_of_the_threads():
-    from tscomp.codegen.cpu_conv import conv_position_blocks
-    assert conv_position_blocks(1080, 1, 256, 32, 2) == 6      # 5 blocks over 2 threads: one idle 1/5
-    assert conv_position_blocks(1080, 2, 256, 32, 2) == 5      # 2 images x 5: already even
-    assert conv_position_blocks(3136, 1, 256, 32, 2) == 13     # 13 tasks: few enough idle time left
-    assert conv_position_blocks(40, 1, 64, 32, 2) == 2         # at most one block per NR positions
-    assert conv_position_blocks(20, 1, 64, 32, 2) == 1
+def test_a_few_uneven_tasks_are_evened_out_over_the_threads():
+    from tscomp.codegen.cpu_conv import conv_task_grid
+    from tscomp.codegen.tile_config import TileConfig
+    col = TileConfig(mr=8, nr=32, mc=64, nc=256, kc=64)
+    assert conv_task_grid(1080, 1, 4, col, 2) == (6, 1)      # 5 position blocks over 2 threads: 6
+    assert conv_task_grid(1080, 2, 4, col, 2) == (5, 1)      # 2 images x 5: already even
+    assert conv_task_grid(3136, 1, 4, col, 2) == (13, 1)     # 13 tasks: little idle time left
+    assert conv_task_grid(40, 1, 4, col, 2) == (2, 1)        # at most one block per NR positions
+    assert conv_task_grid(20, 1, 4, col, 2) == (1, 2)        # one block: the channels in 2 runs
+    # row vectors: every task streams its channel blocks' weights, so it is the channels that are cut
+    row = TileConfig(mr=64, nr=4, mc=256, nc=64, kc=64, vector_axis=0)
+    assert conv_task_grid(6, 1, 2, row, 2) == (1, 2)
+    assert conv_task_grid(150, 1, 4, row, 2) == (3, 2)       # 3 position blocks x 2 runs
+    assert conv_task_grid(0, 1, 4, row, 2) == (0, 0)
 
 
 def test_row_vector_configs_are_refused_by_the_gemm_kernels():

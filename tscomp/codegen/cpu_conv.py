@@ -169,7 +169,7 @@ class Geometry2D:
 #: compile-time constants of the generated kernels; spelled TS_<name> in the C so that no shape
 #: symbol of the epilogue (a model dim called ``G`` or ``KH``) can collide with them
 MACROS = ("C_IN", "CG", "OCG", "G", "OC", "KH", "KW", "SH", "SW", "DH", "DW", "KDIM", "MR", "NR", "MC", "NC", "KC",
-          "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD")
+          "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD", "COLUMN_VECTORS")
 _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 
 
@@ -600,17 +600,26 @@ def conv_candidate_configs(isa: str, OCg: int, K: int, *, caches: CacheSizes | N
 BALANCE_TASKS_PER_THREAD = 4
 
 
-def conv_position_blocks(P: int, images: int, nc: int, nr: int, threads: int) -> int:
-    """Position blocks of an implicit-GEMM Conv call (``images`` = batch x groups), as the macro-kernel
-    computes them: ceil(P / nc), rounded up to balance a few tasks over the threads, then the count
-    of ``nr``-aligned blocks that covers P."""
-    if P <= 0:
-        return 0
-    n_pb = -(-P // nc)
-    if images * n_pb < BALANCE_TASKS_PER_THREAD * threads and (images * n_pb) % threads:
-        n_pb = next((w for w in range(n_pb + 1, -(-P // nr) + 1) if (images * w) % threads == 0), n_pb)
-    ncw = min(nc, -(-(-(-P // n_pb)) // nr) * nr)
-    return -(-P // ncw)
+def conv_task_grid(P: int, images: int, n_ob: int, cfg: TileConfig, threads: int) -> tuple[int, int]:
+    """(position blocks, channel-block runs) of an implicit-GEMM Conv call (``images`` = batch x
+    groups, ``n_ob`` channel blocks of ``cfg.mc``), as the macro-kernel computes them: ceil(P / nc)
+    position blocks; a few tasks that do not divide among the threads are evened out -- column
+    vectors cut P finer, row vectors (whose tasks each stream their channels' weights: cutting P would
+    stream them once per block) cut the channel blocks into runs. Tasks = images x blocks x runs."""
+    if P <= 0 or images <= 0:
+        return 0, 0
+    n_pb = -(-P // cfg.nc)
+    uneven = images * n_pb < BALANCE_TASKS_PER_THREAD * threads and (images * n_pb) % threads
+    if cfg.vector_axis == 1 and uneven:
+        n_pb = next((w for w in range(n_pb + 1, -(-P // cfg.nr) + 1) if (images * w) % threads == 0), n_pb)
+    ncw = min(cfg.nc, -(-(-(-P // n_pb)) // cfg.nr) * cfg.nr)
+    n_pb = -(-P // ncw)
+    base = images * n_pb
+    runs = 1 if base >= threads else min(n_ob, -(-threads // base))
+    if cfg.vector_axis == 0 and (base < threads or (base < BALANCE_TASKS_PER_THREAD * threads and base % threads)):
+        runs = next((r for r in range(1, n_ob + 1) if base * r >= threads and (base * r) % threads == 0), runs)
+    obt = -(-n_ob // runs)
+    return n_pb, -(-n_ob // obt)
 
 
 def conv_func_name(analysis: _ConvBase, cfg: TileConfig | None, isa: str) -> str:
@@ -839,7 +848,8 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
         emit("#include <immintrin.h>")
     emit(c_defines(C_IN=a.C, CG=a.Cg, OCG=a.OCg, G=a.G, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw,
                    DH=geo.dh, DW=geo.dw, KDIM=a.K, MR=MR, NR=NR, MC=MC, NC=NC, KC=KC, N_KBLOCKS=n_kb,
-                   N_OCP=n_ocp, BALANCE_TASKS_PER_THREAD=BALANCE_TASKS_PER_THREAD))
+                   N_OCP=n_ocp, BALANCE_TASKS_PER_THREAD=BALANCE_TASKS_PER_THREAD,
+                   COLUMN_VECTORS=cfg.vector_axis))
     emit("static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }")
     emit("static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }")
     emit(WORKSPACE_C)
@@ -858,20 +868,27 @@ void {name}({_runtime_params()}{params})
 {{
     const int64_t P = OH * OW;
     if (NB <= 0 || P <= 0) return;{_prologue_call(a, pro_names)}
-    /* position blocks: ceil(P / NC) of them, balanced (P = 196 at NC = 192: 112 + 84, not 192 + 4);
-     * a few blocks that do not divide among the threads (5 over 2: one thread idle a fifth of the
-     * time) are cut into a multiple of the thread count (conv_position_blocks in Python: the same) */
+    /* position blocks: ceil(P / NC) of them, balanced (P = 196 at NC = 192: 112 + 84, not 192 + 4).
+     * A few tasks that do not divide among the threads (5 over 2: one thread idle a fifth of the
+     * time) are evened out: column vectors cut P into a multiple of the thread count; row vectors,
+     * whose tasks each stream their channel blocks' weights, cut the channels into runs instead
+     * (conv_task_grid in Python: the same rule) */
     const int64_t nth = omp_get_max_threads(), n_ob = (OCG + MC - 1) / MC;
     int64_t n_pb = (P + NC - 1) / NC;
-    if (NB * G * n_pb < BALANCE_TASKS_PER_THREAD * nth && (NB * G * n_pb) % nth)
+    const int uneven = NB * G * n_pb < BALANCE_TASKS_PER_THREAD * nth && (NB * G * n_pb) % nth;
+    if (COLUMN_VECTORS && uneven)
         for (int64_t want = n_pb + 1; want <= (P + NR - 1) / NR; ++want)
             if ((NB * G * want) % nth == 0) {{ n_pb = want; break; }}
     const int64_t ncw = min_i64(NC, ((P + n_pb - 1) / n_pb + NR - 1) / NR * NR);
     n_pb = (P + ncw - 1) / ncw;
     /* channel blocks per task: all of them (the column block is gathered once per K step for every
-     * channel block), cut into balanced runs only when there are fewer other tasks than threads */
+     * channel block), cut into balanced runs only when there are fewer other tasks than threads
+     * (row vectors: or when those tasks do not divide among the threads) */
     const int64_t base = NB * G * n_pb;
-    const int64_t runs = base >= nth ? 1 : min_i64(n_ob, (nth + base - 1) / base);
+    int64_t runs = base >= nth ? 1 : min_i64(n_ob, (nth + base - 1) / base);
+    if (!COLUMN_VECTORS && (base < nth || (base < BALANCE_TASKS_PER_THREAD * nth && base % nth)))
+        for (int64_t r = 1; r <= n_ob; ++r)
+            if (base * r >= nth && (base * r) % nth == 0) {{ runs = r; break; }}
     const int64_t obt = (n_ob + runs - 1) / runs;
     const int64_t n_obt = (n_ob + obt - 1) / obt;
     const int64_t n_tasks = base * n_obt;
@@ -1230,15 +1247,9 @@ class CompiledConv(PicklableKernel):
         if self.cfg is None:
             rows, cb = depthwise_blocks(a.OC, OH, OW, a.geo, self.l1_bytes, self.isa, a.scattered_store)
             return xshape[0] * -(-a.OC // cb) * -(-OH // rows)
-        nth = get_num_threads()                                    # the kernel's own rule (conv_source)
-        n_pb = conv_position_blocks(OH * OW, xshape[0] * a.G, self.cfg.nc, self.cfg.nr, nth)
-        n_ob = -(-a.OCg // self.cfg.mc)
-        base = xshape[0] * a.G * n_pb
-        if base <= 0:
-            return 0
-        runs = 1 if base >= nth else min(n_ob, -(-nth // base))
-        obt = -(-n_ob // runs)
-        return base * -(-n_ob // obt)
+        images = xshape[0] * a.G                                  # the kernel's own rule (conv_source)
+        n_pb, n_obt = conv_task_grid(OH * OW, images, -(-a.OCg // self.cfg.mc), self.cfg, get_num_threads())
+        return images * n_pb * n_obt
 
     def native_call(self) -> NativeCall:
         """X (its input, a contiguous copy through its views, or scratch the prologue fills), the
