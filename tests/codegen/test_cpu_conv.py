@@ -233,6 +233,7 @@ def test_scalar_kernel_runs_and_matches_onnxruntime(tmp_path):
     (("deep", 70, (3, 3), dict(pads=[1, 1, 1, 1]), ("bn", "relu")), 64),       # partial channel tile, K steps
     (("wide1x1", 130, (1, 1), dict(), ()), 48),                                 # pointwise gather
     (("stride2", 40, (3, 3), dict(pads=[1, 0, 1, 2], strides=[2, 2]), ("relu",)), 8),
+    (("grouped", 36, (3, 3), dict(group=2, pads=[1, 2, 1, 2], dilations=[1, 2]), ("silu",)), 16),  # OCg 18
 ])
 def test_row_vector_tiles_match_onnxruntime_at_few_and_many_positions(tmp_path, isa, branch, channels):
     """``vector_axis`` 0: the lanes run along the output channels and the positions are broadcast
