@@ -56,7 +56,7 @@ import sympy
 from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import (PRELUDE, broadcast_index, math_helpers, c_symbol_name, delinearize, linearize,
                                    reshape_index)
-from tscomp.codegen.cpu_gemm import ISA_RANK, _Vec, emit_accumulators
+from tscomp.codegen.cpu_gemm import ISA_RANK, _Vec, emit_accumulators, emit_fma_step
 from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
                                    structural_signature)
@@ -721,11 +721,7 @@ static inline __attribute__((always_inline)) void ts_micro_kernel(
         emit(f"    const float* restrict a{r} = ap + {r} * lda;")
     emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
     emit("        const float* restrict bk = bp + k * TS_NR;")
-    for c in range(nvec):
-        emit(f"        const {v.type} w{c} = {v.load(f'bk + {c * W}')};")
-    for r, row in enumerate(accs):
-        emit(f"        {{ const {v.type} x = {v.set1(f'a{r}[k]')}; "
-             + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
+    emit_fma_step(emit, v, accs, [f"bk + {c * W}" for c in range(nvec)], lambda r: f"a{r}[k]")
     emit("    }")
     emit("    float* dst = last ? tile : ct;")
     for r, row in enumerate(accs):

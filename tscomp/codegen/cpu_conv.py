@@ -63,7 +63,7 @@ import sympy
 from tscomp.codegen.build import build_library, get_num_threads, load_library
 from tscomp.codegen.c_expr import (PRELUDE, c_literal, c_symbol_name, delinearize, landing_index, linearize,
                                    math_helpers)
-from tscomp.codegen.cpu_gemm import _Vec, emit_accumulators
+from tscomp.codegen.cpu_gemm import _Vec, emit_accumulators, emit_fma_step
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
 from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
@@ -718,11 +718,7 @@ static inline __attribute__((always_inline)) void micro_kernel(
     emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
     emit("        const float* restrict bk = bp + k * ldb;")
     emit("        const float* restrict ak = ap + k * MR;")
-    for c in range(NR // W):
-        emit(f"        const {v.type} w{c} = {v.load(f'bk + {c * W}')};")
-    for r, row in enumerate(accs):
-        emit(f"        {{ const {v.type} x = {v.set1(f'ak[{r}]')}; "
-             + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
+    emit_fma_step(emit, v, accs, [f"bk + {c * W}" for c in range(NR // W)], lambda r: f"ak[{r}]")
     emit("    }")
     emit("    float* restrict dst = last ? tile : ct;")
     for r, row in enumerate(accs):
@@ -741,13 +737,10 @@ def _emit_row_vector_body(emit, v: _Vec, MR: int, NR: int) -> None:
     emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
     emit("        const float* restrict bk = bp + k * ldb;")
     emit("        const float* restrict ak = ap + k * MR;")
-    for c in range(MR // W):
-        emit(f"        const {v.type} w{c} = {v.load(f'ak + {c * W}')};")
-    for line in range(0, MR * 4, 64):
-        emit(f"        _mm_prefetch((const char*)(ak + ROW_VECTOR_PREFETCH_K * MR) + {line}, _MM_HINT_T0);")
-    for j, row in enumerate(accs):
-        emit(f"        {{ const {v.type} x = {v.set1(f'bk[{j}]')}; "
-             + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
+    prefetch = tuple(f"_mm_prefetch((const char*)(ak + ROW_VECTOR_PREFETCH_K * MR) + {line}, _MM_HINT_T0);"
+                     for line in range(0, MR * 4, 64))
+    emit_fma_step(emit, v, accs, [f"ak + {c * W}" for c in range(MR // W)], lambda j: f"bk[{j}]",
+                  after_loads=prefetch)
     emit("    }")
     emit("    if (!last) {")
     for j, row in enumerate(accs):

@@ -440,7 +440,6 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
     L: list[str] = []
     emit = L.append
 
-    vw = VECTOR_WIDTH[isa]
     epi_text = (f"{epilogue.label}: Y = {epilogue.expr}" if epilogue else "none (Y = acc)").replace("*/", "* /")
     epi_text = epi_text if "\n" not in epi_text else f"{epilogue.label} (see the epilogue loop)"
     emit(f"""/*
@@ -834,6 +833,20 @@ def emit_accumulators(emit, v: "_Vec", MR: int, NR: int) -> list[list[str]]:
         emit("        " + " ".join(f"{a} = {v.load(f'ct + {r * NR + c * W}')};" for c, a in enumerate(row)))
     emit("    }")
     return accs
+
+
+def emit_fma_step(emit, v: "_Vec", accs: list[list[str]], vectors: list[str], broadcast, *,
+                  indent: str = "        ", after_loads: tuple[str, ...] = ()) -> None:
+    """One k step of a register tile held in ``accs`` (rows of vector accumulators): load the
+    ``vectors`` (pointer expressions) as ``w0, w1, ...``, emit ``after_loads`` (prefetches), then per
+    row one broadcast of ``broadcast(r)`` multiplied into that row's accumulators."""
+    for c, ptr in enumerate(vectors):
+        emit(f"{indent}const {v.type} w{c} = {v.load(ptr)};")
+    for line in after_loads:
+        emit(indent + line)
+    for r, row in enumerate(accs):
+        emit(f"{indent}{{ const {v.type} x = {v.set1(broadcast(r))}; "
+             + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
 
 
 #: independent multiply-adds a core needs in flight to hide the FMA latency (latency 4 x up to 2
