@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ctypes
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -210,14 +212,20 @@ def test_cuda_device_marshals_the_shared_launches(monkeypatch):
     assert fake.calls[0][1] == [addr_x, addr_scratch, 6]
     assert out.array.view(np.uint8).tolist() == [2] * 24      # written by the second launch, read back
     assert sorted(fake.freed) == sorted(fake.mem)             # nothing leaks on the device
-    # a resident buffer (packed weights): allocated and uploaded at its first call only, never freed
+    # a resident buffer (packed weights): allocated and uploaded at its first call only, kept while
+    # its array lives, freed at the first session after the array is gone
     w = np.arange(6, dtype=np.float32) * 10 + 7
     for _ in range(2):
         cuda.run_launches(b"cubin", [Launch("k1", (1, 1, 1), (64, 1, 1), [resident_buffer(w, np.float32), out, scalar(6)])])
     uploads = [a for a in fake.uploaded if np.frombuffer(bytes(fake.mem[a]), np.float32).tolist() == w.tolist()]
-    assert len(uploads) == 1 and uploads[0] not in fake.freed and cuda._resident[id(w)][0] == uploads[0]
+    assert len(uploads) == 1 and uploads[0] not in fake.freed and cuda.resident.get(w) == uploads[0]
     assert fake.htod.count(uploads[0]) == 1                   # one upload for both calls
     assert fake.calls[-1][1][0] == fake.calls[-2][1][0] == uploads[0]
+    del w
+    gc.collect()
+    assert uploads[0] not in fake.freed                       # not inside the garbage collector
+    cuda.run_launches(b"cubin", [Launch("k1", (1, 1, 1), (64, 1, 1), [x, out, scalar(6)])])
+    assert fake.freed.count(uploads[0]) == 1 and len(cuda.resident) == 0
 
 
 def test_a_resident_buffer_is_uploaded_once_and_kept_across_calls(simt_device):
@@ -229,16 +237,21 @@ def test_a_resident_buffer_is_uploaded_once_and_kept_across_calls(simt_device):
 """
     n = 1000
     w = np.arange(n, dtype=np.float32)
-    held = dict(simt_device._resident)
+    held = len(simt_device.resident)
     for call in range(3):
         x = np.full(n, call + 1, np.float32)
         out = output_buffer((n,), np.float32)
         SimtProgram("/* t */\n", body).run([grid_stride_launch("axpy", n, [resident_buffer(w, np.float32),
                                                                             input_buffer(x, np.float32), out, scalar(n)])])
         np.testing.assert_array_equal(out.array, w * (call + 1))
-    assert len(simt_device._resident) == len(held) + 1 and simt_device._resident[id(w)][1] is w
+    assert len(simt_device.resident) == held + 1 and simt_device.resident.get(w) is not None
     with pytest.raises(ValueError, match="C-contiguous float32"):
         resident_buffer(w.reshape(10, 100).T, np.float32)     # a copy would be uploaded on every call
+    # a dropped array's device copy (a Runtime unloaded) leaves the device at the next session
+    del w
+    gc.collect()
+    simt_device.session().close()
+    assert len(simt_device.resident) == held
 
 
 def test_a_cuda_session_reuses_released_memory_and_frees_everything_at_close(monkeypatch):

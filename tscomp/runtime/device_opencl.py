@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import weakref
 
 import numpy as np
 
@@ -64,7 +65,7 @@ class OpenCLDevice:
         self.max_work_group = dev.max_work_group_size
         self._programs: dict[str, object] = {}
         self._kernels: dict[tuple, object] = {}
-        self._resident: dict[int, tuple] = {}   # id(array) -> (device buffer, the array: keeps the id valid)
+        self.resident = ResidentCache(lambda mem: mem.release())
 
     def program(self, source: str):
         key = hashlib.sha256(source.encode()).hexdigest()
@@ -91,15 +92,54 @@ class OpenCLDevice:
         run_and_download(self.session(), source, launches)
 
 
+class ResidentCache:
+    """A device's copies of resident arrays (packed weights, graph constants), keyed by the array's
+    identity and held only while the array lives: the device is a process-wide singleton, so holding
+    the arrays kept every Runtime ever loaded on the device (its weights, host and device copies)
+    until the process exited. An array's death is noted by a weak-reference callback; its memory is
+    freed at the next :meth:`sweep` (a session's start), not inside the garbage collector."""
+
+    def __init__(self, free):
+        self._free = free                       # free(memory): release one device allocation
+        self._held: dict[int, tuple] = {}       # id(array) -> (device memory, weak reference to it)
+        self._dead: list[tuple] = []            # (id, reference) of arrays gone since the last sweep
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def get(self, array: np.ndarray):
+        """The device copy of ``array``, or None."""
+        held = self._held.get(id(array))
+        return held[0] if held is not None and held[1]() is array else None
+
+    def put(self, array: np.ndarray, memory) -> None:
+        key = id(array)
+        ref = weakref.ref(array, lambda r, key=key: self._dead.append((key, r)))
+        old = self._held.get(key)
+        self._held[key] = (memory, ref)
+        if old is not None:          # the id's former array died before a sweep: its copy goes now
+            self._free(old[0])
+
+    def sweep(self) -> None:
+        """Free the copies of arrays that died (entries since taken over by a new array stay)."""
+        while self._dead:
+            key, ref = self._dead.pop()
+            held = self._held.get(key)
+            if held is not None and held[1] is ref:
+                del self._held[key]
+                self._free(held[0])
+
+
 class _Session:
     """Device allocations that live across several launch lists (a plan run: one group's output
     Buffer is the next group's input, and stays on the device in between). Keyed by the Buffer
     object, which the session keeps alive so its id cannot be reused while it is open. Nothing is
     read back until :meth:`fetch`; :meth:`close` frees every allocation (resident buffers stay with
-    the device). ``stats``: uploads / downloads in count and bytes, for tests and benchmarks."""
+    the device while their arrays live: :class:`ResidentCache`). ``stats``: uploads / downloads in count and bytes, for tests and benchmarks."""
 
     def __init__(self, device):
         self.device = device
+        device.resident.sweep()                 # weights of dropped Runtimes leave the device
         self.bufs: dict[int, tuple] = {}        # id(Buffer) -> (device memory, the Buffer, its bytes)
         self.free: list[tuple] = []             # (bytes, device memory) released for reuse
         self.fetched: set[int] = set()          # ids of the Buffers read back so far
@@ -133,10 +173,11 @@ class _Session:
     def _resident_memory(self, b: Buffer):
         """The device's copy of a resident buffer's array, uploaded at its first use and kept by the
         device (never freed with the session)."""
-        held = self.device._resident.get(id(b.array))
-        if held is None or held[1] is not b.array:
-            held = self.device._resident[id(b.array)] = (self._allocate(b), b.array)
-        return held[0]
+        mem = self.device.resident.get(b.array)
+        if mem is None:
+            mem = self._allocate(b)
+            self.device.resident.put(b.array, mem)
+        return mem
 
     def release(self, b: Buffer) -> None:
         """``b`` is dead for the rest of the session: its memory goes to the free list, where a
@@ -239,7 +280,7 @@ class CudaDevice:
         self.device_name = self._call("cuDeviceGetName", 256, self.dev).split(b"\0", 1)[0].decode()
         self._modules: dict[str, object] = {}
         self._functions: dict[tuple, object] = {}
-        self._resident: dict[int, tuple] = {}   # id(array) -> (device pointer, the array: keeps the id valid)
+        self.resident = ResidentCache(lambda ptr: self.cu.cuMemFree(ptr))
         self.profile: list | None = None
 
     def _call(self, fn: str, *args):
