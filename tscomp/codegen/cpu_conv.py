@@ -554,11 +554,13 @@ def _row_vector_tile(mr: int, nr: int, OCg: int, K: int, caches: CacheSizes) -> 
     """A row-vector tile's blocks: the weights stream through once per position block (nothing of
     them stays in L1), so only the ``kc × nr`` column panel must stay in L1 (half of it) and the
     gathered ``kc × nc`` block in a quarter of L2: deep K steps (few partial-sum round trips, long
-    sequential weight runs); up to 4 register tiles of channels per block; 64 positions per block."""
+    sequential weight runs); up to 4 register tiles of channels per block, and at least two blocks
+    where OCg has two register tiles (a few positions give one position block: the channel blocks are
+    the threads' work); 64 positions per block."""
     nc = _round_up(64, nr)
     kc_cap = max(8, min((caches.l1 // 2) // (4 * nr), (caches.l2 // 4) // (4 * nc)) // 8 * 8)
     kc = min(K, K if K <= kc_cap else _round_up(-(-K // -(-K // kc_cap)), 8))
-    mc = min(_round_up(OCg, mr), 4 * mr)
+    mc = max(mr, min(4 * mr, _round_up(-(-OCg // 2), mr)))
     return TileConfig(mr=mr, nr=nr, mc=mc, nc=nc, kc=kc, vector_axis=0)
 
 
