@@ -237,6 +237,8 @@ def test_a_resident_buffer_is_uploaded_once_and_kept_across_calls(simt_device):
 """
     n = 1000
     w = np.arange(n, dtype=np.float32)
+    gc.collect()                      # arrays earlier tests dropped leave the device first, so that
+    simt_device.session().close()     # the counts below are this test's alone
     held = len(simt_device.resident)
     for call in range(3):
         x = np.full(n, call + 1, np.float32)
