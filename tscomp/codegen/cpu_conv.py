@@ -617,7 +617,7 @@ def conv_task_grid(P: int, images: int, n_ob: int, cfg: TileConfig, threads: int
     uneven = images * n_pb < BALANCE_TASKS_PER_THREAD * threads and (images * n_pb) % threads
     if cfg.vector_axis == 1 and uneven:
         n_pb = next((w for w in range(n_pb + 1, -(-P // cfg.nr) + 1) if (images * w) % threads == 0), n_pb)
-    ncw = min(cfg.nc, -(-(-(-P // n_pb)) // cfg.nr) * cfg.nr)
+    ncw = min(cfg.nc, _round_up(-(-P // n_pb), cfg.nr))
     n_pb = -(-P // ncw)
     base = images * n_pb
     runs = 1 if base >= threads else min(n_ob, -(-threads // base))

@@ -135,7 +135,8 @@ class _Session:
     Buffer is the next group's input, and stays on the device in between). Keyed by the Buffer
     object, which the session keeps alive so its id cannot be reused while it is open. Nothing is
     read back until :meth:`fetch`; :meth:`close` frees every allocation (resident buffers stay with
-    the device while their arrays live: :class:`ResidentCache`). ``stats``: uploads / downloads in count and bytes, for tests and benchmarks."""
+    the device while their arrays live: :class:`ResidentCache`). ``stats``: uploads / downloads in
+    count and bytes, for tests and benchmarks."""
 
     def __init__(self, device):
         self.device = device
@@ -172,7 +173,7 @@ class _Session:
 
     def _resident_memory(self, b: Buffer):
         """The device's copy of a resident buffer's array, uploaded at its first use and kept by the
-        device (never freed with the session)."""
+        device's :class:`ResidentCache` while the array lives (never freed with the session)."""
         mem = self.device.resident.get(b.array)
         if mem is None:
             mem = self._allocate(b)

@@ -33,7 +33,8 @@ lanes and memory bytes per cycle. TF32 tensor-core tiles (opt-in) are modelled, 
 
 The ranking over a dynamic range keeps, per sample M, the cheapest configuration, and orders all by
 their mean cost relative to the per-sample best (the DietCode choice). A ranking is marked
-``measured: False`` (method ``analytic``): nothing is timed at compile time.
+``measured: False`` (method ``analytic``); with a GPU present, ``--measure-gpu`` times the model's
+best candidates instead (:mod:`tscomp.schedule.gpu_measure`, method ``measured-gpu``).
 """
 from __future__ import annotations
 

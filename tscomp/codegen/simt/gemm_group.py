@@ -21,7 +21,7 @@ from tscomp.codegen.simt.dialect import hoist_statics
 from tscomp.codegen.simt.gemm import AOperand, SimtEpilogue, check_identifiers, gemm_body, kernel_name
 from tscomp.codegen.simt.launch import (Buffer, Launch, ceil_div, device_array, input_buffer, output_buffer,
                                         resident_buffer, scalar)
-from tscomp.codegen.simt.program import SimtProgram, header_comment
+from tscomp.codegen.simt.program import SessionRun, SimtProgram, header_comment
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.views import apply_view
 
@@ -103,7 +103,7 @@ class _CpuLabel:
         return "SIMT " + self.t.describe()
 
 
-class SimtGemmGroup(KernelBase):
+class SimtGemmGroup(KernelBase, SessionRun):
     """Executor of one SIMT gemm-group kernel (the :class:`~tscomp.codegen.kernel.Kernel` contract)."""
 
     family = "simt-gemm"
@@ -150,13 +150,10 @@ class SimtGemmGroup(KernelBase):
         return gm * gn
 
     # ------------------------------------------------------------------ launch
-    def launches(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int]):
-        """(launches, outputs): the grid from M and the tile, the arguments in kernel order."""
-        launches, outputs = self._launches(env, binding)
-        return launches, {name: b.array for name, b in outputs.items()}
-
     def _launches(self, env, binding):
-        """(launches, output Buffers); inputs may be device values of a plan run (DeviceArray)."""
+        """(launches, output Buffers): the grid from M and the tile, the arguments in kernel order;
+        inputs may be device values of a plan run (DeviceArray). ``launches`` (SessionRun) gives the
+        outputs as host arrays."""
         an, plain = self.analysis, dict(binding)
 
         def ev(x) -> int:

@@ -26,7 +26,7 @@ class Buffer:
     upload: bool = True
     download: bool = False
     #: the same array in every call (packed weights): a device uploads it once and keeps it, keyed
-    #: by the array's identity, for as long as the device lives (weights stay resident on the GPU)
+    #: by the array's identity, for as long as the array lives (device_opencl.ResidentCache)
     resident: bool = False
 
 
