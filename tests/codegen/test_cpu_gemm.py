@@ -387,6 +387,53 @@ def test_row_pass_hook_runs_over_whole_rows_per_task_or_after_split_n_tiles():
             np.testing.assert_allclose(k.run(X, bias=bias), y / y.max(axis=1, keepdims=True), rtol=1e-4, atol=1e-4)
 
 
+def test_row_blocks_that_do_not_divide_among_the_threads_are_evened_out():
+    """M = 139 under 64-row blocks is 3 blocks: on 2 threads the third would run alone in a second
+    wave. The kernel makes 4 (the register tiles dealt 5, 5, 4, 4), the task count says so, and
+    every row is still computed once (numerics on 2 and 3 threads at M that are evened and not)."""
+    from tscomp.codegen.build import get_num_threads, set_num_threads
+    from tscomp.codegen.cpu_gemm import _Geometry, row_block_classes, row_blocks
+    assert row_blocks(139, 64, 8, 1, 2) == 4 and row_blocks(139, 64, 8, 2, 2) == 3   # 6 tasks divide already
+    assert row_block_classes(139, 64, 8, 1, 2, granule=1) == [(2, 40), (1, 32), (1, 27)]
+    assert row_blocks(139, 64, 8, 1, 3) == 3 and row_blocks(300, 64, 8, 1, 2) == 6
+    assert row_blocks(9, 8, 8, 1, 2) == 2 and row_blocks(17, 8, 8, 1, 2) == 3   # never past one block per tile
+    assert row_blocks(9 * 64 + 1, 64, 8, 1, 2) == 10                          # 10 tasks: 5 per thread
+    rng = np.random.default_rng(5)
+    K, N = 40, 48
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    cfg = TileConfig(mr=8, nr=16, mc=64, nc=48, kc=16)
+    g = _Geometry.of(cfg, K, N, "fp32")
+    assert g.n_nblocks == 1 and g.tasks(139, 2) == 4 and g.tasks(139, 3) == 3
+    kernel = GemmKernel(W, cfg, epilogue=Epilogue.bias_residual())
+    before = get_num_threads()
+    try:
+        for threads in (2, 3):
+            set_num_threads(threads)
+            check_all_m(kernel, W, rng, ms=[65, 129, 139, 200, 257, 330], epilogue=Epilogue.bias_residual())
+    finally:
+        set_num_threads(before)
+
+
+def test_row_block_classes_cover_m_once_in_balanced_whole_tiles():
+    """For every M, thread count and N-block count: the classes' rows add up to M in as many blocks
+    as row_blocks says, at most MC rows each, one register tile apart at most (the last block its
+    partial tile); a few tasks are a multiple of the threads wherever the tiles allow."""
+    from tscomp.codegen.cpu_gemm import row_block_classes, row_blocks
+    from tscomp.codegen.tile_config import BALANCE_TASKS_PER_THREAD
+    MC, MR = 48, 8
+    for threads in (1, 2, 3, 4):
+        for nnb in (1, 2, 3):
+            for M in range(1, 400):
+                classes = row_block_classes(M, MC, MR, nnb, threads, granule=1)
+                rows = [w for c, w in classes for _ in range(int(c))]
+                n = row_blocks(M, MC, MR, nnb, threads)
+                assert sum(rows) == M and len(rows) == n, (threads, nnb, M)
+                assert max(rows) <= MC and max(rows) - min(rows) < 2 * MR, (threads, nnb, M)
+                base = -(-M // MC) * nnb
+                if threads <= base < BALANCE_TASKS_PER_THREAD * threads and n < -(-M // MR):
+                    assert (n * nnb) % threads == 0, (threads, nnb, M)
+
+
 def test_small_m_cuts_n_finer_so_every_thread_has_a_task():
     """A configuration whose one N block covers all of N (nc = NP) gives one task per row block; when
     that is fewer than the threads, the kernel cuts N into whole panels at run time and the task

@@ -68,8 +68,8 @@ from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
 from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
                                    structural_signature)
-from tscomp.codegen.tile_config import (MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError,
-                                        host_caches)
+from tscomp.codegen.tile_config import (BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig,
+                                        TileConfigError, host_caches)
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
@@ -600,10 +600,6 @@ def conv_candidate_configs(isa: str, OCg: int, K: int, *, caches: CacheSizes | N
 
 
 # ============================================================================ source
-#: below this many position-block tasks per thread, their count is rounded up to a multiple of the
-#: threads (5 blocks over 2 threads leave one idle for a fifth of the call; 13 over 2, a 14th)
-BALANCE_TASKS_PER_THREAD = 4
-
 
 def conv_task_grid(P: int, images: int, n_ob: int, cfg: TileConfig, threads: int) -> tuple[int, int]:
     """(position blocks, channel-block runs) of an implicit-GEMM Conv call (``images`` = batch x

@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 
@@ -83,8 +84,8 @@ import numpy as np
 
 from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import math_helpers
-from tscomp.codegen.tile_config import (AMX_K, AMX_ROWS, AMX_TILE_REGISTERS, MAX_ACCUMULATORS, VECTOR_WIDTH, TileConfig,
-                                       TileConfigError, default_config, host_caches)
+from tscomp.codegen.tile_config import (AMX_K, AMX_ROWS, AMX_TILE_REGISTERS, BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS,
+                                       VECTOR_WIDTH, TileConfig, TileConfigError, default_config, host_caches)
 from tscomp.errors import TscompError
 from tscomp.schedule.target import PRECISIONS     # the target's precisions: one list
 
@@ -107,7 +108,8 @@ _RESERVED = {
     "acc", "i", "j", "r", "c", "k", "x", "tile", "yrow", "acc_t", "xp", "wp", "wn", "ct", "first", "last",
     "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock", "pull", "stream_log2",
     "kb", "k0", "jp", "wpanel", "wnext", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks", "mc",
-    "nc", "nth", "n_nblocks", "panels", "parts", "omp_get_max_threads",
+    "nc", "nth", "n_nblocks", "panels", "parts", "omp_get_max_threads", "row_tiles", "want", "tiles_per",
+    "tiles_extra", "BALANCE_TASKS_PER_THREAD",
     "min_i64", "pack_x", "ts_bf16_row", "micro_kernel", "micro_kernel_tail", "rows", "row_pass", "a_prologue", "Xa", "tscomp_erff",
     "int", "float", "double", "char", "void", "const", "restrict", "return", "if", "else", "for",
     "while", "do", "static", "inline", "sizeof", "int64_t", "int32_t",
@@ -247,6 +249,36 @@ def bf16_round(a: np.ndarray) -> np.ndarray:
     return (to_bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
 
 
+def row_blocks(M, MC: int, MR: int, n_nblocks: int, threads: int):
+    """The macro-kernel's row-block count at M rows (an int, or an array for an array of M; its C
+    computes the same): ceil(M / MC), or -- where that many blocks times the ``n_nblocks`` N blocks
+    are a few tasks (under :data:`BALANCE_TASKS_PER_THREAD` per thread) that do not divide among
+    the threads -- the next count that does, at most one block per register tile. 139 rows under
+    64-row blocks on 2 threads are 4 blocks, not 3: a third block would run alone in a second wave
+    (measured: BERT-size 3072x768 GEMMs at 161 instead of 212 GFLOP/s)."""
+    M = np.maximum(M, 1)
+    n = -(-M // MC)
+    tasks = n * n_nblocks
+    step = threads // math.gcd(n_nblocks, threads)      # block counts that divide: multiples of step
+    evened = -(-n // step) * step
+    uneven = (tasks >= threads) & (tasks < BALANCE_TASKS_PER_THREAD * threads) & (tasks % threads != 0)
+    out = np.where(uneven & (evened <= -(-M // MR)), evened, n)
+    return int(out) if out.ndim == 0 else out
+
+
+def row_block_classes(M, MC: int, MR: int, n_nblocks: int, threads: int, granule: int) -> list[tuple]:
+    """``[(count, rows)]`` of the macro-kernel's row blocks at M rows (ints or arrays): the register
+    tiles dealt evenly over :func:`row_blocks` blocks, the first ones a tile more; the last block
+    holds the partial tile, its rows rounded up to ``granule`` (1 where row tails compute exact rows,
+    MR where a partial tile costs a whole one)."""
+    M = np.maximum(M, 1)
+    n = row_blocks(M, MC, MR, n_nblocks, threads)
+    tiles = -(-M // MR)
+    q, extra = tiles // n, tiles % n       # the last block is never among the first `extra`
+    last = M - (tiles - q) * MR
+    return [(extra, (q + 1) * MR), (n - extra - 1, q * MR), (n * 0 + 1, -(-last // granule) * granule)]
+
+
 @dataclass(frozen=True)
 class _Geometry:
     """Static extents of one generated kernel (the config clamped to the problem)."""
@@ -300,9 +332,9 @@ class _Geometry:
 
     def tasks(self, M: int, threads: int) -> int:
         """The macro-kernel's task count at M rows on ``threads`` threads (its C computes the same):
-        balanced row blocks x N blocks, N cut finer, in whole panels, when that is fewer than the
+        :func:`row_blocks` x N blocks, N cut finer, in whole panels, when that is fewer than the
         threads."""
-        n_mblocks = -(-M // self.MC)
+        n_mblocks = row_blocks(M, self.MC, self.MR, self.n_nblocks, threads)
         nc = self.NC
         if n_mblocks * self.n_nblocks < threads:
             panels = self.NP // self.NR
@@ -477,6 +509,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
 #define KC  {g.KC}{_bf16_defines(g) if bf16 else ''}{_amx_defines(g) if amx else ''}
 #define N_NBLOCKS {g.n_nblocks}
 #define N_KBLOCKS {g.n_kblocks}
+#define BALANCE_TASKS_PER_THREAD {BALANCE_TASKS_PER_THREAD}
 
 static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
 """)
@@ -1125,19 +1158,25 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     xpack_free = "" if in_place else "\n        free(xpack);"
     tiles_on = "\n        amx_configure();   /* this thread's tile registers: 16 rows x 64 bytes each */" if amx else ""
     tiles_off = "\n        _tile_release();" if amx else ""
-    emit(f"""/* Macro-kernel: tasks = ceil(M / MC) balanced row blocks x N_NBLOCKS block tiles (more where that is fewer than the threads), shared among the OpenMP
+    emit(f"""/* Macro-kernel: tasks = ceil(M / MC) balanced row blocks (evened over the threads) x N_NBLOCKS block tiles (more where that is fewer than the threads), shared among the OpenMP
  * threads; each task walks K in N_KBLOCKS steps of KC{' (here one step: no partial sums)' if single else ''}. */
 void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y, int64_t M{epi_params})
 {{
     if (M <= 0) return;{before}
-    const int64_t n_mblocks = (M + MC - 1) / MC;
-    /* balanced row blocks: M split evenly (whole register tiles, at most MC rows), not MC-row
+    const int64_t nth = omp_get_max_threads();
+    const int64_t row_tiles = (M + MR - 1) / MR;
+    int64_t n_mblocks = (M + MC - 1) / MC;
+    /* a few tasks that do not divide among the threads: the next block count that does (whole
+     * register tiles), or the last wave runs one block on one thread (row_blocks in Python) */
+    if (n_mblocks * N_NBLOCKS >= nth && n_mblocks * N_NBLOCKS < BALANCE_TASKS_PER_THREAD * nth && (n_mblocks * N_NBLOCKS) % nth)
+        for (int64_t want = n_mblocks + 1; want <= row_tiles; ++want)
+            if ((want * N_NBLOCKS) % nth == 0) {{ n_mblocks = want; break; }}
+    /* balanced row blocks: the register tiles dealt evenly (the first blocks one more), not MC-row
      * blocks and a thin remainder that streams every weight panel again for a few rows */
-    const int64_t mc = ((M + n_mblocks - 1) / n_mblocks + MR - 1) / MR * MR;
+    const int64_t tiles_per = row_tiles / n_mblocks, tiles_extra = row_tiles % n_mblocks;
     /* too few tasks for the threads (small M): N cut finer at run time, in whole NR panels (W is
      * packed panel by panel over all of K, so any panel starts a block); _Geometry.tasks in Python
      * computes the same */
-    const int64_t nth = omp_get_max_threads();
     int64_t nc = NC;
     if (n_mblocks * N_NBLOCKS < nth) {{
         const int64_t panels = NP / NR, parts = min_i64(panels, (nth + n_mblocks - 1) / n_mblocks);
@@ -1152,7 +1191,8 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
         #pragma omp for schedule(dynamic, 1)  /* tasks are large; dynamic rides out a busy core */
         for (int64_t t = 0; t < n_tasks; ++t) {{
             const int64_t nb = t / n_mblocks, mb = t % n_mblocks;
-            const int64_t m0 = mb * mc, mv = min_i64(mc, M - m0);
+            const int64_t m0 = (mb * tiles_per + min_i64(mb, tiles_extra)) * MR;
+            const int64_t mv = min_i64((tiles_per + (mb < tiles_extra)) * MR, M - m0);
             const int64_t j0 = nb * nc, nw = min_i64(nc, NP - j0);  /* nw: a multiple of NR */
             const int stream_log2 = {stride_rule};  /* log2 of the stream's k-step stride */
             const {op}* wblock = {w_base};

@@ -30,6 +30,11 @@ from tscomp.errors import TscompError
 #: floats per SIMD vector for each ISA the CPU backend generates. ``amx`` is AVX-512 plus the AMX
 #: tile unit (bf16 GEMMs only, :mod:`tscomp.codegen.cpu_gemm`): its epilogues run on AVX-512.
 VECTOR_WIDTH = {"avx512": 16, "avx2": 8, "scalar": 1, "amx": 16}
+#: below this many tasks per thread, a macro-kernel (GEMM row blocks, Conv position blocks) rounds
+#: their count up to a multiple of the threads: 3 blocks over 2 threads leave one idle for a third
+#: of the call, 5 for a fifth; 13 over 2, a 14th
+BALANCE_TASKS_PER_THREAD = 4
+
 #: accumulator registers a register tile may use: 32 zmm / 16 ymm minus the weight vectors
 #: and the broadcast operand of one k step (AVX-512: 28; AVX2: 14). The scalar fallback has
 #: no register file to speak of; its bound only keeps the unrolled C reasonable. AMX counts

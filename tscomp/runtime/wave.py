@@ -13,7 +13,8 @@ to choose.
 
 **Task classes.** A shape's tasks are not all alike: the last block along a tiled dynamic axis
 holds the remainder (M = 327 under 64-row blocks is five full blocks and one of 7 rows; the CPU
-GEMM balances its row blocks instead: five of 56 rows and one of 47). Where the
+GEMM balances its row blocks instead: five of 56 rows and one of 47, and M = 139 on 2 threads is
+four blocks of 40, 40, 32 and 27 rows rather than three). Where the
 family defines them (:data:`CLASSES`), the tasks of a shape come as classes ``(count, work)`` with
 work the *padded* work of one task of the class: a task computes whole register tiles, so a task
 holding 5 rows under an 8-row register tile costs what 8 rows cost (TSCompiler §5.1's
@@ -52,6 +53,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from tscomp.codegen.build import get_num_threads
+from tscomp.codegen.cpu_gemm import row_block_classes
 from tscomp.graph.symbols import numel
 from tscomp.schedule.samples import shape_size
 from tscomp.schedule.target import Target
@@ -72,21 +74,11 @@ def _axis_classes(extent, block: int, reg: int) -> list[tuple]:
     return [(n - 1, _padded(np.minimum(extent, block), block, reg)), (n * 0 + 1, _padded(last, block, reg))]
 
 
-def _balanced_axis_classes(extent, block: int, reg: int, granule: int) -> list[tuple]:
-    """``[(count, padded extent)]`` of ``ceil(extent / block)`` balanced blocks (the CPU GEMM's rows):
-    each ``ceil(extent / n)`` rounded up to the register tile ``reg``, the last one the remainder;
-    a block's extent then rounds up to ``granule`` (1 where row tails compute exact rows)."""
-    extent = np.maximum(extent, 1)
-    n = -(-extent // block)
-    size = -(-(-(-extent // n)) // reg) * reg
-    last = extent - (n - 1) * size
-    return [(n - 1, _padded(np.minimum(extent, size), block, granule)), (n * 0 + 1, _padded(last, block, granule))]
-
-
 def _gemm_classes(k, ev, threads: int):
-    # rows count exactly where the last row panel has a micro-kernel of its own height
-    return [(c * k.geometry.n_nblocks, w)
-            for c, w in _balanced_axis_classes(ev(k.M), k.cfg.mc, k.cfg.mr, k.row_granule)]
+    # the CPU GEMM's row blocks (evened over the threads) x its N blocks; rows count exactly where
+    # the last row panel has a micro-kernel of its own height
+    nnb = k.geometry.n_nblocks
+    return [(c * nnb, w) for c, w in row_block_classes(ev(k.M), k.cfg.mc, k.cfg.mr, nnb, threads, k.row_granule)]
 
 
 def _conv_classes(k, ev, threads: int):
