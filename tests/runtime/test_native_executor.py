@@ -92,6 +92,42 @@ def test_steps_that_cannot_be_called_natively_run_from_python_between_segments(b
             np.testing.assert_array_equal(got[name], want[name])
 
 
+def test_profile_times_every_group_from_the_host_programs_own_stamps(bert):
+    """profile() runs the host program as run() does, which stamps the clock after every native
+    step: one positive time per group, in Plan order, summing to no more than the call; the
+    outputs are unchanged by the stamps, and per_group=True keeps the per-group Python path."""
+    import time
+    rt = Runtime(bert[0], warmup=False)
+    inputs = _inputs(rt, 2, 37)
+    want = rt.run(inputs)
+    t = time.perf_counter()
+    prof = rt.profile(inputs)
+    call = time.perf_counter() - t
+    assert [g for g, _, _ in prof] == [g.name for g in rt.plan.groups]
+    assert all(dt > 0 for _, _, dt in prof) and sum(dt for _, _, dt in prof) <= call
+    assert {f for _, f, _ in prof} >= {"gemm"}
+    assert rt._native._state().struct.trace is None       # the next run() stamps nothing
+    got = rt.run(inputs)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    per_group = [g for g, _, _ in rt.profile(inputs, per_group=True)]   # its plan skips shape-only groups
+    assert per_group and per_group == [g for g, _, _ in prof if g in set(per_group)]
+
+
+def test_profile_times_python_steps_between_native_segments(bert):
+    model, _ = load_artifact(bert[0])
+    refused = model.plan.groups[1].name
+
+    def refuse():
+        raise NotNativeError("refused by the test")
+    for k in model.kernels[refused]:
+        k.native_call = refuse
+    rt = Runtime.from_compiled(model)
+    prof = rt.profile(_inputs(rt, 1, 9))
+    assert [g for g, _, _ in prof] == [g.name for g in rt.plan.groups]
+    assert all(dt > 0 for _, _, dt in prof)
+
+
 def test_the_generated_host_program_is_deterministic_and_names_its_steps(bert):
     model, _ = load_artifact(bert[0])
     a, b = program_for(model), program_for(model)

@@ -60,6 +60,8 @@ typedef struct {
     const uint8_t *const *tables;   /* dispatch table per group (or NULL) */
     const int32_t *picks;           /* fixed variant per group, or -1: use the table */
     int64_t *err;                   /* [0..3] a kernel's error record, [4] its variant, [5] arena bytes needed */
+    double *trace;                  /* NULL, or (profile()) per step the omp_get_wtime() it ended at; */
+                                    /* [number of steps]: when the segment started */
 } ts_call;
 """
 
@@ -325,6 +327,7 @@ def _step_block(w: _Writer, step: int, group, variants) -> list[str]:
         cases.append(stmt)
     if len(cases) == 1:
         body += ["    " + ln for ln in cases[0]]
+        body.append(f"    if (call->trace) call->trace[{step}] = omp_get_wtime();   /* profile(): the step's end */")
     else:
         body.append(f"    switch ({w.variant_choice(group.name, variants)}) {{")
         for v, stmt in enumerate(cases):
@@ -332,6 +335,7 @@ def _step_block(w: _Writer, step: int, group, variants) -> list[str]:
             body += ["        " + ln for ln in stmt]
             body.append("        break;")
         body.append("    }")
+    body.append(f"    if (call->trace) call->trace[{step}] = omp_get_wtime();   /* profile(): the step's end */")
     body.append("}")
     return body
 
@@ -428,7 +432,7 @@ def _source(w: _Writer, name: str, steps, segments) -> str:
     for s in steps:
         if not s.native:
             head.insert(-1, f" *   step {s.index} ({s.group}) runs from Python: {s.reason}"[:300])
-    lines = head + [PRELUDE, "#include <stddef.h>", "", CALL_STRUCT]
+    lines = head + [PRELUDE, "#include <stddef.h>", "#include <omp.h>", "", CALL_STRUCT]
     lines += _place_block(w)
     lines += ["", "int64_t tscomp_host_arena_bytes(const int64_t *sym)", "{",
               "    return ts_place(sym, NULL, NULL);", "}", ""]
@@ -448,6 +452,7 @@ def _source(w: _Writer, name: str, steps, segments) -> str:
               "    switch (segment) {"]
     for k, seg in enumerate(segments):
         lines.append(f"    case {k}: {{")
+        lines.append(f"        if (call->trace) call->trace[{len(steps)}] = omp_get_wtime();")
         for block in seg:
             lines += ["        " + ln for ln in block]
         lines.append("        return 0; }")

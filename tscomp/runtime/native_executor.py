@@ -126,10 +126,23 @@ class NativeExecutor:
             self._state().grow(need).fill(0)
 
     # ------------------------------------------------------------ call
-    def run(self, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int], pick) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int], pick,
+            times: list | None = None) -> dict[str, np.ndarray]:
         """The model's outputs; ``pick(group, binding)`` is the variant of a group the host
-        program cannot choose itself (no dispatch table, or a step run from Python)."""
+        program cannot choose itself (no dispatch table, or a step run from Python). With a list
+        ``times``, each step's seconds are appended as ``(plan index, seconds)``: the host program
+        stamps every native step's end (``profile()``), Python times the steps it runs."""
         st = self._state()
+        trace = None
+        if times is not None:
+            trace = np.zeros(len(self.program.steps) + 1, np.float64)
+            st.struct.trace = trace.ctypes.data
+        try:
+            return self._call(st, inputs, binding, pick, trace, times)
+        finally:
+            st.struct.trace = None
+
+    def _call(self, st, inputs, binding, pick, trace, times) -> dict[str, np.ndarray]:
         sym, t = st.sym, st.t
         for k, name in enumerate(self.symbols):
             sym[k] = binding[name]
@@ -157,8 +170,12 @@ class NativeExecutor:
                         rc = self._run(i, st.address)
                     if rc:
                         raise self._index_error(rc - 1, st, binding)
+                    if trace is not None:
+                        times += self._segment_times(i, trace)
                 else:
                     self._python_step(i, t, st.arena, inputs, outputs, binding, keep, produced, pick)
+                    if times is not None:
+                        times.append((i, perf_counter() - t0))
                 native += perf_counter() - t0
         self.last_kernel_seconds = native   # the kernels' share of the call (for the overhead report)
         for name in self._computed_outputs:      # outputs no step writes: inputs, constants, shapes
@@ -167,6 +184,15 @@ class NativeExecutor:
             else:
                 outputs[name] = np.array(materialize(self.graph, self.graph.values[name], binding), copy=True)
         return outputs
+
+    def _segment_times(self, segment: int, trace: np.ndarray) -> list[tuple[int, float]]:
+        """(plan index, seconds) of a native segment's steps, from the host program's stamps."""
+        out, before = [], trace[-1]
+        for s in self.program.steps:
+            if s.native and s.segment == segment:
+                out.append((s.index, float(trace[s.index] - before)))
+                before = trace[s.index]
+        return out
 
     def _index_error(self, step: int, st: "_CallState", binding):
         err = st.err.copy()
@@ -235,7 +261,7 @@ class CallStruct(ctypes.Structure):
     """The host program's ``ts_call`` (:data:`tscomp.runtime.host_program.CALL_STRUCT`)."""
     _fields_ = [("sym", ctypes.c_void_p), ("t", ctypes.c_void_p), ("arena", ctypes.c_void_p),
                 ("arena_bytes", ctypes.c_int64), ("fn", ctypes.c_void_p), ("tables", ctypes.c_void_p),
-                ("picks", ctypes.c_void_p), ("err", ctypes.c_void_p)]
+                ("picks", ctypes.c_void_p), ("err", ctypes.c_void_p), ("trace", ctypes.c_void_p)]
 
 
 class _CallState:
@@ -253,7 +279,7 @@ class _CallState:
         self.struct = CallStruct(self.sym.ctypes.data, self.t.ctypes.data, 0, 0,
                                  ctypes.cast(ex._fn, ctypes.c_void_p).value,
                                  ctypes.cast(ex._tables, ctypes.c_void_p).value,
-                                 self.picks.ctypes.data, self.err.ctypes.data)
+                                 self.picks.ctypes.data, self.err.ctypes.data, None)
         self.address = ctypes.addressof(self.struct)
 
     def grow(self, nbytes: int) -> np.ndarray:

@@ -228,13 +228,24 @@ class Runtime:
             return out
         return self._execute(self._shape_plan(binding), inputs, None)
 
-    def profile(self, inputs: Mapping[str, np.ndarray]) -> list[tuple[str, str, float]]:
-        """Run once, timing each group: ``[(group, family/target, seconds), ...]`` in Plan order."""
+    def profile(self, inputs: Mapping[str, np.ndarray], per_group: bool = False) -> list[tuple[str, str, float]]:
+        """Run once, timing each group: ``[(group, family/target, seconds), ...]`` in Plan order.
+
+        Through the host program, as ``run()`` runs (it stamps the clock after every native step),
+        unless ``per_group`` or the Python executor: then one Python call per group, on the
+        per-shape plan (a group whose input is a view copies it in numpy there, where the host
+        program copies it in parallel C)."""
         binding, in_range = self._bind(inputs)
         if not in_range:
             raise ExecutionError("profile() runs compiled kernels only: the input shape is outside the "
                                  "declared ranges")
         set_num_threads(self.num_threads)
+        if self._native is not None and not per_group:
+            team_placement.enter(self.num_threads)
+            stamps: list = []
+            self._native.run(inputs, binding, self._pick, stamps)
+            names = [g.name for g in self.plan.groups]       # a group's variants are of one family
+            return [(names[i], _family(self.model.kernels[names[i]][0]), dt) for i, dt in stamps]
         times: list = []
         self._execute(self._shape_plan(binding), inputs, times)
         return times
