@@ -175,7 +175,7 @@ def test_the_last_partial_block_costs_its_own_rows_not_a_full_wave():
 
 class FakeWorkers:
     def __init__(self, n):
-        self.n = n
+        self.n = self.threads = n
 
     def blocks_per_wave(self, resources):
         return self.n

@@ -153,14 +153,15 @@ def classes_fn(kernel) -> Callable | None:
 MONOTONE = {"gemm"}
 
 
-def task_classes(kernel, binding: Mapping[str, int]) -> tuple[tuple[int, int], ...]:
-    """The tasks of ``kernel`` at ``binding`` as ``((count, work), ...)``, empty classes dropped; one
-    class (every task, the shape size) for families without :data:`CLASSES`."""
+def task_classes(kernel, binding: Mapping[str, int], threads: int | None = None) -> tuple[tuple[int, int], ...]:
+    """The tasks of ``kernel`` at ``binding`` on ``threads`` threads (default: the OpenMP team size
+    now, what a measurement runs on) as ``((count, work), ...)``, empty classes dropped; one class
+    (every task, the shape size) for families without :data:`CLASSES`."""
     fn = classes_fn(kernel)
     if fn is None:
         return ((int(kernel.tasks(binding)), shape_size(binding)),)
     b = dict(binding)
-    classes = fn(kernel, lambda x: int(kernel.symtab.evaluate(x, b)), get_num_threads())
+    classes = fn(kernel, lambda x: int(kernel.symtab.evaluate(x, b)), threads or get_num_threads())
     return tuple((int(c), int(w)) for c, w in classes if int(c) > 0)
 
 
@@ -356,9 +357,10 @@ def cost_of(kernel, classes, per_wave: int):
 
 
 def wave_cost(kernel, binding: Mapping[str, int], target: Target) -> float:
-    """The variant's predicted time at ``binding`` (see the module docstring)."""
+    """The variant's predicted time at ``binding`` on the target's threads (see the module
+    docstring; the dispatch tables made at load cost the same way)."""
     per_wave = max(1, target.blocks_per_wave(kernel.resources()))
-    return float(cost_of(kernel, task_classes(kernel, binding), per_wave))
+    return float(cost_of(kernel, task_classes(kernel, binding, target.threads), per_wave))
 
 
 def pick_variant(variants: list, binding: Mapping[str, int], target: Target):
