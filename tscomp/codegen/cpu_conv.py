@@ -69,7 +69,7 @@ from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
 from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
                                    structural_signature)
 from tscomp.codegen.tile_config import (BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig,
-                                        TileConfigError, host_caches)
+                                        TileConfigError, evened_count, host_caches)
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
@@ -612,7 +612,7 @@ def conv_task_grid(P: int, images: int, n_ob: int, cfg: TileConfig, threads: int
     n_pb = -(-P // cfg.nc)
     uneven = images * n_pb < BALANCE_TASKS_PER_THREAD * threads and (images * n_pb) % threads
     if cfg.vector_axis == 1 and uneven:
-        n_pb = next((w for w in range(n_pb + 1, -(-P // cfg.nr) + 1) if (images * w) % threads == 0), n_pb)
+        n_pb = evened_count(n_pb, images, threads, -(-P // cfg.nr))
     ncw = min(cfg.nc, _round_up(-(-P // n_pb), cfg.nr))
     n_pb = -(-P // ncw)
     base = images * n_pb

@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import math
 import re
 from dataclasses import dataclass
 
@@ -85,7 +84,8 @@ import numpy as np
 from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import math_helpers
 from tscomp.codegen.tile_config import (AMX_K, AMX_ROWS, AMX_TILE_REGISTERS, BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS,
-                                       VECTOR_WIDTH, TileConfig, TileConfigError, default_config, host_caches)
+                                       VECTOR_WIDTH, TileConfig, TileConfigError, default_config, evened_count,
+                                       host_caches)
 from tscomp.errors import TscompError
 from tscomp.schedule.target import PRECISIONS     # the target's precisions: one list
 
@@ -259,10 +259,8 @@ def row_blocks(M, MC: int, MR: int, n_nblocks: int, threads: int):
     M = np.maximum(M, 1)
     n = -(-M // MC)
     tasks = n * n_nblocks
-    step = threads // math.gcd(n_nblocks, threads)      # block counts that divide: multiples of step
-    evened = -(-n // step) * step
     uneven = (tasks >= threads) & (tasks < BALANCE_TASKS_PER_THREAD * threads) & (tasks % threads != 0)
-    out = np.where(uneven & (evened <= -(-M // MR)), evened, n)
+    out = np.where(uneven, evened_count(n, n_nblocks, threads, -(-M // MR)), n)
     return int(out) if out.ndim == 0 else out
 
 

@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from tscomp.errors import TscompError
 
 #: floats per SIMD vector for each ISA the CPU backend generates. ``amx`` is AVX-512 plus the AMX
@@ -34,6 +36,16 @@ VECTOR_WIDTH = {"avx512": 16, "avx2": 8, "scalar": 1, "amx": 16}
 #: their count up to a multiple of the threads: 3 blocks over 2 threads leave one idle for a third
 #: of the call, 5 for a fifth; 13 over 2, a 14th
 BALANCE_TASKS_PER_THREAD = 4
+
+
+def evened_count(n, per: int, threads: int, cap):
+    """The smallest block count >= ``n`` whose tasks (count x ``per``) divide among the threads, or
+    ``n`` itself where that count exceeds ``cap`` (ints or numpy arrays; the macro-kernels' C loops
+    search the same count upwards)."""
+    step = threads // math.gcd(per, threads)      # counts whose tasks divide: multiples of step
+    evened = -(-n // step) * step
+    out = np.where(evened <= cap, evened, n)
+    return int(out) if out.ndim == 0 else out
 
 #: accumulator registers a register tile may use: 32 zmm / 16 ymm minus the weight vectors
 #: and the broadcast operand of one k step (AVX-512: 28; AVX2: 14). The scalar fallback has

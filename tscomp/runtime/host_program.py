@@ -327,7 +327,6 @@ def _step_block(w: _Writer, step: int, group, variants) -> list[str]:
         cases.append(stmt)
     if len(cases) == 1:
         body += ["    " + ln for ln in cases[0]]
-        body.append(f"    if (call->trace) call->trace[{step}] = omp_get_wtime();   /* profile(): the step's end */")
     else:
         body.append(f"    switch ({w.variant_choice(group.name, variants)}) {{")
         for v, stmt in enumerate(cases):
