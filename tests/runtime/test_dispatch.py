@@ -21,9 +21,9 @@ def test_table_agrees_with_the_wave_model_at_every_sampled_binding(compiled_arti
         for g in multi:
             variants = rt.model.kernels[g]
             got = variants[rt._dispatch[g].pick(binding)]
-            want = pick_variant(variants, binding, rt.target)
+            want = pick_variant(variants, binding, rt.target, rt._dispatch[g].surcharge)
             if got is not want:     # only a float tie may differ
-                a, b = wave_cost(got, binding, rt.target), wave_cost(want, binding, rt.target)
+                a, b = (_charged_cost(variants, k, binding, rt.target, rt._dispatch[g].surcharge) for k in (got, want))
                 assert abs(a - b) <= 1e-9 * b, (g, binding, a, b)
 
 
@@ -80,7 +80,59 @@ def _assert_tables_pick_what_the_wave_model_picks(rt, tables, groups, ranges, *,
         binding = {n: int(rng.integers(lo, hi + 1)) for n, (lo, hi) in ranges.items()}
         for g in groups:
             variants = rt.model.kernels[g]
-            got, want = variants[tables[g].pick(binding)], pick_variant(variants, binding, rt.target)
+            got, want = variants[tables[g].pick(binding)], pick_variant(variants, binding, rt.target, tables[g].surcharge)
             if got is not want:
-                a, b = wave_cost(got, binding, rt.target), wave_cost(want, binding, rt.target)
+                a, b = (_charged_cost(variants, k, binding, rt.target, tables[g].surcharge) for k in (got, want))
+                assert abs(a - b) <= 1e-9 * b, (g, binding, a, b)
+
+
+def _charged_cost(variants, kernel, binding, target, surcharge) -> float:
+    """What a table compares: the wave model's cost plus the variant's surcharge."""
+    return wave_cost(kernel, binding, target) + surcharge[variants.index(kernel)]
+
+
+def _copy(kernel):
+    packed = getattr(kernel, "packed", None)
+    return None if packed is None else packed.ctypes.data
+
+
+def test_variants_reading_another_packed_copy_pay_a_surcharge_while_the_model_fits_the_cache(compiled_artifact):
+    """Tiny BERT fits the last level cache: per group, the variants reading the home packed copy
+    (and copy-less ones) cost what the wave model says; a variant reading another copy of the
+    weight is surcharged, and the table only picks it where it wins by more than that."""
+    path, _, _ = compiled_artifact("bert")
+    rt = Runtime(path, num_threads=2, warmup=False)
+    surcharged = 0
+    for g, table in rt._dispatch.items():
+        variants = rt.model.kernels[g]
+        home = {_copy(k) for k, s in zip(variants, table.surcharge) if s == 0.0 and _copy(k) is not None}
+        assert len(home) <= 1, g                     # one home copy per group
+        for k, s in zip(variants, table.surcharge):
+            assert s >= 0.0
+            if s > 0.0:
+                surcharged += 1
+                assert _copy(k) is not None and _copy(k) not in home, g
+    assert surcharged, "the fixture has GEMM variants with other register-tile widths (other packed copies)"
+
+
+def test_a_model_larger_than_the_cache_is_dispatched_by_the_wave_model_alone(compiled_artifact):
+    """With a last level cache too small for the weights, every copy streams from memory anyway:
+    no surcharges, and each table picks the wave model's cheapest variant."""
+    import dataclasses
+
+    from tscomp.runtime.dispatch import build_tables
+
+    path, _, ranges = compiled_artifact("bert")
+    rt = Runtime(path, num_threads=2, warmup=False)
+    small = dataclasses.replace(rt.target, spec=dataclasses.replace(rt.target.spec, l3=4096))
+    tables = build_tables(rt.model.kernels, rt.graph.symbols, small)
+    assert tables and all(not any(t.surcharge) for t in tables.values())
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        binding = {n: int(rng.integers(lo, hi + 1)) for n, (lo, hi) in ranges.items()}
+        for g, table in tables.items():
+            variants = rt.model.kernels[g]
+            got, want = variants[table.pick(binding)], pick_variant(variants, binding, small)
+            if got is not want:
+                a, b = wave_cost(got, binding, small), wave_cost(want, binding, small)
                 assert abs(a - b) <= 1e-9 * b, (g, binding, a, b)

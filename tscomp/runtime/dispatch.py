@@ -16,6 +16,18 @@ cost of every variant is the makespan of its task classes (:func:`~tscomp.runtim
 vectorized over the key grid. A group without classes (a kernel compiled before its family had
 them, :data:`~tscomp.runtime.wave.CLASSES_SINCE`), or whose key grid exceeds :data:`MAX_GRID`, is
 picked per binding by the wave model (the runtime memoizes those picks).
+
+**One packed copy per weight while the model lives in the caches.** Variants of a GEMM (or Conv)
+group whose register tiles differ in width read different packed copies of the one weight. The
+wave model costs each variant with its weight warm, but a switch between copies is not free: the
+copy the last requests did not use has left the cores' private caches, so the call re-reads it
+from farther away (tiny BERT, 2 threads: a length served by the other FFN copy after three calls
+at L = 64 took ~1.5 us more per GEMM, the first call at L = 1..9 1.3x its steady time instead of
+1.1x) and both copies compete for the cache. So where every group's *home* copy fits in the last
+level cache together (:func:`_resident`), a variant reading another copy pays a surcharge: its own
+time at the smallest shape of the group's range, which is its weight streamed once with all but no
+arithmetic. A group's home copy is the one whose variants cost least summed over the key grid.
+Models larger than the cache stream every copy from memory anyway and are costed as before.
 """
 from __future__ import annotations
 
@@ -57,6 +69,7 @@ class DispatchKey:
 class DispatchTable:
     key: DispatchKey
     choice: np.ndarray            # uint8, C order over the key axes: the variant to run
+    surcharge: tuple[float, ...] = ()   # per variant, seconds added to its wave-model cost (no home copy)
     _fns: tuple | None = None
 
     def pick(self, binding) -> int:
@@ -115,17 +128,71 @@ def _costs(kernel, key: DispatchKey, target: Target, symtab) -> np.ndarray:
 
 def build_tables(kernels: dict[str, list], symtab, target: Target) -> dict[str, DispatchTable]:
     """Group name -> its table, for every group with more than one variant that can have one."""
-    tables = {}
+    costed = {}
     for name, variants in kernels.items():
         key = dispatch_key(variants, symtab)
         if key is None:
             continue
         try:
-            costs = np.stack([_costs(k, key, target, symtab) for k in variants])
+            costs = np.stack([_costs(k, key, target, symtab) for k in variants]).reshape(len(variants), -1)
         except (KeyError, TypeError, ValueError, AttributeError):
             continue                      # the per-shape wave model decides for this group
-        tables[name] = DispatchTable(key, np.ascontiguousarray(np.argmin(costs, axis=0).astype(np.uint8)))
+        costed[name] = (key, costs)
+    homes = {name: _home_copy(kernels[name], costs) for name, (_, costs) in costed.items()}
+    resident = _resident(kernels, homes, target)
+    tables = {}
+    for name, (key, costs) in costed.items():
+        surcharge = (_surcharges(kernels[name], costs, homes[name]) if resident
+                     else np.zeros(len(kernels[name])))
+        choice = np.argmin(costs + surcharge[:, None], axis=0).astype(np.uint8).reshape(key.extents)
+        tables[name] = DispatchTable(key, np.ascontiguousarray(choice), tuple(float(x) for x in surcharge))
     return tables
+
+
+def _copy_of(kernel) -> tuple[int, int] | None:
+    """(address, bytes) of the packed weight copy a variant reads; None when it reads none."""
+    packed = getattr(kernel, "packed", None)
+    if not isinstance(packed, np.ndarray) or packed.size == 0:
+        return None
+    return packed.ctypes.data, packed.nbytes
+
+
+def _home_copy(variants: list, costs: np.ndarray) -> tuple[int, int] | None:
+    """The packed copy whose variants, picking the cheapest of them per cell, cost least summed
+    over the key grid (None: the group's variants read no packed copy)."""
+    best: dict[tuple, np.ndarray] = {}
+    for k, row in zip(variants, costs):
+        copy = _copy_of(k)
+        if copy is not None:
+            best[copy] = row if copy not in best else np.minimum(best[copy], row)
+    totals = {copy: float(row.sum()) for copy, row in best.items()}
+    return min(totals, key=totals.get) if totals else None
+
+
+def _resident(kernels: dict[str, list], homes: dict, target: Target) -> bool:
+    """Whether the model's home copies (a table's home, every other group's copies) fit in the
+    target's last level cache together; False for targets without one (GPUs)."""
+    capacity = getattr(target.spec, "l3", 0)
+    if not capacity:
+        return False
+    copies = set()
+    for name, variants in kernels.items():
+        if name in homes:
+            copies.add(homes[name])
+        else:
+            copies.update(_copy_of(k) for k in variants)
+    return sum(c[1] for c in copies if c is not None) <= capacity
+
+
+def _surcharges(variants: list, costs: np.ndarray, home) -> np.ndarray:
+    """Per variant: 0 for the home copy's (and copy-less) variants, else its cost at the grid's
+    first cell (the smallest shape of the range: its weight streamed once)."""
+    out = np.zeros(len(variants))
+    for v, k in enumerate(variants):
+        copy = _copy_of(k)
+        if copy is not None and copy != home and np.isfinite(costs[v, 0]):
+            out[v] = costs[v, 0]
+    return out
 
 
 __all__ = ["DispatchKey", "DispatchTable", "MAX_GRID", "build_tables", "dispatch_key"]

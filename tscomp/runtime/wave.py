@@ -363,11 +363,15 @@ def wave_cost(kernel, binding: Mapping[str, int], target: Target) -> float:
     return float(cost_of(kernel, task_classes(kernel, binding, target.threads), per_wave))
 
 
-def pick_variant(variants: list, binding: Mapping[str, int], target: Target):
+def pick_variant(variants: list, binding: Mapping[str, int], target: Target, surcharge=()):
+    """The cheapest variant at ``binding``; ``surcharge`` adds seconds per variant (a dispatch
+    table's, for variants reading a packed copy other than the group's home one)."""
     if len(variants) == 1:
         return variants[0]
+    extra = list(surcharge) or [0.0] * len(variants)
     # ties (equal cost) go to the earlier variant: the schedule lists its best-objective one first
-    return min(variants, key=lambda k: wave_cost(k, binding, target))
+    best = min(range(len(variants)), key=lambda v: wave_cost(variants[v], binding, target) + extra[v])
+    return variants[best]
 
 
 __all__ = ["CLASSES", "CLASSES_SINCE", "classes_fn", "cost_of", "makespan", "pick_variant", "sample_point", "task_classes", "task_work",
