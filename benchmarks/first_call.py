@@ -11,7 +11,10 @@ OpenMP team went to sleep while Python made inputs), then the first call at the 
 median of 7 more calls at it (*steady*), and, as a control, the first call at a length the process
 has served before after the same reference calls (*seen*: what returning to a shape costs once the
 reference shape's variants and data filled the caches). ``first/seen`` isolates what a new shape
-costs beyond any shape switch: 1.0 when nothing is planned on the request path. The last column
+costs beyond any shape switch: 1.0 when nothing is planned on the request path. Every call carries
+its own random token ids (a server's steady state at one length still sees new requests: repeating
+one request's tokens kept their embedding rows cached for the steady calls only, which made every
+first call look ~2 us dearer on tiny BERT). The last column
 is a control near each length: the first call at another never-seen length right after a third
 never-seen length that runs the very same variants (so their code and weights are warm).
 
@@ -47,12 +50,22 @@ def _timed(call, inputs) -> float:
     return time.perf_counter() - t
 
 
-def _switch_pattern(call, request, reference) -> tuple[float, list[float]]:
-    """Reference calls, then the first call at ``request`` and 7 more (steady): (first, steady)."""
+#: distinct requests made per length: the first call, 7 steady calls, the *seen* call
+REQUESTS_PER_LENGTH = 9
+
+
+def _requests(graph, binding: dict, seed: int) -> list[dict]:
+    """``REQUESTS_PER_LENGTH`` requests of one shape, each with its own random contents."""
+    return [random_inputs(graph, binding, np.random.default_rng([seed, j])) for j in range(REQUESTS_PER_LENGTH)]
+
+
+def _switch_pattern(call, requests, reference) -> tuple[float, list[float]]:
+    """Reference calls, then the first call at the new shape (``requests[0]``) and 7 more, each
+    a request of its own (steady): (first, steady)."""
     for _ in range(3):
         call(reference)
-    first = _timed(call, request)
-    return first, [_timed(call, request) for _ in range(7)]
+    first = _timed(call, requests[0])
+    return first, [_timed(call, r) for r in requests[1:8]]
 
 
 def _ort_call(onnx: str, threads: int):
@@ -72,9 +85,8 @@ def measure(args) -> list[dict]:
     load = time.perf_counter() - t
     base = {i.name: i.min for i in rt.graph.symbols.live_symbols()}
     lengths = [int(x) for x in args.lengths.split(",")]
-    requests = {L: random_inputs(rt.graph, base | {"sequence": L}, np.random.default_rng(L))
-                for L in lengths + [REFERENCE_LENGTH]}
-    reference = requests[REFERENCE_LENGTH]
+    requests = {L: _requests(rt.graph, base | {"sequence": L}, L) for L in lengths + [REFERENCE_LENGTH]}
+    reference = requests[REFERENCE_LENGTH][0]
     rows = []
     for L in lengths:
         over = []
@@ -84,7 +96,7 @@ def measure(args) -> list[dict]:
         first, steady = _switch_pattern(call, requests[L], reference)
         for _ in range(3):
             rt.run(reference)
-        seen = _timed(rt.run, requests[L])
+        seen = _timed(rt.run, requests[L][8])
         rows.append({"L": L, "first": first, "seen": seen, "steady": statistics.median(steady),
                      "overhead": statistics.median(over[-7:]), "load": load, "executor": rt.executor})
     used = set(lengths) | {REFERENCE_LENGTH}
@@ -92,7 +104,7 @@ def measure(args) -> list[dict]:
         row["warm"] = _first_with_warm_variants(rt, base, row["L"], used, reference)
     if args.onnx:     # the peer, same pattern, after tscomp (its own first calls: the same lengths are new to it)
         peer = _ort_call(args.onnx, args.threads)
-        peer(requests[REFERENCE_LENGTH])
+        peer(reference)
         for row in rows:
             first, steady = _switch_pattern(peer, requests[row["L"]], reference)
             row["ort_first_steady"] = first / statistics.median(steady)
@@ -111,13 +123,13 @@ def _first_with_warm_variants(rt, base: dict, near: int, used: set, reference) -
         return None
     target, twin = pair
     used.update(pair)
-    inputs = {L: random_inputs(rt.graph, base | {"sequence": L}, np.random.default_rng(L)) for L in pair}
+    inputs = {L: _requests(rt.graph, base | {"sequence": L}, L) for L in pair}
     for _ in range(3):
         rt.run(reference)
-    for _ in range(2):
-        rt.run(inputs[twin])
-    first = _timed(rt.run, inputs[target])
-    steady = statistics.median(_timed(rt.run, inputs[target]) for _ in range(7))
+    for twin_request in inputs[twin][:2]:
+        rt.run(twin_request)
+    first = _timed(rt.run, inputs[target][0])
+    steady = statistics.median(_timed(rt.run, r) for r in inputs[target][1:8])
     return first / steady
 
 
