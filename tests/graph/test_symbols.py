@@ -102,6 +102,27 @@ def test_compiled_evaluation_equals_sympy_substitution():
             assert fn(binding) == want, (e, binding)
 
 
+def test_a_compiled_shape_tuple_equals_its_extents_evaluated_one_by_one():
+    """compile_int_tuple (an output's shape per request) gives the ints SymPy gives, with and
+    without extents that need rational arithmetic."""
+    import random
+
+    import sympy
+
+    from tscomp.graph.symbols import compile_int_tuple
+    a, b = sympy.symbols("a b", integer=True, positive=True)
+    integral = [a, b * 4, sympy.Integer(128), a * b + 3, sympy.Min(a, 512) * sympy.Max(b, 3), sympy.Mod(a * 7 - b, 5)]
+    rational = integral + [sympy.floor((a - 16) / 16) + 1, sympy.Rational(1, 2) * a * (a + 1)]
+    rng = random.Random(1)
+    for exprs in (integral, rational, []):
+        fn = compile_int_tuple(exprs)
+        for _ in range(30):
+            binding = {"a": rng.randint(1, 1000), "b": rng.randint(1, 1000)}
+            got = fn(binding)
+            want = tuple(int(e.xreplace({a: binding["a"], b: binding["b"]})) for e in exprs)
+            assert got == want and all(type(v) is int for v in got), (exprs, binding)
+
+
 def test_nested_floor_and_ceiling_divisions_fold_into_one():
     # two strided layers give floor(floor(S/5)/2); the exporter's own arithmetic writes floor(S/10)
     t, (S, B) = table(S=(400, 16000), B=(1, 4))

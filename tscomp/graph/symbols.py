@@ -385,6 +385,23 @@ def compile_int_expr(expr: Expr):
     return evaluate
 
 
+def compile_int_tuple(exprs):
+    """``exprs`` as one Python function of a binding returning the tuple of their values (a
+    tensor's shape per request: one generated lambda instead of a call per extent). Where an
+    expression needs rational arithmetic or SymPy, each element goes through
+    :func:`compile_int_expr`."""
+    consts: dict[str, object] = {"floor": math.floor, "ceil": math.ceil, "Fraction": Fraction}
+    try:
+        codes = [_py(sympy.sympify(e), consts) for e in exprs]
+    except NotImplementedError:
+        codes = None
+    if codes is None or any(isinstance(v, Fraction) for v in consts.values()):
+        fns = [compile_int_expr(e) for e in exprs]
+        return lambda binding: tuple(int(f(binding)) for f in fns)
+    # integer nodes only (+, *, non-negative powers, %, min/max/floor/ceil/abs of ints): ints out
+    return eval(f"lambda b: ({''.join(c + ', ' for c in codes)})", consts)  # noqa: S307 - generated from SymPy trees
+
+
 def _py(e: Expr, consts: dict) -> str:
     """Python source for ``e`` (ints and Fractions only)."""
     if e.is_Integer:

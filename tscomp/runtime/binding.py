@@ -42,7 +42,7 @@ class InputBinder:
         try:
             for name, dtype, rank, symbols, _ in self.specs:
                 arr = inputs[name]
-                if type(arr) is not np.ndarray or arr.dtype != dtype or arr.ndim != rank:
+                if type(arr) is not np.ndarray or (arr.dtype is not dtype and arr.dtype != dtype) or arr.ndim != rank:
                     raise LookupError
                 shape = arr.shape
                 for axis, sym in symbols:

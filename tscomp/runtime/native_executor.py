@@ -20,7 +20,7 @@ import numpy as np
 
 from tscomp.errors import ExecutionError
 from tscomp.graph.reference import materialize
-from tscomp.graph.symbols import compile_int_expr
+from tscomp.graph.symbols import compile_int_expr, compile_int_tuple
 from tscomp.runtime.host_program import HostProgram
 from tscomp.runtime.threads import blas_single_threaded
 
@@ -74,8 +74,9 @@ class NativeExecutor:
             *[ctypes.cast(model.kernels[g][v].fn, ctypes.c_void_p).value for g, v in program.functions])
         self._tables, self._picks, self._dynamic = self._dispatch(tables)
         self._shapes: dict[str, tuple] = {}
-        self._out_shapes = {name: self._shape_fns(name) for name in self.graph.outputs}
+        self._out_shapes = {name: self._shape_fn(name) for name in self.graph.outputs}
         self._numpy = any(self.model.kernels[s.group][0].target == "numpy" for s in program.steps if not s.native)
+        self._one_segment = [tuple(o) for o in program.order] == [("native", 0)]
         self._local = threading.local()
         self.last_kernel_seconds = 0.0
         self._computed_outputs = [n for n in self.graph.outputs if n in self.graph.inputs
@@ -153,30 +154,17 @@ class NativeExecutor:
             t[k] = _data_address(arr)
         outputs = {}
         for name, k in self._outputs:
-            fns, dtype = self._out_shapes[name]
-            arr = outputs[name] = np.empty(tuple(int(f(binding)) for f in fns), dtype)
+            shape_of, dtype = self._out_shapes[name]
+            arr = outputs[name] = np.empty(shape_of(binding), dtype)
             t[k] = _data_address(arr)
         for g, name in self._dynamic:
             st.picks[g] = self.model.kernels[name].index(pick(name, binding))
-        produced: dict[str, np.ndarray] = {}      # outputs of Python steps that live outside the arena
-        native = 0.0
-        with blas_single_threaded if self._numpy else contextlib.nullcontext():
-            for kind, i in self.program.order:
-                t0 = perf_counter()
-                if kind == "native":
-                    rc = self._run(i, st.address)
-                    if rc == -1:                    # the arena is too small for this call: grow, again
-                        st.grow(int(st.err[5]))
-                        rc = self._run(i, st.address)
-                    if rc:
-                        raise self._index_error(rc - 1, st, binding)
-                    if trace is not None:
-                        times += self._segment_times(i, trace)
-                else:
-                    self._python_step(i, t, st.arena, inputs, outputs, binding, keep, produced, pick)
-                    if times is not None:
-                        times.append((i, perf_counter() - t0))
-                native += perf_counter() - t0
+        if self._one_segment:     # the whole Plan in one host-program call: nothing to interleave
+            t0 = perf_counter()
+            self._native_segment(0, st, binding, trace, times)
+            native = perf_counter() - t0
+        else:
+            native = self._segments(st, inputs, outputs, binding, pick, keep, trace, times)
         self.last_kernel_seconds = native   # the kernels' share of the call (for the overhead report)
         for name in self._computed_outputs:      # outputs no step writes: inputs, constants, shapes
             if name in self.graph.inputs:
@@ -184,6 +172,32 @@ class NativeExecutor:
             else:
                 outputs[name] = np.array(materialize(self.graph, self.graph.values[name], binding), copy=True)
         return outputs
+
+    def _segments(self, st, inputs, outputs, binding, pick, keep, trace, times) -> float:
+        """Native segments and the Python steps between them, in Plan order: their seconds."""
+        produced: dict[str, np.ndarray] = {}      # outputs of Python steps that live outside the arena
+        native = 0.0
+        with blas_single_threaded if self._numpy else contextlib.nullcontext():
+            for kind, i in self.program.order:
+                t0 = perf_counter()
+                if kind == "native":
+                    self._native_segment(i, st, binding, trace, times)
+                else:
+                    self._python_step(i, st.t, st.arena, inputs, outputs, binding, keep, produced, pick)
+                    if times is not None:
+                        times.append((i, perf_counter() - t0))
+                native += perf_counter() - t0
+        return native
+
+    def _native_segment(self, i: int, st, binding, trace, times) -> None:
+        rc = self._run(i, st.address)
+        if rc == -1:                    # the arena is too small for this call: grow, again
+            st.grow(int(st.err[5]))
+            rc = self._run(i, st.address)
+        if rc:
+            raise self._index_error(rc - 1, st, binding)
+        if trace is not None:
+            times += self._segment_times(i, trace)
 
     def _segment_times(self, segment: int, trace: np.ndarray) -> list[tuple[int, float]]:
         """(plan index, seconds) of a native segment's steps, from the host program's stamps."""
@@ -204,6 +218,12 @@ class NativeExecutor:
         except Exception:      # noqa: BLE001 - the record is still worth reporting without a shape
             sizes = ()
         return kernel.index_error(err[:4], sizes)
+
+    def _shape_fn(self, name: str) -> tuple:
+        """(one compiled function of a binding giving the tensor's shape, dtype): an output's,
+        evaluated on every request."""
+        v = self.graph.values[name]
+        return compile_int_tuple([self.graph.symbols.canon(d) for d in v.shape]), np.dtype(v.dtype)
 
     def _shape_fns(self, name: str) -> tuple:
         """(compiled extent functions of a binding, dtype) of a graph tensor (made once)."""

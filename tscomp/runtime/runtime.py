@@ -260,7 +260,7 @@ class Runtime:
 
     # ------------------------------------------------------------------ validation
     def _bind(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, int], bool]:
-        if not isinstance(inputs, Mapping):
+        if type(inputs) is not dict and not isinstance(inputs, Mapping):   # (the ABC check costs ~1 us)
             raise ExecutionError(f"run() takes a dict of input name -> numpy array, got {type(inputs).__name__}")
         binding = self._binder.bind(inputs)
         outside = []
