@@ -113,6 +113,7 @@ def _summary(compiled, path: Path) -> list[str]:
                 "op in fp32)" if compiled.target.precision == "bf16" else ""),
              f"schedules ({compiled.target.describe()}): {compiled.config_source}"
              + (f", {compiled.schedules.seconds:.0f}s" if compiled.schedules is not None else "")]
+    lines += [n for n in compiled.notes if n.startswith("packed weights:")]
     host = json.loads((path / "manifest.json").read_text()).get("host")
     lines.append(f"host program: {host['native_steps']} of {host['steps']} groups called natively, one native call "
                  f"per request (kernels.so: tscomp_host_run)" if host else

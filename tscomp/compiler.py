@@ -10,7 +10,10 @@ The stages run in order and talk through their output objects only:
 4. codegen  — every kept configuration's source generated, compiled in parallel, bound;
 5. timing   — variants the schedule stage did not measure (heuristic, record) are timed at the
    sample shapes (TSCompiler §6: T_single_wave, the quantity the runtime's wave model scales,
-   measured at several occupancies, since a CPU task's time depends on how full its tiles are).
+   measured at several occupancies, since a CPU task's time depends on how full its tiles are);
+6. copies   — a weight keeps a second packed copy (another register-tile width) only where its
+   variants gain at least :data:`~tscomp.runtime.dispatch.COPY_WORTH` by that model
+   (:func:`~tscomp.runtime.dispatch.drop_unworthy_copies`): memory is the price of a copy.
 
 The result is a :class:`CompiledModel`, which :mod:`tscomp.runtime.artifact` writes to disk and the
 :class:`~tscomp.runtime.Runtime` executes.
@@ -37,6 +40,7 @@ from tscomp.runtime.wave import sample_point
 from tscomp.schedule.cold_start import evict_bytes, rotation
 from tscomp.schedule.measure import time_case
 from tscomp.schedule.samples import DISPATCH_POINTS, group_inputs_at, sample_bindings, shape_size
+from tscomp.runtime.dispatch import COPY_WORTH, drop_unworthy_copies
 from tscomp.schedule.schedules import Schedules, TuningOptions, schedule_plan
 from tscomp.schedule.target import Target, host_cpu, host_threads
 
@@ -116,10 +120,16 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
     schedules = schedule_plan(plan, choices, target, options, log=log)
     kernels = build_kernels(plan, choices, schedules, target, progress)
     measure_for_dispatch(plan, kernels, target.threads, evict_bytes(plan, target))
+    dropped = drop_unworthy_copies(kernels, plan.graph.symbols, target)
     if progress:
         progress(len(plan.groups), len(plan.groups), "done")
-    return CompiledModel(plan, kernels, target, schedules, source_model=source_model,
-                         compile_seconds=time.perf_counter() - t0)
+    model = CompiledModel(plan, kernels, target, schedules, source_model=source_model,
+                          compile_seconds=time.perf_counter() - t0)
+    if dropped:
+        model.notes.append(f"packed weights: one copy of the weight in {len(dropped)} group(s) whose other "
+                           f"register-tile widths gained < {COPY_WORTH:.0%} ({sum(dropped.values()) / 2**20:.1f} MiB "
+                           f"of panels not made at load)")
+    return model
 
 
 def choose_families(plan: Plan) -> tuple[Plan, dict[str, FamilyChoice]]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tscomp.runtime import Runtime
 from tscomp.runtime.wave import pick_variant, wave_cost
@@ -92,16 +93,32 @@ def _charged_cost(variants, kernel, binding, target, surcharge) -> float:
 
 
 def _copy(kernel):
-    packed = getattr(kernel, "packed", None)
-    return None if packed is None else packed.ctypes.data
+    from tscomp.runtime.packing import copy_key
+    return copy_key(kernel)
 
 
-def test_variants_reading_another_packed_copy_pay_a_surcharge_while_the_model_fits_the_cache(compiled_artifact):
+@pytest.fixture(scope="module")
+def every_copy_artifact(exported_model, tmp_path_factory):
+    """Tiny BERT compiled keeping every packed copy (COPY_WORTH below any gain): groups whose
+    variants read two copies of one weight."""
+    from models.families import symbol_ranges
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import dispatch
+    from tscomp.runtime.artifact import write_artifact
+
+    ranges = symbol_ranges("bert", "tiny")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dispatch, "COPY_WORTH", -1.0)
+        model = compile_model(str(exported_model("bert", "tiny", "dynamo")),
+                              [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()], max_variants=2)
+    return write_artifact(model, tmp_path_factory.mktemp("every-copy") / "bert.tsc")
+
+
+def test_variants_reading_another_packed_copy_pay_a_surcharge_while_the_model_fits_the_cache(every_copy_artifact):
     """Tiny BERT fits the last level cache: per group, the variants reading the home packed copy
     (and copy-less ones) cost what the wave model says; a variant reading another copy of the
     weight is surcharged, and the table only picks it where it wins by more than that."""
-    path, _, _ = compiled_artifact("bert")
-    rt = Runtime(path, num_threads=2, warmup=False)
+    rt = Runtime(every_copy_artifact, num_threads=2, warmup=False)
     surcharged = 0
     for g, table in rt._dispatch.items():
         variants = rt.model.kernels[g]
@@ -113,6 +130,54 @@ def test_variants_reading_another_packed_copy_pay_a_surcharge_while_the_model_fi
                 surcharged += 1
                 assert _copy(k) is not None and _copy(k) not in home, g
     assert surcharged, "the fixture has GEMM variants with other register-tile widths (other packed copies)"
+
+
+class _Copying:
+    """A variant reading one packed array (what copy_key identifies it by)."""
+    family = "test"
+
+    def __init__(self, packed):
+        self.packed = packed
+
+
+def test_a_second_packed_copy_is_kept_only_where_its_variants_gain_enough():
+    from tscomp.runtime.dispatch import COPY_WORTH, worthwhile_copies
+
+    one, two = np.zeros(1024, np.float32), np.zeros(1024, np.float32)
+    variants = [_Copying(one), _Copying(one), _Copying(two)]
+    base = np.array([[10.0, 20.0, 30.0, 40.0], [12.0, 18.0, 33.0, 44.0]])
+    home_best = base.min(0)
+
+    def kept(third_row):
+        return {key[1] for key in worthwhile_copies(variants, np.vstack([base, third_row]))}
+
+    A, B = one.ctypes.data, two.ctypes.data
+    slower_large = np.array([1.0, 1.0, 1.5, 1.5])              # the second copy loses at large shapes
+    assert kept(home_best * slower_large * [0.8, 0.8, 1, 1]) == {A, B}    # 25% faster at small ones: both
+    assert kept(home_best * slower_large * [0.99, 0.99, 1, 1]) == {A}     # 1% there (0.5% over the grid)
+    assert kept(home_best * [0.97, 1.5, 1.5, 1.5]) == {A}                 # 3% at one shape of four
+    assert kept(home_best * 2) == {A}                                     # never faster
+    assert kept(home_best * (1 - 3 * COPY_WORTH)) == {B}   # faster everywhere: it is the home copy, alone
+    assert COPY_WORTH > 0
+
+
+def test_compiled_groups_keep_no_copy_their_costs_call_unworthy(compiled_artifact):
+    """The compiler dropped what :func:`worthwhile_copies` would: run again on the artifact's own
+    variants and costs, it keeps every copy they read."""
+    from tscomp.runtime.dispatch import _costs, dispatch_key, worthwhile_copies
+
+    path, _, _ = compiled_artifact("bert")
+    rt = Runtime(path, num_threads=2, warmup=False)
+    checked = 0
+    for g, variants in rt.model.kernels.items():
+        copies = {_copy(k) for k in variants} - {None}
+        key = dispatch_key(variants, rt.graph.symbols)
+        if not copies or key is None:
+            continue
+        costs = np.stack([_costs(k, key, rt.target, rt.graph.symbols) for k in variants]).reshape(len(variants), -1)
+        assert worthwhile_copies(variants, costs) == copies, g
+        checked += 1
+    assert checked, "the fixture has GEMM groups with several variants"
 
 
 def test_a_model_larger_than_the_cache_is_dispatched_by_the_wave_model_alone(compiled_artifact):

@@ -52,6 +52,7 @@ from tscomp.compiler import CompiledModel
 from tscomp.errors import TscompError
 from tscomp.graph.symbols import shape_str
 from tscomp.runtime import plain_data
+from tscomp.runtime.packing import PACKERS
 from tscomp.runtime.plain_data import BlobReader, BlobWriter, PlainDataError, read_aligned
 from tscomp.schedule.target import Target
 
@@ -293,28 +294,6 @@ def _write_contents(model: CompiledModel, tmp: Path, progress, embed_source: boo
     manifest["files"] = {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     manifest["digest"] = manifest_digest(manifest)
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-
-
-#: how a family's prepacked weight is made from its raw [K, N] weight (packed at load: the artifact
-#: stores the raw weight once, however many tile configurations pack it)
-def _gemm_raw(kernel):
-    analysis = kernel.__dict__.get("analysis")
-    return None if analysis is None else analysis.__dict__.get("W")
-
-
-def _gemm_pack(kernel, raw):
-    from tscomp.codegen.cpu_gemm import prepack_weights
-    return prepack_weights(raw, kernel.cfg, getattr(kernel, "precision", "fp32"))
-
-
-def _gemm_layout(kernel) -> tuple:
-    """What a GEMM's panel layout depends on: the register tile's width and the precision."""
-    return kernel.cfg.nr, getattr(kernel, "precision", "fp32")
-
-
-#: family -> (raw weight of a kernel, pack it, what the packed layout depends on: kernels of one raw
-#: weight that agree on it share one copy, packed once at load)
-PACKERS = {"gemm": (_gemm_raw, _gemm_pack, _gemm_layout)}
 
 
 def _weight_sources(kernels, blobs: BlobWriter) -> dict[int, dict]:

@@ -1,12 +1,51 @@
 """Weights packed at load (issue 10: the artifact stores each raw weight once; the panels are made
-from it when the artifact is loaded, by each family's packer in :data:`tscomp.runtime.artifact.PACKERS`,
-e.g. :func:`tscomp.codegen.cpu_gemm.prepack_weights`).
+from it when the artifact is loaded, by each family's packer in :data:`PACKERS`, e.g.
+:func:`tscomp.codegen.cpu_gemm.prepack_weights`), and which packed copy of a weight a kernel
+variant reads (:func:`copy_key`: variants of one layout share one array).
 
 :func:`pack_all` packs a list of jobs on a few threads (numpy releases the GIL while copying).
 """
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+
+#: how a family's prepacked weight is made from its raw [K, N] weight (packed at load: the artifact
+#: stores the raw weight once, however many tile configurations pack it)
+def _gemm_raw(kernel):
+    analysis = kernel.__dict__.get("analysis")
+    return None if analysis is None else analysis.__dict__.get("W")
+
+
+def _gemm_pack(kernel, raw):
+    from tscomp.codegen.cpu_gemm import prepack_weights
+    return prepack_weights(raw, kernel.cfg, getattr(kernel, "precision", "fp32"))
+
+
+def _gemm_layout(kernel) -> tuple:
+    """What a GEMM's panel layout depends on: the register tile's width and the precision."""
+    return kernel.cfg.nr, getattr(kernel, "precision", "fp32")
+
+
+#: family -> (raw weight of a kernel, pack it, what the packed layout depends on: kernels of one raw
+#: weight that agree on it share one copy, packed once at load)
+PACKERS = {"gemm": (_gemm_raw, _gemm_pack, _gemm_layout)}
+
+
+def copy_key(kernel) -> tuple | None:
+    """Which packed copy of a weight a variant reads (None: it reads none): variants with equal
+    keys read one array at run time. A :data:`PACKERS` family's copy is its raw weight's name and
+    its layout (the same before and after an artifact round trip); any other family's is the
+    array itself."""
+    packed = getattr(kernel, "packed", None)
+    if not isinstance(packed, np.ndarray) or packed.size == 0:
+        return None
+    packer, name = PACKERS.get(kernel.family), getattr(kernel, "weight_name", None)
+    if packer is not None and name is not None:
+        return "layout", name, kernel.family, packer[2](kernel)
+    return "array", packed.ctypes.data
 
 
 def pack_all(jobs, workers: int = 2) -> list:
@@ -17,4 +56,4 @@ def pack_all(jobs, workers: int = 2) -> list:
         return list(pool.map(lambda job: job[0](*job[1:]), jobs))
 
 
-__all__ = ["pack_all"]
+__all__ = ["PACKERS", "copy_key", "pack_all"]
