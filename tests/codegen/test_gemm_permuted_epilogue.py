@@ -112,3 +112,44 @@ def test_projection_transposed_into_heads_with_a_scale_is_one_gemm_kernel(tmp_pa
                            [{"x": rng.standard_normal((B, L, 64)).astype(np.float32)}
                             for B, L in [(1, 1), (1, 2), (3, 13), (2, 97), (4, 128)]])
     assert len(gemm) == 1 and "scattered" in model.kernels[gemm[0]][0].source
+
+
+def _time_major_projection(tmp_path, D=32, N=48):
+    """WavLM's attention output projection: rows ordered (t, b) -- a [T*B, D] Gemm -- reshaped to
+    [T, B, N] and transposed to [B, T, N] before the residual Add and a LayerNorm over N: the
+    epilogue reads the GEMM at row (t, b) for its element (b, t)."""
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((N, D)).astype(np.float32) / np.sqrt(D)
+    c, g, beta = (rng.standard_normal(N).astype(np.float32) for _ in range(3))
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
+             helper.make_node("Shape", ["x"], ["xs"]),
+             helper.make_node("Gather", ["xs", "i0"], ["nb"]), helper.make_node("Gather", ["xs", "i1"], ["nt"]),
+             helper.make_node("Mul", ["nb", "nt"], ["rows"]),
+             helper.make_node("Concat", ["rows", "d"], ["flat"], axis=0),
+             helper.make_node("Reshape", ["xt", "flat"], ["a"]),
+             helper.make_node("Gemm", ["a", "W", "c"], ["m"], transB=1),
+             helper.make_node("Concat", ["nt", "nb", "n"], ["tbn"], axis=0),
+             helper.make_node("Reshape", ["m", "tbn"], ["m3"]),
+             helper.make_node("Transpose", ["m3"], ["mb"], perm=[1, 0, 2]),
+             helper.make_node("Add", ["mb", "r"], ["h"]),
+             helper.make_node("LayerNormalization", ["h", "g", "beta"], ["y"], axis=-1, epsilon=1e-5)]
+    inits = [_t("W", W), _t("c", c), _t("g", g), _t("beta", beta),
+             helper.make_tensor("i0", TP.INT64, [1], [0]), helper.make_tensor("i1", TP.INT64, [1], [1]),
+             helper.make_tensor("d", TP.INT64, [1], [D]), helper.make_tensor("n", TP.INT64, [1], [N])]
+    return _save(tmp_path, "time_major_projection", nodes,
+                 [helper.make_tensor_value_info("x", TP.FLOAT, ["B", "T", D]),
+                  helper.make_tensor_value_info("r", TP.FLOAT, ["B", "T", N])],
+                 [helper.make_tensor_value_info("y", TP.FLOAT, ["B", "T", N])], inits)
+
+
+def test_a_gemm_read_in_transposed_row_order_computes_its_rows_in_that_order(tmp_path):
+    """The GEMM runs natively (no numpy fallback) over A read in the epilogue's row order, and the
+    residual + LayerNorm are fused into it. Here A's own views (x transposed to time-major) and the
+    epilogue's (back to batch-major) cancel: the kernel reads x in place."""
+    rng = np.random.default_rng(6)
+    shapes = [(1, 1), (1, 2), (3, 13), (2, 97), (4, 128), (4, 1)]
+    model, gemm = _compare(_time_major_projection(tmp_path), ["B=1:4", "T=1:128"],
+                           [{"x": rng.standard_normal((B, T, 32)).astype(np.float32),
+                             "r": rng.standard_normal((B, T, 48)).astype(np.float32)} for B, T in shapes])
+    assert len(gemm) == 1 and len(model.plan.groups) == 1, [g.name for g in model.plan.groups]
+    assert "A = x\n" in model.kernels[gemm[0]][0].source

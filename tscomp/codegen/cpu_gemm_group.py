@@ -40,6 +40,10 @@ generator into a scratch X as the kernel's first, parallel pass (``a_prologue`` 
 An A operand through views that are not the identity on memory (the attention output
 [batch, heads, seq, d] permuted and reshaped to [batch, seq, heads·d]) is materialized contiguously
 with numpy before the call (one copy of A, M·K floats; the GEMM itself is ~N/4 times as much work).
+A GEMM result the epilogue reads only through views that permute its rows (WavLM's time-major
+projection, transposed back to batch-major before the residual and LayerNorm) is computed in that
+row order instead: the views move onto A (:func:`_rows_in_epilogue_order`), where they compose with
+A's own.
 
 Tiling is TSCompiler §5.1 (block tiles ⟨T_Mb, T_Nb, T_Kb⟩ = one OpenMP task each, register tiles
 ⟨T_Mi, T_Ni⟩), imperfect tiles use DietCode §4.1 local padding (see :mod:`tscomp.codegen.cpu_gemm`).
@@ -64,6 +68,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
@@ -214,6 +219,71 @@ def _strip_views(e: Expr):
     return e, chain
 
 
+def _backbone(heavy: list) -> Op:
+    return next((o for o in heavy if o.fusion.value == "backbone"), heavy[0])
+
+
+def _keeps_last_axis(v: View) -> bool:
+    """A view that only regroups or reorders the leading axes (the last one passes through)."""
+    if v.op.kind == "permute":
+        return v.op.perm[-1] == len(v.op.perm) - 1
+    return v.op.kind == "reshape" and same(v.op.shape[-1], v.src.shape[-1])
+
+
+def _rows_in_epilogue_order(group: Group) -> Group:
+    """The group with its GEMM computing rows in the order its epilogue reads them, where the GEMM
+    result is read only through a chain of views of its leading axes (WavLM's attention output
+    projection: computed over rows (t, b), reshaped to [T, B, N] and transposed to [B, T, N] before
+    the residual Add). ``View(GEMM(A, W))`` is ``GEMM(View'(A), W)`` for such a chain (``View'``:
+    the same views with the last axis K instead of N), so the epilogue then reads element (i, j)
+    and the A operand, already copied through its views, is copied through these too. Any other
+    group is returned unchanged."""
+    try:
+        _, heavy, _ = gemm_parts(group)
+    except UnsupportedOperatorError:
+        return group
+    h = _backbone(heavy)
+    nodes = list(walk(group.outputs.values()))
+    parents: dict[int, list] = {}
+    for e in nodes:
+        for c in e.children():
+            parents.setdefault(id(c), []).append(e)
+    a_src, _ = _strip_views(h.args[0]) if h.args and h.args[0] is not None else (None, [])
+    if not isinstance(a_src, Input) or any(e is h for e in group.outputs.values()):
+        return group
+    chain, node = [], h
+    while len(parents.get(id(node), [])) == 1 and isinstance(parents[id(node)][0], View):
+        node = parents[id(node)][0]
+        chain.append(node)
+    if not chain or parents.get(id(h), [None])[0] is not chain[0] or len(parents[id(h)]) != 1 \
+            or not all(_keeps_last_axis(v) for v in chain):
+        return group
+    if not any(v.op.kind == "permute" and list(v.op.perm) != sorted(v.op.perm) for v in chain):
+        return group          # reshapes alone keep the row order: the epilogue already reads (i, j)
+    K = h.args[0].shape[-1]
+    a = h.args[0]
+    for v in chain:      # innermost first: the same views, K wide
+        op = replace(v.op, shape=tuple(v.op.shape[:-1]) + (K,))
+        a = View(shape=op.shape, dtype=a.dtype, src=a, op=op)
+    top = chain[-1]
+    moved = replace(h, shape=top.shape, args=(a, *h.args[1:]))
+    memo: dict[int, Expr] = {id(top): moved}
+
+    def rebuilt(e: Expr) -> Expr:
+        if id(e) in memo:
+            return memo[id(e)]
+        if isinstance(e, View):
+            out = replace(e, src=rebuilt(e.src))
+        elif isinstance(e, Op):
+            out = replace(e, args=tuple(None if x is None else rebuilt(x) for x in e.args))
+        else:
+            out = e
+        memo[id(e)] = out
+        return out
+
+    return replace(group, outputs={name: rebuilt(e) for name, e in group.outputs.items()})
+
+
 _LIBS: dict[str, ctypes.CDLL] = {}
 
 
@@ -242,9 +312,10 @@ class GemmGroupAnalysis:
         raise UnsupportedOperatorError(f"group {self.group.name}: {why}")
 
     def _analyze(self) -> None:
-        g, graph = self.group, self.plan.graph
+        g = self.group = _rows_in_epilogue_order(self.group)
+        graph = self.plan.graph
         pro, heavy, epi = gemm_parts(g)
-        h = next((o for o in heavy if o.fusion.value == "backbone"), heavy[0])
+        h = _backbone(heavy)
         if h.op_type not in ("MatMul", "Gemm"):
             self._fail(f"backbone {h.op_type} is not a MatMul/Gemm (no CPU GEMM lowering for it yet)")
         if any(o.fusion.value == "backbone" and o.node != h.node for o in heavy):
