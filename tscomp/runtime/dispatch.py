@@ -237,10 +237,13 @@ def worthwhile_copies(variants: list, costs: np.ndarray) -> set:
 def drop_unworthy_copies(kernels: dict[str, list], symtab, target: Target) -> dict[str, int]:
     """Remove, in place, the variants that read a packed copy :func:`worthwhile_copies` does not
     keep (the compiler calls this once the variants are measured): group -> bytes of panels no
-    longer made. Groups without a dispatch table keep all their variants."""
+    longer made. Groups without a dispatch table keep all their variants, and so do families whose
+    copies are known only once loaded (not in :data:`~tscomp.runtime.packing.PACKERS`: a Conv's
+    variants of one packing share one array after the artifact round trip, not before)."""
     dropped: dict[str, int] = {}
     for name, variants in kernels.items():
-        if len(_copy_bytes(variants)) < 2:
+        copies = _copy_bytes(variants)
+        if len(copies) < 2 or any(c[0] != "layout" for c in copies):
             continue
         key = dispatch_key(variants, symtab)
         if key is None:
