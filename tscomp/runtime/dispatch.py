@@ -127,18 +127,25 @@ def _costs(kernel, key: DispatchKey, target: Target, symtab) -> np.ndarray:
     return np.broadcast_to(cost_of(kernel, classes_fn(kernel)(kernel, ev, target.threads), per_wave), shape)
 
 
+def _cost_grid(variants: list, symtab, target: Target) -> tuple[DispatchKey, np.ndarray] | None:
+    """(the group's key, its variants' wave-model costs [variant, key cell]); None where no table
+    can be made (the per-shape wave model decides for such a group)."""
+    key = dispatch_key(variants, symtab)
+    if key is None:
+        return None
+    try:
+        return key, np.stack([_costs(k, key, target, symtab) for k in variants]).reshape(len(variants), -1)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 def build_tables(kernels: dict[str, list], symtab, target: Target) -> dict[str, DispatchTable]:
     """Group name -> its table, for every group with more than one variant that can have one."""
     costed = {}
     for name, variants in kernels.items():
-        key = dispatch_key(variants, symtab)
-        if key is None:
-            continue
-        try:
-            costs = np.stack([_costs(k, key, target, symtab) for k in variants]).reshape(len(variants), -1)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue                      # the per-shape wave model decides for this group
-        costed[name] = (key, costs)
+        grid = _cost_grid(variants, symtab, target)
+        if grid is not None:
+            costed[name] = grid
     homes = {name: _home_copy(kernels[name], costs) for name, (_, costs) in costed.items()}
     resident = _resident(kernels, homes, target)
     tables = {}
@@ -245,14 +252,10 @@ def drop_unworthy_copies(kernels: dict[str, list], symtab, target: Target) -> di
         copies = _copy_bytes(variants)
         if len(copies) < 2 or any(c[0] != "layout" for c in copies):
             continue
-        key = dispatch_key(variants, symtab)
-        if key is None:
+        grid = _cost_grid(variants, symtab, target)
+        if grid is None:
             continue
-        try:
-            costs = np.stack([_costs(k, key, target, symtab) for k in variants]).reshape(len(variants), -1)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue
-        kept = worthwhile_copies(variants, costs)
+        kept = worthwhile_copies(variants, grid[1])
         keep = [k for k in variants if copy_key(k) is None or copy_key(k) in kept]
         if len(keep) < len(variants):
             sizes = _copy_bytes(variants)
