@@ -36,11 +36,11 @@ from tscomp.graph import DimSpec, load_model, require_resolved_shapes
 from tscomp.graph.onnx_import import refuse_data_dependent_shapes
 from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.plan import Group, Plan
+from tscomp.runtime.dispatch import COPY_WORTH, drop_unworthy_copies
 from tscomp.runtime.wave import sample_point
 from tscomp.schedule.cold_start import evict_bytes, rotation
 from tscomp.schedule.measure import time_case
 from tscomp.schedule.samples import DISPATCH_POINTS, group_inputs_at, sample_bindings, shape_size
-from tscomp.runtime.dispatch import COPY_WORTH, drop_unworthy_copies
 from tscomp.schedule.schedules import Schedules, TuningOptions, schedule_plan
 from tscomp.schedule.target import Target, host_cpu, host_threads
 

@@ -164,18 +164,17 @@ def test_a_second_packed_copy_is_kept_only_where_its_variants_gain_enough():
 def test_compiled_groups_keep_no_copy_their_costs_call_unworthy(compiled_artifact):
     """The compiler dropped what :func:`worthwhile_copies` would: run again on the artifact's own
     variants and costs, it keeps every copy they read."""
-    from tscomp.runtime.dispatch import _costs, dispatch_key, worthwhile_copies
+    from tscomp.runtime.dispatch import _cost_grid, worthwhile_copies
 
     path, _, _ = compiled_artifact("bert")
     rt = Runtime(path, num_threads=2, warmup=False)
     checked = 0
     for g, variants in rt.model.kernels.items():
         copies = {_copy(k) for k in variants} - {None}
-        key = dispatch_key(variants, rt.graph.symbols)
-        if not copies or key is None:
+        grid = _cost_grid(variants, rt.graph.symbols, rt.target)
+        if not copies or grid is None:
             continue
-        costs = np.stack([_costs(k, key, rt.target, rt.graph.symbols) for k in variants]).reshape(len(variants), -1)
-        assert worthwhile_copies(variants, costs) == copies, g
+        assert worthwhile_copies(variants, grid[1]) == copies, g
         checked += 1
     assert checked, "the fixture has GEMM groups with several variants"
 

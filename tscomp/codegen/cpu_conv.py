@@ -66,7 +66,7 @@ from tscomp.codegen.c_expr import (PRELUDE, c_literal, c_symbol_name, delineariz
 from tscomp.codegen.cpu_gemm import _Vec, emit_accumulators, emit_fma_step
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
-from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
+from tscomp.codegen.native import (PicklableKernel, backbone_op, binding_key, gemm_parts, refusals_name_group, sha256_text,
                                    structural_signature)
 from tscomp.codegen.tile_config import (BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig,
                                         TileConfigError, evened_count, host_caches)
@@ -388,7 +388,7 @@ class _ConvBase:
     def _analyze(self) -> None:
         g = self.group
         pro, heavy, epi = gemm_parts(g)
-        h = next((o for o in heavy if o.fusion.value == "backbone"), heavy[0])
+        h = backbone_op(heavy)
         if h.op_type != "Conv":
             self._fail(f"backbone {h.op_type} is not a Conv")
         if any(o.node != h.node for o in heavy):

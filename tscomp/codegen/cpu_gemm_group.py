@@ -80,7 +80,7 @@ from tscomp.codegen.c_expr import (PRELUDE, broadcast_index, c_literal, c_symbol
 from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, check_precision,
                                      generate_gemm, prepack_weights)
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
-from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, refusals_name_group, sha256_text,
+from tscomp.codegen.native import (PicklableKernel, backbone_op, binding_key, gemm_parts, refusals_name_group, sha256_text,
                                    structural_signature)
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block, _Row
 from tscomp.codegen.tile_config import TileConfig, candidate_configs, default_config
@@ -219,10 +219,6 @@ def _strip_views(e: Expr):
     return e, chain
 
 
-def _backbone(heavy: list) -> Op:
-    return next((o for o in heavy if o.fusion.value == "backbone"), heavy[0])
-
-
 def _keeps_last_axis(v: View) -> bool:
     """A view that only regroups or reorders the leading axes (the last one passes through)."""
     if v.op.kind == "permute":
@@ -242,7 +238,7 @@ def _rows_in_epilogue_order(group: Group) -> Group:
         _, heavy, _ = gemm_parts(group)
     except UnsupportedOperatorError:
         return group
-    h = _backbone(heavy)
+    h = backbone_op(heavy)
     nodes = list(walk(group.outputs.values()))
     parents: dict[int, list] = {}
     for e in nodes:
@@ -255,8 +251,7 @@ def _rows_in_epilogue_order(group: Group) -> Group:
     while len(parents.get(id(node), [])) == 1 and isinstance(parents[id(node)][0], View):
         node = parents[id(node)][0]
         chain.append(node)
-    if not chain or parents.get(id(h), [None])[0] is not chain[0] or len(parents[id(h)]) != 1 \
-            or not all(_keeps_last_axis(v) for v in chain):
+    if not chain or not all(_keeps_last_axis(v) for v in chain):   # (a chain: h has one parent, a View)
         return group
     if not any(v.op.kind == "permute" and list(v.op.perm) != sorted(v.op.perm) for v in chain):
         return group          # reshapes alone keep the row order: the epilogue already reads (i, j)
@@ -315,7 +310,7 @@ class GemmGroupAnalysis:
         g = self.group = _rows_in_epilogue_order(self.group)
         graph = self.plan.graph
         pro, heavy, epi = gemm_parts(g)
-        h = _backbone(heavy)
+        h = backbone_op(heavy)
         if h.op_type not in ("MatMul", "Gemm"):
             self._fail(f"backbone {h.op_type} is not a MatMul/Gemm (no CPU GEMM lowering for it yet)")
         if any(o.fusion.value == "backbone" and o.node != h.node for o in heavy):

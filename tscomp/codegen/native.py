@@ -38,6 +38,11 @@ def gemm_parts(group):
     return pro, heavy, epi
 
 
+def backbone_op(heavy: list):
+    """The group's backbone among its heavy ops (:func:`gemm_parts`), else its first heavy op."""
+    return next((o for o in heavy if o.fusion.value == "backbone"), heavy[0])
+
+
 def binding_key(binding: Mapping[str, int]) -> tuple:
     return tuple(sorted(binding.items()))
 

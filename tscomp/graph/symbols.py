@@ -368,11 +368,16 @@ def fold_nested_rounding(e: Expr, positive=lambda b: b.is_Number and b > 0) -> E
     return e
 
 
+def _evaluator_names() -> dict[str, object]:
+    """The names a generated evaluator's code may call (:func:`_py` adds its rational constants)."""
+    return {"floor": math.floor, "ceil": math.ceil, "Fraction": Fraction}
+
+
 def compile_int_expr(expr: Expr):
     """``expr`` as a Python function of a binding dict (symbol name -> int) with exact integer and
     rational arithmetic: what ``int(expr.xreplace(...))`` gives, ~100x faster (one generated
     lambda, no SymPy at call time). Node types it does not know fall back to SymPy substitution."""
-    consts: dict[str, object] = {"floor": math.floor, "ceil": math.ceil, "Fraction": Fraction}
+    consts = _evaluator_names()
     try:
         code = _py(sympy.sympify(expr), consts)
     except NotImplementedError:
@@ -390,7 +395,7 @@ def compile_int_tuple(exprs):
     tensor's shape per request: one generated lambda instead of a call per extent). Where an
     expression needs rational arithmetic or SymPy, each element goes through
     :func:`compile_int_expr`."""
-    consts: dict[str, object] = {"floor": math.floor, "ceil": math.ceil, "Fraction": Fraction}
+    consts = _evaluator_names()
     try:
         codes = [_py(sympy.sympify(e), consts) for e in exprs]
     except NotImplementedError:

@@ -258,8 +258,7 @@ def drop_unworthy_copies(kernels: dict[str, list], symtab, target: Target) -> di
         kept = worthwhile_copies(variants, grid[1])
         keep = [k for k in variants if copy_key(k) is None or copy_key(k) in kept]
         if len(keep) < len(variants):
-            sizes = _copy_bytes(variants)
-            dropped[name] = sum(n for c, n in sizes.items() if c not in kept)
+            dropped[name] = sum(n for c, n in copies.items() if c not in kept)
             variants[:] = keep
     return dropped
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from tscomp.errors import ExecutionError
 from tscomp.graph.reference import materialize
-from tscomp.graph.symbols import compile_int_expr, compile_int_tuple
+from tscomp.graph.symbols import compile_int_tuple
 from tscomp.runtime.host_program import HostProgram
 from tscomp.runtime.threads import blas_single_threaded
 
@@ -134,10 +134,10 @@ class NativeExecutor:
         ``times``, each step's seconds are appended as ``(plan index, seconds)``: the host program
         stamps every native step's end (``profile()``), Python times the steps it runs."""
         st = self._state()
-        trace = None
-        if times is not None:
-            trace = np.zeros(len(self.program.steps) + 1, np.float64)
-            st.struct.trace = trace.ctypes.data
+        if times is None:
+            return self._call(st, inputs, binding, pick, None, None)
+        trace = np.zeros(len(self.program.steps) + 1, np.float64)
+        st.struct.trace = trace.ctypes.data
         try:
             return self._call(st, inputs, binding, pick, trace, times)
         finally:
@@ -220,29 +220,24 @@ class NativeExecutor:
         return kernel.index_error(err[:4], sizes)
 
     def _shape_fn(self, name: str) -> tuple:
-        """(one compiled function of a binding giving the tensor's shape, dtype): an output's,
-        evaluated on every request."""
-        v = self.graph.values[name]
-        return compile_int_tuple([self.graph.symbols.canon(d) for d in v.shape]), np.dtype(v.dtype)
-
-    def _shape_fns(self, name: str) -> tuple:
-        """(compiled extent functions of a binding, dtype) of a graph tensor (made once)."""
+        """(one compiled function of a binding giving a graph tensor's shape, dtype), made once: an
+        output's is evaluated on every request."""
         got = self._shapes.get(name)
         if got is None:
             v = self.graph.values[name]
-            got = self._shapes[name] = (tuple(compile_int_expr(self.graph.symbols.canon(d)) for d in v.shape),
+            got = self._shapes[name] = (compile_int_tuple([self.graph.symbols.canon(d) for d in v.shape]),
                                         np.dtype(v.dtype))
         return got
 
     # ------------------------------------------------------------ Python steps
     def _view(self, name: str, t, arena: np.ndarray, binding) -> np.ndarray:
-        fns = self._shape_fns(name)
-        shape = tuple(int(f(binding)) for f in fns[0])
+        shape_of, dtype = self._shape_fn(name)
+        shape = shape_of(binding)
         off = int(t[self.program.slot_of[name]]) - _data_address(arena)
-        n = int(np.prod(shape, dtype=np.int64)) * fns[1].itemsize
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if not 0 <= off <= arena.nbytes - n:     # a pointer a Python step replaced (not in the arena)
             raise ExecutionError(f"tensor {name} is not in the arena")
-        return arena[off:off + n].view(fns[1]).reshape(shape)
+        return arena[off:off + n].view(dtype).reshape(shape)
 
     def _tensor(self, name, t, arena, inputs, outputs, binding, produced):
         if name in produced:
