@@ -22,9 +22,10 @@ def test_table_agrees_with_the_wave_model_at_every_sampled_binding(compiled_arti
         for g in multi:
             variants = rt.model.kernels[g]
             got = variants[rt._dispatch[g].pick(binding)]
-            want = pick_variant(variants, binding, rt.target, rt._dispatch[g].surcharge)
+            table = rt._dispatch[g]
+            want = pick_variant(variants, binding, rt.target, table.surcharge, table.margin)
             if got is not want:     # only a float tie may differ
-                a, b = (_charged_cost(variants, k, binding, rt.target, rt._dispatch[g].surcharge) for k in (got, want))
+                a, b = (_charged_cost(variants, k, binding, rt.target, table) for k in (got, want))
                 assert abs(a - b) <= 1e-9 * b, (g, binding, a, b)
 
 
@@ -81,15 +82,24 @@ def _assert_tables_pick_what_the_wave_model_picks(rt, tables, groups, ranges, *,
         binding = {n: int(rng.integers(lo, hi + 1)) for n, (lo, hi) in ranges.items()}
         for g in groups:
             variants = rt.model.kernels[g]
-            got, want = variants[tables[g].pick(binding)], pick_variant(variants, binding, rt.target, tables[g].surcharge)
+            table = tables[g]
+            got, want = variants[table.pick(binding)], pick_variant(variants, binding, rt.target, table.surcharge, table.margin)
             if got is not want:
-                a, b = (_charged_cost(variants, k, binding, rt.target, tables[g].surcharge) for k in (got, want))
+                a, b = (_charged_cost(variants, k, binding, rt.target, table) for k in (got, want))
                 assert abs(a - b) <= 1e-9 * b, (g, binding, a, b)
 
 
-def _charged_cost(variants, kernel, binding, target, surcharge) -> float:
-    """What a table compares: the wave model's cost plus the variant's surcharge."""
-    return wave_cost(kernel, binding, target) + surcharge[variants.index(kernel)]
+def _charged_cost(variants, kernel, binding, target, table) -> float:
+    """What a table compares: the wave model's cost with the variant's margin and surcharge."""
+    v = variants.index(kernel)
+    return wave_cost(kernel, binding, target) * (1.0 + table.margin[v]) + table.surcharge[v]
+
+
+def _copy_charge(table, v: int) -> float:
+    """The part of a variant's surcharge that is for reading another packed copy (the rest, for
+    leaving the home variant, comes with a margin)."""
+    from tscomp.runtime.dispatch import SWITCH_SECONDS
+    return table.surcharge[v] - (SWITCH_SECONDS if table.margin[v] else 0.0)
 
 
 def _copy(kernel):
@@ -122,9 +132,10 @@ def test_variants_reading_another_packed_copy_pay_a_surcharge_while_the_model_fi
     surcharged = 0
     for g, table in rt._dispatch.items():
         variants = rt.model.kernels[g]
-        home = {_copy(k) for k, s in zip(variants, table.surcharge) if s == 0.0 and _copy(k) is not None}
+        charges = [_copy_charge(table, v) for v in range(len(variants))]
+        home = {_copy(k) for k, s in zip(variants, charges) if s == 0.0 and _copy(k) is not None}
         assert len(home) <= 1, g                     # one home copy per group
-        for k, s in zip(variants, table.surcharge):
+        for k, s in zip(variants, charges):
             assert s >= 0.0
             if s > 0.0:
                 surcharged += 1
@@ -179,9 +190,10 @@ def test_compiled_groups_keep_no_copy_their_costs_call_unworthy(compiled_artifac
     assert checked, "the fixture has GEMM groups with several variants"
 
 
-def test_a_model_larger_than_the_cache_is_dispatched_by_the_wave_model_alone(compiled_artifact):
+def test_a_model_larger_than_the_cache_pays_no_copy_surcharge(compiled_artifact):
     """With a last level cache too small for the weights, every copy streams from memory anyway:
-    no surcharges, and each table picks the wave model's cheapest variant."""
+    no copy surcharges (only the charges for leaving the home variant), and each table picks what
+    the wave model picks under those charges."""
     import dataclasses
 
     from tscomp.runtime.dispatch import build_tables
@@ -190,13 +202,35 @@ def test_a_model_larger_than_the_cache_is_dispatched_by_the_wave_model_alone(com
     rt = Runtime(path, num_threads=2, warmup=False)
     small = dataclasses.replace(rt.target, spec=dataclasses.replace(rt.target.spec, l3=4096))
     tables = build_tables(rt.model.kernels, rt.graph.symbols, small)
-    assert tables and all(not any(t.surcharge) for t in tables.values())
+    assert tables and all(_copy_charge(t, v) == 0.0 for t in tables.values() for v in range(len(t.surcharge)))
     rng = np.random.default_rng(3)
     for _ in range(40):
         binding = {n: int(rng.integers(lo, hi + 1)) for n, (lo, hi) in ranges.items()}
         for g, table in tables.items():
             variants = rt.model.kernels[g]
-            got, want = variants[table.pick(binding)], pick_variant(variants, binding, small)
+            got, want = variants[table.pick(binding)], pick_variant(variants, binding, small, table.surcharge, table.margin)
             if got is not want:
-                a, b = wave_cost(got, binding, small), wave_cost(want, binding, small)
+                a, b = (_charged_cost(variants, k, binding, small, table) for k in (got, want))
                 assert abs(a - b) <= 1e-9 * b, (g, binding, a, b)
+
+
+def test_the_home_variant_serves_every_shape_where_another_wins_by_less_than_a_switch_costs():
+    """Per shape, another variant replaces the home one only where it is predicted faster by more
+    than SWITCH_MARGIN of its cost plus SWITCH_SECONDS: not on a few percent (the model's noise),
+    not on a few microseconds (its code fetched cold costs that), but on a clear gain."""
+    from tscomp.runtime.dispatch import SWITCH_MARGIN, SWITCH_SECONDS, charged_choice, switch_charges
+
+    us = 1e-6
+    home = np.array([10, 20, 100, 1000, 1000]) * us
+    other = home * np.array([0.98, 0.6, 0.9, 0.97, 0.85])   # faster at every shape
+    costs = np.vstack([home, other])
+    surcharge, margin = switch_charges(costs, 0, np.zeros(2))
+    assert list(surcharge) == [0.0, SWITCH_SECONDS] and list(margin) == [0.0, SWITCH_MARGIN]
+    # 2% of 10 us: noise; 8 of 20 us: a switch's price; 10 of 100 us: clear; 3% of 1 ms: noise; 15%: clear
+    assert list(charged_choice(costs, surcharge, margin)) == [0, 1, 1, 0, 1]
+    # with the other variant home, the first one never wins back a switch
+    surcharge, margin = switch_charges(costs, 1, np.zeros(2))
+    assert list(charged_choice(costs, surcharge, margin)) == [1, 1, 1, 1, 1]
+    # a copy surcharge adds to the switch charge
+    surcharge, margin = switch_charges(costs, 0, np.array([0.0, 50 * us]))
+    assert list(charged_choice(costs, surcharge, margin)) == [0, 0, 0, 0, 1]

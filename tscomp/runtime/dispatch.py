@@ -28,6 +28,18 @@ level cache together (:func:`_resident`), a variant reading another copy pays a 
 time at the smallest shape of the group's range, which is its weight streamed once with all but no
 arithmetic. A group's home copy is the one whose variants cost least summed over the key grid.
 Models larger than the cache stream every copy from memory anyway and are costed as before.
+
+**One variant per group unless another is clearly faster.** Each variant is its own machine code
+(a macro-kernel and its micro-kernels, ~10 KB), so a request served by a variant the previous ones
+did not run fetches that code cold: tiny BERT's attention output projection, whose two variants
+differ only in T_Mb and do the same work below 96 rows, alternated between them along L = 1..5 on
+the wave model's noise (a row tail's cost comes from one sample: the variants differed by up to
+12% there), and the first call at L = 2 after L = 64 spent ~9 us more in it than the next calls.
+So the group's *home variant* (the cheapest summed over the key grid, among those reading the home
+copy) serves every cell where no other variant is predicted faster by more than
+:data:`SWITCH_MARGIN` of its cost plus :data:`SWITCH_SECONDS`: within the model's resolution the
+same code keeps running, and a switch must win back its cold start. BERT-base's table switched
+variants 1,236 times along L = 1..512 before, 72 after, at +0.35% predicted cost (geomean).
 """
 from __future__ import annotations
 
@@ -44,6 +56,15 @@ from tscomp.schedule.target import Target
 
 #: largest number of key values a table covers (one byte each)
 MAX_GRID = 1 << 20
+
+#: how much faster (fraction of its cost) another variant must be predicted than the home one to
+#: be picked: the wave model's resolution at one shape (its robust fit treats residuals past 5% as
+#: noise, :data:`~tscomp.runtime.wave.NOISE_SCALE`)
+SWITCH_MARGIN = 0.05
+
+#: seconds a switch away from the home variant must win besides: its code (~10 KB) fetched cold,
+#: about 9 us measured on tiny BERT's output projection at L = 2 after L = 64 (AMD Zen 4)
+SWITCH_SECONDS = 5e-6
 
 
 @dataclass(frozen=True)
@@ -70,7 +91,8 @@ class DispatchKey:
 class DispatchTable:
     key: DispatchKey
     choice: np.ndarray            # uint8, C order over the key axes: the variant to run
-    surcharge: tuple[float, ...] = ()   # per variant, seconds added to its wave-model cost (no home copy)
+    surcharge: tuple[float, ...] = ()   # per variant, seconds added to its wave-model cost
+    margin: tuple[float, ...] = ()      # per variant, fraction of its cost added (0 for the home variant)
     _fns: tuple | None = None
 
     def pick(self, binding) -> int:
@@ -150,11 +172,34 @@ def build_tables(kernels: dict[str, list], symtab, target: Target) -> dict[str, 
     resident = _resident(kernels, homes, target)
     tables = {}
     for name, (key, costs) in costed.items():
-        surcharge = (_surcharges(kernels[name], costs, homes[name]) if resident
-                     else np.zeros(len(kernels[name])))
-        choice = np.argmin(costs + surcharge[:, None], axis=0).astype(np.uint8).reshape(key.extents)
-        tables[name] = DispatchTable(key, np.ascontiguousarray(choice), tuple(float(x) for x in surcharge))
+        copy_charge = (_surcharges(kernels[name], costs, homes[name]) if resident
+                       else np.zeros(len(kernels[name])))
+        surcharge, margin = switch_charges(costs, _home_variant(kernels[name], costs, homes[name]), copy_charge)
+        choice = charged_choice(costs, surcharge, margin).astype(np.uint8).reshape(key.extents)
+        tables[name] = DispatchTable(key, np.ascontiguousarray(choice), tuple(float(x) for x in surcharge),
+                                     tuple(float(x) for x in margin))
     return tables
+
+
+def switch_charges(costs: np.ndarray, home: int, copy_charge: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, fraction of its cost) added per variant: every variant but ``home`` pays
+    :data:`SWITCH_SECONDS` and :data:`SWITCH_MARGIN` on top of its ``copy_charge``."""
+    away = np.arange(len(costs)) != home
+    return copy_charge + np.where(away, SWITCH_SECONDS, 0.0), np.where(away, SWITCH_MARGIN, 0.0)
+
+
+def charged_choice(costs: np.ndarray, surcharge: np.ndarray, margin: np.ndarray) -> np.ndarray:
+    """Per key cell, the variant whose charged cost (``cost x (1 + margin) + surcharge``) is least
+    (ties to the earlier variant, as :func:`~tscomp.runtime.wave.pick_variant`)."""
+    return np.argmin(costs * (1.0 + margin[:, None]) + surcharge[:, None], axis=0)
+
+
+def _home_variant(variants: list, costs: np.ndarray, home_copy) -> int:
+    """The variant that serves a group wherever no other is clearly faster: the cheapest summed over
+    the key grid among those reading the home copy (or no copy)."""
+    totals = costs.sum(axis=1)
+    at_home = [v for v, k in enumerate(variants) if copy_key(k) in (None, home_copy)]
+    return min(at_home or range(len(variants)), key=lambda v: totals[v])
 
 
 def _copy_bytes(variants) -> dict[tuple, int]:

@@ -311,8 +311,8 @@ class Runtime:
         if got is None:
             if len(self._picked) >= PICK_MEMO_SIZE:
                 self._picked.clear()
-            surcharge = table.surcharge if table is not None else ()
-            got = self._picked[key] = pick_variant(variants, binding, self.target, surcharge)
+            charges = (table.surcharge, table.margin) if table is not None else ()
+            got = self._picked[key] = pick_variant(variants, binding, self.target, *charges)
         return got
 
     def _symbolic_buffer_plan(self) -> SymbolicBufferPlan:

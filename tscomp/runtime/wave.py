@@ -363,14 +363,16 @@ def wave_cost(kernel, binding: Mapping[str, int], target: Target) -> float:
     return float(cost_of(kernel, task_classes(kernel, binding, target.threads), per_wave))
 
 
-def pick_variant(variants: list, binding: Mapping[str, int], target: Target, surcharge=()):
-    """The cheapest variant at ``binding``; ``surcharge`` adds seconds per variant (a dispatch
-    table's, for variants reading a packed copy other than the group's home one)."""
+def pick_variant(variants: list, binding: Mapping[str, int], target: Target, surcharge=(), margin=()):
+    """The cheapest variant at ``binding``; ``surcharge`` adds seconds and ``margin`` a fraction of
+    its cost per variant (a dispatch table's charges for leaving the group's home variant and copy,
+    :mod:`tscomp.runtime.dispatch`)."""
     if len(variants) == 1:
         return variants[0]
     extra = list(surcharge) or [0.0] * len(variants)
+    scale = [1.0 + m for m in margin] or [1.0] * len(variants)
     # ties (equal cost) go to the earlier variant: the schedule lists its best-objective one first
-    best = min(range(len(variants)), key=lambda v: wave_cost(variants[v], binding, target) + extra[v])
+    best = min(range(len(variants)), key=lambda v: wave_cost(variants[v], binding, target) * scale[v] + extra[v])
     return variants[best]
 
 
