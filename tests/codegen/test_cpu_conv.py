@@ -14,7 +14,8 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 from tscomp.codegen.build import build_object
-from tscomp.codegen.cpu_conv import CompiledConv, ConvAnalysis, conv_candidate_configs, conv_source
+from tscomp.codegen.cpu_conv import (CompiledConv, ConvAnalysis, conv_candidate_configs, conv_source,
+                                    phase_planes_pay)
 from tscomp.codegen.families import choose_family
 from tscomp.compiler import compile_model
 from tscomp.errors import UnsupportedOperatorError
@@ -121,6 +122,30 @@ def test_conv2d_branches_match_onnxruntime_at_awkward_sizes(tmp_path):
                                  families={"conv", "conv-depthwise"})
     depthwise = [g for g, ks in model.kernels.items() if ks[0].family == "conv-depthwise"]
     assert len(depthwise) == 4
+
+
+def test_convs_whose_taps_overlap_gather_from_phase_planes_and_the_others_in_place(tmp_path):
+    """The awkward-sizes model above checks the numbers of both gathers; this checks which Convs
+    take which: every tap overlap (a kernel wider than its stride on either axis, dilation counted)
+    gathers plain copies from the task's phase planes; a 1x1 at stride 2 and a patchify (kernel =
+    stride), which read each input element at most once, gather in place."""
+    path = tmp_path / "conv2d.onnx"
+    _model(path, BRANCHES_2D, residual=["batch", 8, "H", "W"])
+    plan = fuse(load_model(str(path), ["batch=1:3", "H=1:97", "W=1:97"]))
+    seen = {}
+    for g in plan.groups:
+        if choose_family(plan, g).family.name != "conv":
+            continue
+        a = ConvAnalysis(plan, g)
+        geo = a.geo
+        source = conv_source(a, conv_candidate_configs("avx512", a.OCg, a.K)[0], "avx512")
+        overlap = geo.kw * geo.dw > geo.sw or geo.kh * geo.dh > geo.sh
+        assert a.phased == overlap and ("pack_b_phased(" in source) == overlap, (g.name, geo)
+        seen[(geo.kh, geo.kw, geo.sh, geo.sw)] = a.phased
+    assert seen[(7, 7, 2, 2)] and seen[(3, 3, 2, 2)] and seen[(2, 5, 1, 2)]      # stem, stride 2, asymmetric
+    assert seen[(1, 1, 2, 2)] is False                                          # 1x1 downsampling
+    patchify = type("Geo", (), dict(kh=4, kw=4, sh=4, sw=4, dh=1, dw=1))
+    assert not phase_planes_pay(patchify)
 
 
 def test_depthwise_rows_the_taps_end_before_the_input_does(tmp_path):
