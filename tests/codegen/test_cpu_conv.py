@@ -322,7 +322,7 @@ def test_compiled_conv_pickles_without_the_graph_and_the_raw_weight(tmp_path):
 
 def test_artifact_round_trip_runs_the_prepacked_conv(tmp_path):
     path = tmp_path / "a.onnx"
-    spatial = _model(path, [("a", 8, (3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2]), ("relu",))])
+    _model(path, [("a", 8, (3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2]), ("relu",))])
     model = compile_model(str(path), ["batch=1:3", "H=1:100", "W=1:100"], max_variants=2)
     rt = Runtime(write_artifact(model, tmp_path / "a.tsc"), num_threads=2)
     x = np.random.default_rng(0).standard_normal((1, C, 13, 97)).astype(np.float32)
