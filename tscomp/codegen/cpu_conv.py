@@ -181,34 +181,27 @@ _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 #: small shapes do not pay for a fresh mmap and its page faults every time. A weak symbol: every
 #: Conv/pool kernel linked into one library shares one buffer per thread (groups run one at a time),
 #: so the memory held is the largest single need, not the sum over kernels
-WORKSPACE_C = """\
-__attribute__((weak)) float* tscomp_thread_workspace(size_t floats)
-{
+def _workspace_c(function: str) -> str:
+    """C of ``float* <function>(size_t floats)``: the calling thread's buffer of at least that many
+    floats (NULL where it cannot be had)."""
+    return f"""\
+__attribute__((weak)) float* {function}(size_t floats)
+{{
     static __thread float* buf = NULL;
     static __thread size_t cap = 0;
-    if (floats > cap) {
+    if (floats > cap) {{
         free(buf);
         buf = (float*)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
         cap = buf ? floats : 0;
-    }
+    }}
     return buf;
-}
+}}
 """
 
 
-PHASE_WORKSPACE_C = """\
-__attribute__((weak)) float* tscomp_phase_workspace(size_t floats)
-{
-    static __thread float* buf = NULL;
-    static __thread size_t cap = 0;
-    if (floats > cap) {
-        free(buf);
-        buf = (float*)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        cap = buf ? floats : 0;
-    }
-    return buf;
-}
-"""
+WORKSPACE_C = _workspace_c("tscomp_thread_workspace")
+#: a second per-thread buffer, for the phase planes a Conv task gathers from (beside its packed block)
+PHASE_WORKSPACE_C = _workspace_c("tscomp_phase_workspace")
 
 
 def phase_planes_pay(geo) -> bool:
