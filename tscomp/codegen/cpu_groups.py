@@ -55,7 +55,7 @@ from tscomp.codegen.build import build_library, load_library
 from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group
 from tscomp.codegen.c_expr import (PRELUDE, CPrinter, math_helpers, IndexContext, broadcast_index, c_literal,
-                                   c_symbol_name, landing_index, linearize, view_index)
+                                   c_symbol_name, delinearize, landing_index, linearize, view_index)
 from tscomp.errors import ExecutionError, IndexOutOfRangeError, ShapeError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
@@ -315,6 +315,8 @@ class GroupGenerator:
             self.push(_Block([("{", 0)], [("}", 0)]))
             return tuple(idx), self.pop
         nests = []   # (pragma, axes) per block: the collapsed parallel loops, then the simd loop(s)
+        if mode == "row" and len(simd) > 1 and not sequential:
+            return self._flat_row_loop(dims, simd, idx, stem, reductions)
         if mode == "elements" and not par:
             nests.append((f"#pragma omp parallel for simd schedule(static){cond}", simd))
         else:
@@ -336,6 +338,20 @@ class GroupGenerator:
             for _ in nests:
                 self.pop()
         return tuple(idx), close
+
+    def _flat_row_loop(self, dims, axes, idx, stem: str, reductions):
+        """A row over several trailing axes as one flat simd loop, each axis's index delinearized
+        from it: reads contiguous over the row linearize back to the flat index
+        (:meth:`IndexContext.collapse`), so a ReduceMean over [H, W] streams its row as one vector
+        loop (a ``collapse(2)`` simd nest ran 4-11x slower: GCC vectorizes it poorly)."""
+        extents = [dims[k] for k in axes]
+        flat = self.ctx.var(f"{stem}f", numel(extents))
+        for k, part in zip(axes, delinearize(flat, extents, self.ctx)):
+            idx[k] = part
+        head = [(f"#pragma omp simd{''.join(f' reduction({r})' for r in reductions)}", 0),
+                (f"for (int64_t {flat} = 0; {flat} < {self.c(numel(extents))}; ++{flat}) {{", 0)]
+        self.push(_Block(head, [("}", 0)]), [flat])
+        return tuple(idx), self.pop
 
     # ------------------------------------------------------------------ element values
     def value(self, e: Expr, idx) -> str:
