@@ -23,8 +23,8 @@ Two strategies (two families of :mod:`tscomp.codegen.families`):
   element is gathered several times), a task first lays the input rows its positions read out as
   zero-padded *phase planes* in a per-thread buffer, as the depthwise kernel does, so every row
   segment of the gather is a plain copy with no bounds or stride arithmetic (a 7x7 stride-2 stem's
-  kernel 0.90x the time, a 3x3 stride-1 0.89x, same tiles). Tiles are TSCompiler §5.1's: block ⟨T_Mb = mc output channels, T_Nb = nc
-  positions, T_Kb = kc⟩; one OpenMP task covers (n, g, a position block) and a run of channel
+  kernel 0.90x the time, a 3x3 stride-1 0.89x, same tiles). Tiles are TSCompiler §5.1's: block
+  ⟨T_Mb = mc output channels, T_Nb = nc positions, T_Kb = kc⟩; one OpenMP task covers (n, g, a position block) and a run of channel
   blocks that all consume each gathered column block (the whole OCg, cut into balanced runs only
   when there are fewer other tasks than threads; a few position blocks are cut into a multiple of
   the thread count); register tile ⟨T_Mi, T_Ni⟩ = ``mr × nr`` accumulators (AVX-512 / AVX2 FMA
@@ -1008,6 +1008,8 @@ void {name}({_runtime_params()}{params})
 
 
 def _phase_setup(a) -> str:
+    """Before the parallel region (phased Convs): the plane width and the most padded rows a
+    position block's taps read, which size each thread's phase-plane buffer."""
     if not a.phased:
         return ""
     return """
@@ -1017,6 +1019,7 @@ def _phase_setup(a) -> str:
 
 
 def _phase_build(a) -> str:
+    """At the top of the parallel region: this thread's phase-plane buffer."""
     if not a.phased:
         return ""
     return """
@@ -1024,6 +1027,7 @@ def _phase_build(a) -> str:
 
 
 def _pack_call(a) -> str:
+    """The gather of one K step: from the task's phase planes, or in place."""
     plain = "pack_b(xg, H, W, OW, PT, PL, p0, nvb, ldb, k0, kl, bpack);"
     if not a.phased:
         return plain
@@ -1032,6 +1036,7 @@ def _pack_call(a) -> str:
 
 
 def _task_phases(a) -> str:
+    """Per task, before its K steps: the phase planes of the rows its position block reads."""
     if not a.phased:
         return ""
     return """
