@@ -24,6 +24,8 @@ decide is resolved here, otherwise the clamping becomes run-time C (``Piecewise`
 """
 from __future__ import annotations
 
+import contextlib
+
 import math
 import re
 from typing import Sequence
@@ -225,8 +227,8 @@ class IndexContext:
             return self.nonneg(e.args[0])
         if isinstance(e, sympy.Mod):
             return self.nonneg(e.args[1]) and self.positive(e.args[1])
-        if isinstance(e, sympy.Pow):
-            return e.exp.is_Integer and e.exp > 0 and self.nonneg(e.base)
+        if isinstance(e, sympy.Pow):   # a power of a non-negative base, or a reciprocal of a positive one
+            return e.exp.is_Integer and (e.exp > 0 and self.nonneg(e.base) or e.exp < 0 and self.positive(e.base))
         if isinstance(e, (sympy.Min, sympy.Max)):
             return all(self.nonneg(a) for a in e.args)
         return False
@@ -273,7 +275,12 @@ class IndexContext:
         if isinstance(e, sympy.floor):
             num, den = sympy.fraction(sympy.together(e.args[0]))
             u = self.upper(num)
-            return None if u is None or not self.positive(den) else sympy.floor(u / den)
+            if u is None or not self.positive(den):
+                return None
+            whole = sympy.cancel((u + 1) / den)
+            if sympy.fraction(whole)[1] == 1:   # u + 1 = whole * den: floor(u / den) = whole - 1
+                return sympy.expand(whole - 1)
+            return sympy.floor(u / den)
         return None
 
     def prove_le(self, a, b) -> bool:
@@ -371,6 +378,11 @@ class IndexContext:
         # drop multiples of m that SymPy keeps (symbolic m): a = k*m + r
         keep = [t for t in sympy.Add.make_args(sympy.expand(a)) if sympy.fraction(sympy.cancel(t / m))[1] != 1]
         r = sympy.Add(*keep)
+        if r == a and not m.is_Number:   # a multiple spread over terms (k*W + k = k*(W + 1)): divide
+            with contextlib.suppress(sympy.PolynomialError, sympy.polys.polyerrors.PolificationFailed):
+                k, rest = sympy.div(sympy.expand(a), m)
+                if k != 0 and k.is_integer:
+                    r = rest
         if r != a:
             return r if self.below(r, m) else sympy.Mod(r, m)
         return e

@@ -212,6 +212,11 @@ class GroupGenerator:
         #: error record ``TSCOMP_ERR_RECORD`` (the ``tscomp_err`` parameter where the kernel defines
         #: it before the prelude, as :meth:`generate` does; a null pointer, so a trap, otherwise)
         self.index_checks: list[IndexCheck] = []
+        #: the flat variable of the row loop open now, the divisors it is read through (``floor(r /
+        #: S)``: a per-channel constant of a row spanning channels), and the split a second pass makes
+        self.row_flat: sympy.Symbol | None = None
+        self.row_divisors: list[sympy.Expr] = []
+        self.row_split: sympy.Expr | None = None
 
     #: whether the generated kernel carries the ``tscomp_err`` record a checked gather reports to
     #: (the GEMM families' prologue/epilogue generators do not: they refuse data-dependent indices)
@@ -238,7 +243,15 @@ class GroupGenerator:
         return t
 
     def c(self, e) -> str:
+        if self.row_flat is not None and isinstance(e, sympy.Basic) and e.has(self.row_flat):
+            self._note_row_divisors(e)
         return self.pr(e)
+
+    def _note_row_divisors(self, e: sympy.Expr) -> None:
+        for f in e.atoms(sympy.floor):
+            num, den = sympy.fraction(sympy.together(f.args[0]))
+            if num == self.row_flat and not den.has(self.row_flat) and not den.is_Number:
+                self.row_divisors.append(den)
 
     def _declare_size(self, text: str) -> str:
         """A function-scope constant for a size of shape symbols alone (the printer's ``hoist``)."""
@@ -315,7 +328,7 @@ class GroupGenerator:
             self.push(_Block([("{", 0)], [("}", 0)]))
             return tuple(idx), self.pop
         nests = []   # (pragma, axes) per block: the collapsed parallel loops, then the simd loop(s)
-        if mode == "row" and len(simd) > 1 and not sequential:
+        if mode == "row" and simd and not sequential:
             return self._flat_row_loop(dims, simd, idx, stem, reductions)
         if mode == "elements" and not par:
             nests.append((f"#pragma omp parallel for simd schedule(static){cond}", simd))
@@ -345,13 +358,36 @@ class GroupGenerator:
         (:meth:`IndexContext.collapse`), so a ReduceMean over [H, W] streams its row as one vector
         loop (a ``collapse(2)`` simd nest ran 4-11x slower: GCC vectorizes it poorly)."""
         extents = [dims[k] for k in axes]
-        flat = self.ctx.var(f"{stem}f", numel(extents))
+        n = numel(extents)
+        pragma = f"#pragma omp simd{''.join(f' reduction({r})' for r in reductions)}"
+        parts = self._row_split_count(n)
+        if parts is None:
+            flat = self.ctx.var(f"{stem}f" if len(axes) > 1 else f"{stem}{axes[0]}", n)
+            self.row_flat = flat
+            self.push(_Block([(pragma, 0), (f"for (int64_t {flat} = 0; {flat} < {self.c(n)}; ++{flat}) {{", 0)],
+                             [("}", 0)]), [flat])
+            close = self.pop
+        else:   # `parts` runs of row_split elements, each one flat simd loop
+            q, s = self.ctx.var(f"{stem}q", parts), self.ctx.var(f"{stem}s", self.row_split)
+            self.push(_Block([(f"for (int64_t {q} = 0; {q} < {self.c(parts)}; ++{q}) {{", 0)], [("}", 0)]), [q])
+            self.push(_Block([(pragma, 0), (f"for (int64_t {s} = 0; {s} < {self.c(self.row_split)}; ++{s}) {{", 0)],
+                             [("}", 0)]), [s])
+            flat = q * self.row_split + s
+
+            def close():
+                self.pop()
+                self.pop()
         for k, part in zip(axes, delinearize(flat, extents, self.ctx)):
             idx[k] = part
-        head = [(f"#pragma omp simd{''.join(f' reduction({r})' for r in reductions)}", 0),
-                (f"for (int64_t {flat} = 0; {flat} < {self.c(numel(extents))}; ++{flat}) {{", 0)]
-        self.push(_Block(head, [("}", 0)]), [flat])
-        return tuple(idx), self.pop
+        return tuple(idx), close
+
+    def _row_split_count(self, n) -> sympy.Expr | None:
+        """How many runs of ``row_split`` elements a row of ``n`` has (None: no split, or ``n`` is
+        not a whole multiple of it)."""
+        if self.row_split is None:
+            return None
+        count = sympy.cancel(sympy.sympify(n) / self.row_split)
+        return count if sympy.fraction(count)[1] == 1 else None
 
     # ------------------------------------------------------------------ element values
     def value(self, e: Expr, idx) -> str:
@@ -938,6 +974,20 @@ class GroupGenerator:
                 f" ({', '.join(f'{h.op_type}' for h in heavy)})"]
 
     def generate(self) -> KernelSource:
+        first = self._generate()
+        if self.group.kind != "reduce" or not self.row_divisors:
+            return first
+        # a row read through floor(r / S) (GroupNorm's per-channel scale over a row of C*H*W: a
+        # division per element, which does not vectorize): generated again, the row split into runs
+        # of S, where the same read is the run's index
+        split = GroupGenerator(self.plan, self.group)
+        split.row_split = max(set(self.row_divisors), key=sympy.count_ops)
+        try:
+            return split._generate()
+        except UnsupportedOperatorError:
+            return first
+
+    def _generate(self) -> KernelSource:
         g = self.group
         for name, e in list(g.outputs.items()):
             self.ctype(e.dtype)
