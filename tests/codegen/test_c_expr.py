@@ -136,6 +136,23 @@ def test_a_flat_index_split_into_floored_extents_and_joined_again_collapses():
     assert ctx.simplify(sympy.floor((r + q * w4 + q) / (w4 + 1))) == 2 * q
 
 
+def test_a_row_split_into_runs_of_a_symbolic_size_indexes_each_run_without_division():
+    """GroupNorm's row of 16 * H4 * W4 split into 16 runs of H4 * W4 (q * S + s): the channel,
+    floor(r / S), is the run q; the position inside a channel's [H4, W4] image comes back without
+    the run (a multiple of the modulus spread over terms), since s // W4 < H4."""
+    table = SymbolTable()
+    height = table.new_symbol("height", origin="dim_param", min=32, max=96)
+    width = table.new_symbol("width", origin="dim_param", min=32, max=96)
+    ctx = IndexContext(table)
+    h4, w4 = sympy.floor(height / 4) + 1, sympy.floor(width / 4) + 1
+    S = h4 * w4
+    q, s = ctx.var("q", 16), ctx.var("s", S)
+    r = q * S + s
+    assert ctx.simplify(sympy.floor(r / S)) == q
+    assert ctx.nonneg(s / w4) and ctx.upper(sympy.floor(s / w4)) == sympy.expand(h4 - 1)
+    assert ctx.simplify(sympy.Mod(sympy.expand(q * h4) + sympy.floor(s / w4), h4)) == sympy.floor(s / w4)
+
+
 def test_split_axes_index_by_division_and_modulo():
     ctx = IndexContext(SYMS)
     j = ctx.var("j", B * L)
