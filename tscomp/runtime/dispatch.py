@@ -37,9 +37,9 @@ the wave model's noise (a row tail's cost comes from one sample: the variants di
 12% there), and the first call at L = 2 after L = 64 spent ~9 us more in it than the next calls.
 So the group's *home variant* (the cheapest summed over the key grid, among those reading the home
 copy) serves every cell where no other variant is predicted faster by more than
-:data:`SWITCH_MARGIN` of its cost plus :data:`SWITCH_SECONDS`: within the model's resolution the
-same code keeps running, and a switch must win back its cold start. BERT-base's table switched
-variants 1,236 times along L = 1..512 before, 72 after, at +0.35% predicted cost (geomean).
+:data:`SWITCH_MARGIN` of its cost (plus :data:`SWITCH_SECONDS`, 0 for now): within the model's
+resolution the same code keeps running. BERT-base's table switched variants 1,236 times along
+L = 1..512 before, 96 after, at +0.27% predicted cost (geomean).
 """
 from __future__ import annotations
 
@@ -62,9 +62,11 @@ MAX_GRID = 1 << 20
 #: noise, :data:`~tscomp.runtime.wave.NOISE_SCALE`)
 SWITCH_MARGIN = 0.05
 
-#: seconds a switch away from the home variant must win besides: its code (~10 KB) fetched cold,
-#: about 9 us measured on tiny BERT's output projection at L = 2 after L = 64 (AMD Zen 4)
-SWITCH_SECONDS = 5e-6
+#: seconds a switch away from the home variant must win besides (its code fetched cold: ~9 us on
+#: tiny BERT's output projection at L = 2 after L = 64, AMD Zen 4). 0: the wave model's absolute
+#: times at the smallest shapes are several times the in-call ones, so 5 us there kept variants
+#: measurably slower (a tiny ELECTRA 1.18x at L = 1..7); only the relative margin applies
+SWITCH_SECONDS = 0.0
 
 
 @dataclass(frozen=True)
