@@ -7,8 +7,9 @@ minus the time inside the host program: issue 10 wants <= 20 us on tiny BERT).
 
 Every request's inputs are made before anything is timed, and the process then serves
 :data:`SERVER_WARMUP_CALLS` calls at a reference shape (a server in operation, not one just
-started). Per length, never seen before by this process: a few calls at a reference shape (so the first call meets a busy server, not one whose
-OpenMP team went to sleep while Python made inputs), then the first call at the new length, the
+started). Per length, never seen before by this process: a few calls at a reference shape (so the
+first call meets a busy server, not one whose OpenMP team went to sleep while Python made inputs),
+then the first call at the new length, the
 median of 7 more calls at it (*steady*), and, as a control, the first call at a length the process
 has served before after the same reference calls (*seen*: what returning to a shape costs once the
 reference shape's variants and data filled the caches). ``first/seen`` isolates what a new shape

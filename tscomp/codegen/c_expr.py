@@ -25,7 +25,6 @@ decide is resolved here, otherwise the clamping becomes run-time C (``Piecewise`
 from __future__ import annotations
 
 import contextlib
-
 import math
 import re
 from typing import Sequence

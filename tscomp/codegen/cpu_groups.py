@@ -353,10 +353,12 @@ class GroupGenerator:
         return tuple(idx), close
 
     def _flat_row_loop(self, dims, axes, idx, stem: str, reductions):
-        """A row over several trailing axes as one flat simd loop, each axis's index delinearized
-        from it: reads contiguous over the row linearize back to the flat index
+        """A row over its trailing axes (one or several) as one flat simd loop, each axis's index
+        delinearized from it: reads contiguous over the row linearize back to the flat index
         (:meth:`IndexContext.collapse`), so a ReduceMean over [H, W] streams its row as one vector
-        loop (a ``collapse(2)`` simd nest ran 4-11x slower: GCC vectorizes it poorly)."""
+        loop (a ``collapse(2)`` simd nest ran 4-11x slower: GCC vectorizes it poorly). With
+        ``row_split`` set (:meth:`generate`'s second pass), an outer loop over runs of that many
+        elements, each run one flat simd loop."""
         extents = [dims[k] for k in axes]
         n = numel(extents)
         pragma = f"#pragma omp simd{''.join(f' reduction({r})' for r in reductions)}"
