@@ -23,7 +23,24 @@ def kernel(func: str, group: str, c: str = "2.0f"):
 def test_the_canonical_source_drops_the_header_and_names_the_entry_point_kernel():
     k = kernel("tscomp_g7_gemm", "g7_gemm")
     text = canonical_source(k.source, k.func)
-    assert "g7" not in text and text.startswith("\nvoid KERNEL(")
+    assert "g7" not in text and text.lstrip().startswith("void KERNEL(")
+
+
+def test_the_canonical_source_drops_comments_inside_the_body_but_keeps_string_literals():
+    src = ('void f(float* y) {\n    /* LayerNormalization node_layer_norm_3: row statistics */\n'
+           '    y[0] = 1.0f;  // the first element\n    puts("a /* not a comment */ and // neither");\n}\n')
+    text = canonical_source(src, "f")
+    assert "node_layer_norm_3" not in text and "first element" not in text
+    assert '"a /* not a comment */ and // neither"' in text and "y[0] = 1.0f;" in text
+
+
+def test_kernels_differing_only_in_comments_that_name_their_layer_share_one_function():
+    # a fused LayerNorm epilogue's row pass names its ONNX node inside the body: layer 3's kernel
+    # is still layer 1's machine code
+    body = "void {f}(float* y) {{\n    /* LayerNormalization {node}: row statistics */\n    y[0] = 0.0f;\n}}\n"
+    a = types.SimpleNamespace(func="tscomp_g3_gemm", source=body.format(f="tscomp_g3_gemm", node="node_layer_norm_1"))
+    b = types.SimpleNamespace(func="tscomp_g9_gemm", source=body.format(f="tscomp_g9_gemm", node="node_layer_norm_3"))
+    assert share_identical_kernels([a, b]) == 1 and b.func == "tscomp_g3_gemm"
 
 
 def test_kernels_differing_only_in_header_and_name_share_the_first_ones_function():

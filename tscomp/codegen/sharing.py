@@ -7,8 +7,9 @@ twelve times: twelve times the compile work, and twelve copies competing for the
 and L2 on every request (a short request's GEMMs are a few µs each, so fetching cold code is a
 visible share of them).
 
-:func:`share_identical_kernels` compares sources with the header comment removed and the entry
-point's name replaced by a placeholder; every kernel whose canonical source equals an earlier one's
+:func:`share_identical_kernels` compares sources with every comment removed (the header, and the
+comments inside that name a layer's ONNX nodes: a fused LayerNorm's row pass says which node it
+computes) and the entry point's name replaced by a placeholder; every kernel whose canonical source equals an earlier one's
 takes that kernel's entry point and source, so codegen compiles it once and the artifact links it
 once. Each kernel object keeps its own data (its packed weight, its group's arguments); only the
 code is shared. Sources that differ anywhere else (a constant, an epilogue, a tile) are not shared.
@@ -20,13 +21,18 @@ from __future__ import annotations
 import hashlib
 import re
 
-_HEADER = re.compile(r"\A\s*/\*.*?\*/", re.S)
+#: a C string or character literal (kept: a comment marker inside one is text), or a comment
+_LITERAL_OR_COMMENT = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
+
+
+def _without_comments(source: str) -> str:
+    """``source`` with every comment replaced by one space (as the C preprocessor does)."""
+    return _LITERAL_OR_COMMENT.sub(lambda m: m.group(0) if m.group(0)[0] in "\"'" else " ", source)
 
 
 def canonical_source(source: str, func: str) -> str:
-    """``source`` without its leading header comment, its entry point named ``KERNEL``."""
-    body = _HEADER.sub("", source, count=1)
-    return re.sub(rf"\b{re.escape(func)}\b", "KERNEL", body)
+    """``source`` without its comments, its entry point named ``KERNEL``."""
+    return re.sub(rf"\b{re.escape(func)}\b", "KERNEL", _without_comments(source))
 
 
 def share_identical_kernels(kernels) -> int:
