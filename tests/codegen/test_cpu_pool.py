@@ -63,6 +63,9 @@ POOLS_2D = [
     ("max3s2", "MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ("max_ceil", "MaxPool", dict(kernel_shape=[2, 3], strides=[2, 2], ceil_mode=1)),
     ("max_dil", "MaxPool", dict(kernel_shape=[2, 2], dilations=[2, 1], pads=[1, 0, 1, 1])),
+    # a dilated, strided kernel row: the column pass reads the combined row at stride 2, taps 2 apart
+    ("max_wdil", "MaxPool", dict(kernel_shape=[3, 3], strides=[1, 2], dilations=[1, 2], pads=[0, 2, 1, 1])),
+    ("avg_wdil", "AveragePool", dict(kernel_shape=[2, 3], strides=[2, 2], dilations=[1, 2], pads=[1, 1, 0, 2])),
     ("avg_excl", "AveragePool", dict(kernel_shape=[3, 3], strides=[1, 2], pads=[1, 2, 0, 1])),
     ("avg_incl", "AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)),
     ("avg_ceil_incl", "AveragePool", dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1], ceil_mode=1,

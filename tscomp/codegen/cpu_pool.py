@@ -218,17 +218,30 @@ def pool_func_name(analysis: PoolAnalysis, isa: str) -> str:
     return "tscomp_" + re.sub(r"\W", "_", analysis.group.name) + f"_pool_{isa}"
 
 
+def _combine(is_max: bool, a: str, b: str) -> str:
+    """C for two window values combined: their max, or their sum."""
+    return f"({a} > {b} ? {a} : {b})" if is_max else f"({a} + {b})"
+
+
 def windowed_source(a: PoolAnalysis, name: str) -> str:
+    """The windowed pool as two separable passes per output row: the in-image kernel rows combined
+    column by column into one row ``v`` (contiguous loads, whatever the stride), then the kernel
+    columns combined along ``v`` -- unrolled over the KW taps for the columns whose every tap lies in
+    the image, tap by tap for the few border columns. Max and sum are both separable, so this is the
+    same window as KH x KW taps read from the input (9 strided passes per row for a 3x3/2 MaxPool,
+    1 + 2 here); the average's divisor is unchanged (taps in the image, or in image + padding)."""
     is_max = a.op_type == "MaxPool"
     geo = a.geo
     init = "-INFINITY" if is_max else "0.0f"
-    update = "acc[q] = v > acc[q] ? v : acc[q];" if is_max else "acc[q] += v;"
     if is_max:
         finish = "y[q] = acc[q];"
     elif a.include_pad:
         finish = "y[q] = acc[q] / (float)(hin * cin[q]);"
     else:
         finish = "y[q] = acc[q] / (float)(hv * cv[q]);"
+    interior = "v[q * SW + off0]"
+    for kw in range(1, geo.kw):
+        interior = _combine(is_max, interior, f"v[q * SW + off0 + {kw * geo.dw}]")
     return a.header() + PRELUDE + c_defines(C_IN=a.C, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw, DH=geo.dh,
                                             DW=geo.dw) + ts_macros(f"""
 static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
@@ -250,20 +263,28 @@ void {name}(const float* restrict X, float* restrict Y, int64_t NB, int64_t H, i
 {{
     const int64_t n_rows = NB * C_IN * OH;
     if (n_rows <= 0 || OW <= 0) return;
+    const int64_t off0 = -PL;   /* kernel column 0's offset: tap kw reads v[q * SW + off0 + kw * DW] */
     #pragma omp parallel if (n_rows * OW * KH * KW > {PARALLEL_MIN_ELEMENTS})
     {{
-        float* acc = tscomp_thread_workspace((size_t)(5 * OW + 2));   /* acc, then cv and cin (int64) */
+        /* acc [OW], then cv and cin (int64 [OW] each), then the combined row v [W] */
+        float* acc = tscomp_thread_workspace((size_t)(5 * OW + 2 + W));
         int64_t* cv = (int64_t*)(acc + OW + (OW & 1));
         int64_t* cin = cv + OW;
-        /* per column: taps in the image (cv) and in the image plus the declared padding (cin) */
+        float* restrict v = (float*)(cin + OW);
+        /* per column: taps in the image (cv) and in the image plus the declared padding (cin); the
+         * columns [qa, qb) have every tap in the image */
+        int64_t qa = 0, qb = OW;
         for (int64_t q = 0; q < OW; ++q) {{ cv[q] = 0; cin[q] = 0; }}
         for (int64_t kw = 0; kw < KW; ++kw) {{
             int64_t a, b;
             tap_columns(kw * DW - PL, 0, W, OW, &a, &b);
             for (int64_t q = a; q < b; ++q) cv[q] += 1;
+            qa = max_i64(qa, a);
+            qb = min_i64(qb, b);
             tap_columns(kw * DW - PL, -PL, W + PR, OW, &a, &b);
             for (int64_t q = a; q < b; ++q) cin[q] += 1;
         }}
+        if (qb < qa) qb = qa;
         (void)cin; (void)cv;
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < n_rows; ++r) {{
@@ -271,19 +292,34 @@ void {name}(const float* restrict X, float* restrict Y, int64_t NB, int64_t H, i
             const float* restrict src = X + nc * H * W;
             float* restrict y = Y + r * OW;
             int64_t hv = 0, hin = 0;
-            for (int64_t q = 0; q < OW; ++q) acc[q] = {init};
+            /* pass 1: the kernel rows in the image, combined column by column into v */
             for (int64_t kh = 0; kh < KH; ++kh) {{
                 const int64_t ih = oh * SH - PT + kh * DH;
                 hin += ih >= -PT && ih < H + PB;
                 if (ih < 0 || ih >= H) continue;
-                ++hv;
                 const float* restrict row = src + ih * W;
-                for (int64_t kw = 0; kw < KW; ++kw) {{
-                    const int64_t off = kw * DW - PL;
-                    int64_t a, b;
-                    tap_columns(off, 0, W, OW, &a, &b);
+                if (hv++ == 0) {{
                     #pragma omp simd
-                    for (int64_t q = a; q < b; ++q) {{ const float v = row[q * SW + off]; {update} }}
+                    for (int64_t w = 0; w < W; ++w) v[w] = row[w];
+                }} else {{
+                    #pragma omp simd
+                    for (int64_t w = 0; w < W; ++w) v[w] = {_combine(is_max, "v[w]", "row[w]")};
+                }}
+            }}
+            /* pass 2: the kernel columns along v (no kernel row in the image: the empty window) */
+            if (hv == 0) {{
+                for (int64_t q = 0; q < OW; ++q) acc[q] = {init};
+            }} else {{
+                #pragma omp simd
+                for (int64_t q = qa; q < qb; ++q) acc[q] = {interior};
+                for (int64_t i = 0; i < qa + OW - qb; ++i) {{   /* the border columns [0, qa) and [qb, OW) */
+                    const int64_t q = i < qa ? i : qb + (i - qa);
+                    float m = {init};
+                    for (int64_t kw = 0; kw < KW; ++kw) {{
+                        const int64_t iw = q * SW + off0 + kw * DW;
+                        if (iw >= 0 && iw < W) m = {_combine(is_max, "m", "v[iw]")};
+                    }}
+                    acc[q] = m;
                 }}
             }}
             (void)hv; (void)hin;
