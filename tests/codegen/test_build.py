@@ -4,6 +4,7 @@ import pathlib
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 
 from tscomp.codegen.build import (BuildError, build_library, build_object, host_isa, link_library, load_library,
@@ -63,3 +64,29 @@ def test_plain_loops_vectorize_with_512_bit_registers_on_avx512_hosts():
     obj = build_object(loop, "wide_loop")
     code = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True, check=True).stdout
     assert "zmm" in code
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm")
+def test_a_sqrt_in_a_loop_is_the_instruction_not_a_libm_call(tmp_path):
+    # with errno semantics GCC keeps sqrtf a call (to set errno) and the loop scalar
+    src = """
+#include <math.h>
+#include <stdint.h>
+void rsqrt_all(const float* restrict x, float* restrict y, int64_t n)
+{
+    #pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = 1.0f / sqrtf(x[i] + 1e-5f);
+}
+"""
+    lib = build_library(src, "rsqrt_all", out_dir=tmp_path)
+    symbols = subprocess.run(["nm", "-D", "--undefined-only", str(lib)], capture_output=True, text=True).stdout
+    assert "sqrtf" not in symbols, symbols
+    fn = load_library(lib).rsqrt_all
+    fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    x = np.float32([0.0, 1.0, 4.0, 100.0, -1.0, np.inf])
+    y = np.empty_like(x)
+    fn(x.ctypes.data, y.ctypes.data, x.size)
+    with np.errstate(invalid="ignore"):
+        want = 1 / np.sqrt(x + np.float32(1e-5))
+    np.testing.assert_allclose(y[:4], want[:4], rtol=1e-6)
+    assert np.isnan(y[4]) and y[5] == 0
