@@ -263,8 +263,9 @@ def test_scalar_kernel_runs_and_matches_onnxruntime(tmp_path):
 def test_row_vector_tiles_match_onnxruntime_at_few_and_many_positions(tmp_path, isa, branch, channels):
     """``vector_axis`` 0: the lanes run along the output channels and the positions are broadcast
     (a late stage's 2x2 positions fill no column vector); the finished tile is transposed back into
-    the [channel, position] tile the fused epilogue reads. Positions 1, 4, a prime and several
-    position blocks; channels past a whole register tile; several K steps."""
+    the [channel, position] tile the fused epilogue reads; a last tile of fewer than NR positions
+    runs the kernel of exactly its width. Positions 1, 4, a prime and several position blocks (tails
+    of 1 to 4 of 5 positions); channels past a whole register tile; several K steps."""
     from tscomp.codegen.build import host_isa
     from tscomp.codegen.cpu_gemm import ISA_RANK
     from tscomp.codegen.tile_config import TileConfig
@@ -278,6 +279,7 @@ def test_row_vector_tiles_match_onnxruntime_at_few_and_many_positions(tmp_path, 
     cfg = TileConfig(mr=mr, nr=5, mc=2 * mr, nc=15, kc=min(analysis.K, 40), vector_axis=0)
     kernel = CompiledConv(analysis, cfg, isa)
     assert "the SIMD lanes along the channels" in kernel.source and "x5v_b" in kernel.func
+    assert all(f"micro_kernel_{n}(" in kernel.source for n in range(1, 5)) and "micro_kernel_5(" not in kernel.source
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     env0 = {name: plan.graph.values[name].const for name in plan.groups[0].inputs if name != "x"}

@@ -698,6 +698,10 @@ def x_prologue_function(plan: Plan, group: Group, x: Expr, xshape: tuple, counte
     return f"static void x_prologue(float* restrict ts_xa{params})\n{{\n{body}\n}}\n", args, "\n".join(gen.statics)
 
 
+_MICRO_PARAMS = """int64_t kl, const float* restrict ap, const float* restrict bp, int64_t ldb, float* restrict ct,
+    int first, int last, float* restrict tile"""
+
+
 def _emit_micro_kernel(emit, isa: str, MR: int, NR: int, column_vectors: bool = True) -> None:
     lanes = ("the SIMD lanes along the positions: per k, NR/W column vectors times MR broadcast weights"
              if column_vectors or isa == "scalar" else
@@ -706,8 +710,7 @@ def _emit_micro_kernel(emit, isa: str, MR: int, NR: int, column_vectors: bool = 
  *   ap: prepacked weight panel (k-major, MR per k); bp: gathered column block (row k at bp + k*ldb);
  *   ct: partial sums (MR*NR) between K steps; last: the finished tile goes to `tile` (MR x NR). */
 static inline __attribute__((always_inline)) void micro_kernel(
-    int64_t kl, const float* restrict ap, const float* restrict bp, int64_t ldb, float* restrict ct,
-    int first, int last, float* restrict tile)
+    {_MICRO_PARAMS})
 {{""")
     if isa == "scalar":
         emit("""    float acc_t[MR][NR];
@@ -732,6 +735,7 @@ static inline __attribute__((always_inline)) void micro_kernel(
     W = v.width
     if not column_vectors:
         _emit_row_vector_body(emit, v, MR, NR)
+        _emit_row_vector_tails(emit, v, MR, NR)
         return
     accs = emit_accumulators(emit, v, MR, NR)
     emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
@@ -745,14 +749,18 @@ static inline __attribute__((always_inline)) void micro_kernel(
     emit("}\n")
 
 
-def _emit_row_vector_body(emit, v: _Vec, MR: int, NR: int) -> None:
+def _emit_row_vector_body(emit, v: _Vec, MR: int, NR: int, positions: int | None = None) -> None:
     """The micro-kernel's body with the lanes along the tile's rows (channels): the weight panel's k
     row is MR/W vectors, each of the NR gathered positions a broadcast (a late stage's few positions
     waste no padded lanes, and the weights stream as whole vectors). The accumulators hold the tile
-    transposed (position-major); the finished tile is transposed back through a stack buffer."""
+    transposed (position-major); the finished tile is transposed back through a stack buffer.
+    ``positions`` < NR: the body of a tail kernel computing only that many positions (the tile keeps
+    its NR-position rows; the other columns are not written)."""
     W = v.width
-    emit(f"#define ROW_VECTOR_PREFETCH_K {ROW_VECTOR_PREFETCH_K}   /* k steps ahead the weight panel is fetched */")
-    accs = emit_accumulators(emit, v, NR, MR)       # accs[j][c]: position j, channels [c*W, c*W + W)
+    npos = NR if positions is None else positions
+    if positions is None:
+        emit(f"#define ROW_VECTOR_PREFETCH_K {ROW_VECTOR_PREFETCH_K}   /* k steps ahead the weight panel is fetched */")
+    accs = emit_accumulators(emit, v, npos, MR)     # accs[j][c]: position j, channels [c*W, c*W + W)
     emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
     emit("        const float* restrict bk = bp + k * ldb;")
     emit("        const float* restrict ak = ap + k * MR;")
@@ -766,13 +774,38 @@ def _emit_row_vector_body(emit, v: _Vec, MR: int, NR: int) -> None:
         emit("        " + " ".join(v.store(f"ct + {j * MR + c * W}", a) for c, a in enumerate(row)))
     emit("        return;")
     emit("    }")
-    emit("    float tt[NR * MR] __attribute__((aligned(64)));   /* position-major: tt[j * MR + r] */")
+    emit(f"    float tt[{npos} * MR] __attribute__((aligned(64)));   /* position-major: tt[j * MR + r] */")
     for j, row in enumerate(accs):
         emit("    " + " ".join(v.store(f"tt + {j * MR + c * W}", a) for c, a in enumerate(row)))
     emit("    for (int r = 0; r < MR; ++r)")
-    emit("        for (int j = 0; j < NR; ++j)")
+    emit(f"        for (int j = 0; j < {npos}; ++j)")
     emit("            tile[r * NR + j] = tt[j * MR + r];")
     emit("}\n")
+
+
+def _emit_row_vector_tails(emit, v: _Vec, MR: int, NR: int) -> None:
+    """Row-vector kernels for a last position tile of 1 .. NR-1 positions, and ``micro_kernel_tail``
+    choosing one (FTuner's combination of tile sizes, as the GEMM's row tails): P = 49 under a
+    12-position tile runs four tiles and a 1-position kernel, not a fifth 12-position tile on
+    zero-padded columns (each position is a broadcast and a vector FMA per k, so a padded one costs
+    as much as a real one)."""
+    for n in range(1, NR):
+        emit(f"""/* Position-tail micro-kernel: the last tile holds {n} of NR = {NR} positions. */
+static __attribute__((noinline)) void micro_kernel_{n}(
+    {_MICRO_PARAMS})
+{{""")
+        _emit_row_vector_body(emit, v, MR, NR, positions=n)
+    cases = "\n".join(f"        case {n}: micro_kernel_{n}(kl, ap, bp, ldb, ct, first, last, tile); return;"
+                      for n in range(1, NR))
+    emit(f"""/* The last position tile (0 < positions < NR valid): the kernel of exactly that width. */
+static __attribute__((noinline)) void micro_kernel_tail(int64_t positions, {_MICRO_PARAMS})
+{{
+    switch (positions) {{
+{cases}
+        default: __builtin_unreachable();
+    }}
+}}
+""")
 
 
 def _emit_pack_b(emit, pointwise: bool, phased: bool = False) -> None:
@@ -991,8 +1024,7 @@ void {name}({_runtime_params()}{params})
                         for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
                             const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
                             float* ct = {'NULL' if single else 'cb + (jp * (MC / MR) + ip) * (MR * NR)'};
-                            micro_kernel(kl, ap, bpack + jp * NR, ldb, ct,
-                                         {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'}, tile);
+                            {_micro_kernel_call(cfg, isa, "1, 1" if single else "kb == 0, kb == N_KBLOCKS - 1")}
                             if ({'1' if single else 'kb == N_KBLOCKS - 1'})
                                 conv_epilogue(tile, NR, n, g * OCG + oc0 + ip * MR, p0 + jp * NR,
                                               min_i64(MR, mvb - ip * MR), min_i64(NR, nvb - jp * NR){names});
@@ -1005,6 +1037,17 @@ void {name}({_runtime_params()}{params})
 }}
 """)
     return "\n".join(L)
+
+
+def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str) -> str:
+    """The macro-kernel's call of the register tile at position tile jp: row-vector tiles run the
+    exact-width tail kernel on the last, partial position tile."""
+    full = f"micro_kernel(kl, ap, bpack + jp * NR, ldb, ct, {first_last}, tile);"
+    if cfg.vector_axis == 1 or isa == "scalar":
+        return full
+    return (f"if (nvb - jp * NR >= NR) {full}\n"
+            f"                            else micro_kernel_tail(nvb - jp * NR, kl, ap, bpack + jp * NR, ldb, ct, "
+            f"{first_last}, tile);")
 
 
 def _phase_setup(a) -> str:

@@ -85,7 +85,8 @@ def _conv_classes(k, ev, threads: int):
     """Implicit-GEMM Conv (``cpu_conv.conv_source``'s own split): per image and channel group, blocks
     of T_Nb output positions (the last one partial); when those are fewer than the threads, the
     output-channel blocks are split into ``runs`` tasks too. A task's work: its padded positions x
-    its output channels x the reduction depth."""
+    its output channels x the reduction depth (row-vector tiles pad no positions: their last
+    position tile has a kernel of its own width)."""
     a, cfg = k.analysis, k.cfg
     n, P = ev(a.x_shape[0]), ev(numel(a.out_shape[2:]))
     n_pb, n_ob = -(-np.maximum(P, 1) // cfg.nc), -(-a.OCg // cfg.mc)
@@ -94,7 +95,8 @@ def _conv_classes(k, ev, threads: int):
     obt = -(-n_ob // runs)
     per_block = -(-n_ob // obt)
     depth = a.Cg * a.geo.kh * a.geo.kw
-    return [(n * a.G * c * per_block, w * obt * cfg.mc * depth) for c, w in _axis_classes(P, cfg.nc, cfg.nr)]
+    granule = cfg.nr if cfg.vector_axis == 1 else 1
+    return [(n * a.G * c * per_block, w * obt * cfg.mc * depth) for c, w in _axis_classes(P, cfg.nc, granule)]
 
 
 def _depthwise_classes(k, ev, threads: int):
