@@ -5,9 +5,7 @@ tolerance against numpy over the whole finite range, special values as libm's, n
 left in a kernel that calls it, and a Sigmoid / SiLU / Exp model still matches onnxruntime."""
 from __future__ import annotations
 
-import ctypes
 import shutil
-import subprocess
 
 import numpy as np
 import onnx
@@ -15,37 +13,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from tscomp.codegen.build import build_library, load_library
-from tscomp.codegen.c_expr import PRELUDE, math_helpers
+from tscomp.codegen.c_expr import math_helpers
 from tscomp.compiler import compile_model
 from tscomp.runtime import Runtime
 from tscomp.runtime.artifact import write_artifact
-
-_BODY = """
-void exp_all(const float* restrict x, float* restrict y, int64_t n)
-{
-    #pragma omp simd
-    for (int64_t i = 0; i < n; ++i)
-        y[i] = expf(x[i]);
-}
-"""
+from tests.codegen.math_kernels import elementwise_library, imported_symbols
 
 
 @pytest.fixture(scope="module")
 def exp_lib():
-    source = PRELUDE + math_helpers(_BODY) + _BODY
-    assert "ts_expf" in source
-    path = build_library(source, "exp_all")
-    fn = load_library(path).exp_all
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-
-    def run(x):
-        x = np.ascontiguousarray(x, np.float32)
-        y = np.empty_like(x)
-        fn(x.ctypes.data, y.ctypes.data, x.size)
-        return y
-    return path, run
+    return elementwise_library("exp_all", "expf", "ts_expf")
 
 
 def test_exp_matches_numpy_to_fp32_relative_tolerance_over_the_finite_range(exp_lib):
@@ -67,10 +44,11 @@ def test_exp_special_values_and_range_ends(exp_lib):
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm")
-def test_a_kernel_using_exp_does_not_call_libm_expf(exp_lib):
-    path, _ = exp_lib
-    symbols = subprocess.run(["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True).stdout
-    assert "expf" not in symbols, symbols
+@pytest.mark.parametrize("call,helper", [("expf", "ts_expf"), ("tanhf", "ts_tanhf")])
+def test_a_kernel_calling_expf_or_tanhf_imports_neither_from_libm(call, helper):
+    path, _ = elementwise_library(f"{call}_all", call, helper)
+    symbols = imported_symbols(path)
+    assert call not in symbols, symbols
 
 
 def test_the_exp_helper_only_where_exp_is_called():
