@@ -228,8 +228,9 @@ def windowed_source(a: PoolAnalysis, name: str) -> str:
     column by column into one row ``v`` (contiguous loads, whatever the stride), then the kernel
     columns combined along ``v`` -- unrolled over the KW taps for the columns whose every tap lies in
     the image, tap by tap for the few border columns. Max and sum are both separable, so this is the
-    same window as KH x KW taps read from the input (9 strided passes per row for a 3x3/2 MaxPool,
-    1 + 2 here); the average's divisor is unchanged (taps in the image, or in image + padding)."""
+    same window as KH x KW taps read from the input (a 3x3/2 MaxPool read 9 strided passes per
+    output row; here 3 contiguous row passes and one unrolled column pass); the average's divisor
+    is unchanged (taps in the image, or in image + padding)."""
     is_max = a.op_type == "MaxPool"
     geo = a.geo
     init = "-INFINITY" if is_max else "0.0f"

@@ -9,9 +9,9 @@ visible share of them).
 
 :func:`share_identical_kernels` compares sources with every comment removed (the header, and the
 comments inside that name a layer's ONNX nodes: a fused LayerNorm's row pass says which node it
-computes) and the entry point's name replaced by a placeholder; every kernel whose canonical source equals an earlier one's
-takes that kernel's entry point and source, so codegen compiles it once and the artifact links it
-once. Each kernel object keeps its own data (its packed weight, its group's arguments); only the
+computes) and the entry point's name replaced by a placeholder; every kernel whose canonical
+source equals an earlier one's takes that kernel's entry point and source, so codegen compiles it
+once and the artifact links it once. Each kernel object keeps its own data (its packed weight, its group's arguments); only the
 code is shared. Sources that differ anywhere else (a constant, an epilogue, a tile) are not shared.
 A group that shares names the first group's function in the manifest, and that function's source
 (``kernels/<func>.c``) has the first group's header: the ONNX nodes of the first layer.
