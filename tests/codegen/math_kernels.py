@@ -4,6 +4,7 @@ vectorizable math helpers."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import shutil
 import subprocess
 
@@ -13,10 +14,12 @@ from tscomp.codegen.build import build_library, load_library
 from tscomp.codegen.c_expr import PRELUDE, math_helpers
 
 
-def elementwise_library(func: str, call: str, helper: str):
+@functools.cache
+def elementwise_library(call: str, helper: str):
     """``(library path, run)``: ``run(x)`` returns ``call(x[i])`` for every element of ``x``
-    (float32), computed by ``void func(x, y, n)``, whose source must have pulled in ``helper`` (the
-    vectorizable function the call is redirected to: checked)."""
+    (float32), computed by ``void <call>_all(x, y, n)``, whose source must have pulled in ``helper``
+    (the vectorizable function the call is redirected to: checked). Built once per process."""
+    func = f"{call}_all"
     body = f"""
 void {func}(const float* restrict x, float* restrict y, int64_t n)
 {{
