@@ -1353,9 +1353,13 @@ class CompiledConv(PicklableKernel):
         self.isa = isa
         self.cfg = cfg.validate(isa, row_vectors=True) if cfg is not None else None
         self.func = conv_func_name(analysis, self.cfg, isa)
-        if self.cfg is not None:
+        if isinstance(self.cfg, TileConfig):
             self.source = conv_source(analysis, self.cfg, isa)
             self.packed = prepack_conv_weight(analysis.W, analysis.G, self.cfg.mr)
+        elif self.cfg is not None:      # the channel-blocked depthwise strategy
+            from tscomp.codegen.cpu_depthwise_channels import channel_blocked_source, prepack_channel_blocks
+            self.source = channel_blocked_source(analysis, self.cfg, isa)
+            self.packed = prepack_channel_blocks(analysis.W, self.cfg.lanes)
         else:
             self.source = depthwise_source(analysis, isa, self.l1_bytes)
             flat = np.ascontiguousarray(analysis.W.reshape(analysis.OC, -1), np.float32)
@@ -1368,7 +1372,7 @@ class CompiledConv(PicklableKernel):
 
     def resources(self) -> dict[str, int]:
         out = {"packed_weight_bytes": int(self.packed.nbytes)}
-        if self.cfg is not None:
+        if isinstance(self.cfg, TileConfig):
             out["vector_accumulators"] = self.cfg.accumulators(self.isa)
         return out
 
@@ -1406,6 +1410,10 @@ class CompiledConv(PicklableKernel):
         if self.cfg is None:
             rows, cb = depthwise_blocks(a.OC, OH, OW, a.geo, self.l1_bytes, self.isa, a.scattered_store)
             return xshape[0] * -(-a.OC // cb) * -(-OH // rows)
+        if not isinstance(self.cfg, TileConfig):
+            from tscomp.codegen.cpu_depthwise_channels import channel_block_rows
+            rows = int(channel_block_rows(self.cfg, a.geo, xshape[0], a.OC, OH, OW, get_num_threads()))
+            return xshape[0] * -(-a.OC // self.cfg.lanes) * -(-OH // rows)
         images = xshape[0] * a.G                                  # the kernel's own rule (conv_source)
         n_pb, n_obt = conv_task_grid(OH * OW, images, -(-a.OCg // self.cfg.mc), self.cfg, get_num_threads())
         return images * n_pb * n_obt

@@ -202,6 +202,14 @@ def _conv_executor(analysis, cfg, target: Target):
     return CompiledConv(analysis, cfg, target.isa, target.spec.l1)
 
 
+def _depthwise_heuristic(analysis, target: Target, limit: int) -> list:
+    """The two depthwise strategies: lanes along the positions (None, the direct kernel) and, where
+    the ISA has vectors, along the channels; the runtime picks per shape between them."""
+    from tscomp.codegen.cpu_depthwise_channels import channel_blocks_config
+    blocked = channel_blocks_config(target.isa, target.spec.l2) if isinstance(target.spec, CpuSpec) else None
+    return ([None] + ([blocked] if blocked is not None else []))[:max(1, limit)]
+
+
 def _conv_heuristic(analysis, target: Target, limit: int) -> list:
     from tscomp.codegen.tile_config import CacheSizes
     s = target.spec
@@ -240,7 +248,8 @@ FAMILIES: tuple[KernelFamily, ...] = (
                  _no_configs),
     KernelFamily("index", ("opaque", "reduce"), _index_analyze, _rows_executor, _index_link, _no_configs),
     KernelFamily("conv", ("gemm",), _conv_analyze, _conv_executor, link_native, _conv_heuristic, _conv_space),
-    KernelFamily("conv-depthwise", ("gemm",), _depthwise_analyze, _conv_executor, link_native, _no_configs),
+    KernelFamily("conv-depthwise", ("gemm",), _depthwise_analyze, _conv_executor, link_native,
+                 _depthwise_heuristic),
     KernelFamily("pool", ("opaque", "reduce"), _pool_analyze, _pool_executor, link_native, _no_configs),
 )
 

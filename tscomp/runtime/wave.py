@@ -101,10 +101,14 @@ def _conv_classes(k, ev, threads: int):
 
 def _depthwise_classes(k, ev, threads: int):
     """Direct depthwise Conv: per image and channel, blocks of ``rows`` output rows (4,096 outputs
-    at most, the kernel's own rule), the last one partial; work = outputs x taps."""
+    at most, the kernel's own rule), the last one partial; work = outputs x taps. The
+    channel-blocked variant (a configuration) has its own split."""
     a = k.analysis
     n = ev(a.x_shape[0])
     OH, OW = (1, ev(a.out_shape[2])) if len(a.out_shape) == 3 else (ev(a.out_shape[2]), ev(a.out_shape[3]))
+    if k.cfg is not None:       # the channel-blocked strategy: its own split
+        from tscomp.codegen.cpu_depthwise_channels import channel_block_classes
+        return channel_block_classes(k.cfg, a.geo, n, a.OC, OH, OW, threads)
     rows = np.maximum(1, np.minimum(OH, 4096 // np.maximum(OW, 1)))
     blocks = -(-OH // rows)
     taps = a.geo.kh * a.geo.kw * OW

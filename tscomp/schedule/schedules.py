@@ -50,7 +50,7 @@ Sample = tuple  # (shape size, tasks, seconds, heaviest task's work, task classe
 
 @dataclass
 class ScheduledVariant:
-    config: TileConfig | None
+    config: TileConfig | Any | None        # a family's configuration (None: its one strategy)
     samples: list[Sample] | None = None    # measured while tuning; None: measure before dispatch
     value: float | None = None             # the objective (geometric mean seconds) if tuned
     #: a target that is not present (GPU): the analytic model's prediction instead of measurements
@@ -157,8 +157,10 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
             if fam is None:
                 out[name] = GroupSchedule(name, "numpy", "-", "fallback", [ScheduledVariant(None)])
                 continue
-            if not fam.tunable:
-                out[name] = GroupSchedule(name, fam.name, "-", "single", [ScheduledVariant(None)])
+            if not fam.tunable:     # nothing to search; a family may still offer several strategies
+                cfgs = fam.heuristic(choice.analysis, target, options.max_variants)
+                out[name] = GroupSchedule(name, fam.name, "-", "single", [ScheduledVariant(None)]) if len(cfgs) < 2 \
+                    else GroupSchedule(name, fam.name, _signature(choice), "heuristic", [ScheduledVariant(c) for c in cfgs])
                 continue
             sig = _signature(choice)
             if sig in tuned:

@@ -1,0 +1,275 @@
+"""The channel-blocked strategy of the ``conv-depthwise`` family: SIMD lanes along the channels.
+
+The direct depthwise kernel (:func:`tscomp.codegen.cpu_conv.depthwise_source`) vectorizes along
+the output positions of one channel. That is the right axis for a wide image at stride 1; it is the
+wrong one where a late stage has a few positions per channel and many channels (MobileNetV2's
+960-channel 3x3 at 5x5: a 16-float vector row holds 5 useful outputs, and the per-channel setup --
+planes, copies, one epilogue call -- costs more than its 225 FMAs), and where a stride of 2 makes
+every input row a de-interleaving gather. onnxruntime and oneDNN run depthwise convolutions on a
+channel-blocked layout (NCHWc); tscomp's tensors stay NCHW, so this strategy blocks locally: a task
+(image, block of ``lanes`` channels, block of output rows) transposes the input rows it reads into
+a zero-padded ``[row][column][lane]`` buffer (``lanes x lanes`` blocks transposed in registers),
+computes every output position as KH x KW vector FMAs over the block's channels -- any stride and
+dilation is just an address -- and transposes the finished rows back into the channel-major tile
+the fused epilogue reads.
+
+Which strategy serves which shape is the runtime's choice (TSCompiler §6): both are variants of one
+group, measured side by side at the dispatch sample shapes (:func:`tscomp.compiler.measure_for_dispatch`)
+and picked per shape by the wave model, whose task classes :func:`channel_block_classes` gives.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tscomp.codegen.c_expr import PRELUDE
+from tscomp.codegen.cpu_gemm import _Vec
+from tscomp.codegen.tile_config import VECTOR_WIDTH, TileConfigError
+
+#: output positions one pass of the compute loop accumulates in registers: each weight vector loaded
+#: (or kept) once serves this many FMAs
+POSITIONS_PER_PASS = 4
+#: tasks per thread the row blocking aims at when the channel blocks alone are too few
+TASKS_PER_THREAD = 4
+
+
+@dataclass(frozen=True)
+class DepthwiseChannelBlocks:
+    """The channel-blocked depthwise configuration: ``lanes`` channels per task (one vector), and
+    ``budget_floats``, the per-task buffer (blocked input rows, output rows in both layouts) the
+    row blocking keeps within (a quarter of L2)."""
+
+    lanes: int
+    budget_floats: int
+
+    def validate(self, isa: str, **_) -> "DepthwiseChannelBlocks":
+        if VECTOR_WIDTH.get(isa, 1) < 8 or self.lanes != VECTOR_WIDTH[isa]:
+            raise TileConfigError(f"{self.describe()}: the channel-blocked depthwise kernel takes one {isa} "
+                                  f"vector of channels ({VECTOR_WIDTH.get(isa)} lanes), and none on a scalar ISA")
+        if self.budget_floats < 1:
+            raise TileConfigError(f"{self.describe()}: budget_floats must be positive")
+        return self
+
+    def describe(self) -> str:
+        return (f"channel blocks of {self.lanes} (SIMD lanes along the channels), "
+                f"{self.budget_floats * 4 // 1024} KiB task buffer")
+
+    def slug(self) -> str:
+        return f"cb{self.lanes}"
+
+
+def channel_blocks_config(isa: str, l2_bytes: int) -> DepthwiseChannelBlocks | None:
+    """The configuration for ``isa`` (None where the ISA has no vectors to block channels into)."""
+    if VECTOR_WIDTH.get(isa, 1) < 8:
+        return None
+    return DepthwiseChannelBlocks(VECTOR_WIDTH[isa], l2_bytes // 4 // 4)
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def channel_block_rows(cfg: DepthwiseChannelBlocks, geo, NB, OC: int, OH, OW, threads: int):
+    """Output rows per task (the kernel computes the same rule in C): as many as keep the task's
+    blocked input rows (``(R - 1) SH + (KH - 1) DH + 1`` rows of ``WP`` columns) and its output rows
+    (twice: position-major, then channel-major) within the budget, and few enough that the tasks
+    number ``TASKS_PER_THREAD`` per thread where the images and channel blocks alone do not.
+    Scalars or numpy arrays (the dispatch grid)."""
+    L = cfg.lanes
+    row = ((OW - 1) * geo.sw + (geo.kw - 1) * geo.dw + 1) * L
+    kr = (geo.kh - 1) * geo.dh + 1
+    fit = (cfg.budget_floats - (kr - geo.sh) * row) // (geo.sh * row + 2 * OW * L)
+    blocks = NB * _ceil_div(OC, L)
+    want = _ceil_div(TASKS_PER_THREAD * threads, np.maximum(blocks, 1))
+    balanced = _ceil_div(OH, np.maximum(want, 1))
+    return np.maximum(1, np.minimum(np.minimum(OH, fit), balanced))
+
+
+def channel_block_classes(cfg: DepthwiseChannelBlocks, geo, NB, OC: int, OH, OW, threads: int) -> list[tuple]:
+    """The wave model's task classes: per image and channel block, the row blocks (the last one
+    partial); a task's work is its outputs x taps (one vector of channels each)."""
+    rows = channel_block_rows(cfg, geo, NB, OC, OH, OW, threads)
+    n_rb = _ceil_div(OH, rows)
+    taps = geo.kh * geo.kw * OW
+    per_block = NB * _ceil_div(OC, cfg.lanes)
+    return [(per_block * (n_rb - 1), rows * taps), (per_block, (OH - (n_rb - 1) * rows) * taps)]
+
+
+def prepack_channel_blocks(W: np.ndarray, lanes: int) -> np.ndarray:
+    """W[OC, 1, *k] -> [ceil(OC / lanes)][taps][lanes]: one vector of the block's channels per tap,
+    lanes past OC zero."""
+    OC = W.shape[0]
+    taps = int(np.prod(W.shape[1:]))
+    n_cb = _ceil_div(OC, lanes)
+    blocks = np.zeros((n_cb * lanes, taps), np.float32)
+    blocks[:OC] = W.reshape(OC, taps)
+    out = blocks.reshape(n_cb, lanes, taps).transpose(0, 2, 1)
+    raw = np.empty(out.size * 4 + 64, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    flat = raw[off:off + out.size * 4].view(np.float32)
+    flat[:] = out.reshape(-1)
+    return flat
+
+
+# ---------------------------------------------------------------------------- the transpose
+def transpose_block_c(isa: str) -> str:
+    """C of ``ts_transpose_block(src, off, dst, ldd)``: ``dst[j * ldd + v] = src[v][off + j]`` for
+    ``v, j < lanes``. The coarse part of the transpose is done by the loads: register ``4I + k``
+    takes, in its 128-bit lane J, the 4 floats of row ``4J + k`` at columns ``4I .. 4I + 3`` (a load
+    port op, where a lane-crossing shuffle per register and stage would queue on the shuffle unit:
+    1.3x faster than four butterfly stages of two-source permutes on Zen 4); then each group of 4
+    registers is one 4x4 transpose within every 128-bit lane (unpack by floats, then by pairs), which
+    leaves register ``4I + k`` holding column ``4I + k`` over all rows."""
+    L = VECTOR_WIDTH[isa]
+    v = _Vec(isa)
+    p = {"avx512": "_mm512", "avx2": "_mm256"}[isa]
+    pd = {"avx512": "__m512d", "avx2": "__m256d"}[isa]
+    lines = [f"/* dst[j * ldd + v] = src[v][off + j], v, j < {L}: a {L}x{L} block transposed in registers */",
+             "static inline __attribute__((always_inline)) void ts_transpose_block("
+             "const float* const* restrict src, int64_t off, float* restrict dst, int64_t ldd)", "{"]
+    for I in range(L // 4):
+        for k in range(4):
+            r = f"r{4 * I + k}"
+            first = f"_mm_loadu_ps(src[{k}] + off + {4 * I})"
+            lines.append(f"    {v.type} {r} = {p}_castps128_ps{L * 32}({first});")
+            for J in range(1, L // 4):
+                ins = "_mm512_insertf32x4" if isa == "avx512" else "_mm256_insertf128_ps"
+                lines.append(f"    {r} = {ins}({r}, _mm_loadu_ps(src[{4 * J + k}] + off + {4 * I}), {J});")
+    for I in range(L // 4):
+        a, b, c, d = (f"r{4 * I + k}" for k in range(4))
+        lines += [f"    {{   /* columns {4 * I}..{4 * I + 3}: a 4x4 transpose in every 128-bit lane */",
+                  f"        const {v.type} t0 = {p}_unpacklo_ps({a}, {b}), t1 = {p}_unpackhi_ps({a}, {b});",
+                  f"        const {v.type} t2 = {p}_unpacklo_ps({c}, {d}), t3 = {p}_unpackhi_ps({c}, {d});"]
+        for k, (op, x, y) in enumerate((("lo", 0, 2), ("hi", 0, 2), ("lo", 1, 3), ("hi", 1, 3))):
+            lines.append(f"        r{4 * I + k} = {p}_castpd_ps({p}_unpack{op}_pd(({pd})t{x}, ({pd})t{y}));")
+        lines.append("    }")
+    lines += [f"    {v.store(f'dst + {j} * ldd', f'r{j}')}" for j in range(L)]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- the kernel
+def _compute_pass(v: _Vec, geo, positions: int) -> list[str]:
+    """One pass over ``positions`` consecutive outputs of a row: every tap's weight vector times the
+    block's input vector at that tap, accumulated in registers and stored position-major."""
+    L = v.width
+    out = [f"const float* restrict xp = xr + ow * {geo.sw * L};"]
+    out += [f"{v.type} a{j} = {v.zero()};" for j in range(positions)]
+    for kh in range(geo.kh):
+        for kw in range(geo.kw):
+            t = kh * geo.kw + kw
+            for j in range(positions):
+                off = f"{kh * geo.dh} * ROW + {(kw * geo.dw + j * geo.sw) * L}" if kh else \
+                    f"{(kw * geo.dw + j * geo.sw) * L}"
+                out.append(f"a{j} = {v.fma(f'w{t}', v.load(f'xp + {off}'), f'a{j}')};")
+    out += [v.store(f"o + (ow + {j}) * {L}", f"a{j}") for j in range(positions)]
+    return out
+
+
+def channel_blocked_source(analysis, cfg: DepthwiseChannelBlocks, isa: str) -> str:
+    """The source step of the channel-blocked depthwise variant (pure): C text."""
+    from tscomp.codegen.cpu_conv import (WORKSPACE_C, _epi_params, _prologue_call, _runtime_params, c_defines,
+                                         conv_func_name)
+    a, geo = analysis, analysis.geo
+    cfg.validate(isa)
+    v, L = _Vec(isa), cfg.lanes
+    taps = geo.kh * geo.kw
+    name = conv_func_name(a, cfg, isa)
+    params, names, pro_names = _epi_params(a)
+    P = POSITIONS_PER_PASS
+    weights = "\n".join(f"            const {v.type} w{t} = {v.load(f'wb + {t * L}')};" for t in range(taps))
+    full = "\n".join("                    " + s for s in _compute_pass(v, geo, P))
+    single = "\n".join("                    " + s for s in _compute_pass(v, geo, 1))
+    header = a.header("direct depthwise, channel-blocked",
+                      f"{cfg.describe()}; one OpenMP task per (image, block of {L} channels, block of output "
+                      f"rows); the input rows transposed into [row][column][channel] blocks, {P} output "
+                      f"positions x {geo.kh}x{geo.kw} taps per pass as {isa} FMAs, the rows transposed back "
+                      f"for the fused epilogue")
+    return "\n".join([header, PRELUDE, "#include <string.h>", "#include <omp.h>", "#include <immintrin.h>",
+                      c_defines(C_IN=a.C, OCG=a.OCg, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw,
+                                DH=geo.dh, DW=geo.dw, LANES=L, BUDGET=cfg.budget_floats,
+                                TASKS_PER_THREAD=TASKS_PER_THREAD),
+                      "static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }",
+                      "static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }",
+                      WORKSPACE_C, a.math, a.statics or "", a.epilogue_c, a.prologue_c, transpose_block_c(isa), f"""
+/* Channel-blocked depthwise macro-kernel: output channel oc reads input channel oc / OCG. Per task, xb
+ * holds the IR input rows its outputs read as [row][padded column][lane] (WP columns: input column
+ * c - PL, zero outside the image), ob the finished outputs position-major, tile the same outputs
+ * channel-major for the epilogue. */
+void {name}({_runtime_params()}{params})
+{{
+    const int64_t P = OH * OW;
+    if (NB <= 0 || P <= 0) return;{_prologue_call(a, pro_names)}
+    const int64_t WP = (OW - 1) * TS_SW + (TS_KW - 1) * TS_DW + 1, ROW = WP * TS_LANES;
+    const int64_t KR = (TS_KH - 1) * TS_DH + 1;
+    /* output rows per task (channel_block_rows in Python computes the same) */
+    const int64_t fit = (TS_BUDGET - (KR - TS_SH) * ROW) / (TS_SH * ROW + 2 * OW * TS_LANES);
+    const int64_t n_cb = (TS_OC + TS_LANES - 1) / TS_LANES, blocks = NB * n_cb;
+    const int64_t want = (TS_TASKS_PER_THREAD * omp_get_max_threads() + blocks - 1) / blocks;
+    const int64_t rows = max_i64(1, min_i64(min_i64(OH, fit), (OH + want - 1) / want));
+    const int64_t n_rb = (OH + rows - 1) / rows, n_tasks = blocks * n_rb;
+    const int64_t IRMAX = (rows - 1) * TS_SH + KR;
+    #pragma omp parallel if (n_tasks > 1)
+    {{
+        float* restrict xb = tscomp_thread_workspace((size_t)(IRMAX * ROW + 2 * rows * OW * TS_LANES));
+        float* restrict ob = xb + IRMAX * ROW;
+        float* restrict tile = ob + rows * OW * TS_LANES;
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < n_tasks; ++t) {{
+            const int64_t rb = t % n_rb, cblk = (t / n_rb) % n_cb, n = t / (n_rb * n_cb);
+            const int64_t oh0 = rb * rows, R = min_i64(OH, oh0 + rows) - oh0, c0 = cblk * TS_LANES;
+            const int64_t CV = min_i64(TS_LANES, TS_OC - c0), IR = (R - 1) * TS_SH + KR;
+            /* the input rows, transposed; lanes past OC read the last channel (their weights are 0) */
+            const float* src[TS_LANES];
+            for (int64_t l = 0; l < TS_LANES; ++l)
+                src[l] = X + (n * TS_C_IN + min_i64(c0 + l, TS_OC - 1) / TS_OCG) * H * W;
+            const int64_t c_lo = min_i64(WP, PL), c_hi = max_i64(c_lo, min_i64(WP, PL + W));
+            for (int64_t r = 0; r < IR; ++r) {{
+                float* restrict dst = xb + r * ROW;
+                const int64_t ih = oh0 * TS_SH - PT + r;
+                if (ih < 0 || ih >= H) {{
+                    memset(dst, 0, (size_t)ROW * sizeof(float));
+                    continue;
+                }}
+                memset(dst, 0, (size_t)(c_lo * TS_LANES) * sizeof(float));
+                memset(dst + c_hi * TS_LANES, 0, (size_t)((WP - c_hi) * TS_LANES) * sizeof(float));
+                const int64_t base = ih * W - PL;
+                int64_t c = c_lo;
+                for (; c + TS_LANES <= c_hi; c += TS_LANES)
+                    ts_transpose_block(src, base + c, dst + c * TS_LANES, TS_LANES);
+                for (; c < c_hi; ++c)
+                    for (int64_t l = 0; l < TS_LANES; ++l) dst[c * TS_LANES + l] = src[l][base + c];
+            }}
+            const float* restrict wb = Wp + cblk * (TS_KH * TS_KW * TS_LANES);
+{weights}
+            for (int64_t r = 0; r < R; ++r) {{
+                const float* restrict xr = xb + r * TS_SH * ROW;   /* the first input row output row r reads */
+                float* restrict o = ob + r * OW * TS_LANES;
+                int64_t ow = 0;
+                for (; ow + {P} <= OW; ow += {P}) {{
+{full}
+                }}
+                for (; ow < OW; ++ow) {{
+{single}
+                }}
+            }}
+            /* back to channel-major: tile[l][p] = ob[p][l], then the fused epilogue over the block */
+            const int64_t F = R * OW;
+            const float* pos[TS_LANES];
+            int64_t p = 0;
+            for (; p + TS_LANES <= F; p += TS_LANES) {{
+                for (int64_t l = 0; l < TS_LANES; ++l) pos[l] = ob + (p + l) * TS_LANES;
+                ts_transpose_block(pos, 0, tile + p, F);
+            }}
+            for (; p < F; ++p)
+                for (int64_t l = 0; l < TS_LANES; ++l) tile[l * F + p] = ob[p * TS_LANES + l];
+            conv_epilogue(tile, F, n, c0, oh0 * OW, CV, F{names});
+        }}
+    }}
+}}
+"""])
+
+
+__all__ = ["DepthwiseChannelBlocks", "POSITIONS_PER_PASS", "channel_block_classes", "channel_block_rows",
+           "channel_blocked_source", "channel_blocks_config", "prepack_channel_blocks", "transpose_block_c"]
