@@ -1156,7 +1156,10 @@ def _depthwise_tap_loop(geo: Geometry2D, start: str) -> str:
     lines += [f"                const float w{t} = wk[{t}];" for t, *_ in taps]
     lines.append("                #pragma omp simd")
     lines.append(f"                for (int64_t f = {start}; f < F; ++f)")
-    terms = " + ".join(f"w{t} * {ptr[(plane, dr)]}[f + {dc}]" for t, plane, dr, dc in taps)
+    t, plane, dr, dc = taps[0]
+    terms = f"w{t} * {ptr[(plane, dr)]}[f + {dc}]"
+    for t, plane, dr, dc in taps[1:]:     # fused multiply-adds: ISO C (-std=c11) contracts none itself
+        terms = f"fmaf(w{t}, {ptr[(plane, dr)]}[f + {dc}], {terms})"
     lines.append(f"                    acc[f] = {terms};")
     return "\n".join(lines)
 
@@ -1186,7 +1189,7 @@ def _depthwise_column_passes(geo: Geometry2D) -> str:
                 if key not in loaded:
                     loaded[key] = f"x{len(loaded)}"
                     lines.append(f"{ind}    const float {loaded[key]} = planes[{plane} * PLANE + (r0 + {r + dr}) * PWS + f + {dc}];")
-                lines.append(f"{ind}    a{r} += w{t} * {loaded[key]};")
+                lines.append(f"{ind}    a{r} = fmaf(w{t}, {loaded[key]}, a{r});")
         lines += [f"{ind}    acc[(r0 + {r}) * PWS + f] = a{r};" for r in range(RB)]
         lines += [f"{ind}}}", "                    }"]
     lines.append("                }")
