@@ -92,3 +92,62 @@ def test_symbol_against_constant_broadcast_keeps_the_symbol_free():
     for n in (1, 3):
         out = run_reference(g, {"a": np.ones((n, 4), np.float32), "b": np.ones((3, 4), np.float32)})["y"]
         assert out.shape == (3, 4)
+
+
+def _token_grid_model(path):
+    """DPT's reassemble step in miniature: a 4x4 patchify Conv, the tokens [B, N, 8], and the grid
+    side int(sqrt(N)) computed by the graph (Cast, Pow 0.5, Cast) to reshape them back into a square
+    [B, 8, s, s] for a 3x3 Conv."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((8, 3, 4, 4)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((4, 8, 3, 3)).astype(np.float32), "w2")
+    c = lambda name, v, t=TensorProto.INT64: helper.make_tensor(name, t, [len(v)] if isinstance(v, list) else [], v)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["p"], kernel_shape=[4, 4], strides=[4, 4]),
+        helper.make_node("Reshape", ["p", "flat"], ["pf"]),
+        helper.make_node("Transpose", ["pf"], ["tok"], perm=[0, 2, 1]),
+        helper.make_node("Shape", ["tok"], ["shp"]),
+        helper.make_node("Gather", ["shp", "one"], ["n"], axis=0),
+        helper.make_node("Gather", ["shp", "zero"], ["b"], axis=0),
+        helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+        helper.make_node("Pow", ["nf", "half"], ["rootf"]),
+        helper.make_node("Cast", ["rootf"], ["root"], to=TensorProto.INT64),
+        helper.make_node("Unsqueeze", ["b", "ax0"], ["b1"]),
+        helper.make_node("Unsqueeze", ["root", "ax0"], ["r1"]),
+        helper.make_node("Concat", ["b1", "r1", "r1", "eight"], ["grid"], axis=0),
+        helper.make_node("Reshape", ["tok", "grid"], ["g"]),
+        helper.make_node("Transpose", ["g"], ["gc"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["gc", "w2"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+    ]
+    inits = [w1, w2, c("flat", [0, 8, -1]), c("one", 1), c("zero", 0), c("ax0", [0]), c("eight", [8]),
+             helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])]
+    graph = helper.make_graph(nodes, "grid", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "H", "W"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    import onnx
+    onnx.save(model, str(path))
+
+
+def test_a_token_grid_side_computed_as_a_square_root_is_exact_and_runs_natively(tmp_path):
+    """sqrt(6 * 6 patches) is 6 (a Float exponent made it floor(2.449... * 2.449...) = 5, and the
+    reshape failed at run time); the side is an integer C expression, so every group is native;
+    a patch count that is no square is refused by name, as onnxruntime refuses it."""
+    import onnxruntime as ort
+    from tscomp.compiler import compile_model
+    from tscomp.errors import TscompError
+    from tscomp.runtime import Runtime
+    path = tmp_path / "grid.onnx"
+    _token_grid_model(path)
+    model = compile_model(str(path), ["batch=1:2", "H=4:128", "W=4:128"], max_variants=1)
+    assert model.fallback_groups() == []
+    rt = Runtime.from_compiled(model, num_threads=2)
+    assert rt.executor == "native"
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for n, h, w in [(1, 24, 24), (2, 16, 36), (1, 64, 64), (1, 4, 4), (2, 127, 124)]:
+        x = rng.standard_normal((n, 3, h, w)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4,
+                                   err_msg=f"{n}x{h}x{w}")
+    with pytest.raises(TscompError, match="Reshape"):
+        rt.run({"x": rng.standard_normal((1, 3, 24, 28)).astype(np.float32)})     # 6 x 7 patches

@@ -1,4 +1,6 @@
 """SymbolTable: range-aware simplification, unification, decisions."""
+import math
+
 import pytest
 import sympy
 
@@ -142,3 +144,38 @@ def test_nested_rounding_that_does_not_fold_stays_as_written(expr):
     assert t.canon(e) == e
     for h in range(1, 101):          # and the folded forms that do apply are exact at every S
         assert t.evaluate(t.canon(sympy.floor(sympy.floor(H / 5) / 2)), {"H": h}) == h // 10
+
+
+def test_a_float_constant_is_its_exact_rational_so_shape_arithmetic_stays_exact():
+    from tscomp.graph.symbols import as_expr
+    import numpy as np
+    assert as_expr(np.float32(0.5)) == sympy.Rational(1, 2)
+    assert as_expr(0.1) == sympy.Rational(0.1) and as_expr(3.0) == 3
+    assert as_expr(float("inf")).is_infinite
+
+
+def test_floor_of_a_product_of_square_roots_is_an_exact_integer_square_root():
+    """int(sqrt(floor(h/16) * floor(w/16))), as SymPy splits it into sqrt(a) * sqrt(b): exact where
+    the float product of the two roots is not (sqrt(6) * sqrt(6) = 5.999...)."""
+    from tscomp.codegen.c_expr import c_index
+    from tscomp.graph.symbols import FloorSqrt, compile_int_expr, floor_of_root
+    h, w = sympy.symbols("height width", integer=True, positive=True)
+    a, b = sympy.floor(h / 16), sympy.floor(w / 16)
+    root = floor_of_root(sympy.sqrt(a * b))
+    assert root == FloorSqrt(a * b)
+    evaluate = compile_int_expr(root)
+    for hh, ww in [(96, 96), (64, 144), (16, 16), (96, 112), (2000, 2000)]:
+        want = math.isqrt((hh // 16) * (ww // 16))
+        assert evaluate({"height": hh, "width": ww}) == want == root.subs({h: hh, w: ww})
+    scaled = compile_int_expr(floor_of_root(sympy.Rational(3, 2) * sympy.sqrt(a)))    # floor(3 sqrt(a) / 2)
+    assert [scaled({"height": 16 * k, "width": 16}) for k in range(1, 40)] == \
+        [math.isqrt(9 * k) // 2 for k in range(1, 40)]
+    assert floor_of_root(a / 2) is None                  # no root: the caller's plain floor
+    assert "ts_isqrt(" in c_index(root)
+
+
+def test_floor_sqrt_bounds_follow_the_ranges():
+    from tscomp.graph.symbols import FloorSqrt, SymbolTable
+    t = SymbolTable()
+    n = t.new_symbol("n", origin="user", min=10, max=99)
+    assert t.bounds(FloorSqrt(n)) == (3, 9)

@@ -33,7 +33,7 @@ import numpy as np
 import sympy
 
 from tscomp.errors import UnsupportedOperatorError
-from tscomp.graph.symbols import SymbolTable, fold_nested_rounding, numel, same
+from tscomp.graph.symbols import FloorSqrt, SymbolTable, fold_nested_rounding, numel, same
 from tscomp.graph.views import ViewOp
 
 Index = tuple[sympy.Expr, ...]
@@ -51,6 +51,9 @@ static inline int64_t ts_mod(int64_t a, int64_t b)
 { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t ts_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t ts_max(int64_t a, int64_t b) { return a > b ? a : b; }
+/* floor(sqrt(n)) exactly (a shape symbol's integer square root: a token grid's side) */
+static inline int64_t ts_isqrt(int64_t n)
+{ if (n <= 0) return 0; int64_t r = (int64_t)sqrt((double)n); while (r * r > n) --r; while ((r + 1) * (r + 1) <= n) ++r; return r; }
 
 /* Data-dependent indices (Gather*, embedding lookups) are range-checked. A kernel with an error
  * record (int64_t[4]: check id + 1, value, flat position, extent) defines TSCOMP_ERR_RECORD as
@@ -697,6 +700,8 @@ class CPrinter:
                 b = self.p(e.base, _ATOM)
                 return "*".join([b] * int(e.exp)), _MUL
             raise UnsupportedOperatorError(f"index expression with a non-integer power: {e}")
+        if isinstance(e, FloorSqrt):
+            return f"ts_isqrt({self(e.args[0])})", _ATOM
         if isinstance(e, (sympy.floor, sympy.ceiling)):
             num, den = sympy.fraction(sympy.together(e.args[0]))
             if den == 1:

@@ -38,6 +38,40 @@ Expr = sympy.Expr
 _RESERVED = {"E", "I", "N", "O", "Q", "S", "beta", "gamma", "lambda", "pi", "zeta", "oo", "nan"}
 
 
+class FloorSqrt(sympy.Function):
+    """``floor(sqrt(n))`` of a non-negative integer ``n``, kept as one integer-valued node. A model
+    that reshapes its tokens back into a square grid computes ``int(sqrt(tokens))`` (DPT, Depth
+    Anything): as ``floor(sqrt(floor(h/16)) * sqrt(floor(w/16)))`` (SymPy splits the root of a
+    product of positives) it has no exact integer form; as ``FloorSqrt(floor(h/16) * floor(w/16))``
+    it evaluates exactly (``math.isqrt``) in Python and in C (``ts_isqrt``)."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, n):
+        if n.is_Integer and n >= 0:
+            return sympy.Integer(math.isqrt(int(n)))
+        return None
+
+
+def floor_of_root(x: Expr) -> Expr | None:
+    """``floor(x)`` for a non-negative ``x`` made of square roots (``c * sqrt(a) * sqrt(b)``, a sum
+    under one root) as :class:`FloorSqrt` of an integer expression, or None when ``x`` is not one:
+    with ``x**2 = num / den`` (``num`` integer-valued, ``den`` a positive integer),
+    ``floor(x) = floor(sqrt(num * den) / den) = floor(FloorSqrt(num * den) / den)``."""
+    if not any(p.exp == sympy.Rational(1, 2) for p in x.atoms(sympy.Pow)):
+        return None
+    square = sympy.expand(x ** 2)
+    if any(not (p.exp.is_Integer and p.exp >= 0) for p in square.atoms(sympy.Pow)):
+        return None
+    num, den = sympy.fraction(sympy.together(square))
+    if not (den.is_Integer and den > 0 and num.is_integer):
+        return None
+    root = FloorSqrt(sympy.expand(num * den))
+    return root if den == 1 else sympy.floor(root / den)
+
+
 def sanitize_symbol_name(raw: str) -> str:
     """Turn an ONNX dim_param (``'batch_size'``, ``'s0 + 1'``, ``'1d'``) into a valid identifier."""
     name = re.sub(r"[^0-9a-zA-Z_]", "_", raw.strip())
@@ -370,7 +404,7 @@ def fold_nested_rounding(e: Expr, positive=lambda b: b.is_Number and b > 0) -> E
 
 def _evaluator_names() -> dict[str, object]:
     """The names a generated evaluator's code may call (:func:`_py` adds its rational constants)."""
-    return {"floor": math.floor, "ceil": math.ceil, "Fraction": Fraction}
+    return {"floor": math.floor, "ceil": math.ceil, "Fraction": Fraction, "isqrt": math.isqrt}
 
 
 def compile_int_expr(expr: Expr):
@@ -426,6 +460,8 @@ def _py(e: Expr, consts: dict) -> str:
         return f"({args[0]} ** {int(e.exp)})"
     if isinstance(e, sympy.Mod):
         return f"({args[0]} % {args[1]})"      # Python's % floors, as sympy.Mod does
+    if isinstance(e, FloorSqrt):
+        return f"isqrt(int({args[0]}))"
     named = {sympy.Min: "min", sympy.Max: "max", sympy.floor: "floor", sympy.ceiling: "ceil", sympy.Abs: "abs"}
     for kind, fn in named.items():
         if isinstance(e, kind):
@@ -510,6 +546,10 @@ def _interval(expr: Expr, symbol_range) -> tuple[float, float]:
         for a in args[1:]:
             lo, hi = _mul_interval((lo, hi), a)
         return (lo, hi)
+    if isinstance(expr, FloorSqrt):
+        lo, hi = args[0]
+        return (math.isqrt(max(0, math.floor(lo))) if math.isfinite(lo) else 0.0,
+                math.isqrt(math.floor(hi)) if math.isfinite(hi) and hi >= 0 else math.inf)
     if isinstance(expr, sympy.floor):
         return (math.floor(args[0][0]) if math.isfinite(args[0][0]) else args[0][0],
                 math.floor(args[0][1]) if math.isfinite(args[0][1]) else args[0][1])
@@ -574,7 +614,8 @@ def same(a, b) -> bool:
 
 
 def as_expr(v) -> Expr:
-    """Coerce an int / numpy integer / SymPy object to a SymPy expression."""
+    """Coerce an int / numpy integer / float / SymPy object to a SymPy expression (a finite float
+    as the exact rational it holds)."""
     if isinstance(v, sympy.Basic):
         return v
     if hasattr(v, "item"):
@@ -584,7 +625,12 @@ def as_expr(v) -> Expr:
     if isinstance(v, int):
         return sympy.Integer(v)
     if isinstance(v, float):
-        return sympy.Float(v) if not v.is_integer() else sympy.Integer(int(v))
+        if v.is_integer():
+            return sympy.Integer(int(v))
+        # the float's exact binary value as a rational: shape arithmetic stays exact. A Float
+        # exponent made Pow(36, 0.5) a binary approximation, so DPT's token grid side
+        # trunc(sqrt(6 * 6 patches)) came out as floor(2.449... * 2.449...) = 5
+        return sympy.Rational(v) if math.isfinite(v) else sympy.Float(v)
     return sympy.sympify(v)
 
 

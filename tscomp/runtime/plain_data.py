@@ -265,7 +265,8 @@ _ATOMS = {"Infinity": sympy.oo, "NegativeInfinity": -sympy.oo, "NaN": sympy.nan,
 
 def _sympy_class(name: str):
     """A SymPy expression class from SymPy's public namespace, else None."""
-    cls = getattr(sympy, name, None)
+    from tscomp.graph.symbols import FloorSqrt       # tscomp's own SymPy node
+    cls = getattr(sympy, name, None) or {"FloorSqrt": FloorSqrt}.get(name)
     if cls is None:
         from sympy.core import relational
         from sympy.functions.elementary import piecewise

@@ -34,7 +34,7 @@ import numpy as np
 
 from tscomp.codegen.build import host_isa, set_num_threads
 from tscomp.compiler import CompiledModel, default_threads
-from tscomp.errors import ExecutionError, TscompError
+from tscomp.errors import ExecutionError, ShapeError, TscompError
 from tscomp.graph.reference import materialize
 from tscomp.runtime.artifact import ArtifactError, load_artifact
 from tscomp.graph.symbols import numel
@@ -142,6 +142,8 @@ class Runtime:
         self._lock = threading.Lock()
         self._binder = InputBinder(self.graph)
         self._ranges = {i.name: (i.min, i.max) for i in self.graph.symbols.infos.values()}
+        self._relations = [c for c in self.graph.symbols.constraints if c.relation in ("==", "<=", "in")]
+        self._related: set[tuple] = set()         # bindings whose relations held (checked once each)
         self._shapes: collections.OrderedDict[tuple, ShapePlan] = collections.OrderedDict()
         self._consts = self._static_constants()
         self._shape_only = self._shape_only_groups()
@@ -273,7 +275,29 @@ class Runtime:
             raise ExecutionError(f"input shape outside the compiled ranges: {', '.join(outside)}; recompile "
                                  f"with a wider --dim, or pass allow_out_of_range=True to run it on the "
                                  f"(slow) reference executor")
+        if self._relations and not outside:
+            self._check_relations(binding)
         return binding, not outside
+
+    def _check_relations(self, binding: dict[str, int]) -> None:
+        """The relations between symbols the model needs but the compiler could not prove (a Reshape
+        of N tokens into an int(sqrt(N)) square grid needs N to be a square): checked per new
+        binding, so an input that breaks one is refused by name instead of computing garbage."""
+        key = tuple(binding.values())
+        if key in self._related:
+            return
+        symtab = self.graph.symbols
+        for c in self._relations:
+            lhs = symtab.evaluate(c.lhs, binding)
+            rhs = c.rhs if c.relation == "in" else symtab.evaluate(c.rhs, binding)
+            held = lhs == rhs if c.relation == "==" else lhs <= rhs if c.relation == "<=" else lhs in rhs
+            if not held:
+                shape = ", ".join(f"{k} = {v}" for k, v in binding.items())
+                raise ShapeError(f"these inputs ({shape}) break a relation the model requires: {c.reason}: "
+                                 f"{c.lhs} {c.relation} {c.rhs} is {lhs} {c.relation} {rhs}")
+        if len(self._related) > 4096:
+            self._related.clear()
+        self._related.add(key)
 
     # ------------------------------------------------------------------ per-shape decisions
     def _static_constants(self) -> dict[str, np.ndarray]:

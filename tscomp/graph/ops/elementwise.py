@@ -19,6 +19,7 @@ from scipy import special
 
 from tscomp.graph.ops.registry import (DATA_VIA_REFERENCE, CTypes, FusionClass, OpCall, OpDef, ShapeContext,
                                        c_type, register)
+from tscomp.graph.symbols import floor_of_root
 
 E = FusionClass.ELEMENTWISE
 
@@ -214,7 +215,7 @@ def _cast_data(ctx, x):
         if x.is_number:
             return sympy.Integer(int(x))  # truncation, as C casts do
         if ctx.symbols.prove_le(0, x):
-            return sympy.floor(x)
+            return floor_of_root(x) or sympy.floor(x)
         return None
     if to.kind == "f":
         return x
