@@ -500,3 +500,22 @@ def test_a_strided_conv_epilogue_reads_its_floored_sizes_from_constants_not_insi
         assert "const int64_t ts_sz0 = ts_floordiv(" in epilogue
         loop = epilogue[epilogue.index("#pragma omp simd"):]
         assert "ts_floordiv" not in loop, loop
+
+
+def test_a_one_channel_head_stores_from_the_fused_epilogue_whatever_form_its_shape_takes(tmp_path):
+    """A depth head (DPT's): a 3x3 Conv to 1 channel and a ReLU over a token grid whose side is
+    int(sqrt(N)). The ReLU's shape is written in another (equal) form than the Conv's, so the
+    epilogue locates the Conv element it reads from the output's index: n*P + p, which is the
+    Conv's own (n*1 + c)*P + p at c = 0 -- an extent-1 axis counts as 0, and the group is the
+    conv family's, not the numpy fallback's."""
+    from tests.graph.test_shape_propagation import token_grid_model
+    path = tmp_path / "head.onnx"
+    token_grid_model(path, head_channels=1)
+    model = compile_model(str(path), ["batch=1:2", "H=4:64", "W=4:64"], max_variants=1)
+    assert model.fallback_groups() == [] and {k.family for ks in model.kernels.values() for k in ks} == {"conv"}
+    rt = Runtime.from_compiled(model, num_threads=2)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    for n, h, w in [(1, 24, 24), (2, 16, 36), (1, 4, 4)]:
+        x = rng.standard_normal((n, 3, h, w)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

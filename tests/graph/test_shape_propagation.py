@@ -94,13 +94,13 @@ def test_symbol_against_constant_broadcast_keeps_the_symbol_free():
         assert out.shape == (3, 4)
 
 
-def _token_grid_model(path):
+def token_grid_model(path, head_channels: int = 4):
     """DPT's reassemble step in miniature: a 4x4 patchify Conv, the tokens [B, N, 8], and the grid
     side int(sqrt(N)) computed by the graph (Cast, Pow 0.5, Cast) to reshape them back into a square
-    [B, 8, s, s] for a 3x3 Conv."""
+    [B, 8, s, s] for a 3x3 Conv to ``head_channels`` and a ReLU."""
     rng = np.random.default_rng(0)
     w1 = numpy_helper.from_array(rng.standard_normal((8, 3, 4, 4)).astype(np.float32), "w1")
-    w2 = numpy_helper.from_array(rng.standard_normal((4, 8, 3, 3)).astype(np.float32), "w2")
+    w2 = numpy_helper.from_array(rng.standard_normal((head_channels, 8, 3, 3)).astype(np.float32), "w2")
     c = lambda name, v, t=TensorProto.INT64: helper.make_tensor(name, t, [len(v)] if isinstance(v, list) else [], v)
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["p"], kernel_shape=[4, 4], strides=[4, 4]),
@@ -117,7 +117,8 @@ def _token_grid_model(path):
         helper.make_node("Concat", ["b1", "r1", "r1", "eight"], ["grid"], axis=0),
         helper.make_node("Reshape", ["tok", "grid"], ["g"]),
         helper.make_node("Transpose", ["g"], ["gc"], perm=[0, 3, 1, 2]),
-        helper.make_node("Conv", ["gc", "w2"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["gc", "w2"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["y"]),
     ]
     inits = [w1, w2, c("flat", [0, 8, -1]), c("one", 1), c("zero", 0), c("ax0", [0]), c("eight", [8]),
              helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])]
@@ -138,7 +139,7 @@ def test_a_token_grid_side_computed_as_a_square_root_is_exact_and_runs_natively(
     from tscomp.errors import TscompError
     from tscomp.runtime import Runtime
     path = tmp_path / "grid.onnx"
-    _token_grid_model(path)
+    token_grid_model(path)
     model = compile_model(str(path), ["batch=1:2", "H=4:128", "W=4:128"], max_variants=1)
     assert model.fallback_groups() == []
     rt = Runtime.from_compiled(model, num_threads=2)

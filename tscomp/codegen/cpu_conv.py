@@ -255,7 +255,7 @@ class TileEpilogue(GroupGenerator):
             self.probe.append(tuple(self.ctx.simplify(i) for i in idx))
             return "ts_acc"
         off = self.ctx.simplify(linearize(tuple(idx), self.hshape))
-        if not same(self.ctx.collapse(off), self.ctx.collapse(self.flat)):
+        if not self._same_element(off, self.flat):
             self.fail(f"the epilogue reads the {e.op_type} result at offset {off}, not at the element it "
                       f"computes ({self.flat})", e)
         if self.bias is None:
@@ -297,7 +297,15 @@ class TileEpilogue(GroupGenerator):
     def _reads_backbone_at(self, e: Expr, idx, flat) -> bool:
         reads = self._probe_reads(e, idx)
         return reads is not None and all(
-            same(self.ctx.collapse(self.ctx.simplify(linearize(r, self.hshape))), self.ctx.collapse(flat)) for r in reads)
+            self._same_element(self.ctx.simplify(linearize(r, self.hshape)), flat) for r in reads)
+
+    def _same_element(self, a, b) -> bool:
+        """Whether two flat offsets name the same element of the backbone's result, an axis of
+        extent 1 counted as 0 (a 1-channel depth head whose output drops the channel axis reads
+        the Conv at n*P + p, which is (n*1 + c)*P + p at c = 0)."""
+        fixed = {v: sympy.Integer(0) for v, extent in ((self.ch, self.C), (self.n, self.N))
+                 if same(extent, 1)}
+        return same(self.ctx.collapse(a.xreplace(fixed)), self.ctx.collapse(b.xreplace(fixed)))
 
     def _landing(self, oname: str, e: Expr, oshape) -> tuple:
         """Where the backbone's element (n, c, p) lands in output ``oname``, a permutation of its
