@@ -400,6 +400,8 @@ class _ConvBase:
     constant weight, the window, the channel groups, the fused epilogue."""
 
     family = "conv"
+    #: the ONNX op the group's backbone must be
+    HEAVY_OP = "Conv"
 
     def __init__(self, plan: Plan, group: Group):
         self.plan, self.group = plan, group
@@ -417,8 +419,8 @@ class _ConvBase:
         g = self.group
         pro, heavy, epi = gemm_parts(g)
         h = backbone_op(heavy)
-        if h.op_type != "Conv":
-            self._fail(f"backbone {h.op_type} is not a Conv")
+        if h.op_type != self.HEAVY_OP:
+            self._fail(f"backbone {h.op_type} is not a {self.HEAVY_OP}")
         if any(o.node != h.node for o in heavy):
             self._fail(f"a second heavy op in the Conv group ({', '.join(sorted({o.op_type for o in heavy}))})")
         self.heavy = h
@@ -450,10 +452,11 @@ class _ConvBase:
         if not self.x_shape[1].is_Integer:
             self._fail(f"Conv {h.node!r}: symbolic channel count {self.x_shape[1]}")
         self.C = int(self.x_shape[1])
-        self.OC = int(W.shape[0])
+        self.OC = self._output_channels(W)
         self.Cg, self.OCg = self.C // self.G, self.OC // self.G
-        if self.Cg * self.G != self.C or self.OCg * self.G != self.OC or int(W.shape[1]) != self.Cg:
-            self._fail(f"Conv {h.node!r}: weight {list(W.shape)} does not match C={self.C}, group={self.G}")
+        if self.Cg * self.G != self.C or self.OCg * self.G != self.OC or not self._weight_matches(W):
+            self._fail(f"{self.HEAVY_OP} {h.node!r}: weight {list(W.shape)} does not match C={self.C}, "
+                       f"group={self.G}")
         self.bias = h.args[2] if len(h.args) > 2 and h.args[2] is not None else None
         self.out_shape = tuple(self.symtab.canon(d) for d in h.shape)
         self.out_shapes = {n: tuple(self.symtab.canon(d) for d in e.shape) for n, e in g.outputs.items()}
@@ -462,6 +465,12 @@ class _ConvBase:
                 self._fail(f"output {n} is {np.dtype(e.dtype)}, only float32 outputs")
         self._check_strategy()
         self._gen_epilogue()
+
+    def _output_channels(self, W: np.ndarray) -> int:
+        return int(W.shape[0])                      # Conv: W[OC, C / group, *kernel]
+
+    def _weight_matches(self, W: np.ndarray) -> bool:
+        return int(W.shape[1]) == self.Cg
 
     def _check_strategy(self) -> None:
         raise NotImplementedError

@@ -221,6 +221,16 @@ def _conv_space(analysis, target: Target):
     return ConvSpace(analysis.OCg, analysis.K, target)
 
 
+def _conv_transpose_analyze(plan, group):
+    from tscomp.codegen.cpu_conv_transpose import ConvTransposeAnalysis
+    return ConvTransposeAnalysis(plan, group)
+
+
+def _conv_transpose_executor(analysis, cfg, target: Target):
+    from tscomp.codegen.cpu_conv_transpose import CompiledConvTranspose
+    return CompiledConvTranspose(analysis, target.isa)
+
+
 def _pool_analyze(plan, group):
     from tscomp.codegen.cpu_pool import PoolAnalysis
     return PoolAnalysis(plan, group)
@@ -250,6 +260,8 @@ FAMILIES: tuple[KernelFamily, ...] = (
     KernelFamily("conv", ("gemm",), _conv_analyze, _conv_executor, link_native, _conv_heuristic, _conv_space),
     KernelFamily("conv-depthwise", ("gemm",), _depthwise_analyze, _conv_executor, link_native,
                  _depthwise_heuristic),
+    KernelFamily("conv-transpose", ("gemm",), _conv_transpose_analyze, _conv_transpose_executor, link_native,
+                 _no_configs),
     KernelFamily("pool", ("opaque", "reduce"), _pool_analyze, _pool_executor, link_native, _no_configs),
 )
 
