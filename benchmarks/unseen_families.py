@@ -42,8 +42,11 @@ from tscomp.bench import _timed
 T = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=1000)
 def text(cfg, cls, kw, seq=128, ids=("input_ids", "attention_mask"), sub=None):
     return dict(kind="text", cfg=cfg, cls=cls, kw=kw, seq=seq, ids=ids, sub=sub)
-def vision(cfg, cls, kw, side=(32, 128), step=None, sub=None):
-    return dict(kind="vision", cfg=cfg, cls=cls, kw=kw, side=side, step=step, sub=sub)
+def vision(cfg, cls, kw, side=(32, 128), step=None, sub=None, output="last_hidden_state", square=False):
+    """A vision entry; ``output`` the model output compared (a depth map, segmentation logits),
+    ``square``: the model needs a square grid of patches (DPT reshapes its tokens to
+    int(sqrt(N)) x int(sqrt(N))), so every checked image is square."""
+    return dict(kind="vision", cfg=cfg, cls=cls, kw=kw, side=side, step=step, sub=sub, output=output, square=square)
 MODELS = {
  "electra": text("ElectraConfig", "ElectraModel", dict(T, embedding_size=64)),
  "deberta_v2": text("DebertaV2Config", "DebertaV2Model", dict(T, max_position_embeddings=128)),
@@ -101,6 +104,8 @@ MODELS = {
  "convnextv2": vision("ConvNextV2Config", "ConvNextV2Model", dict(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2), side=(32, 96)),
  "hubert": dict(kind="audio", cfg="HubertConfig", cls="HubertModel", kw=dict(T, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4), sub=None),
  "wavlm": dict(kind="audio", cfg="WavLMConfig", cls="WavLMModel", kw=dict(T, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4), sub=None),
+ "dpt": vision("DPTConfig", "DPTForDepthEstimation", dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128, image_size=64, patch_size=16, backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[16, 32, 64, 64], fusion_hidden_size=32, reassemble_factors=[4, 2, 1, 0.5]), side=(32, 128), step=16, output="predicted_depth", square=True),
+ "segformer_seg": vision("SegformerConfig", "SegformerForSemanticSegmentation", dict(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2], decoder_hidden_size=32, num_labels=5), side=(32, 96), output="logits"),
  "wav2vec2": dict(kind="audio", cfg="Wav2Vec2Config", cls="Wav2Vec2Model", kw=dict(T, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4), sub=None),
 }
 
@@ -135,7 +140,7 @@ def wrapper(spec, m):
                 kw = {}
                 import inspect
                 if "interpolate_pos_encoding" in inspect.signature(s.m.forward).parameters: kw["interpolate_pos_encoding"] = True
-                return s.m(pixel_values=pixel_values, return_dict=True, **kw).last_hidden_state
+                return getattr(s.m(pixel_values=pixel_values, return_dict=True, **kw), spec["output"])
         return WV(), ["pixel_values"]
     class WA(W):
         def forward(s, input_values):
@@ -197,6 +202,8 @@ def export(name, exporter, out_dir):
     # a non-square example inside the declared ranges (dynamo refuses one outside); whole patches
     # where the model has a patch size, odd sides otherwise
     side_h, side_w = (min(lo + st, hi), min(lo + 2 * st, hi)) if st else (min(lo + 13, hi), min(lo + 29, hi))
+    if spec.get("square"):
+        side_w = side_h
     ex = {"batch": 2, "sequence": 11, "height": side_h, "width": side_w, "samples": 3001}
     ex = {k: ex[k] for k in d}
     inp = make_inputs(spec, ex, rng)
@@ -243,6 +250,8 @@ def check_shapes(spec):
         cands = [(lo, lo), (lo, hi), (hi, lo), (hi, hi)]
         if st: cands += [(min(lo + st, hi), min(lo + 3 * st, hi)), (min(lo + 2 * st, hi), min(lo + st, hi))]
         else: cands += [(lo + 5, hi - 7), (hi - 3, lo + 11), (lo + 1, hi - 1)]
+        if spec.get("square"):      # a square grid of patches: square images, from lo to hi
+            cands = [(h, h) for h in sorted({lo, hi, lo + (st or 1), (lo + hi) // (st or 1) // 2 * (st or 1), hi - (st or 1)})]
         for i, (h, w) in enumerate(cands): out.append({"batch": 1 + i % 2, "height": h, "width": w})
     else:
         for b, s in [(1, 400), (1, 16000), (2, 4001), (1, 7919)]: out.append({"batch": b, "samples": s})
@@ -284,7 +293,11 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path) -> dict:
     fails, ratios, rel, scale = [], [], 0.0, 0.0
     for b in check_shapes(spec):
         inp = make_inputs(spec, b, rng)
-        ref = reference.run(None, inp)[0]
+        try:
+            ref = reference.run(None, inp)[0]
+        except Exception as e:      # noqa: BLE001 - the export itself does not run at this shape
+            return res | {"stage": "export", "error": f"onnxruntime cannot run the export at {b}: "
+                                                      f"{type(e).__name__}: {str(e)[-300:]}"}
         try:
             got = rt.run(inp)["last_hidden_state"]
         except Exception as e:      # noqa: BLE001 - a failing shape is this row's result, named
