@@ -682,6 +682,16 @@ def _epi_params(analysis) -> tuple[str, str, str]:
     return params, epi, pro
 
 
+def direct_kernel_preamble(analysis, defines: str, *extra: str) -> list[str]:
+    """The C a direct Conv-family kernel (channel-blocked depthwise, ConvTranspose) starts with
+    after its header comment: includes, its compile-time constants, helpers, the per-thread
+    workspace, then the group's math helpers, statics, fused epilogue and prologue, and ``extra``."""
+    return [PRELUDE, "#include <string.h>", "#include <omp.h>", "#include <immintrin.h>", defines,
+            "static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }",
+            "static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }",
+            WORKSPACE_C, analysis.math, analysis.statics or "", analysis.epilogue_c, analysis.prologue_c, *extra]
+
+
 def _prologue_call(analysis, pro_names: str) -> str:
     if not analysis.prologue_c:
         return ""
@@ -1438,6 +1448,11 @@ class CompiledConv(PicklableKernel):
         n_pb, n_obt = conv_task_grid(OH * OW, images, -(-a.OCg // self.cfg.mc), self.cfg, get_num_threads())
         return images * n_pb * n_obt
 
+    def size_exprs(self) -> tuple:
+        """(H, W, OH, OW, PT, PL) of the kernel as expressions of the symbols (the host program's)."""
+        a = self.analysis
+        return a.geo.runtime_expr(a.win, a.x_shape[2:])[:6]
+
     def native_call(self) -> NativeCall:
         """X (its input, a contiguous copy through its views, or scratch the prologue fills), the
         packed weight, N, H, W, OH, OW and the top/left pads as expressions, then the epilogue's."""
@@ -1447,8 +1462,7 @@ class CompiledConv(PicklableKernel):
         else:
             x = NativeArg("view", a.x_input, views=tuple(reversed(a.x_chain))) if a.x_chain else \
                 NativeArg("tensor", a.x_input, dtype="float32")
-        H, W, OH, OW, PT, PL, _, _ = a.geo.runtime_expr(a.win, a.x_shape[2:])
-        ints = [NativeArg("int", expr=e) for e in (a.x_shape[0], H, W, OH, OW, PT, PL)]
+        ints = [NativeArg("int", expr=e) for e in (a.x_shape[0], *self.size_exprs())]
         extra = args_by_role((role, name, info) for role, name, _, info in a.arg_roles)
         return NativeCall(self.func, (x, NativeArg("packed"), *ints, *extra))
 

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from tscomp.codegen.c_expr import PRELUDE
-from tscomp.codegen.cpu_conv import (WORKSPACE_C, CompiledConv, _ConvBase, _epi_params, _prologue_call, _runtime_params,
-                                     c_defines, conv_func_name)
+from tscomp.codegen.cpu_conv import (CompiledConv, _ConvBase, _epi_params, _prologue_call, _runtime_params, c_defines,
+                                     conv_func_name, direct_kernel_preamble)
 from tscomp.codegen.cpu_depthwise_channels import transpose_block_c
 from tscomp.codegen.cpu_gemm import _Vec
-from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
 from tscomp.codegen.native import binding_key
 from tscomp.codegen.tile_config import VECTOR_WIDTH
-from tscomp.graph.symbols import numel
 
 #: channel vectors one task accumulates in registers (the rest of the output channels are other tasks)
 MAX_CHANNEL_VECTORS = 8
@@ -101,13 +98,9 @@ def conv_transpose_source(a: ConvTransposeAnalysis, isa: str) -> str:
                       f"channels, block of output rows); per input pixel a tap lands on, {mb} {isa} channel "
                       f"vectors accumulate over the group's {a.Cg} input channels; rows transposed for the "
                       f"fused epilogue")
-    return "\n".join([header, PRELUDE, "#include <string.h>", "#include <omp.h>", "#include <immintrin.h>",
-                      c_defines(C_IN=a.C, CG=a.Cg, OCG=a.OCg, G=a.G, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw,
-                                DH=geo.dh, DW=geo.dw, MBL=mb * L, NMB=n_mb, TASK_POSITIONS=TASK_POSITIONS,
-                                TASKS_PER_THREAD=TASKS_PER_THREAD),
-                      "static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }",
-                      "static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }",
-                      WORKSPACE_C, a.math, a.statics or "", a.epilogue_c, a.prologue_c, transpose_block_c(isa), f"""
+    defines = c_defines(C_IN=a.C, CG=a.Cg, OCG=a.OCg, G=a.G, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw, DH=geo.dh,
+                        DW=geo.dw, MBL=mb * L, NMB=n_mb, TASK_POSITIONS=TASK_POSITIONS, TASKS_PER_THREAD=TASKS_PER_THREAD)
+    return "\n".join([header, *direct_kernel_preamble(a, defines, transpose_block_c(isa)), f"""
 /* Output-stationary ConvTranspose: y[n, m, oh, ow] += x[n, c, ih, iw] * w[c, m, kh, kw] wherever
  * oh = ih * SH + kh * DH - PT and ow = iw * SW + kw * DW - PL. Wp is packed
  * [group][channel block][kh][kw][input channel][MBL]; acc holds a task's outputs position-major. */
@@ -225,17 +218,9 @@ class CompiledConvTranspose(CompiledConv):
         _, n_mb = a.channel_blocks(self.isa)
         return xshape[0] * a.G * n_mb * max(1, OH)
 
-    def native_call(self) -> NativeCall:
+    def size_exprs(self) -> tuple:
         a = self.analysis
-        if a.x_input is None:
-            x = NativeArg("scratch", expr=numel(a.x_shape) * 4)
-        else:
-            x = NativeArg("view", a.x_input, views=tuple(reversed(a.x_chain))) if a.x_chain else \
-                NativeArg("tensor", a.x_input, dtype="float32")
-        sizes = a.runtime_sizes(a.x_shape, a.out_shape[2:])
-        ints = [NativeArg("int", expr=e) for e in (a.x_shape[0], *sizes)]
-        extra = args_by_role((role, name, info) for role, name, _, info in a.arg_roles)
-        return NativeCall(self.func, (x, NativeArg("packed"), *ints, *extra))
+        return a.runtime_sizes(a.x_shape, a.out_shape[2:])
 
 
 __all__ = ["CompiledConvTranspose", "ConvTransposeAnalysis", "conv_transpose_source", "prepack_conv_transpose"]

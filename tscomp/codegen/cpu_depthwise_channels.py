@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tscomp.codegen.c_expr import PRELUDE
 from tscomp.codegen.cpu_gemm import _Vec
 from tscomp.codegen.tile_config import VECTOR_WIDTH, TileConfigError
 
@@ -169,8 +168,8 @@ def _compute_pass(v: _Vec, geo, positions: int) -> list[str]:
 
 def channel_blocked_source(analysis, cfg: DepthwiseChannelBlocks, isa: str) -> str:
     """The source step of the channel-blocked depthwise variant (pure): C text."""
-    from tscomp.codegen.cpu_conv import (WORKSPACE_C, _epi_params, _prologue_call, _runtime_params, c_defines,
-                                         conv_func_name)
+    from tscomp.codegen.cpu_conv import (_epi_params, _prologue_call, _runtime_params, c_defines, conv_func_name,
+                                         direct_kernel_preamble)
     a, geo = analysis, analysis.geo
     cfg.validate(isa)
     v, L = _Vec(isa), cfg.lanes
@@ -186,13 +185,9 @@ def channel_blocked_source(analysis, cfg: DepthwiseChannelBlocks, isa: str) -> s
                       f"rows); the input rows transposed into [row][column][channel] blocks, {P} output "
                       f"positions x {geo.kh}x{geo.kw} taps per pass as {isa} FMAs, the rows transposed back "
                       f"for the fused epilogue")
-    return "\n".join([header, PRELUDE, "#include <string.h>", "#include <omp.h>", "#include <immintrin.h>",
-                      c_defines(C_IN=a.C, OCG=a.OCg, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw,
-                                DH=geo.dh, DW=geo.dw, LANES=L, BUDGET=cfg.budget_floats,
-                                TASKS_PER_THREAD=TASKS_PER_THREAD),
-                      "static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }",
-                      "static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }",
-                      WORKSPACE_C, a.math, a.statics or "", a.epilogue_c, a.prologue_c, transpose_block_c(isa), f"""
+    defines = c_defines(C_IN=a.C, OCG=a.OCg, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw, DH=geo.dh, DW=geo.dw,
+                        LANES=L, BUDGET=cfg.budget_floats, TASKS_PER_THREAD=TASKS_PER_THREAD)
+    return "\n".join([header, *direct_kernel_preamble(a, defines, transpose_block_c(isa)), f"""
 /* Channel-blocked depthwise macro-kernel: output channel oc reads input channel oc / OCG. Per task, xb
  * holds the IR input rows its outputs read as [row][padded column][lane] (WP columns: input column
  * c - PL, zero outside the image), ob the finished outputs position-major, tile the same outputs
