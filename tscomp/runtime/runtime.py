@@ -142,7 +142,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._binder = InputBinder(self.graph)
         self._ranges = {i.name: (i.min, i.max) for i in self.graph.symbols.infos.values()}
-        self._relations = [c for c in self.graph.symbols.constraints if c.relation in ("==", "<=", "in")]
+        self._relations = self._checkable_relations()
         self._related: set[tuple] = set()         # bindings whose relations held (checked once each)
         self._shapes: collections.OrderedDict[tuple, ShapePlan] = collections.OrderedDict()
         self._consts = self._static_constants()
@@ -278,6 +278,20 @@ class Runtime:
         if self._relations and not outside:
             self._check_relations(binding)
         return binding, not outside
+
+    def _checkable_relations(self) -> list:
+        """The recorded relations between symbols that the inputs' shapes decide (every symbol in
+        them bound by an input axis)."""
+        symtab = self.graph.symbols
+        bound = {sym for *_, symbols, _ in self._binder.specs for _, sym in symbols}
+        out = []
+        for c in symtab.constraints:
+            if c.relation not in ("==", "<=", "in"):
+                continue
+            sides = (c.lhs,) if c.relation == "in" else (c.lhs, c.rhs)
+            if all(s.name in bound for side in sides for s in symtab.canon(side).free_symbols):
+                out.append(c)
+        return out
 
     def _check_relations(self, binding: dict[str, int]) -> None:
         """The relations between symbols the model needs but the compiler could not prove (a Reshape
