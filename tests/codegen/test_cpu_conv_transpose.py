@@ -8,10 +8,7 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 from tscomp.codegen.build import host_isa
-from tscomp.codegen.families import choose_family
 from tscomp.compiler import compile_model
-from tscomp.graph import load_model
-from tscomp.graph.fusion import fuse
 from tscomp.runtime import Runtime
 from tscomp.runtime.artifact import write_artifact
 
@@ -93,10 +90,13 @@ def test_conv_transpose_1d_upsampler_with_overlapping_taps_matches_onnxruntime(t
     _compare(path, ["batch=1:2", "L=1:300"], [(1, 1), (2, 97), (1, 300)])
 
 
-def test_a_conv_transpose_whose_pads_follow_the_output_size_is_refused_with_the_reason(tmp_path):
+def test_conv_transposes_whose_pads_follow_the_output_size_match_onnxruntime(tmp_path):
+    """auto_pad SAME_UPPER / SAME_LOWER (output = input x stride) and an explicit output_shape (as
+    tf2onnx writes Conv2DTranspose): the pads are the spec's split of the total, per call."""
     path = tmp_path / "same.onnx"
-    _model(path, [("same", 12, 4, (3, 3), dict(strides=[2, 2], auto_pad="SAME_UPPER"), None)])
-    plan = fuse(load_model(str(path), ["batch=1:2", "H=1:20", "W=1:20"]))
-    choice = choose_family(plan, plan.groups[0])
-    assert choice.family is None
-    assert any("conv-transpose" in r and "auto_pad=SAME_UPPER" in r for r in choice.reasons)
+    _model(path, [("upper", 12, 4, (3, 3), dict(strides=[2, 2], auto_pad="SAME_UPPER"), None),
+                  ("lower", 12, 4, (4, 3), dict(strides=[2, 3], auto_pad="SAME_LOWER"), "relu")])
+    _compare(path, ["batch=1:2", "H=1:30", "W=1:30"], [(1, 1, 1), (2, 7, 13), (1, 30, 2)])
+    fixed = tmp_path / "output_shape.onnx"
+    _model(fixed, [("os", 12, 5, (3, 3), dict(strides=[2, 2], output_shape=[20, 19]), None)])
+    _compare(fixed, ["batch=1:2", "H=10:10", "W=10:10"], [(1, 10, 10), (2, 10, 10)])

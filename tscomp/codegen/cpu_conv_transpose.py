@@ -19,6 +19,7 @@ residual) reads, exactly as a Conv's. No tuning axis: one variant.
 from __future__ import annotations
 
 import numpy as np
+import sympy
 
 from tscomp.codegen.cpu_conv import (CompiledConv, _ConvBase, _epi_params, _prologue_call, _runtime_params, c_defines,
                                      conv_func_name, direct_kernel_preamble)
@@ -48,10 +49,7 @@ class ConvTransposeAnalysis(_ConvBase):
         return int(W.shape[0]) == self.C
 
     def _check_strategy(self) -> None:
-        h, w = self.heavy, self.win
-        if w.auto_pad in ("SAME_UPPER", "SAME_LOWER") or h.attrs.get("output_shape") is not None:
-            self._fail(f"ConvTranspose {h.node!r}: auto_pad={w.auto_pad} / output_shape: pads implied by the "
-                       f"output size are not compiled (explicit pads are)")
+        pass         # every window: explicit pads, or pads the output size implies (pad_begin)
 
     def channel_blocks(self, isa: str) -> tuple[int, int]:
         """(vectors per channel block, blocks) of the group's OCg output channels under ``isa``."""
@@ -59,11 +57,29 @@ class ConvTransposeAnalysis(_ConvBase):
         n_mb = -(-nvec // MAX_CHANNEL_VECTORS)
         return -(-nvec // n_mb), n_mb
 
-    def runtime_sizes(self, xshape, out_spatial) -> tuple[int, ...]:
-        """(H, W, OH, OW, PT, PL) of the kernel at concrete sizes (a 1-D op as H = OH = 1)."""
+    def pad_begin(self, i: int, size, out):
+        """The padding cropped off the start of spatial axis ``i`` (ints or expressions): the
+        ``pads`` attribute, or where the output size decides it (``auto_pad`` SAME, an explicit
+        ``output_shape``) the spec's split of ``stride (size - 1) + output_padding + span - out``
+        (the larger half at the end for SAME_UPPER), as the reference computes it."""
+        w, attrs = self.win, self.heavy.attrs
+        if w.auto_pad == "VALID":
+            return 0
+        if w.auto_pad not in ("SAME_UPPER", "SAME_LOWER") and (attrs.get("pads") is not None
+                                                               or attrs.get("output_shape") is None):
+            return w.pads[i]
+        extra = list(attrs.get("output_padding") or [0] * w.rank)[i]
+        total = w.strides[i] * (size - 1) + extra + w.span(i) - out
+        half = total // 2 if isinstance(total, int) else sympy.floor(total / 2)
+        return half if w.auto_pad == "SAME_UPPER" else total - half
+
+    def runtime_sizes(self, xshape, out_spatial) -> tuple:
+        """(H, W, OH, OW, PT, PL) of the kernel at concrete sizes or as expressions (a 1-D op as
+        H = OH = 1)."""
         if self.geo.rank == 1:
-            return 1, xshape[2], 1, out_spatial[0], 0, self.win.pads[0]
-        return xshape[2], xshape[3], out_spatial[0], out_spatial[1], self.win.pads[0], self.win.pads[1]
+            return 1, xshape[2], 1, out_spatial[0], 0, self.pad_begin(0, xshape[2], out_spatial[0])
+        return (xshape[2], xshape[3], out_spatial[0], out_spatial[1], self.pad_begin(0, xshape[2], out_spatial[0]),
+                self.pad_begin(1, xshape[3], out_spatial[1]))
 
 
 def prepack_conv_transpose(W: np.ndarray, G: int, lanes: int, mb: int, n_mb: int) -> np.ndarray:
