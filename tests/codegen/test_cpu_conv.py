@@ -24,6 +24,8 @@ from tscomp.graph.fusion import fuse
 from tscomp.runtime import Runtime
 from tscomp.runtime.artifact import write_artifact
 
+from tests.codegen.onnxruntime_check import assert_matches_onnxruntime
+
 C = 4
 
 
@@ -80,19 +82,15 @@ def _compile_and_compare(path, spatial, sizes, *, channels=C, lo=1, residual_cha
     assert model.fallback_groups() == [], {g: model.kernels[g][0].reasons for g in model.fallback_groups()}
     if families is not None:
         assert {k.family for ks in model.kernels.values() for k in ks} == families
-    rt = Runtime.from_compiled(model, num_threads=2)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
     rng = np.random.default_rng(1)
-    for n, *s in sizes:
-        feeds = {"x": rng.standard_normal((n, channels, *s)).astype(np.float32)}
-        if residual_channels:
-            feeds["r"] = rng.standard_normal((n, residual_channels, *s)).astype(np.float32)
-        want = dict(zip(names, sess.run(None, feeds)))
-        got = rt.run(feeds)
-        for name in names:
-            assert got[name].shape == want[name].shape, (name, n, s)
-            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4, err_msg=f"{name} at N={n} {s}")
+
+    def feeds():
+        for n, *s in sizes:
+            feed = {"x": rng.standard_normal((n, channels, *s)).astype(np.float32)}
+            if residual_channels:
+                feed["r"] = rng.standard_normal((n, residual_channels, *s)).astype(np.float32)
+            yield f"N={n} {s}", feed
+    assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2), path, feeds())
     return model
 
 

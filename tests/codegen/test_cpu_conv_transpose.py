@@ -2,7 +2,6 @@
 decoders and vocoders against onnxruntime at awkward sizes, with fused epilogues."""
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper
@@ -11,6 +10,8 @@ from tscomp.codegen.build import host_isa
 from tscomp.compiler import compile_model
 from tscomp.runtime import Runtime
 from tscomp.runtime.artifact import write_artifact
+
+from tests.codegen.onnxruntime_check import assert_matches_onnxruntime
 
 #: (name, input channels, output channels, kernel, attributes, epilogue)
 BRANCHES_2D = [
@@ -55,16 +56,9 @@ def _compare(path, dims, sizes, channels=12, artifact=None):
     rt = Runtime(write_artifact(model, artifact), num_threads=2) if artifact else \
         Runtime.from_compiled(model, num_threads=2)
     assert rt.executor == "native"
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
     rng = np.random.default_rng(1)
-    for n, *s in sizes:
-        x = rng.standard_normal((n, channels, *s)).astype(np.float32)
-        want = dict(zip(names, sess.run(None, {"x": x})))
-        got = rt.run({"x": x})
-        for name in names:
-            assert got[name].shape == want[name].shape, (name, n, s)
-            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4, err_msg=f"{name} at {n}x{s}")
+    assert_matches_onnxruntime(rt, path, ((f"{n}x{s}", {"x": rng.standard_normal((n, channels, *s)).astype(np.float32)})
+                                          for n, *s in sizes))
 
 
 @pytest.fixture(autouse=True)
@@ -100,3 +94,10 @@ def test_conv_transposes_whose_pads_follow_the_output_size_match_onnxruntime(tmp
     fixed = tmp_path / "output_shape.onnx"
     _model(fixed, [("os", 12, 5, (3, 3), dict(strides=[2, 2], output_shape=[20, 19]), None)])
     _compare(fixed, ["batch=1:2", "H=10:10", "W=10:10"], [(1, 10, 10), (2, 10, 10)])
+
+
+def test_the_row_blocking_rule_keeps_two_threads_busy_and_tasks_near_their_size():
+    from tscomp.codegen.cpu_conv_transpose import TASK_POSITIONS, conv_transpose_rows
+    assert conv_transpose_rows(1, 1, 1, 100, 100, 2) == 13           # 8 tasks wanted: ceil(100 / 8) rows
+    assert conv_transpose_rows(8, 1, 1, 100, 100, 2) == TASK_POSITIONS // 100   # the images suffice
+    assert conv_transpose_rows(1, 1, 1, 1, 5000, 2) == 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper
@@ -18,6 +17,8 @@ from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph import load_model
 from tscomp.graph.fusion import fuse
 from tscomp.runtime import Runtime
+
+from tests.codegen.onnxruntime_check import assert_matches_onnxruntime
 
 C = 3
 
@@ -46,17 +47,10 @@ def _compare(path, spatial, sizes, lo=1, expect_family="pool"):
     pools = [g.name for g in model.plan.groups if g.backbone in ("MaxPool", "AveragePool", "GlobalAveragePool",
                                                                    "GlobalMaxPool")]
     assert pools and all(model.kernels[g][0].family == expect_family for g in pools)
-    rt = Runtime.from_compiled(model, num_threads=2)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
     rng = np.random.default_rng(0)
-    for n, *s in sizes:
-        x = rng.standard_normal((n, C, *s)).astype(np.float32)
-        want = dict(zip(names, sess.run(None, {"x": x})))
-        got = rt.run({"x": x})
-        for name in names:
-            assert got[name].shape == want[name].shape, (name, n, s)
-            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4, err_msg=f"{name} at {n} {s}")
+    assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2), path,
+                               ((f"{n} {s}", {"x": rng.standard_normal((n, C, *s)).astype(np.float32)})
+                                for n, *s in sizes))
 
 
 POOLS_2D = [

@@ -1383,22 +1383,24 @@ class CompiledConv(PicklableKernel):
         self.isa = isa
         self.cfg = cfg.validate(isa, row_vectors=True) if cfg is not None else None
         self.func = conv_func_name(analysis, self.cfg, isa)
-        if isinstance(self.cfg, TileConfig):
-            self.source = conv_source(analysis, self.cfg, isa)
-            self.packed = prepack_conv_weight(analysis.W, analysis.G, self.cfg.mr)
-        elif self.cfg is not None:      # the channel-blocked depthwise strategy
-            from tscomp.codegen.cpu_depthwise_channels import channel_blocked_source, prepack_channel_blocks
-            self.source = channel_blocked_source(analysis, self.cfg, isa)
-            self.packed = prepack_channel_blocks(analysis.W, self.cfg.lanes)
-        else:
-            self.source = depthwise_source(analysis, isa, self.l1_bytes)
-            flat = np.ascontiguousarray(analysis.W.reshape(analysis.OC, -1), np.float32)
-            self.packed = _aligned(flat.size)
-            self.packed[:] = flat.reshape(-1)
+        self.source, self.packed = self._build()
         self.weight_name = analysis.weight_name
         self.task_model = 2          # samples recorded with task classes (runtime.wave.CLASSES_SINCE)
         self._memo: dict = {}
         self.fn = None
+
+    def _build(self) -> tuple[str, np.ndarray]:
+        """(C source, packed weight) of this configuration's macro-kernel."""
+        a, cfg, isa = self.analysis, self.cfg, self.isa
+        if isinstance(cfg, TileConfig):
+            return conv_source(a, cfg, isa), prepack_conv_weight(a.W, a.G, cfg.mr)
+        if cfg is not None:      # the channel-blocked depthwise strategy
+            from tscomp.codegen.cpu_depthwise_channels import channel_blocked_source, prepack_channel_blocks
+            return channel_blocked_source(a, cfg, isa), prepack_channel_blocks(a.W, cfg.lanes)
+        flat = np.ascontiguousarray(a.W.reshape(a.OC, -1), np.float32)
+        packed = _aligned(flat.size)
+        packed[:] = flat.reshape(-1)
+        return depthwise_source(a, isa, self.l1_bytes), packed
 
     def resources(self) -> dict[str, int]:
         out = {"packed_weight_bytes": int(self.packed.nbytes)}
@@ -1425,7 +1427,7 @@ class CompiledConv(PicklableKernel):
             return int(self.symtab.evaluate(x, plain))
 
         xshape = tuple(ev(d) for d in a.x_shape)
-        geo = a.geo.runtime(a.win, xshape[2:])
+        geo = self.sizes_at(xshape, ev)
         shapes = {n: tuple(ev(d) for d in s) for n, s in a.out_shapes.items()}
         syms = [ev(info) for role, _, _, info in a.arg_roles if role == "symbol"]
         hit = (xshape, geo, shapes, syms, ev)
@@ -1433,6 +1435,12 @@ class CompiledConv(PicklableKernel):
             self._memo.clear()
         self._memo[key] = hit
         return hit
+
+    def sizes_at(self, xshape: tuple[int, ...], ev) -> tuple[int, ...]:
+        """(H, W, OH, OW, PT, PL, PB, PR) at a concrete input shape (``ev`` evaluates a size);
+        :meth:`size_exprs` is the same as expressions."""
+        a = self.analysis
+        return a.geo.runtime(a.win, xshape[2:])
 
     def tasks(self, binding: Mapping[str, int]) -> int:
         xshape, (H, W, OH, OW, *_), *_ = self._ints(binding)

@@ -21,11 +21,11 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
+from tscomp.codegen.build import get_num_threads
 from tscomp.codegen.cpu_conv import (CompiledConv, _ConvBase, _epi_params, _prologue_call, _runtime_params, c_defines,
                                      conv_func_name, direct_kernel_preamble)
 from tscomp.codegen.cpu_depthwise_channels import transpose_block_c
 from tscomp.codegen.cpu_gemm import _Vec
-from tscomp.codegen.native import binding_key
 from tscomp.codegen.tile_config import VECTOR_WIDTH
 
 #: channel vectors one task accumulates in registers (the rest of the output channels are other tasks)
@@ -185,6 +185,15 @@ void {name}({_runtime_params()}{params})
 """])
 
 
+def conv_transpose_rows(NB: int, G: int, n_mb: int, OH: int, OW: int, threads: int) -> int:
+    """Output rows per task (the kernel computes the same rule in C): about ``TASK_POSITIONS``
+    positions, and few enough rows that the tasks number ``TASKS_PER_THREAD`` per thread where the
+    images, groups and channel blocks alone do not."""
+    blocks = NB * G * n_mb
+    want = -(-TASKS_PER_THREAD * threads // blocks)
+    return max(1, min(OH, TASK_POSITIONS // max(OW, 1), -(-OH // want)))
+
+
 class CompiledConvTranspose(CompiledConv):
     """The executor step: the built kernel; ``run`` and the native call as a Conv's, with the
     output sizes the ConvTranspose's own (not the Conv's window formula)."""
@@ -192,51 +201,27 @@ class CompiledConvTranspose(CompiledConv):
     def __init__(self, analysis: ConvTransposeAnalysis, isa: str):
         if VECTOR_WIDTH.get(isa, 1) < 8:
             analysis._fail(f"ConvTranspose kernels need AVX2 or AVX-512 ({isa} has no float vectors)")
-        self.analysis = analysis
-        self.l1_bytes = 0
-        self.family = analysis.family
-        self.group = analysis.group
-        self.symtab = analysis.symtab
-        self.isa = isa
-        self.cfg = None
-        self.func = conv_func_name(analysis, None, isa)
-        self.source = conv_transpose_source(analysis, isa)
-        mb, n_mb = analysis.channel_blocks(isa)
-        self.packed = prepack_conv_transpose(analysis.W, analysis.G, VECTOR_WIDTH[isa], mb, n_mb)
-        self.weight_name = analysis.weight_name
-        self.task_model = 2
-        self._memo = {}
-        self.fn = None
+        super().__init__(analysis, None, isa, l1_bytes=0)      # no L1 blocking: its tasks size by positions
 
-    def _ints(self, binding):
-        key = binding_key(binding)
-        hit = self._memo.get(key)
-        if hit is not None:
-            return hit
-        a, plain = self.analysis, dict(binding)
+    def _build(self) -> tuple[str, np.ndarray]:
+        a, isa = self.analysis, self.isa
+        mb, n_mb = a.channel_blocks(isa)
+        return conv_transpose_source(a, isa), prepack_conv_transpose(a.W, a.G, VECTOR_WIDTH[isa], mb, n_mb)
 
-        def ev(x) -> int:
-            return int(self.symtab.evaluate(x, plain))
-
-        xshape = tuple(ev(d) for d in a.x_shape)
-        sizes = a.runtime_sizes(xshape, tuple(ev(d) for d in a.out_shape[2:]))
-        shapes = {n: tuple(ev(d) for d in s) for n, s in a.out_shapes.items()}
-        syms = [ev(info) for role, _, _, info in a.arg_roles if role == "symbol"]
-        hit = (xshape, sizes + (0, 0), shapes, syms, ev)
-        if len(self._memo) > 4096:
-            self._memo.clear()
-        self._memo[key] = hit
-        return hit
-
-    def tasks(self, binding) -> int:
-        xshape, (H, W, OH, OW, *_), *_ = self._ints(binding)
+    def sizes_at(self, xshape: tuple[int, ...], ev) -> tuple[int, ...]:
         a = self.analysis
-        _, n_mb = a.channel_blocks(self.isa)
-        return xshape[0] * a.G * n_mb * max(1, OH)
+        return a.runtime_sizes(xshape, tuple(ev(d) for d in a.out_shape[2:])) + (0, 0)
 
     def size_exprs(self) -> tuple:
         a = self.analysis
         return a.runtime_sizes(a.x_shape, a.out_shape[2:])
 
+    def tasks(self, binding) -> int:
+        xshape, (H, W, OH, OW, *_), *_ = self._ints(binding)
+        a = self.analysis
+        _, n_mb = a.channel_blocks(self.isa)
+        rows = conv_transpose_rows(xshape[0], a.G, n_mb, OH, OW, get_num_threads())
+        return xshape[0] * a.G * n_mb * -(-OH // rows)
 
-__all__ = ["CompiledConvTranspose", "ConvTransposeAnalysis", "conv_transpose_source", "prepack_conv_transpose"]
+
+__all__ = ["CompiledConvTranspose", "ConvTransposeAnalysis", "conv_transpose_rows", "conv_transpose_source", "prepack_conv_transpose"]

@@ -158,9 +158,9 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
                 out[name] = GroupSchedule(name, "numpy", "-", "fallback", [ScheduledVariant(None)])
                 continue
             if not fam.tunable:     # nothing to search; a family may still offer several strategies
-                cfgs = fam.heuristic(choice.analysis, target, options.max_variants)
-                out[name] = GroupSchedule(name, fam.name, "-", "single", [ScheduledVariant(None)]) if len(cfgs) < 2 \
-                    else GroupSchedule(name, fam.name, _signature(choice), "heuristic", [ScheduledVariant(c) for c in cfgs])
+                variants = [ScheduledVariant(c) for c in fam.heuristic(choice.analysis, target, options.max_variants)]
+                out[name] = GroupSchedule(name, fam.name, "-", "single", variants) if len(variants) < 2 else \
+                    GroupSchedule(name, fam.name, _signature(choice), "heuristic", variants)
                 continue
             sig = _signature(choice)
             if sig in tuned:
