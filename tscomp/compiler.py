@@ -13,7 +13,9 @@ The stages run in order and talk through their output objects only:
    measured at several occupancies, since a CPU task's time depends on how full its tiles are);
 6. copies   — a weight keeps a second packed copy (another register-tile width) only where its
    variants gain at least :data:`~tscomp.runtime.dispatch.COPY_WORTH` by that model
-   (:func:`~tscomp.runtime.dispatch.drop_unworthy_copies`): memory is the price of a copy.
+   (:data:`~tscomp.runtime.dispatch.COPY_WORTH_RESIDENT` where the model fits in the last level
+   cache: there a switch between copies re-reads one;
+   :func:`~tscomp.runtime.dispatch.drop_unworthy_copies`): memory is the price of a copy.
 
 The result is a :class:`CompiledModel`, which :mod:`tscomp.runtime.artifact` writes to disk and the
 :class:`~tscomp.runtime.Runtime` executes.
@@ -36,7 +38,7 @@ from tscomp.graph import DimSpec, load_model, require_resolved_shapes
 from tscomp.graph.onnx_import import refuse_data_dependent_shapes
 from tscomp.graph.fusion import fuse
 from tscomp.graph.fusion.plan import Group, Plan
-from tscomp.runtime.dispatch import COPY_WORTH, drop_unworthy_copies
+from tscomp.runtime.dispatch import drop_unworthy_copies
 from tscomp.runtime.wave import sample_point
 from tscomp.schedule.cold_start import evict_bytes, rotation
 from tscomp.schedule.measure import time_case
@@ -120,14 +122,14 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
     schedules = schedule_plan(plan, choices, target, options, log=log)
     kernels = build_kernels(plan, choices, schedules, target, progress)
     measure_for_dispatch(plan, kernels, target.threads, evict_bytes(plan, target))
-    dropped = drop_unworthy_copies(kernels, plan.graph.symbols, target)
+    dropped, worth = drop_unworthy_copies(kernels, plan.graph.symbols, target)
     if progress:
         progress(len(plan.groups), len(plan.groups), "done")
     model = CompiledModel(plan, kernels, target, schedules, source_model=source_model,
                           compile_seconds=time.perf_counter() - t0)
     if dropped:
         model.notes.append(f"packed weights: one copy of the weight in {len(dropped)} group(s) whose other "
-                           f"register-tile widths gained < {COPY_WORTH:.0%} ({sum(dropped.values()) / 2**20:.1f} MiB "
+                           f"register-tile widths gained < {worth:.0%} ({sum(dropped.values()) / 2**20:.1f} MiB "
                            f"of panels not made at load)")
     return model
 

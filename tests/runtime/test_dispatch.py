@@ -109,7 +109,7 @@ def _copy(kernel):
 
 @pytest.fixture(scope="module")
 def every_copy_artifact(exported_model, tmp_path_factory):
-    """Tiny BERT compiled keeping every packed copy (COPY_WORTH below any gain): groups whose
+    """Tiny BERT compiled keeping every packed copy (COPY_WORTH[_RESIDENT] below any gain): groups whose
     variants read two copies of one weight."""
     from models.families import symbol_ranges
     from tscomp.compiler import compile_model
@@ -119,6 +119,7 @@ def every_copy_artifact(exported_model, tmp_path_factory):
     ranges = symbol_ranges("bert", "tiny")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dispatch, "COPY_WORTH", -1.0)
+        mp.setattr(dispatch, "COPY_WORTH_RESIDENT", -1.0)
         model = compile_model(str(exported_model("bert", "tiny", "dynamo")),
                               [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()], max_variants=2)
     return write_artifact(model, tmp_path_factory.mktemp("every-copy") / "bert.tsc")
@@ -170,6 +171,27 @@ def test_a_second_packed_copy_is_kept_only_where_its_variants_gain_enough():
     assert kept(home_best * 2) == {A}                                     # never faster
     assert kept(home_best * (1 - 3 * COPY_WORTH)) == {B}   # faster everywhere: it is the home copy, alone
     assert COPY_WORTH > 0
+
+
+def test_a_model_that_fits_the_last_level_cache_keeps_a_second_copy_only_for_a_larger_gain(monkeypatch):
+    """A second copy predicted 7% faster over the grid is kept for a model larger than the cache
+    (COPY_WORTH) and dropped for one whose copies fit it (COPY_WORTH_RESIDENT: there every switch
+    between copies re-reads one)."""
+    from types import SimpleNamespace
+    from tscomp.runtime import dispatch
+
+    costs = np.array([[10.0, 20.0, 40.0], [9.0, 18.0, 44.0]])    # home: the first (70 vs 71 summed)
+    assert dispatch.COPY_WORTH < 0.07 < dispatch.COPY_WORTH_RESIDENT
+    monkeypatch.setattr(dispatch, "_cost_grid", lambda variants, symtab, target: (None, costs))
+    monkeypatch.setattr(dispatch, "copy_key", lambda k: ("layout", k.packed.ctypes.data))
+
+    def compile_with_llc(l3: int):
+        variants = [_Copying(np.zeros(1024, np.float32)), _Copying(np.zeros(1024, np.float32))]
+        dropped, worth = dispatch.drop_unworthy_copies({"g": variants}, None, SimpleNamespace(spec=SimpleNamespace(l3=l3)))
+        return len(variants), dropped, worth
+
+    assert compile_with_llc(1024) == (2, {}, dispatch.COPY_WORTH)                    # 8 KiB of copies > the cache
+    assert compile_with_llc(1 << 25) == (1, {"g": 4096}, dispatch.COPY_WORTH_RESIDENT)
 
 
 def test_compiled_groups_keep_no_copy_their_costs_call_unworthy(compiled_artifact):

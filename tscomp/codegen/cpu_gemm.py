@@ -5,7 +5,11 @@ time, K and N are static and M (batch × sequence) is dynamic: it enters the ker
 integer argument, so one compiled kernel serves every M (TSCompiler's macro-kernel).
 
 Tiling (TSCompiler §5.1, see :mod:`tscomp.codegen.tile_config`): one OpenMP task computes an
-``mc × nc`` block of Y (block tile ⟨T_Mb, T_Nb⟩), walking K in steps of ``kc`` (T_Kb). Per
+``mc × nc`` block of Y (block tile ⟨T_Mb, T_Nb⟩), walking K in steps of ``kc`` (T_Kb). Tasks are
+numbered N block innermost and claimed affinity-first (:mod:`tscomp.codegen.task_affinity`): a
+thread computes the same weight columns at every M (where the N blocks are a multiple of the
+threads, as the run-time split at small M makes them), so its panels stay in its core's L2 from
+one request to the next, whatever their lengths. Per
 step, for every ``nr``-column weight panel and every ``mr``-row panel of X it runs the
 micro-kernel: an ``mr × nr`` tile of accumulators in SIMD registers (⟨T_Mi, T_Ni⟩) updated with
 broadcast-FMA over ``kc``. The fp32 SIMD kernels broadcast X's elements from X itself (``mr``
@@ -83,6 +87,7 @@ import numpy as np
 
 from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import math_helpers
+from tscomp.codegen.task_affinity import AFFINITY_C, claim_loop, shares_declaration
 from tscomp.codegen.tile_config import (AMX_K, AMX_ROWS, AMX_TILE_REGISTERS, BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS,
                                        VECTOR_WIDTH, TileConfig, TileConfigError, default_config, evened_count,
                                        host_caches)
@@ -510,7 +515,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
 #define BALANCE_TASKS_PER_THREAD {BALANCE_TASKS_PER_THREAD}
 
 static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
-""")
+{AFFINITY_C}""")
     if epilogue is not None:
         emit(math_helpers("\n".join((epilogue.expr, epilogue.body, epilogue.row_pass, epilogue.a_prologue))))
     if epilogue is not None and epilogue.prelude:
@@ -1112,8 +1117,10 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     after = f"\n            if (n_nblocks == 1) row_pass(Y, m0, mv{epi_names});  /* fused row reduction over this task's rows */" \
         if row_pass else ""
     rows_after = f"""
-        /* N was split over tasks: the row reduction starts once every tile is stored (the loop's barrier) */
+        /* N was split over tasks: the row reduction starts once every tile is stored (claimed tasks
+         * end without the barrier an `omp for` has) */
         if (n_nblocks > 1) {{
+            #pragma omp barrier
             #pragma omp for schedule(static)
             for (int64_t r0 = 0; r0 < M; r0 += MR)
                 row_pass(Y, r0, min_i64(MR, M - r0){epi_names});
@@ -1182,13 +1189,15 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
     }}
     const int64_t n_nblocks = (NP + nc - 1) / nc;
     const int64_t n_tasks = n_mblocks * n_nblocks;
+    /* tasks are N block innermost, thread i owns tasks i, i + nth, ...: the same weight columns at
+     * every M where the N blocks are a multiple of the threads */
+{shares_declaration('n_tasks', 'nth')}
     #pragma omp parallel if (n_tasks > 1)
     {{{tiles_on}
         /* per-thread workspaces (sizes rounded up to the 64-byte alignment, as C11 asks) */{xpack_alloc}
         float* cbuf = {'NULL' if single else '(float*)aligned_alloc(64, (sizeof(float) * MC * NC + 63) / 64 * 64)'};
-        #pragma omp for schedule(dynamic, 1)  /* tasks are large; dynamic rides out a busy core */
-        for (int64_t t = 0; t < n_tasks; ++t) {{
-            const int64_t nb = t / n_mblocks, mb = t % n_mblocks;
+{claim_loop('t', 'nth', '        ')}
+            const int64_t mb = t / n_nblocks, nb = t % n_nblocks;
             const int64_t m0 = (mb * tiles_per + min_i64(mb, tiles_extra)) * MR;
             const int64_t mv = min_i64((tiles_per + (mb < tiles_extra)) * MR, M - m0);
             const int64_t j0 = nb * nc, nw = min_i64(nc, NP - j0);  /* nw: a multiple of NR */

@@ -256,6 +256,13 @@ def _surcharges(variants: list, costs: np.ndarray, home) -> np.ndarray:
 #: load) only if its variants make the group this much faster, geometric mean over its key grid
 COPY_WORTH = 0.02
 
+#: the same where the model's home copies fit in the last level cache together (:func:`_resident`):
+#: there every switch between copies re-reads the one the last calls did not use, a cost the wave
+#: model's warm-weight times do not see. Tiny BERT's two FFN copies (predicted +2.4%) measured
+#: 0.994x the single-copy artifact's steady time over nine shapes (1x1 .. 8x512, A/B in one
+#: process) and made the first call at L = 1 after L = 64 ~10 us (~20%) dearer
+COPY_WORTH_RESIDENT = 0.10
+
 
 def _geomean_gain(before: np.ndarray, after: np.ndarray) -> float:
     """exp(mean log(before / after)) - 1 over the cells where both are finite; inf where only
@@ -268,12 +275,11 @@ def _geomean_gain(before: np.ndarray, after: np.ndarray) -> float:
     return float(np.exp(np.mean(np.log(before[both] / after[both]))) - 1.0)
 
 
-def worthwhile_copies(variants: list, costs: np.ndarray) -> set:
+def worthwhile_copies(variants: list, costs: np.ndarray, worth: float = COPY_WORTH) -> set:
     """The packed copies a group keeps: its home copy, then, greedily, each other copy whose
-    variants lower the group's cost by at least :data:`COPY_WORTH` (geometric mean over the key
-    grid) beyond the copies kept so far. A second copy of a weight doubles its memory (BERT-base:
-    708 MB of panels for 340 MB of weights, where its extra copies gained < 0.4% by the wave
-    model)."""
+    variants lower the group's cost by at least ``worth`` (geometric mean over the key grid)
+    beyond the copies kept so far. A second copy of a weight doubles its memory (BERT-base: 708 MB
+    of panels for 340 MB of weights, where its extra copies gained < 0.4% by the wave model)."""
     best = _best_per_copy(variants, costs)
     home = _home_copy(variants, costs)
     if home is None:
@@ -282,33 +288,35 @@ def worthwhile_copies(variants: list, costs: np.ndarray) -> set:
     while True:
         gains = {c: _geomean_gain(current, np.minimum(current, row)) for c, row in best.items() if c not in kept}
         pick = max(gains, key=gains.get, default=None)
-        if pick is None or gains[pick] < COPY_WORTH:
+        if pick is None or gains[pick] < worth:
             return kept
         kept.add(pick)
         current = np.minimum(current, best[pick])
 
 
-def drop_unworthy_copies(kernels: dict[str, list], symtab, target: Target) -> dict[str, int]:
+def drop_unworthy_copies(kernels: dict[str, list], symtab, target: Target) -> tuple[dict[str, int], float]:
     """Remove, in place, the variants that read a packed copy :func:`worthwhile_copies` does not
-    keep (the compiler calls this once the variants are measured): group -> bytes of panels no
-    longer made. Groups without a dispatch table keep all their variants, and so do families whose
-    copies are known only once loaded (not in :data:`~tscomp.runtime.packing.PACKERS`: a Conv's
-    variants of one packing share one array after the artifact round trip, not before)."""
+    keep (the compiler calls this once the variants are measured): (group -> bytes of panels no
+    longer made, the gain a kept copy had to bring: :data:`COPY_WORTH_RESIDENT` where the model's
+    home copies fit in the last level cache together, else :data:`COPY_WORTH`). Groups without a
+    dispatch table keep all their variants, and so do families whose copies are known only once
+    loaded (not in :data:`~tscomp.runtime.packing.PACKERS`: a Conv's variants of one packing share
+    one array after the artifact round trip, not before)."""
+    grids = {name: _cost_grid(variants, symtab, target) for name, variants in kernels.items()}
+    homes = {name: _home_copy(kernels[name], grid[1]) for name, grid in grids.items() if grid is not None}
+    worth = COPY_WORTH_RESIDENT if _resident(kernels, homes, target) else COPY_WORTH
     dropped: dict[str, int] = {}
     for name, variants in kernels.items():
         copies = _copy_bytes(variants)
-        if len(copies) < 2 or any(c[0] != "layout" for c in copies):
+        if len(copies) < 2 or any(c[0] != "layout" for c in copies) or grids[name] is None:
             continue
-        grid = _cost_grid(variants, symtab, target)
-        if grid is None:
-            continue
-        kept = worthwhile_copies(variants, grid[1])
+        kept = worthwhile_copies(variants, grids[name][1], worth)
         keep = [k for k in variants if copy_key(k) is None or copy_key(k) in kept]
         if len(keep) < len(variants):
             dropped[name] = sum(n for c, n in copies.items() if c not in kept)
             variants[:] = keep
-    return dropped
+    return dropped, worth
 
 
-__all__ = ["COPY_WORTH", "DispatchKey", "DispatchTable", "MAX_GRID", "build_tables", "dispatch_key", "drop_unworthy_copies",
+__all__ = ["COPY_WORTH", "COPY_WORTH_RESIDENT", "DispatchKey", "DispatchTable", "MAX_GRID", "build_tables", "dispatch_key", "drop_unworthy_copies",
            "worthwhile_copies"]
