@@ -270,6 +270,19 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path) -> dict:
     except Exception as e:      # noqa: BLE001 - the exporter's failure is this row's result
         return res | {"stage": "export", "error": f"{type(e).__name__}: {str(e)[:300]}"}
     res["export_s"] = round(time.time() - t, 1)
+    import onnxruntime as ort
+    plain = ort.SessionOptions()
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    reference = ort.InferenceSession(str(path), plain, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    cases = []        # (binding, inputs, reference output); before compiling: an export onnxruntime
+    for b in check_shapes(spec):      # cannot run is the exporter's failure, not tscomp's
+        inp = make_inputs(spec, b, rng)
+        try:
+            cases.append((b, inp, reference.run(None, inp)[0]))
+        except Exception as e:      # noqa: BLE001 - the export itself does not run at this shape
+            return res | {"stage": "export", "error": f"onnxruntime cannot run the export at {b}: "
+                                                      f"{type(e).__name__}: {str(e)[-300:]}"}
     art = out_dir / f"{name}-{exporter}.tsc"
     cmd = [sys.executable, "-m", "tscomp.cli", "compile", str(path), "-o", str(art), "--budget", budget,
            "--records", str(out_dir / "tuning-records.json")]
@@ -280,24 +293,13 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path) -> dict:
     res["compile_s"] = round(time.time() - t, 1)
     if p.returncode:
         return res | {"stage": "compile", "error": (p.stderr or p.stdout)[-800:]}
-    import onnxruntime as ort
     from tscomp.runtime import Runtime
     rt = Runtime(str(art), num_threads=2)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    plain = ort.SessionOptions()
-    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    reference = ort.InferenceSession(str(path), plain, providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(7)
     fails, ratios, rel, scale = [], [], 0.0, 0.0
-    for b in check_shapes(spec):
-        inp = make_inputs(spec, b, rng)
-        try:
-            ref = reference.run(None, inp)[0]
-        except Exception as e:      # noqa: BLE001 - the export itself does not run at this shape
-            return res | {"stage": "export", "error": f"onnxruntime cannot run the export at {b}: "
-                                                      f"{type(e).__name__}: {str(e)[-300:]}"}
+    for b, inp, ref in cases:
         try:
             got = rt.run(inp)["last_hidden_state"]
         except Exception as e:      # noqa: BLE001 - a failing shape is this row's result, named
