@@ -125,6 +125,27 @@ def test_a_compiled_shape_tuple_equals_its_extents_evaluated_one_by_one():
             assert got == want and all(type(v) is int for v in got), (exprs, binding)
 
 
+def test_floor_and_ceiling_of_an_integer_over_an_integer_evaluate_without_fractions():
+    """A conv output size floor((H + 2p - k) / s) + 1 is floor division in the generated code (no
+    Fraction per request), negative numerators included, and agrees with SymPy."""
+    import random
+
+    import sympy
+
+    from tscomp.graph import symbols
+    a, b = sympy.symbols("a b", integer=True, positive=True)
+    exprs = [sympy.floor((a - 300) / 7) + 1, sympy.ceiling((a - 300) / 7), sympy.floor(a / 3 + 2 * b / 5),
+             sympy.ceiling(a / 32) * sympy.floor((b + 7) / 8)]
+    consts = symbols._evaluator_names()
+    assert all("//" in symbols._py(e, consts) for e in exprs[:3])
+    assert not any(isinstance(v, symbols.Fraction) for v in consts.values())
+    fn = symbols.compile_int_tuple(exprs)
+    rng = random.Random(2)
+    for _ in range(200):
+        binding = {"a": rng.randint(1, 1000), "b": rng.randint(1, 1000)}
+        assert fn(binding) == tuple(int(e.xreplace({a: binding["a"], b: binding["b"]})) for e in exprs), binding
+
+
 def test_nested_floor_and_ceiling_divisions_fold_into_one():
     # two strided layers give floor(floor(S/5)/2); the exporter's own arithmetic writes floor(S/10)
     t, (S, B) = table(S=(400, 16000), B=(1, 4))

@@ -451,6 +451,11 @@ def _py(e: Expr, consts: dict) -> str:
         return name
     if isinstance(e, sympy.Symbol):
         return f"b[{e.name!r}]"
+    if isinstance(e, (sympy.floor, sympy.ceiling)):
+        over = _integer_over_integer(e.args[0])
+        if over is not None:        # floor(n / d) as n // d: integer arithmetic, no Fractions per call
+            num, den = _py(over[0], consts), over[1]
+            return f"({num} // {den})" if isinstance(e, sympy.floor) else f"(-((-{num}) // {den}))"
     args = [_py(a, consts) for a in e.args]
     if e.is_Add:
         return "(" + " + ".join(args) + ")"
@@ -467,6 +472,18 @@ def _py(e: Expr, consts: dict) -> str:
         if isinstance(e, kind):
             return f"{fn}({', '.join(args)})"
     raise NotImplementedError(type(e).__name__)
+
+
+def _integer_over_integer(u: Expr) -> tuple[Expr, int] | None:
+    """``(n, d)`` with ``u == n / d``, ``n`` an integer-valued expression whose own Python code
+    needs no Fractions (integer coefficients) and ``d`` a positive integer; None otherwise."""
+    num, den = sympy.fraction(sympy.together(u))
+    num = sympy.expand(num)
+    if not (den.is_Integer and int(den) > 0 and num.is_integer):
+        return None
+    if any(a.is_Rational and not a.is_Integer for a in sympy.preorder_traversal(num)):
+        return None
+    return num, int(den)
 
 
 def _substituting(e: Expr):
