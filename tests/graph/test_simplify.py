@@ -1,5 +1,6 @@
 """Graph simplification: a zero constant Pad of the spatial axes folds into the Conv after it
-(TensorFlow-style "SAME" ports such as MobileNetV2 emit one before every Conv); any other Pad stays."""
+(TensorFlow-style "SAME" ports such as MobileNetV2 emit one before every Conv); any other Pad stays;
+a BatchNormalization with constant statistics becomes Mul + Add."""
 from __future__ import annotations
 
 import numpy as np
@@ -77,3 +78,28 @@ def test_a_pad_with_another_reader_stays_for_it_while_the_conv_reads_the_unpadde
     graph = load_model(path, ["N=1:2", "H=1:40", "W=1:40"])
     conv = next(n for n in graph.nodes if n.op_type == "Conv")
     assert [n.op_type for n in graph.nodes].count("Pad") == 1 and conv.inputs[0] == "x"
+
+
+def test_a_batch_norm_with_constant_statistics_becomes_a_fused_affine_and_matches_onnxruntime(tmp_path):
+    """x [N, C, L] -> MatMul (a BN after a GEMM, as SwiftFormer's attention output has: no Conv to
+    fuse it into) -> BatchNormalization: the graph holds Mul and Add with [C, 1] constants, and the
+    compiled model runs natively and matches onnxruntime."""
+    rng = np.random.default_rng(1)
+    chans, feat = 6, 8
+    inits = [numpy_helper.from_array(rng.standard_normal((feat, feat)).astype(np.float32), "w")]
+    for name, arr in (("scale", rng.standard_normal(chans)), ("bias", rng.standard_normal(chans)),
+                      ("mean", rng.standard_normal(chans)), ("var", rng.uniform(0.1, 2.0, chans))):
+        inits.append(numpy_helper.from_array(arr.astype(np.float32), name))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("BatchNormalization", ["h", "scale", "bias", "mean", "var"], ["y"], epsilon=1e-3)]
+    graph = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", chans, feat])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    path = tmp_path / "bn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    assert [n.op_type for n in load_model(path, ["N=1:5"]).nodes] == ["MatMul", "Mul", "Add"]
+    rt = Runtime(str(write_artifact(compile_model(str(path), ["N=1:5"]), tmp_path / "bn.tsc")), num_threads=2)
+    assert all(k.family != "numpy" for ks in rt.model.kernels.values() for k in ks)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for n in (1, 2, 5):
+        x = rng.standard_normal((n, chans, feat)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

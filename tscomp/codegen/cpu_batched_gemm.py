@@ -39,8 +39,8 @@ its shape a reshape of the leading dims of the MatMul's (same last axis, same el
 must read the MatMul at exactly the element being stored (probed on the IR; anything else is refused).
 
 Refused (``UnsupportedOperatorError("group <name>: <why>")``): non-gemm groups, backbones other than
-MatMul, a B operand that is a constant weight (prepacked by :class:`~tscomp.codegen.cpu_gemm_group.
-CompiledGemmGroup`), rank-1 operands, non-float32 operands, stitched reductions after the MatMul,
+MatMul, a B operand that is a constant [K, N] weight (prepacked by :class:`~tscomp.codegen.cpu_gemm_group.
+CompiledGemmGroup`; a batched constant such as [heads, K, N] is read like an activation), rank-1 operands, non-float32 operands, stitched reductions after the MatMul,
 outputs outside the MatMul's element space or reading it elsewhere than at the stored element.
 """
 from __future__ import annotations
@@ -193,6 +193,10 @@ class _Generator(GroupGenerator):
                     self.ctx.collapse(self.ctx.simplify(linearize(want, shape))))
 
 
+def _is_one(d) -> bool:
+    return bool(sympy.sympify(d) == 1)
+
+
 def _input_names(e: Expr) -> set[str]:
     return {x.name for x in walk([e]) if isinstance(x, Input)}
 
@@ -261,10 +265,11 @@ class BatchedGemmAnalysis:
             if np.dtype(t.dtype) != np.float32:
                 self._fail(f"{what} is {np.dtype(t.dtype)}, only float32 batched GEMMs are generated")
         b_inputs = _input_names(b)
-        if all(graph.values[n].const is not None for n in b_inputs if n in graph.values) and \
-                all(n in graph.values for n in b_inputs):
-            self._fail(f"MatMul {h.node!r}: B operand is a constant weight (CompiledGemmGroup prepacks it; "
-                       f"the batched kernel is for two activation operands)")
+        constant_b = all(graph.values[n].const is not None for n in b_inputs if n in graph.values) and \
+            all(n in graph.values for n in b_inputs)
+        if constant_b and all(_is_one(d) for d in b.shape[:-2]):
+            self._fail(f"MatMul {h.node!r}: B operand is a constant [K, N] weight (CompiledGemmGroup prepacks it; "
+                       f"a batched constant, [heads, K, N], is read here like an activation)")
         symtab = graph.symbols
         canon = lambda s: tuple(symtab.canon(d) for d in s)   # noqa: E731
         self.hshape, self.ashape, self.bshape = canon(h.shape), canon(a.shape), canon(b.shape)

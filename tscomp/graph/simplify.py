@@ -13,6 +13,12 @@
   Conv becomes the Conv's own padding (TensorFlow-style "SAME" ports emit one
   before every Conv; TSCompiler Fig. 7 fuses pad + conv into one kernel), so
   the padded copy is never written.
+* **BatchNormalization as Mul and Add**: with constant statistics, inference BN is the
+  per-channel affine ``x * s + t`` (``s = scale / sqrt(var + eps)``, ``t = B - mean * s``, both
+  shaped ``[C, 1, ..., 1]``), two elementwise ops every kernel family fuses (BN after a MatMul or
+  alone ran on the numpy fallback: SwiftFormer's attention output).
+* **Einsum as MatMul**: a two-operand contraction becomes view operators around one MatMul
+  (:mod:`tscomp.graph.einsum`), which the GEMM families compile.
 * **Dead-node elimination**.
 
 Compound operators: LayerNormalization, Softmax and Gelu are *kept* as
@@ -26,8 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import sympy
 
-from tscomp.graph.ir import Graph, Node
+from tscomp.graph.einsum import lower_einsums
+from tscomp.graph.ir import Graph, Node, Value
 
 PASS_THROUGH_OPS = {"Identity", "Dropout"}
 
@@ -37,11 +45,15 @@ class SimplifyReport:
     folded: int = 0
     pass_through_removed: int = 0
     pads_folded: int = 0
+    batch_norms_as_affine: int = 0
+    einsums_lowered: int = 0
     dead_removed: int = 0
 
     def __str__(self) -> str:
         return (f"folded {self.folded} constant/shape nodes, removed {self.pass_through_removed} "
-                f"Identity/Dropout, folded {self.pads_folded} Pads into Convs, {self.dead_removed} dead nodes")
+                f"Identity/Dropout, folded {self.pads_folded} Pads into Convs, rewrote {self.batch_norms_as_affine} "
+                f"BatchNormalizations as Mul + Add and {self.einsums_lowered} Einsums as MatMuls, "
+                f"{self.dead_removed} dead nodes")
 
 
 def simplify(graph: Graph) -> SimplifyReport:
@@ -49,6 +61,8 @@ def simplify(graph: Graph) -> SimplifyReport:
     report.folded = remove_folded_nodes(graph)
     report.pass_through_removed = remove_pass_through(graph)
     report.pads_folded = fold_pads_into_convs(graph)
+    report.batch_norms_as_affine = batch_norms_as_affine(graph)
+    report.einsums_lowered = lower_einsums(graph)
     report.dead_removed = eliminate_dead_nodes(graph)
     release_unused_constants(graph)
     return report
@@ -112,6 +126,36 @@ def fold_pads_into_convs(graph: Graph) -> int:
         conv.inputs[0] = pad.inputs[0]
         folded += 1
     return folded
+
+
+def batch_norms_as_affine(graph: Graph) -> int:
+    """Replace every inference BatchNormalization whose statistics are constants by ``Mul`` and
+    ``Add`` with per-channel constants (computed in float64, stored in the input's dtype)."""
+    rewritten = 0
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        params = [graph.values[i].const for i in node.inputs[1:5]] if node.op_type == "BatchNormalization" \
+            and not node.domain and len(node.inputs) == 5 and len(node.outputs) == 1 else [None]
+        if any(p is None for p in params):
+            nodes.append(node)
+            continue
+        x = graph.values[node.inputs[0]]
+        scale, bias, mean, var = (np.asarray(p, np.float64).reshape(-1) for p in params)
+        s = scale / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
+        per_channel = (len(s),) + (1,) * (len(x.shape) - 2)
+        names = []
+        for tag, arr in (("scale", s), ("shift", bias - mean * s)):
+            name = f"{node.name}/affine_{tag}"
+            arr = arr.astype(x.dtype).reshape(per_channel)
+            graph.values[name] = Value(name, arr.dtype, tuple(sympy.Integer(d) for d in arr.shape), const=arr)
+            names.append(name)
+        scaled = f"{node.name}/affine_scaled"
+        graph.values[scaled] = Value(scaled, x.dtype, x.shape)
+        nodes += [Node(f"{node.name}/affine_mul", "Mul", [node.inputs[0], names[0]], [scaled]),
+                  Node(f"{node.name}/affine_add", "Add", [scaled, names[1]], list(node.outputs))]
+        rewritten += 1
+    graph.nodes = nodes
+    return rewritten
 
 
 def _foldable_spatial_pads(graph: Graph, pad: Node) -> list[int] | None:

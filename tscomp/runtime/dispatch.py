@@ -27,7 +27,10 @@ at L = 64 took ~1.5 us more per GEMM, the first call at L = 1..9 1.3x its steady
 level cache together (:func:`_resident`), a variant reading another copy pays a surcharge: its own
 time at the smallest shape of the group's range, which is its weight streamed once with all but no
 arithmetic. A group's home copy is the one whose variants cost least summed over the key grid.
-Models larger than the cache stream every copy from memory anyway and are costed as before.
+Models larger than the cache stream every copy from memory anyway and are costed as before. For
+the same reason the compiler keeps a second copy of a resident model's weight only for a larger
+predicted gain (:data:`COPY_WORTH_RESIDENT` against :data:`COPY_WORTH`,
+:func:`drop_unworthy_copies`).
 
 **One variant per group unless another is clearly faster.** Each variant is its own machine code
 (a macro-kernel and its micro-kernels, ~10 KB), so a request served by a variant the previous ones
