@@ -251,6 +251,7 @@ class SymbolTable:
         if expr.has(sympy.floor, sympy.ceiling):
             expr = expr.replace(lambda e: isinstance(e, (sympy.floor, sympy.ceiling)) and e.args[0].has(type(e)),
                                 fold_nested_rounding)
+            expr = expr.replace(lambda e: isinstance(e, (sympy.floor, sympy.ceiling)), integer_part_outside)
         if expr.has(sympy.Mod):
             expr = expr.replace(lambda e: isinstance(e, sympy.Mod), self._resolve_mod)
         if not expr.has(sympy.Min, sympy.Max):
@@ -375,6 +376,21 @@ class SymbolTable:
             lines.append(f"{info.name}: [{info.min}, {info.max}]  ({info.origin}"
                          + (f"; {info.note}" if info.note else "") + ")")
         return lines
+
+
+def integer_part_outside(e: Expr) -> Expr:
+    """``floor(y + c)`` -> ``floor(y + (c - n)) + n`` with ``n = floor(c)`` for a rational constant
+    ``c`` (likewise ``ceiling``): one form for every integer shift, so ``floor(S/20 - 3/2) + 1``
+    (a conv's output length plus one) and ``floor(S/20 - 1/2)`` (the same length computed by the
+    exporter another way) are the same expression, ``floor(S/20 + 1/2) - 1``."""
+    arg = sympy.expand(e.args[0])
+    c, rest = arg.as_coeff_Add()
+    if not c.is_Rational or rest == 0:
+        return e
+    n = sympy.floor(c)
+    if n == 0:
+        return e
+    return type(e)(rest + (c - n)) + n
 
 
 def fold_nested_rounding(e: Expr, positive=lambda b: b.is_Number and b > 0) -> Expr:
