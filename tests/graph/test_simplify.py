@@ -103,3 +103,53 @@ def test_a_batch_norm_with_constant_statistics_becomes_a_fused_affine_and_matche
     for n in (1, 2, 5):
         x = rng.standard_normal((n, chans, feat)).astype(np.float32)
         np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op,axes,keepdims,opset", [("ReduceSum", [1], 1, 17), ("ReduceMean", [0, 2], 0, 17),
+                                                   ("ReduceMax", [-3], 1, 18), ("ReduceSum", [1, 3], 1, 12)])
+def test_a_reduction_over_leading_axes_is_a_trailing_one_behind_a_transpose_and_runs_natively(tmp_path, op, axes,
+                                                                                                keepdims, opset):
+    """Tokens summed over axis 1 after a Mul (SwiftFormer's additive attention) ran on numpy: the
+    row kernel reduces only trailing axes. The graph reduces them behind a Transpose (and
+    transposes a kept-dims result back); the compiled model is native and matches onnxruntime."""
+    rng = np.random.default_rng(3)
+    scale = numpy_helper.from_array(rng.standard_normal((1, 1, 5, 6)).astype(np.float32), "s")
+    attrs, inputs, inits = {"keepdims": keepdims}, ["h"], [scale]
+    if opset >= (13 if op == "ReduceSum" else 18):
+        inits.append(numpy_helper.from_array(np.asarray(axes, np.int64), "axes"))
+        inputs.append("axes")
+    else:
+        attrs["axes"] = axes
+    nodes = [helper.make_node("Mul", ["x", "s"], ["h"]), helper.make_node(op, inputs, ["y"], **attrs)]
+    graph = helper.make_graph(nodes, "r", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", "T", 5, 6])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    path = tmp_path / "r.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8), path)
+    dims = ["N=1:3", "T=1:20"]
+    assert "Transpose" in [n.op_type for n in load_model(path, dims).nodes]
+    rt = Runtime(str(write_artifact(compile_model(str(path), dims), tmp_path / "r.tsc")), num_threads=2)
+    assert all(k.family != "numpy" for ks in rt.model.kernels.values() for k in ks)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for n, t in ((1, 1), (2, 7), (3, 20)):
+        x = rng.standard_normal((n, t, 5, 6)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op,opset,axis", [("Softmax", 17, -1), ("LogSoftmax", 17, 2), ("Softmax", 11, 2)])
+def test_a_softmax_over_one_element_is_x_times_zero_plus_one_with_onnxruntimes_nans(tmp_path, op, opset, axis):
+    """[N, T, 1] weights normalized over their last axis (SwiftFormer): 1 (LogSoftmax: 0) where x
+    is finite, NaN where it is NaN or infinite -- as onnxruntime computes it."""
+    weight = numpy_helper.from_array(np.random.default_rng(4).standard_normal((6, 1)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node(op, ["h"], ["y"], axis=axis)]
+    graph = helper.make_graph(nodes, "sm", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", "T", 6])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], [weight])
+    path = tmp_path / "sm.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8), path)
+    dims = ["N=1:3", "T=1:20"]
+    assert op not in [n.op_type for n in load_model(path, dims).nodes]
+    rt = Runtime(str(write_artifact(compile_model(str(path), dims), tmp_path / "sm.tsc")), num_threads=2)
+    assert all(k.family != "numpy" for ks in rt.model.kernels.values() for k in ks)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(5).standard_normal((2, 7, 6)).astype(np.float32)
+    x[0, 1, 0], x[1, 2, 3], x[1, 4, 0] = np.nan, np.inf, -np.inf
+    np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
