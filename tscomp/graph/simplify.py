@@ -17,14 +17,6 @@
   per-channel affine ``x * s + t`` (``s = scale / sqrt(var + eps)``, ``t = B - mean * s``, both
   shaped ``[C, 1, ..., 1]``), two elementwise ops every kernel family fuses (BN after a MatMul or
   alone ran on the numpy fallback: SwiftFormer's attention output).
-* **Reductions over trailing axes**: a ``Reduce*`` over axes that are not the last ones reads
-  its input through a Transpose (a view) that moves them last, and a kept-dims result is
-  transposed back: the row kernel reduces only trailing axes, and the group holding the
-  reduction (SwiftFormer's token sum over axis 1 with its Mul and Tile) ran on numpy.
-* **Softmax over one element**: ``x * 0 + 1`` (``LogSoftmax``: ``x * 0``), exactly what the
-  operator gives -- 1 (0) for a finite x, NaN for NaN and +-inf -- as elementwise ops (SwiftFormer
-  normalizes [B, N, 1] attention weights over their last axis; the GEMM family's row pass has no
-  single-column form).
 * **Einsum as MatMul**: a two-operand contraction becomes view operators around one MatMul
   (:mod:`tscomp.graph.einsum`), which the GEMM families compile.
 * **Dead-node elimination**.
@@ -55,16 +47,12 @@ class SimplifyReport:
     pads_folded: int = 0
     batch_norms_as_affine: int = 0
     einsums_lowered: int = 0
-    reductions_made_trailing: int = 0
-    unit_softmaxes: int = 0
     dead_removed: int = 0
 
     def __str__(self) -> str:
         return (f"folded {self.folded} constant/shape nodes, removed {self.pass_through_removed} "
                 f"Identity/Dropout, folded {self.pads_folded} Pads into Convs, rewrote {self.batch_norms_as_affine} "
-                f"BatchNormalizations as Mul + Add, {self.einsums_lowered} Einsums as MatMuls and "
-                f"{self.reductions_made_trailing} reductions over trailing axes, {self.unit_softmaxes} "
-                f"one-element Softmaxes as x * 0 + 1, "
+                f"BatchNormalizations as Mul + Add and {self.einsums_lowered} Einsums as MatMuls, "
                 f"{self.dead_removed} dead nodes")
 
 
@@ -75,8 +63,6 @@ def simplify(graph: Graph) -> SimplifyReport:
     report.pads_folded = fold_pads_into_convs(graph)
     report.batch_norms_as_affine = batch_norms_as_affine(graph)
     report.einsums_lowered = lower_einsums(graph)
-    report.reductions_made_trailing = reductions_to_trailing_axes(graph)
-    report.unit_softmaxes = unit_softmaxes(graph)
     report.dead_removed = eliminate_dead_nodes(graph)
     release_unused_constants(graph)
     return report
@@ -167,84 +153,6 @@ def batch_norms_as_affine(graph: Graph) -> int:
         graph.values[scaled] = Value(scaled, x.dtype, x.shape)
         nodes += [Node(f"{node.name}/affine_mul", "Mul", [node.inputs[0], names[0]], [scaled]),
                   Node(f"{node.name}/affine_add", "Add", [scaled, names[1]], list(node.outputs))]
-        rewritten += 1
-    graph.nodes = nodes
-    return rewritten
-
-
-def unit_softmaxes(graph: Graph) -> int:
-    """Replace every Softmax / LogSoftmax that normalizes over a single element (axis extent 1;
-    before opset 13, the flattened axes from ``axis`` on) by ``x * 0 (+ 1)``."""
-    rewritten = 0
-    nodes: list[Node] = []
-    for node in graph.nodes:
-        x = graph.values[node.inputs[0]] if node.op_type in ("Softmax", "LogSoftmax") and not node.domain else None
-        if x is None or x.shape is None or not x.shape:
-            nodes.append(node)
-            continue
-        rank = len(x.shape)
-        axis = int(node.attrs.get("axis", -1 if graph.opset_of(node) >= 13 else 1)) % rank
-        extents = x.shape[axis:] if graph.opset_of(node) < 13 else x.shape[axis:axis + 1]
-        if sympy.Mul(*extents) != 1:
-            nodes.append(node)
-            continue
-        const = {}
-        for tag, value in (("zero", 0.0), ("one", 1.0)):
-            const[tag] = f"{node.name}/unit_{tag}"
-            arr = np.asarray(value, dtype=x.dtype)
-            graph.values[const[tag]] = Value(const[tag], arr.dtype, (), const=arr)
-        if node.op_type == "LogSoftmax":
-            nodes.append(Node(f"{node.name}/unit_mul", "Mul", [node.inputs[0], const["zero"]], list(node.outputs)))
-        else:
-            zeroed = f"{node.name}/unit_zeroed"
-            graph.values[zeroed] = Value(zeroed, x.dtype, x.shape)
-            nodes += [Node(f"{node.name}/unit_mul", "Mul", [node.inputs[0], const["zero"]], [zeroed]),
-                      Node(f"{node.name}/unit_add", "Add", [zeroed, const["one"]], list(node.outputs))]
-        rewritten += 1
-    graph.nodes = nodes
-    return rewritten
-
-
-def reductions_to_trailing_axes(graph: Graph) -> int:
-    """Rewrite every ``Reduce*`` whose (compile-time) axes are not the trailing ones as
-    ``Transpose`` (reduced axes last) -> the reduction over the trailing axes -> with keepdims,
-    ``Transpose`` back (the result's unit axes to where they were)."""
-    from tscomp.graph.ops.nn import REDUCTIONS
-    from tscomp.graph.shape_propagation import reduced_axes
-    rewritten = 0
-    nodes: list[Node] = []
-    for node in graph.nodes:
-        x = graph.values[node.inputs[0]] if node.inputs else None
-        axes = reduced_axes(graph, node) if node.op_type in REDUCTIONS and not node.domain and x is not None \
-            and x.shape is not None and len(node.outputs) == 1 else None
-        rank = len(x.shape) if axes else 0
-        if not axes or axes == list(range(rank - len(axes), rank)):
-            nodes.append(node)
-            continue
-        kept = [a for a in range(rank) if a not in axes]
-        perm = kept + axes
-        moved = f"{node.name}/trailing_in"
-        graph.values[moved] = Value(moved, x.dtype, tuple(x.shape[a] for a in perm))
-        reduce = Node(node.name, node.op_type, [moved], [], {k: v for k, v in node.attrs.items() if k != "axes"})
-        trailing = list(range(len(kept), rank))
-        if graph.opset_of(node) >= REDUCTIONS[node.op_type].axes_input_since:
-            axes_name = f"{node.name}/trailing_axes"
-            arr = np.asarray(trailing, np.int64)
-            graph.values[axes_name] = Value(axes_name, arr.dtype, (sympy.Integer(len(trailing)),), const=arr)
-            reduce.inputs.append(axes_name)
-        else:
-            reduce.attrs["axes"] = trailing
-        new = [Node(f"{node.name}/trailing_perm", "Transpose", [node.inputs[0]], [moved], {"perm": perm}), reduce]
-        y = graph.values[node.outputs[0]]
-        if int(node.attrs.get("keepdims", 1)):
-            reduced = f"{node.name}/trailing_out"
-            graph.values[reduced] = Value(reduced, y.dtype, tuple(x.shape[a] for a in kept) + (sympy.Integer(1),) * len(axes))
-            reduce.outputs = [reduced]
-            back = [perm.index(a) for a in range(rank)]
-            new.append(Node(f"{node.name}/trailing_back", "Transpose", [reduced], list(node.outputs), {"perm": back}))
-        else:
-            reduce.outputs = list(node.outputs)
-        nodes += new
         rewritten += 1
     graph.nodes = nodes
     return rewritten
