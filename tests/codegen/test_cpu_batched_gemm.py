@@ -190,6 +190,21 @@ def test_constant_weight_is_refused(tmp_path):
         compile_batched_gemm_group(plan, g)
 
 
+def test_a_batched_constant_is_read_like_an_activation(tmp_path):
+    """[heads, K, N] constants (no 2-D weight for the GEMM family to prepack) are the batched
+    kernel's: compiled, and equal to numpy's matmul."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((3, 8, 4)).astype(np.float32)
+    W = helper.make_tensor("W", TP.FLOAT, [3, 8, 4], w.reshape(-1).tolist())
+    g, plan = _plan_of(tmp_path, [helper.make_node("MatMul", ["a", "W"], ["y"])],
+                       [helper.make_tensor_value_info("a", TP.FLOAT, [3, "L", 8])],
+                       [helper.make_tensor_value_info("y", TP.FLOAT, [3, "L", 4])], [W], dims=("L=1:64",))
+    kernel = compile_batched_gemm_group(plan, g)
+    for s in (1, 5, 17):
+        a = rng.standard_normal((3, s, 8)).astype(np.float32)
+        np.testing.assert_allclose(kernel.run({"a": a, "W": w}, {"L": s})["y"], a @ w, rtol=1e-5, atol=1e-5)
+
+
 def test_epilogue_reading_a_transposed_result_is_refused(tmp_path):
     nodes = [helper.make_node("MatMul", ["a", "b"], ["mm"]),
              helper.make_node("Transpose", ["mm"], ["mt"], perm=[0, 2, 1]),

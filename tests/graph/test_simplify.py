@@ -103,3 +103,23 @@ def test_a_batch_norm_with_constant_statistics_becomes_a_fused_affine_and_matche
     for n in (1, 2, 5):
         x = rng.standard_normal((n, chans, feat)).astype(np.float32)
         np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op,opset,axis", [("Softmax", 17, -1), ("LogSoftmax", 17, 2), ("Softmax", 11, 2)])
+def test_a_softmax_over_one_element_is_x_times_zero_plus_one_with_onnxruntimes_nans(tmp_path, op, opset, axis):
+    """[N, T, 1] weights normalized over their last axis (SwiftFormer): 1 (LogSoftmax: 0) where x
+    is finite, NaN where it is NaN or infinite -- as onnxruntime computes it."""
+    weight = numpy_helper.from_array(np.random.default_rng(4).standard_normal((6, 1)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node(op, ["h"], ["y"], axis=axis)]
+    graph = helper.make_graph(nodes, "sm", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", "T", 6])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], [weight])
+    path = tmp_path / "sm.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8), path)
+    dims = ["N=1:3", "T=1:20"]
+    assert op not in [n.op_type for n in load_model(path, dims).nodes]
+    rt = Runtime(str(write_artifact(compile_model(str(path), dims), tmp_path / "sm.tsc")), num_threads=2)
+    assert all(k.family != "numpy" for ks in rt.model.kernels.values() for k in ks)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(5).standard_normal((2, 7, 6)).astype(np.float32)
+    x[0, 1, 0], x[1, 2, 3], x[1, 4, 0] = np.nan, np.inf, -np.inf
+    np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

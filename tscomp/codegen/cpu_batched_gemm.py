@@ -268,7 +268,7 @@ class BatchedGemmAnalysis:
         constant_b = all(graph.values[n].const is not None for n in b_inputs if n in graph.values) and \
             all(n in graph.values for n in b_inputs)
         if constant_b and all(_is_one(d) for d in b.shape[:-2]):
-            self._fail(f"MatMul {h.node!r}: B operand is a constant [K, N] weight (CompiledGemmGroup prepacks it; "
+            self._fail(f"MatMul {h.node!r}: B operand is a constant weight, [K, N] (CompiledGemmGroup prepacks it; "
                        f"a batched constant, [heads, K, N], is read here like an activation)")
         symtab = graph.symbols
         canon = lambda s: tuple(symtab.canon(d) for d in s)   # noqa: E731

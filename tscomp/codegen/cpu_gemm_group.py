@@ -117,6 +117,8 @@ class _EpilogueGenerator(GroupGenerator):
         lead = self.ctx.collapse(self.ctx.simplify(linearize(tuple(idx[:-1]), hshape[:-1]))) if len(hshape) > 1 \
             else sympy.Integer(0)
         col = self.ctx.simplify(idx[-1])
+        if same(hshape[-1], 1) and same(col, 0):
+            col = self.j           # N = 1: column 0 is the only column j takes (a broadcast read names it 0)
         if not (same(lead, self.i) and same(col, self.j)):
             self.fail(f"the epilogue reads the GEMM result at ({lead}, {col}), not at the element it "
                       f"computes (i, j)", e)

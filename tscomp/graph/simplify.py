@@ -17,6 +17,10 @@
   per-channel affine ``x * s + t`` (``s = scale / sqrt(var + eps)``, ``t = B - mean * s``, both
   shaped ``[C, 1, ..., 1]``), two elementwise ops every kernel family fuses (BN after a MatMul or
   alone ran on the numpy fallback: SwiftFormer's attention output).
+* **Softmax over one element**: ``x * 0 + 1`` (``LogSoftmax``: ``x * 0``), exactly what the
+  operator gives -- 1 (0) for a finite x, NaN for NaN and +-inf -- as elementwise ops (SwiftFormer
+  normalizes [B, N, 1] attention weights over their last axis; the GEMM family's row pass has no
+  single-column form).
 * **Einsum as MatMul**: a two-operand contraction becomes view operators around one MatMul
   (:mod:`tscomp.graph.einsum`), which the GEMM families compile.
 * **Dead-node elimination**.
@@ -47,12 +51,14 @@ class SimplifyReport:
     pads_folded: int = 0
     batch_norms_as_affine: int = 0
     einsums_lowered: int = 0
+    unit_softmaxes: int = 0
     dead_removed: int = 0
 
     def __str__(self) -> str:
         return (f"folded {self.folded} constant/shape nodes, removed {self.pass_through_removed} "
                 f"Identity/Dropout, folded {self.pads_folded} Pads into Convs, rewrote {self.batch_norms_as_affine} "
-                f"BatchNormalizations as Mul + Add and {self.einsums_lowered} Einsums as MatMuls, "
+                f"BatchNormalizations as Mul + Add, {self.einsums_lowered} Einsums as MatMuls and "
+                f"{self.unit_softmaxes} one-element Softmaxes as x * 0 + 1, "
                 f"{self.dead_removed} dead nodes")
 
 
@@ -63,6 +69,7 @@ def simplify(graph: Graph) -> SimplifyReport:
     report.pads_folded = fold_pads_into_convs(graph)
     report.batch_norms_as_affine = batch_norms_as_affine(graph)
     report.einsums_lowered = lower_einsums(graph)
+    report.unit_softmaxes = unit_softmaxes(graph)
     report.dead_removed = eliminate_dead_nodes(graph)
     release_unused_constants(graph)
     return report
@@ -153,6 +160,39 @@ def batch_norms_as_affine(graph: Graph) -> int:
         graph.values[scaled] = Value(scaled, x.dtype, x.shape)
         nodes += [Node(f"{node.name}/affine_mul", "Mul", [node.inputs[0], names[0]], [scaled]),
                   Node(f"{node.name}/affine_add", "Add", [scaled, names[1]], list(node.outputs))]
+        rewritten += 1
+    graph.nodes = nodes
+    return rewritten
+
+
+def unit_softmaxes(graph: Graph) -> int:
+    """Replace every Softmax / LogSoftmax that normalizes over a single element (axis extent 1;
+    before opset 13, the flattened axes from ``axis`` on) by ``x * 0 (+ 1)``."""
+    rewritten = 0
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        x = graph.values[node.inputs[0]] if node.op_type in ("Softmax", "LogSoftmax") and not node.domain else None
+        if x is None or x.shape is None or not x.shape:
+            nodes.append(node)
+            continue
+        rank = len(x.shape)
+        axis = int(node.attrs.get("axis", -1 if graph.opset_of(node) >= 13 else 1)) % rank
+        extents = x.shape[axis:] if graph.opset_of(node) < 13 else x.shape[axis:axis + 1]
+        if sympy.Mul(*extents) != 1:
+            nodes.append(node)
+            continue
+        const = {}
+        for tag, value in (("zero", 0.0), ("one", 1.0)):
+            const[tag] = f"{node.name}/unit_{tag}"
+            arr = np.asarray(value, dtype=x.dtype)
+            graph.values[const[tag]] = Value(const[tag], arr.dtype, (), const=arr)
+        if node.op_type == "LogSoftmax":
+            nodes.append(Node(f"{node.name}/unit_mul", "Mul", [node.inputs[0], const["zero"]], list(node.outputs)))
+        else:
+            zeroed = f"{node.name}/unit_zeroed"
+            graph.values[zeroed] = Value(zeroed, x.dtype, x.shape)
+            nodes += [Node(f"{node.name}/unit_mul", "Mul", [node.inputs[0], const["zero"]], [zeroed]),
+                      Node(f"{node.name}/unit_add", "Add", [zeroed, const["one"]], list(node.outputs))]
         rewritten += 1
     graph.nodes = nodes
     return rewritten

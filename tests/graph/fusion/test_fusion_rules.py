@@ -407,6 +407,21 @@ def test_reductions_over_different_axes_are_not_stitched(second):
     assert all("reduce-stitch" not in g.rules for g in plan.groups)
 
 
+def test_a_reduction_over_leading_axes_stays_alone_for_the_index_family():
+    """SwiftFormer's token sum: x * w -> ReduceSum over axis 1 -> + b. The row kernel reduces only
+    trailing axes, so nothing is stitched to the reduction (fused, the group had no family and ran
+    on numpy); alone, the index family's any-axes kernel compiles it."""
+    from tscomp.codegen.families import choose_family
+    nodes = [node("Mul", ["x", "w"], "xw"), node("ReduceSum", ["xw", "axes"], "s", keepdims=1),
+             node("Add", ["s", "b"], "y")]
+    model = build(nodes, X, {"w": rand(64), "axes": ints(1), "b": rand(64)})
+    plan = compile_plan(model)
+    check_numerics(model, plan)
+    reduce_group = group_of(plan, "s")
+    assert reduce_group.nodes == ["s"] and group_of(plan, "xw") is not reduce_group
+    assert choose_family(plan, reduce_group).family.name == "index"
+
+
 # ----------------------------------------------------------------------------- elementwise / opaque
 def test_attention_mask_chain_forms_one_elementwise_group():
     nodes = [node("Unsqueeze", ["mask", "ax1"], "m1"), node("Unsqueeze", ["m1", "ax2"], "m2"),

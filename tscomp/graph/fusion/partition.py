@@ -310,6 +310,27 @@ def _row_reduction_of_gemm(p: Partitioner, g: GroupState, cand: str) -> bool:
     return g.row_shape is None or (_same_shape(shape, g.row_shape) and axes == g.row_axes)
 
 
+def _rows_are_trailing(g: GroupState) -> bool:
+    """Whether the reduce group's rows are its input's trailing axes (unit axes after them
+    allowed): what the row kernel reduces. A reduction over leading axes (SwiftFormer sums tokens
+    over axis 1) stays a group of its own, which the index family's any-axes kernel compiles; fused
+    with its neighbours it was a group no family takes, run on the numpy fallback."""
+    if g.row_shape is None:
+        return False
+    axes, rank = list(g.row_axes), len(g.row_shape)
+    if not axes:
+        return False
+    after = range(axes[-1] + 1, rank)
+    if all(same(g.row_shape[a], 1) for a in after):
+        axes += list(after)
+    return axes == list(range(rank - len(axes), rank))
+
+
+def _row_kernel_group(condition):
+    """``condition``, for a reduce group whose rows the row kernel can reduce."""
+    return lambda p, g, cand: _rows_are_trailing(g) and condition(p, g, cand)
+
+
 def _set_rows(p: Partitioner, g: GroupState, cand: str) -> None:
     p.set_rows(g, cand)
 
@@ -335,9 +356,9 @@ RULES: tuple[FusionRule, ...] = (
     FusionRule("gemm-row-reduction", "gemm", frozenset({R}), "consumer", _row_reduction_of_gemm,
                on_absorb=_set_rows),
     FusionRule("gemm-prologue", "gemm", frozenset({E}), "producer", _operand_producer, on_absorb=_add_feeder),
-    FusionRule("reduce-epilogue", "reduce", frozenset({E, I}), "consumer", _keeps_space),
-    FusionRule("reduce-stitch", "reduce", frozenset({R}), "consumer", _same_rows),
-    FusionRule("reduce-prologue", "reduce", frozenset({E, I}), "producer", _operand_producer,
+    FusionRule("reduce-epilogue", "reduce", frozenset({E, I}), "consumer", _row_kernel_group(_keeps_space)),
+    FusionRule("reduce-stitch", "reduce", frozenset({R}), "consumer", _row_kernel_group(_same_rows)),
+    FusionRule("reduce-prologue", "reduce", frozenset({E, I}), "producer", _row_kernel_group(_operand_producer),
                on_absorb=_add_feeder),
     FusionRule("elementwise-consumer", "elementwise", frozenset({E, I}), "consumer", _keeps_space),
     FusionRule("elementwise-producer", "elementwise", frozenset({E, I}), "producer",
