@@ -8,6 +8,7 @@ one operand sums over is a batched matrix product once its axes are arranged, so
 
     Transpose -> [Reshape] -> [Unsqueeze] -> MatMul -> [Reshape] -> Transpose
 
+(and a one-operand Einsum that only reorders its labels, XLNet's ``ijbn->bnij``, by a Transpose)
 where every operator but the MatMul is a view the fusion stage composes into the kernels' index
 maps (TSCompiler §4.2): nothing is copied, and the MatMul is compiled by the GEMM families (a
 constant operand is the GEMM's prepacked weight, two activations the batched GEMM).
@@ -32,7 +33,8 @@ from tscomp.graph.ops.nn import parse_einsum
 
 
 def lower_einsums(graph: Graph) -> int:
-    """Rewrite every two-operand Einsum that is a batched matrix product; returns how many."""
+    """Rewrite every two-operand Einsum that is a batched matrix product, and every one-operand
+    permutation; returns how many."""
     lowered = 0
     new_nodes: list[Node] = []
     for node in graph.nodes:
@@ -48,6 +50,8 @@ def lower_einsums(graph: Graph) -> int:
 
 def _lowered(graph: Graph, node: Node) -> list[Node] | None:
     spec = parse_einsum(str(node.attrs.get("equation", "")))
+    if len(node.inputs) == 1 and len(spec.inputs) == 1 and spec.output is not None:
+        return _permutation(spec.inputs[0], spec.output, node)
     if len(node.inputs) != 2 or len(spec.inputs) != 2 or spec.output is None:
         return None
     (ta, tb), out = spec.inputs, spec.output
@@ -74,6 +78,14 @@ def _lowered(graph: Graph, node: Node) -> list[Node] | None:
     if b.const is not None and not any(c in ta for c in tb if c in out):
         return rewrite.with_weight(a, ta, b, tb, out, sizes)
     return rewrite.batched(a, ta, b, tb, out, sizes)
+
+
+def _permutation(term: str, out: str, node: Node) -> list[Node] | None:
+    """``ijbn->bnij``: a one-operand Einsum whose output reorders its labels is a Transpose."""
+    if "." in term + out or len(set(term)) != len(term) or sorted(term) != sorted(out):
+        return None
+    return [Node(f"{node.name}/einsum_perm", "Transpose", list(node.inputs), list(node.outputs),
+                 {"perm": [term.index(c) for c in out]})]
 
 
 class _Rewrite:
