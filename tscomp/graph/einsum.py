@@ -68,12 +68,10 @@ def _lowered(graph: Graph, node: Node) -> list[Node] | None:
     sizes = dict(zip(ta, a.shape)) | dict(zip(tb, b.shape))
     if any(sympy.simplify(sizes[c] - d) != 0 for c, d in zip(ta, a.shape)):
         return None          # a label with two extents (einsum's broadcasting of 1s): not handled
-    if a.const is None and b.const is not None:
-        pass
-    elif a.const is not None and b.const is None:
-        ta, tb, a, b = tb, ta, b, a                    # the constant as the right operand
-    elif a.const is not None:
+    if a.const is not None and b.const is not None:
         return None          # both constant: folded during propagation already
+    if a.const is not None:
+        ta, tb, a, b = tb, ta, b, a                    # the constant as the right operand
     rewrite = _Rewrite(graph, node)
     if b.const is not None and not any(c in ta for c in tb if c in out):
         return rewrite.with_weight(a, ta, b, tb, out, sizes)
