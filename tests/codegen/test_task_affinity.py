@@ -18,10 +18,10 @@ _SOURCE = f"""#include <stdint.h>
 void claim_all(int64_t n_tasks, int64_t team, int64_t *runs, int64_t *owner)
 {{
     const int64_t nth = omp_get_max_threads();
-{shares_declaration('n_tasks', 'nth')}
+{shares_declaration('nth')}
     #pragma omp parallel num_threads(team)
     {{
-{claim_loop('t', 'nth', '        ')}
+{claim_loop('t', 'n_tasks', 'nth', '        ')}
             __atomic_fetch_add(&runs[t], 1, __ATOMIC_RELAXED);
             owner[t] = omp_get_thread_num();
             if (omp_get_thread_num() == 0) {{ volatile double x = 0; for (int i = 0; i < 20000; ++i) x += i; }}

@@ -1191,12 +1191,12 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
     const int64_t n_tasks = n_mblocks * n_nblocks;
     /* tasks are N block innermost, thread i owns tasks i, i + nth, ...: the same weight columns at
      * every M where the N blocks are a multiple of the threads */
-{shares_declaration('n_tasks', 'nth')}
+{shares_declaration('nth')}
     #pragma omp parallel if (n_tasks > 1)
     {{{tiles_on}
         /* per-thread workspaces (sizes rounded up to the 64-byte alignment, as C11 asks) */{xpack_alloc}
         float* cbuf = {'NULL' if single else '(float*)aligned_alloc(64, (sizeof(float) * MC * NC + 63) / 64 * 64)'};
-{claim_loop('t', 'nth', '        ')}
+{claim_loop('t', 'n_tasks', 'nth', '        ')}
             const int64_t mb = t / n_nblocks, nb = t % n_nblocks;
             const int64_t m0 = (mb * tiles_per + min_i64(mb, tiles_extra)) * MR;
             const int64_t mv = min_i64((tiles_per + (mb < tiles_extra)) * MR, M - m0);

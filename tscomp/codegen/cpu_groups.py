@@ -62,7 +62,7 @@ from tscomp.graph.fusion.plan import Group, Plan
 from tscomp.graph.ops import registry
 from tscomp.graph.ops.nn import REDUCTIONS
 from tscomp.graph.ops.registry import CTypes, c_type
-from tscomp.graph.shape_propagation import reduced_axes
+from tscomp.graph.shape_propagation import reduced_axes, trailing_row_axes
 from tscomp.graph.symbols import compile_int_expr, numel, same, shape_str
 
 #: normalizing reductions the row kernel implements (besides the Reduce* family)
@@ -601,13 +601,10 @@ class GroupGenerator:
             self.fail("reduction axes known only at run time", h)
         if not axes:
             self.fail("noop_with_empty_axes", h)
-        axes = sorted(axes)
-        after = range(axes[-1] + 1, rank)
-        if all(same(self.shape(h.args[0])[a], 1) for a in after):
-            axes += list(after)   # unit axes after the reduced ones: ConvBERT's Softmax over [N, 9, 1]'s axis 1
-        if axes != list(range(rank - len(axes), rank)):
-            self.fail(f"reduces axes {axes} of a rank-{rank} tensor; only trailing axes are supported", h)
-        return rank - len(axes)
+        rows = trailing_row_axes(self.shape(h.args[0]), axes)
+        if rows is None:
+            self.fail(f"reduces axes {sorted(axes)} of a rank-{rank} tensor; only trailing axes are supported", h)
+        return rank - len(rows)
 
     def common_rows(self, reductions: list[Op]) -> tuple[tuple, int]:
         """The iteration space and first reduced axis shared by stitched row reductions (refused

@@ -26,41 +26,41 @@ from __future__ import annotations
 AFFINITY_C = r"""
 /* Affinity-first task claiming: thread i owns tasks i, i + nth, i + 2 nth, ... at every call and
  * claims them in order; then what is left of the others'. */
-typedef struct { int64_t next, end, step; char pad[40]; } ts_share;
+typedef struct { int64_t next; char pad[56]; } ts_share;   /* one counter per cache line */
 
-static inline void ts_shares_init(ts_share *s, int64_t n_tasks, int64_t nth)
+static inline void ts_shares_init(ts_share *s, int64_t nth)
 {
-    for (int64_t i = 0; i < nth; ++i) { s[i].next = i; s[i].end = n_tasks; s[i].step = nth; }
+    for (int64_t i = 0; i < nth; ++i) s[i].next = i;
 }
 
-/* the next task for thread `tid`, or -1 when every share is exhausted; *from counts the shares this
- * thread has finished (its own first) */
-static inline int64_t ts_claim(ts_share *s, int64_t nth, int64_t tid, int64_t *from)
+/* the next of the n_tasks tasks for thread `tid`, or -1 when every share is exhausted; *from counts
+ * the shares this thread has finished (its own first) */
+static inline int64_t ts_claim(ts_share *s, int64_t n_tasks, int64_t nth, int64_t tid, int64_t *from)
 {
     for (; *from < nth; ++*from) {
         ts_share *sh = &s[(tid + *from) % nth];
-        if (__atomic_load_n(&sh->next, __ATOMIC_RELAXED) >= sh->end) continue;
-        const int64_t t = __atomic_fetch_add(&sh->next, sh->step, __ATOMIC_RELAXED);
-        if (t < sh->end) return t;
+        if (__atomic_load_n(&sh->next, __ATOMIC_RELAXED) >= n_tasks) continue;
+        const int64_t t = __atomic_fetch_add(&sh->next, nth, __ATOMIC_RELAXED);
+        if (t < n_tasks) return t;
     }
     return -1;
 }
 """
 
 
-def shares_declaration(n_tasks: str, nth: str, indent: str = "    ") -> str:
+def shares_declaration(nth: str, indent: str = "    ") -> str:
     """C declaring and filling the shares (before the parallel region; ``nth`` the most threads)."""
     return (f"{indent}ts_share ts_shares[{nth}] __attribute__((aligned(64)));\n"
-            f"{indent}ts_shares_init(ts_shares, {n_tasks}, {nth});")
+            f"{indent}ts_shares_init(ts_shares, {nth});")
 
 
-def claim_loop(task: str, nth: str, indent: str) -> str:
+def claim_loop(task: str, n_tasks: str, nth: str, indent: str) -> str:
     """C: the head of a loop over the tasks this thread claims (inside the parallel region), the
     task index in ``task``; the body follows and closes with ``}``. Every thread of any team size
     visits every share, so all tasks run even when the region runs on fewer threads than ``nth``."""
     return (f"{indent}int64_t ts_from = 0;\n"
             f"{indent}const int64_t ts_tid = omp_get_thread_num();\n"
-            f"{indent}for (int64_t {task}; ({task} = ts_claim(ts_shares, {nth}, ts_tid, &ts_from)) >= 0; ) {{")
+            f"{indent}for (int64_t {task}; ({task} = ts_claim(ts_shares, {n_tasks}, {nth}, ts_tid, &ts_from)) >= 0; ) {{")
 
 
 __all__ = ["AFFINITY_C", "claim_loop", "shares_declaration"]

@@ -97,11 +97,7 @@ class _Rewrite:
 
     # ------------------------------------------------------------------ value helpers
     def _value(self, tag: str, shape, const=None, dtype=None) -> str:
-        name = f"{self.node.name}/einsum_{tag}"
-        self.graph.values[name] = Value(name, np.dtype(dtype or self.dtype),
-                                        tuple(sympy.Integer(d) if isinstance(d, int) else d for d in shape),
-                                        const=const)
-        return name
+        return self.graph.add_value(f"{self.node.name}/einsum_{tag}", dtype or self.dtype, shape, const)
 
     def _ints(self, tag: str, ints) -> str:
         arr = np.asarray(list(ints), dtype=np.int64)
@@ -143,7 +139,7 @@ class _Rewrite:
             return self._emit("Squeeze", [x, self._ints(f"{tag}_axes", axes)], tag, out), out
         return self._emit("Squeeze", [x], tag, out, {"axes": list(axes)}), out
 
-    def finish(self, y: str, labels: str, out: str, sizes: dict) -> list[Node]:
+    def finish(self, y: str, labels: str, out: str) -> list[Node]:
         """Transpose the MatMul's result (axes ``labels``) into the Einsum's output."""
         final = self.node.outputs[0]
         if labels == out:
@@ -171,13 +167,12 @@ class _Rewrite:
         w = np.ascontiguousarray(np.transpose(b.const, [tb.index(c) for c in contract + free_b]).reshape(K, N))
         w_name = self._value("weight", w.shape, w, w.dtype)
         y = self._emit("MatMul", [x, w_name], "mm", xshape[:-1] + [sympy.Integer(N)])
-        yshape = xshape[:-1] + [sympy.Integer(N)]
         labels = "".join(free_a + free_b)
         if len(free_b) != 1:
             target = [0] * len(free_a) + [int(sizes[c]) for c in free_b]
             y = self._emit("Reshape", [y, self._ints("split_n", target)], "y_split",
                            [sizes[c] for c in labels])
-        return self.finish(y, labels, out, sizes)
+        return self.finish(y, labels, out)
 
     def batched(self, a: Value, ta: str, b: Value, tb: str, out: str, sizes: dict) -> list[Node]:
         """Two operands (or a constant with batch labels): Y[batch..., fa..., fb..., M, N] =
@@ -235,7 +230,7 @@ class _Rewrite:
         if not N:
             dummies.append(len(yshape) - 1)
         y, _ = self.squeeze(y, yshape, dummies, "y_sq")
-        return self.finish(y, labels, out, sizes)
+        return self.finish(y, labels, out)
 
 
 __all__ = ["lower_einsums"]

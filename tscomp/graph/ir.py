@@ -75,6 +75,12 @@ class Graph:
     def value(self, name: str) -> Value:
         return self.values[name]
 
+    def add_value(self, name: str, dtype, shape, const: np.ndarray | None = None) -> str:
+        """Register a value a rewrite creates (int extents become SymPy integers); returns ``name``."""
+        self.values[name] = Value(name, np.dtype(dtype), tuple(sympy.Integer(d) if isinstance(d, int) else d
+                                                              for d in shape), const=const)
+        return name
+
     def producers(self) -> dict[str, Node]:
         return {out: n for n in self.nodes for out in n.outputs if out}
 

@@ -25,6 +25,7 @@ import sympy
 from tscomp.errors import ShapeError, TscompError
 from tscomp.graph.ir import Graph, Node
 from tscomp.graph.ops import registry
+from tscomp.graph.symbols import same
 from tscomp.graph.ops.registry import DATA_VIA_REFERENCE, InputFacts, OpDef, ShapeContext
 
 #: Fold constants only up to this many elements per output (weights transposed at
@@ -102,6 +103,19 @@ def reduced_axes(graph: Graph, node: Node) -> list[int] | None:
     or None when only run time knows them (or the op has no such rule)."""
     opdef = registry.lookup(node.op_type, node.domain, graph.opset_of(node), node.name)
     return None if opdef.reduced_axes is None else opdef.reduced_axes(node_context(graph, node))
+
+
+def trailing_row_axes(shape, axes) -> list[int] | None:
+    """``axes`` (sorted) with the unit axes after them, when together they are the trailing axes of
+    ``shape`` -- the rows a row kernel reduces (ConvBERT's Softmax over [N, 9, 1]'s axis 1) --
+    else None."""
+    axes, rank = sorted(axes), len(shape)
+    if not axes:
+        return None
+    after = range(axes[-1] + 1, rank)
+    if all(same(shape[a], 1) for a in after):
+        axes += list(after)
+    return axes if axes == list(range(rank - len(axes), rank)) else None
 
 
 def node_context(graph: Graph, node: Node) -> ShapeContext:

@@ -39,7 +39,7 @@ import numpy as np
 import sympy
 
 from tscomp.graph.einsum import lower_einsums
-from tscomp.graph.ir import Graph, Node, Value
+from tscomp.graph.ir import Graph, Node
 
 PASS_THROUGH_OPS = {"Identity", "Dropout"}
 
@@ -152,12 +152,9 @@ def batch_norms_as_affine(graph: Graph) -> int:
         per_channel = (len(s),) + (1,) * (len(x.shape) - 2)
         names = []
         for tag, arr in (("scale", s), ("shift", bias - mean * s)):
-            name = f"{node.name}/affine_{tag}"
             arr = arr.astype(x.dtype).reshape(per_channel)
-            graph.values[name] = Value(name, arr.dtype, tuple(sympy.Integer(d) for d in arr.shape), const=arr)
-            names.append(name)
-        scaled = f"{node.name}/affine_scaled"
-        graph.values[scaled] = Value(scaled, x.dtype, x.shape)
+            names.append(graph.add_value(f"{node.name}/affine_{tag}", arr.dtype, arr.shape, arr))
+        scaled = graph.add_value(f"{node.name}/affine_scaled", x.dtype, x.shape)
         nodes += [Node(f"{node.name}/affine_mul", "Mul", [node.inputs[0], names[0]], [scaled]),
                   Node(f"{node.name}/affine_add", "Add", [scaled, names[1]], list(node.outputs))]
         rewritten += 1
@@ -181,16 +178,12 @@ def unit_softmaxes(graph: Graph) -> int:
         if sympy.Mul(*extents) != 1:
             nodes.append(node)
             continue
-        const = {}
-        for tag, value in (("zero", 0.0), ("one", 1.0)):
-            const[tag] = f"{node.name}/unit_{tag}"
-            arr = np.asarray(value, dtype=x.dtype)
-            graph.values[const[tag]] = Value(const[tag], arr.dtype, (), const=arr)
+        const = {tag: graph.add_value(f"{node.name}/unit_{tag}", x.dtype, (), np.asarray(value, dtype=x.dtype))
+                 for tag, value in (("zero", 0.0), ("one", 1.0))}
         if node.op_type == "LogSoftmax":
             nodes.append(Node(f"{node.name}/unit_mul", "Mul", [node.inputs[0], const["zero"]], list(node.outputs)))
         else:
-            zeroed = f"{node.name}/unit_zeroed"
-            graph.values[zeroed] = Value(zeroed, x.dtype, x.shape)
+            zeroed = graph.add_value(f"{node.name}/unit_zeroed", x.dtype, x.shape)
             nodes += [Node(f"{node.name}/unit_mul", "Mul", [node.inputs[0], const["zero"]], [zeroed]),
                       Node(f"{node.name}/unit_add", "Add", [zeroed, const["one"]], list(node.outputs))]
         rewritten += 1

@@ -305,15 +305,17 @@ def drop_unworthy_copies(kernels: dict[str, list], symtab, target: Target) -> tu
     dispatch table keep all their variants, and so do families whose copies are known only once
     loaded (not in :data:`~tscomp.runtime.packing.PACKERS`: a Conv's variants of one packing share
     one array after the artifact round trip, not before)."""
-    grids = {name: _cost_grid(variants, symtab, target) for name, variants in kernels.items()}
-    homes = {name: _home_copy(kernels[name], grid[1]) for name, grid in grids.items() if grid is not None}
+    # only groups with several copies need a cost grid: a home decides nothing where there is one
+    grids = {name: grid for name, variants in kernels.items()
+             if len(_copy_bytes(variants)) >= 2 and (grid := _cost_grid(variants, symtab, target)) is not None}
+    homes = {name: _home_copy(kernels[name], costs) for name, (_, costs) in grids.items()}
     worth = COPY_WORTH_RESIDENT if _resident(kernels, homes, target) else COPY_WORTH
     dropped: dict[str, int] = {}
-    for name, variants in kernels.items():
-        copies = _copy_bytes(variants)
-        if len(copies) < 2 or any(c[0] != "layout" for c in copies) or grids[name] is None:
+    for name, (_, costs) in grids.items():
+        variants, copies = kernels[name], _copy_bytes(kernels[name])
+        if any(c[0] != "layout" for c in copies):
             continue
-        kept = worthwhile_copies(variants, grids[name][1], worth)
+        kept = worthwhile_copies(variants, costs, worth)
         keep = [k for k in variants if copy_key(k) is None or copy_key(k) in kept]
         if len(keep) < len(variants):
             dropped[name] = sum(n for c, n in copies.items() if c not in kept)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
-from tscomp.graph.ir import Graph, Node, Value
+from tscomp.graph.ir import Graph, Node
 
 
 def _const_weight(graph: Graph, node: Node) -> np.ndarray | None:
@@ -53,12 +53,6 @@ def _bias_adds(graph: Graph, siblings: list[Node]) -> list[tuple[Node, np.ndarra
     return found
 
 
-def _new_value(graph: Graph, name: str, dtype, shape, const=None) -> str:
-    graph.values[name] = Value(name, np.dtype(dtype), tuple(sympy.Integer(d) if isinstance(d, int) else d
-                                                             for d in shape), const=const)
-    return name
-
-
 def _fuse(graph: Graph, activation: str, siblings: list[Node]) -> str:
     weights = [graph.values[n.inputs[1]].const for n in siblings]
     sizes = [w.shape[1] for w in weights]
@@ -66,16 +60,16 @@ def _fuse(graph: Graph, activation: str, siblings: list[Node]) -> str:
     dtype = graph.values[siblings[0].outputs[0]].dtype
     out_shape = graph.values[activation].shape[:-1] + (sympy.Integer(sum(sizes)),)
     fused_w = np.concatenate(weights, axis=1)
-    w_name = _new_value(graph, f"{base}/hfused_weight", fused_w.dtype, fused_w.shape, fused_w)
-    y_name = _new_value(graph, f"{base}/hfused_out", dtype, out_shape)
+    w_name = graph.add_value(f"{base}/hfused_weight", fused_w.dtype, fused_w.shape, fused_w)
+    y_name = graph.add_value(f"{base}/hfused_out", dtype, out_shape)
     new_nodes = [Node(f"{base}/hfused", "MatMul", [activation, w_name], [y_name])]
     removed = list(siblings)
     parts = [n.outputs[0] for n in siblings]
     adds = _bias_adds(graph, siblings)
     if adds is not None:
         fused_b = np.concatenate([b for _, b in adds])
-        b_name = _new_value(graph, f"{base}/hfused_bias", fused_b.dtype, fused_b.shape, fused_b)
-        yb_name = _new_value(graph, f"{base}/hfused_biased", dtype, out_shape)
+        b_name = graph.add_value(f"{base}/hfused_bias", fused_b.dtype, fused_b.shape, fused_b)
+        yb_name = graph.add_value(f"{base}/hfused_biased", dtype, out_shape)
         new_nodes.append(Node(f"{base}/hfused_add", "Add", [y_name, b_name], [yb_name]))
         removed += [a for a, _ in adds]
         parts, y_name = [a.outputs[0] for a, _ in adds], yb_name
@@ -93,6 +87,6 @@ def _split_node(graph: Graph, name: str, src: str, sizes: list[int], outputs: li
     if graph.opset.get("", 0) >= 13:
         sizes_name = f"{name}/sizes"
         arr = np.array(sizes, dtype=np.int64)
-        graph.values[sizes_name] = Value(sizes_name, arr.dtype, (sympy.Integer(len(sizes)),), const=arr)
+        graph.add_value(sizes_name, arr.dtype, arr.shape, arr)
         return Node(name, "Split", [src, sizes_name], outputs, {"axis": -1})
     return Node(name, "Split", [src], outputs, {"axis": -1, "split": sizes})

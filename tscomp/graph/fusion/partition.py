@@ -50,7 +50,7 @@ import sympy
 from tscomp.graph.ir import Graph, Node
 from tscomp.graph.ops import registry
 from tscomp.graph.ops.registry import FusionClass
-from tscomp.graph.shape_propagation import node_context, reduced_axes
+from tscomp.graph.shape_propagation import node_context, reduced_axes, trailing_row_axes
 from tscomp.graph.symbols import numel, same
 
 E, I, R, B, O = (FusionClass.ELEMENTWISE, FusionClass.INJECTIVE, FusionClass.REDUCTION,
@@ -315,15 +315,7 @@ def _rows_are_trailing(g: GroupState) -> bool:
     allowed): what the row kernel reduces. A reduction over leading axes (SwiftFormer sums tokens
     over axis 1) stays a group of its own, which the index family's any-axes kernel compiles; fused
     with its neighbours it was a group no family takes, run on the numpy fallback."""
-    if g.row_shape is None:
-        return False
-    axes, rank = list(g.row_axes), len(g.row_shape)
-    if not axes:
-        return False
-    after = range(axes[-1] + 1, rank)
-    if all(same(g.row_shape[a], 1) for a in after):
-        axes += list(after)
-    return axes == list(range(rank - len(axes), rank))
+    return g.row_shape is not None and trailing_row_axes(g.row_shape, g.row_axes) is not None
 
 
 def _row_kernel_group(condition):
