@@ -7,6 +7,7 @@ import numpy as np
 
 from tscomp.schedule.cold_start import (EVICT_MAX_BYTES, MAX_COPIES, data_key, evict_bytes, refill_seconds, resident,
                                         rotation)
+from tscomp.schedule import measure
 from tscomp.schedule.measure import Workload, measure_inline
 from tscomp.schedule.target import host_cpu
 
@@ -78,19 +79,23 @@ class _Recorder:
         self.seen.append(self.packed.ctypes.data)
 
 
-def test_the_rotation_goes_on_across_timed_cases_so_every_copy_is_read_before_any_again():
+def test_the_rotation_goes_on_across_timed_cases_so_every_copy_is_read_before_any_again(monkeypatch):
     # 3 cases over 7 copies: the runs read copies 0, 1, ..., 6, 0, 1, ... straight through the case
-    # boundaries (a cycle restarted per case would read its first copies at every case)
+    # boundaries (a cycle restarted per case would read its first copies at every case). Exactly 5 runs
+    # a case (no minimum case time, no noisy-case retry): how many runs a case takes must not depend
+    # on this machine's timing, or a case could be a whole number of cycles and hide a restart
+    monkeypatch.setattr(measure, "MIN_CASE_SECONDS", 0.0)
     cand = _Recorder()
     own = cand.packed
     cases = [({"L": n}, {}) for n in (1, 2, 3)]
     copies = {}
     for address in cand.seen:
         copies.setdefault(address, len(copies))
-    measure_inline(cand, Workload("k", cases, evict_bytes=7 * own.nbytes), warmup=0, repeats=5)
+    measure_inline(cand, Workload("k", cases, evict_bytes=7 * own.nbytes), warmup=0, repeats=5,
+                   max_spread=float("inf"))
     order = [copies.setdefault(address, len(copies)) for address in cand.seen]
+    assert len(order) == 15     # 5 runs a case: no case is a whole number of 7-copy cycles
     assert len(copies) == 7 and order == [i % 7 for i in range(len(order))]
-    assert (len(order) // 3) % 7 != 0   # a case's runs are no whole number of cycles: a restart would show
 
 
 def test_a_cold_timing_reads_every_copy_and_the_candidate_keeps_its_own():
