@@ -111,12 +111,19 @@ def test_no_channel_blocks_on_a_scalar_isa_and_a_wrong_lane_count_is_refused():
         DepthwiseChannelBlocks(8, 1024).validate("avx512")
 
 
-def test_both_depthwise_strategies_become_measured_variants_and_the_artifact_serves_each_shape(tmp_path):
+def test_both_depthwise_strategies_become_measured_variants_and_the_artifact_serves_each_shape(tmp_path, monkeypatch):
     """With two variants allowed, a depthwise group gets the direct kernel and the channel-blocked
     one, each measured at the dispatch shapes; the runtime picks per shape, and the artifact (the
-    configuration written as plain data) loads and matches onnxruntime at every shape, whichever
-    variant serves it."""
+    configuration written as plain data, the raw weight stored once and packed at load in each
+    strategy's layout) loads and matches onnxruntime at every shape, whichever variant serves it.
+    (Every copy is kept here: whether a second layout is worth its memory is the copy rule's
+    question, tested in tests/runtime/test_dispatch.py.)"""
+    import json
+
+    from tscomp.runtime import dispatch
     from tscomp.runtime.artifact import write_artifact
+    monkeypatch.setattr(dispatch, "COPY_WORTH_RESIDENT", 0.0)
+    monkeypatch.setattr(dispatch, "COPY_WORTH", 0.0)
     if channel_blocks_config(host_isa(), 1 << 20) is None:
         pytest.skip(f"no channel-blocked variant on {host_isa()}")
     channels = 40
@@ -130,6 +137,10 @@ def test_both_depthwise_strategies_become_measured_variants_and_the_artifact_ser
     rt = Runtime(write_artifact(model, tmp_path / "dw.tsc"), num_threads=2)
     (loaded,) = rt.model.kernels.values()
     assert isinstance(loaded[1].cfg, DepthwiseChannelBlocks)
+    entries = json.loads((tmp_path / "dw.tsc" / "plan.json").read_text())["packed_weights"]
+    assert len(entries) == 2 and len({e["raw"] for e in entries}) == 1      # one raw weight, two layouts
+    for k, built in zip(loaded, variants):
+        np.testing.assert_array_equal(k.packed, built.packed)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(2)
     for n, h, w in [(1, 1, 1), (2, 3, 64), (1, 64, 64), (1, 31, 17)]:

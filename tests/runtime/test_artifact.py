@@ -95,19 +95,28 @@ def test_loaded_artifact_gives_the_same_outputs_as_the_in_memory_compile(compile
                                rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("family,packed_stored", [("bert", False), ("vit", True)])
-def test_the_weights_file_buffer_is_freed_once_the_artifact_is_loaded(compiled_artifact, monkeypatch, family,
-                                                                      packed_stored):
+@pytest.mark.parametrize("family,packed_stored", [("bert", False), ("vit", False), ("vit", True)])
+def test_the_weights_file_buffer_is_freed_once_the_artifact_is_loaded(compiled_artifact, exported_model, tmp_path,
+                                                                      monkeypatch, family, packed_stored):
     # every array the loaded model keeps is its own copy (or panels packed at load): the buffer the
     # weights file was read into does not stay in memory beside them -- also where the artifact stores
-    # a kernel's packed data itself (ViT's patch convolution) rather than a raw weight to pack
+    # a kernel's packed data itself (a family without a packer: here ViT's patch convolution with the
+    # Conv packers taken away) rather than a raw weight to pack
     import gc
     import weakref
 
     from models.families import make_inputs, symbol_ranges
+    from tscomp.compiler import compile_model
     from tscomp.runtime import artifact
 
-    path, _, _ = compiled_artifact(family)
+    if packed_stored:
+        monkeypatch.setattr(artifact, "PACKERS", {"gemm": artifact.PACKERS["gemm"]})
+        dims = [f"{k}={lo}:{hi}" for k, (lo, hi) in symbol_ranges(family).items()]
+        path = artifact.write_artifact(compile_model(str(exported_model(family, "tiny", "dynamo")), dims,
+                                                     max_variants=1), tmp_path / "packed.tsc")
+        monkeypatch.undo()
+    else:
+        path, _, _ = compiled_artifact(family)
     entries = json.loads((path / "plan.json").read_text())["packed_weights"]
     assert any("packed" in e for e in entries) == packed_stored
     buffers = []
@@ -146,11 +155,35 @@ def _onnx_bytes(onnx_path) -> int:
     return sum(f.stat().st_size for f in onnx_path.parent.glob(onnx_path.name + "*"))
 
 
-@pytest.mark.parametrize("family", ["bert", "albert"])
+@pytest.mark.parametrize("family", ["bert", "albert", "resnet", "vit"])
 def test_weights_file_is_no_larger_than_the_model(compiled_artifact, family):
     path, onnx_path, _ = compiled_artifact(family)
     assert (path / "weights.bin").stat().st_size <= _onnx_bytes(onnx_path)
     assert not (path / "model").exists()                            # no copy of the ONNX model by default
+
+
+def test_conv_weights_are_stored_raw_and_variants_of_one_layout_share_one_packed_copy(compiled_artifact):
+    """ResNet: every Conv kernel's weight is written as the raw [OC, C, kh, kw] constant (its packer
+    reproduces the compiled panels exactly, or the artifact would store the panels), packed at load
+    once per layout; the model it loads matches onnxruntime."""
+    import onnxruntime as ort
+
+    from models.families import make_inputs, symbol_ranges
+
+    path, onnx_path, _ = compiled_artifact("resnet")
+    rt = Runtime(path)
+    doc = json.loads((path / "plan.json").read_text())
+    convs = [k for ks in rt.model.kernels.values() for k in ks if k.family.startswith("conv")]
+    assert convs and len(doc["packed_weights"]) >= len(convs)
+    assert all("raw" in e for e in doc["packed_weights"])
+    by_layout: dict = {}
+    for k in convs:
+        by_layout.setdefault((k.weight_name, k.weight_layout()), set()).add(k.packed.ctypes.data)
+    assert all(len(ptrs) == 1 for ptrs in by_layout.values())
+    x = make_inputs("resnet", {k: hi for k, (_, hi) in symbol_ranges("resnet").items()}, np.random.default_rng(5),
+                    size="tiny")
+    want = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, x)[0]
+    np.testing.assert_allclose(rt.run(x)["last_hidden_state"], want, rtol=1e-4, atol=1e-4)
 
 
 def test_shared_weights_are_stored_once(compiled_artifact):

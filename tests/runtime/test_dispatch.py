@@ -61,13 +61,22 @@ def test_tables_are_indexed_by_each_groups_extents_and_agree_with_the_wave_model
     _assert_tables_pick_what_the_wave_model_picks(rt, tables, multi, ranges, seed=1, draws=60)
 
 
-def test_convolutions_get_tables_over_their_own_extents_too(compiled_artifact):
+def test_convolutions_get_tables_over_their_own_extents_too(exported_model, tmp_path, monkeypatch):
     """ResNet: a Conv group's choice depends on its batch and output positions; with task classes
-    for the Conv families it is tabled like a GEMM's, and the table agrees with the wave model."""
+    for the Conv families it is tabled like a GEMM's, and the table agrees with the wave model.
+    (Every packed copy kept: tiny ResNet fits the cache, where the copy rule would keep one layout.)"""
+    from models.families import symbol_ranges
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import dispatch
+    from tscomp.runtime.artifact import write_artifact
     from tscomp.runtime.dispatch import build_tables
 
-    path, _, ranges = compiled_artifact("resnet")
-    rt = Runtime(path, num_threads=2, warmup=False)
+    monkeypatch.setattr(dispatch, "COPY_WORTH_RESIDENT", 0.0)
+    monkeypatch.setattr(dispatch, "COPY_WORTH", 0.0)
+    ranges = symbol_ranges("resnet")
+    model = compile_model(str(exported_model("resnet", "tiny", "dynamo")),
+                          [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()], max_variants=2)
+    rt = Runtime(write_artifact(model, tmp_path / "resnet.tsc"), num_threads=2, warmup=False)
     tables = build_tables(rt.model.kernels, rt.graph.symbols, rt.target)
     convs = [g for g, ks in rt.model.kernels.items() if len(ks) > 1 and ks[0].family.startswith("conv")]
     assert convs and set(convs) <= set(tables)

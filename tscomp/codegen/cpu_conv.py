@@ -1391,16 +1391,38 @@ class CompiledConv(PicklableKernel):
 
     def _build(self) -> tuple[str, np.ndarray]:
         """(C source, packed weight) of this configuration's macro-kernel."""
+        return self._source(), self.pack_weight(self.analysis.W)
+
+    def _source(self) -> str:
         a, cfg, isa = self.analysis, self.cfg, self.isa
         if isinstance(cfg, TileConfig):
-            return conv_source(a, cfg, isa), prepack_conv_weight(a.W, a.G, cfg.mr)
+            return conv_source(a, cfg, isa)
         if cfg is not None:      # the channel-blocked depthwise strategy
-            from tscomp.codegen.cpu_depthwise_channels import channel_blocked_source, prepack_channel_blocks
-            return channel_blocked_source(a, cfg, isa), prepack_channel_blocks(a.W, cfg.lanes)
-        flat = np.ascontiguousarray(a.W.reshape(a.OC, -1), np.float32)
+            from tscomp.codegen.cpu_depthwise_channels import channel_blocked_source
+            return channel_blocked_source(a, cfg, isa)
+        return depthwise_source(a, isa, self.l1_bytes)
+
+    def weight_layout(self) -> tuple:
+        """What this kernel's packed weight depends on besides the raw weight: variants that agree
+        share one packed copy (the artifact stores the raw weight, :mod:`tscomp.runtime.packing`
+        packs it at load)."""
+        if isinstance(self.cfg, TileConfig):
+            return "panels", self.analysis.G, self.cfg.mr
+        if self.cfg is not None:
+            return "channel-blocks", self.cfg.lanes
+        return "rows",
+
+    def pack_weight(self, W: np.ndarray) -> np.ndarray:
+        """The raw weight W[OC, C / G, *kernel] in this kernel's layout (:meth:`weight_layout`)."""
+        if isinstance(self.cfg, TileConfig):
+            return prepack_conv_weight(W, self.analysis.G, self.cfg.mr)
+        if self.cfg is not None:
+            from tscomp.codegen.cpu_depthwise_channels import prepack_channel_blocks
+            return prepack_channel_blocks(W, self.cfg.lanes)
+        flat = np.ascontiguousarray(W.reshape(W.shape[0], -1), np.float32)
         packed = _aligned(flat.size)
         packed[:] = flat.reshape(-1)
-        return depthwise_source(a, isa, self.l1_bytes), packed
+        return packed
 
     def resources(self) -> dict[str, int]:
         out = {"packed_weight_bytes": int(self.packed.nbytes)}

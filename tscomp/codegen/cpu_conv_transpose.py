@@ -203,10 +203,15 @@ class CompiledConvTranspose(CompiledConv):
             analysis._fail(f"ConvTranspose kernels need AVX2 or AVX-512 ({isa} has no float vectors)")
         super().__init__(analysis, None, isa, l1_bytes=0)      # no L1 blocking: its tasks size by positions
 
-    def _build(self) -> tuple[str, np.ndarray]:
-        a, isa = self.analysis, self.isa
-        mb, n_mb = a.channel_blocks(isa)
-        return conv_transpose_source(a, isa), prepack_conv_transpose(a.W, a.G, VECTOR_WIDTH[isa], mb, n_mb)
+    def _source(self) -> str:
+        return conv_transpose_source(self.analysis, self.isa)
+
+    def weight_layout(self) -> tuple:
+        return ("transpose-blocks", self.analysis.G, VECTOR_WIDTH[self.isa], *self.analysis.channel_blocks(self.isa))
+
+    def pack_weight(self, W: np.ndarray) -> np.ndarray:
+        _, G, lanes, mb, n_mb = self.weight_layout()
+        return prepack_conv_transpose(W, G, lanes, mb, n_mb)
 
     def sizes_at(self, xshape: tuple[int, ...], ev) -> tuple[int, ...]:
         a = self.analysis

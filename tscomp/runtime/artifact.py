@@ -12,7 +12,8 @@ Layout::
       plan.json         the Plan and the kernel objects as plain data (:mod:`tscomp.runtime.plain_data`:
                         an object table whose classes are tscomp's own, SymPy trees, array blobs)
       weights.bin       every array once, 64-byte aligned, content addressed: graph constants and
-                        each GEMM's raw weight (packed at load, once per register-tile width: the
+                        each GEMM's and Conv's raw weight (packed at load, once per layout --
+                        a GEMM's register-tile width, a Conv's MR or depthwise strategy: the
                         variants share those copies, and the file stores none of them)
       kernels.so        every generated kernel linked into one shared library -- the only code
       kernels/*.c       their sources (what a person reads to debug a kernel)
@@ -505,7 +506,7 @@ def load_artifact(path: str | Path, *, verify: bool = True,
 
 
 def _attach_weights(packs, blobs: BlobReader) -> None:
-    """Give each GEMM kernel its prepacked panels: packed at load from the one stored raw weight
+    """Give each GEMM and Conv kernel its prepacked panels: packed at load from the one stored raw weight
     (kernels whose configurations pack alike share one copy; packing runs on a few threads), or
     the stored panels themselves."""
     from tscomp.compiler import default_threads

@@ -303,8 +303,8 @@ def drop_unworthy_copies(kernels: dict[str, list], symtab, target: Target) -> tu
     longer made, the gain a kept copy had to bring: :data:`COPY_WORTH_RESIDENT` where the model's
     home copies fit in the last level cache together, else :data:`COPY_WORTH`). Groups without a
     dispatch table keep all their variants, and so do families whose copies are known only once
-    loaded (not in :data:`~tscomp.runtime.packing.PACKERS`: a Conv's variants of one packing share
-    one array after the artifact round trip, not before)."""
+    loaded (not in :data:`~tscomp.runtime.packing.PACKERS`: their variants share an array after the
+    artifact round trip only where it is equal, not before)."""
     # only groups with several copies need a cost grid: a home decides nothing where there is one
     grids = {name: grid for name, variants in kernels.items()
              if len(_copy_bytes(variants)) >= 2 and (grid := _cost_grid(variants, symtab, target)) is not None}

@@ -12,9 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 
-#: how a family's prepacked weight is made from its raw [K, N] weight (packed at load: the artifact
+#: how a family's prepacked weight is made from its raw weight (packed at load: the artifact
 #: stores the raw weight once, however many tile configurations pack it)
-def _gemm_raw(kernel):
+def _analysis_weight(kernel):
+    """The raw constant weight the kernel's analysis read (GEMM: W[K, N]; Conv: W[OC, C / G, *k])."""
     analysis = kernel.__dict__.get("analysis")
     return None if analysis is None else analysis.__dict__.get("W")
 
@@ -29,9 +30,21 @@ def _gemm_layout(kernel) -> tuple:
     return kernel.cfg.nr, getattr(kernel, "precision", "fp32")
 
 
+def _own_pack(kernel, raw):
+    return kernel.pack_weight(raw)
+
+
+def _own_layout(kernel) -> tuple:
+    return kernel.weight_layout()
+
+
 #: family -> (raw weight of a kernel, pack it, what the packed layout depends on: kernels of one raw
-#: weight that agree on it share one copy, packed once at load)
-PACKERS = {"gemm": (_gemm_raw, _gemm_pack, _gemm_layout)}
+#: weight that agree on it share one copy, packed once at load). The Conv families' kernels know
+#: their own layouts (:meth:`tscomp.codegen.cpu_conv.CompiledConv.weight_layout`): MR-row panels,
+#: channel blocks of one vector, or plain rows
+_OWN = (_analysis_weight, _own_pack, _own_layout)
+PACKERS = {"gemm": (_analysis_weight, _gemm_pack, _gemm_layout),
+           "conv": _OWN, "conv-depthwise": _OWN, "conv-transpose": _OWN}
 
 
 def copy_key(kernel) -> tuple | None:
