@@ -404,6 +404,11 @@ ELEMENTWISE_CASES = [
     ("Gelu", {}, ["X"]), ("Gelu", {"approximate": "tanh"}, ["X"]), ("LeakyRelu", {"alpha": 0.1}, ["X"]),
     ("Elu", {}, ["X"]), ("HardSigmoid", {}, ["X"]), ("Clip", {}, ["X", "cneg", "cpos"]),
     ("Clip", {}, ["X", "", "cpos"]),
+    *[(op, {}, ["X"]) for op in ("HardSwish", "Selu", "Celu", "ThresholdedRelu", "Shrink", "Mish", "Sinh", "Cosh",
+                                 "Asinh")],
+    ("Selu", {"alpha": 1.5, "gamma": 2.0}, ["X"]), ("Celu", {"alpha": 0.7}, ["X"]),
+    ("ThresholdedRelu", {"alpha": 0.3}, ["X"]), ("Shrink", {"lambd": 1.2, "bias": 0.4}, ["X"]),
+    *[(op, {}, ["Xsmall"]) for op in ("Asin", "Acos", "Atanh")], ("Acosh", {}, ["Xpos1"]),
     *[(op, {}, ["X", "Y"]) for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Equal", "Less", "LessOrEqual",
                                       "Greater", "GreaterOrEqual", "PRelu")],
     ("Pow", {}, ["X", "c2"]), ("Pow", {}, ["X", "c3"]), ("Pow", {}, ["Xpos", "chalf"]), ("Pow", {}, ["Xpos", "Y"]),
@@ -416,7 +421,7 @@ ELEMENTWISE_CASES = [
     ("Cast", {"to": TP.FLOAT}, ["P"]), ("Cast", {"to": TP.INT32}, ["I"]), ("CastLike", {}, ["I", "X"]),
     ("Identity", {}, ["X"]),
 ]
-FLOATS, INTS, BOOLS = ("X", "Y", "Z", "Xpos", "Xsmall"), ("I", "J"), ("P", "Q")
+FLOATS, INTS, BOOLS = ("X", "Y", "Z", "Xpos", "Xsmall", "Xpos1"), ("I", "J"), ("P", "Q")
 SCALARS = {"cneg": -0.5, "cpos": 0.5, "c2": 2.0, "c3": 3.0, "chalf": 0.5}
 
 
@@ -428,6 +433,7 @@ def _elementwise_inputs(n, rng, specials=False):
             "Z": rng.standard_normal(n).astype(np.float32),
             "Xpos": (np.abs(rng.standard_normal(n)) * 3 + 0.01).astype(np.float32),
             "Xsmall": rng.uniform(-1.4, 1.4, n).astype(np.float32),
+            "Xpos1": (np.abs(rng.standard_normal(n)) * 3 + 1).astype(np.float32),
             "I": rng.integers(-50, 50, n).astype(np.int64),
             "J": np.where(rng.random(n) < 0.5, -1, 1) * rng.integers(1, 9, n).astype(np.int64),
             "P": rng.random(n) < 0.5, "Q": rng.random(n) < 0.5}
@@ -524,3 +530,34 @@ def test_group_sizes_come_from_compiled_expressions_and_a_missing_symbol_is_name
     assert kernel._sizes_at({}, {"rows": 2, "cols": 3}) == kernel._sizes_at({"X": x[:2, :3]}, {"rows": 2, "cols": 3})
     with pytest.raises(ExecutionError, match=r"no value for shape symbol cols, rows"):
         kernel._sizes_at({}, {})
+
+
+# ----------------------------------------------------------------------------- pixel shuffle views
+@pytest.mark.parametrize("op,mode", [("DepthToSpace", "DCR"), ("DepthToSpace", "CRD"), ("SpaceToDepth", "DCR")])
+def test_depth_space_rearrangements_are_views_fused_into_the_next_kernel(tmp_path, op, mode):
+    """Pixel shuffle / unshuffle (DepthToSpace, SpaceToDepth) at dynamic H, W: the rearrangement is
+    the reading kernel's index map (one elementwise group, no copy, no numpy), onnxruntime's values
+    at sides 2..24, odd and prime ones included (SpaceToDepth: even sides, whole blocks)."""
+    attrs = {"blocksize": 2} | ({"mode": mode} if op == "DepthToSpace" else {})
+    path = save_model(tmp_path, f"{op}_{mode}".lower(), [
+        helper.make_node(op, ["X"], ["s"], **attrs),
+        helper.make_node("Relu", ["s"], ["Y"]),
+    ], [("X", TP.FLOAT, ["N", 8, "H", "W"])], [("Y", TP.FLOAT, ["N", "c_out", "h_out", "w_out"])], opset=13)
+    cp = CompiledPlan(path, ["N=1:3", "H=2:24", "W=2:24"])
+    assert len(cp.plan.groups) == 1 and not cp.unsupported
+    rng = np.random.default_rng(4)
+    sides = [(2, 2), (24, 6), (10, 24)] if op == "SpaceToDepth" else [(2, 2), (23, 5), (7, 24), (13, 17)]
+    for k, (h, w) in enumerate(sides):
+        check_against_ort(cp, {"X": rng.standard_normal((1 + k % 3, 8, h, w)).astype(np.float32)})
+
+
+def test_an_odd_side_that_space_to_depth_cannot_block_is_refused_by_name(tmp_path):
+    from tscomp.compiler import compile_model
+    from tscomp.errors import ShapeError
+    from tscomp.runtime import Runtime
+    path = save_model(tmp_path, "s2d", [helper.make_node("SpaceToDepth", ["X"], ["Y"], blocksize=2)],
+                      [("X", TP.FLOAT, ["N", 4, "H", "W"])], [("Y", TP.FLOAT, ["N", 16, "h_out", "w_out"])], opset=13)
+    rt = Runtime.from_compiled(compile_model(str(path), ["N=1:2", "H=2:16", "W=2:16"], max_variants=1))
+    assert rt.run({"X": np.ones((1, 4, 6, 4), np.float32)})["Y"].shape == (1, 16, 3, 2)
+    with pytest.raises(ShapeError, match="H must be a multiple of the blocksize 2"):
+        rt.run({"X": np.ones((1, 4, 7, 4), np.float32)})

@@ -389,3 +389,39 @@ def test_opset9_attribute_forms_of_axes_starts_split_and_pads_match_onnxruntime(
     assert shape_of(graph, "sl") == (B, 2)
     assert shape_of(graph, "pd") == (B, 7)
     assert_matches_onnxruntime(model, graph, {"x": np.arange(12, dtype=np.float32).reshape(3, 4)})
+
+
+def test_a_minus_one_that_halves_a_symbolic_dim_is_its_floor_with_a_checked_relation():
+    # pixel_unshuffle as TorchScript exports it: [B, C, H, 1, W] -> [0, 0, -1, 2, 0] is H / 2, whole
+    # only for an even H: the dim is floor(H/2) and "H == 2 floor(H/2)" is recorded for the runtime
+    model = make_model([helper.make_node("Unsqueeze", ["x", "ax"], ["u"]),
+                        helper.make_node("Reshape", ["u", "t"], ["y"])],
+                       [inp("x", ["B", 4, "H", "W"])], ["y"],
+                       {"ax": np.array([3], np.int64), "t": np.array([0, 0, -1, 2, 0], np.int64)})
+    g = propagate(model, "B=1:4", "H=2:24", "W=1:8")
+    B, H, W = syms(g, "B", "H", "W")
+    assert shape_of(g, "y") == (B, 4, sympy.floor(H / 2), 2, W)
+    assert any(c.lhs == H and c.rhs == 2 * sympy.floor(H / 2) for c in g.symbols.constraints)
+    x = np.random.default_rng(0).standard_normal((2, 4, 6, 3)).astype(np.float32)
+    assert_matches_onnxruntime(model, g, {"x": x})
+
+
+@pytest.mark.parametrize("op,attrs,dims,want", [
+    ("DepthToSpace", {"blocksize": 2}, ["B", 12, "H", "W"], lambda B, H, W: (B, 3, 2 * H, 2 * W)),
+    ("DepthToSpace", {"blocksize": 2, "mode": "CRD"}, ["B", 12, "H", "W"], lambda B, H, W: (B, 3, 2 * H, 2 * W)),
+    ("SpaceToDepth", {"blocksize": 3}, ["B", 2, "H", "W"],
+     lambda B, H, W: (B, 18, sympy.floor(H / 3), sympy.floor(W / 3))),
+])
+def test_depth_space_rearrangements_have_symbolic_shapes_and_match_onnxruntime(op, attrs, dims, want):
+    model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [inp("x", dims)], ["y"], opset=13)
+    g = propagate(model, "B=1:4", "H=3:30", "W=3:30")
+    assert shape_of(g, "y") == want(*syms(g, "B", "H", "W"))
+    x = np.random.default_rng(1).standard_normal((2, dims[1], 9, 6)).astype(np.float32)
+    assert_matches_onnxruntime(model, g, {"x": x})
+
+
+def test_depth_to_space_needs_whole_blocks_of_channels():
+    model = make_model([helper.make_node("DepthToSpace", ["x"], ["y"], blocksize=2)], [inp("x", ["B", 6, "H", "W"])],
+                       ["y"], opset=13)
+    with pytest.raises(ShapeError, match="multiple of blocksize"):
+        propagate(model, "B=1:4", "H=3:30", "W=3:30")

@@ -427,6 +427,16 @@ UNARY: dict[str, tuple[Callable, Callable | None, Callable | None]] = {
     "Atan": (np.arctan, None, _c("atan{f}({a})", "f")),
     "Softplus": (softplus, None, _c("({a} > 20 ? {a} : log1p{f}(exp{f}({a})))", "f")),
     "Softsign": (lambda x: x / (1 + np.abs(x)), None, _c("({a} / (1 + fabs{f}({a})))", "f")),
+    "Sinh": (np.sinh, None, _c("sinh{f}({a})", "f")),
+    "Cosh": (np.cosh, None, _c("cosh{f}({a})", "f")),
+    "Asin": (np.arcsin, None, _c("asin{f}({a})", "f")),
+    "Acos": (np.arccos, None, _c("acos{f}({a})", "f")),
+    "Asinh": (np.arcsinh, None, _c("asinh{f}({a})", "f")),
+    "Acosh": (np.arccosh, None, _c("acosh{f}({a})", "f")),
+    "Atanh": (np.arctanh, None, _c("atanh{f}({a})", "f")),
+    # x * tanh(softplus(x)), softplus as above (no overflow in exp for large x)
+    "Mish": (lambda x: (x * np.tanh(softplus(x))).astype(x.dtype), None,
+             _c("({a} * tanh{f}({a} > 20 ? {a} : log1p{f}(exp{f}({a}))))", "f")),
 }
 
 for _op, (_fn, _data, _cx) in UNARY.items():
@@ -455,6 +465,31 @@ register(OpDef("HardSigmoid", E, same_dtype_broadcast,
                                        0, 1).astype(x.dtype), arity=(1, 1),
                c_expr=_c_alpha("({alpha} * {a} + {beta} < 0 ? 0 : "  # NaN stays NaN, as np.clip
                                "({alpha} * {a} + {beta} > 1 ? 1 : {alpha} * {a} + {beta}))", alpha=0.2, beta=0.5)))
+register(OpDef("HardSwish", E, same_dtype_broadcast,    # x * HardSigmoid(x) with alpha 1/6, beta 1/2
+               lambda call, x: (x * np.clip(x / 6 + 0.5, 0, 1)).astype(x.dtype), arity=(1, 1),
+               c_expr=_c_alpha("({a} * ({a} / 6 + 0.5{f} < 0 ? 0 : ({a} / 6 + 0.5{f} > 1 ? 1 : {a} / 6 + 0.5{f})))")))
+_SELU_ALPHA, _SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875   # the spec's defaults
+register(OpDef("Selu", E, same_dtype_broadcast,
+               lambda call, x: (_float_attr(call, "gamma", _SELU_GAMMA)
+                                * np.where(x > 0, x, _float_attr(call, "alpha", _SELU_ALPHA) * np.expm1(x)))
+               .astype(x.dtype), arity=(1, 1),
+               c_expr=_c_alpha("({gamma} * ({a} > 0 ? {a} : {alpha} * expm1{f}({a})))",
+                               alpha=_SELU_ALPHA, gamma=_SELU_GAMMA)))
+register(OpDef("Celu", E, same_dtype_broadcast,
+               lambda call, x: (np.maximum(x, 0) + np.minimum(0, _float_attr(call, "alpha", 1.0)
+                                                              * np.expm1(x / _float_attr(call, "alpha", 1.0))))
+               .astype(x.dtype), arity=(1, 1),
+               c_expr=_c_alpha("({a} > 0 ? {a} : {alpha} * expm1{f}({a} / {alpha}))", alpha=1.0)))
+register(OpDef("ThresholdedRelu", E, same_dtype_broadcast,
+               lambda call, x: np.where(x > _float_attr(call, "alpha", 1.0), x, 0).astype(x.dtype), arity=(1, 1),
+               c_expr=_c_alpha("({a} > {alpha} ? {a} : 0)", alpha=1.0)))
+register(OpDef("Shrink", E, same_dtype_broadcast,
+               lambda call, x: np.where(x < -_float_attr(call, "lambd", 0.5), x + _float_attr(call, "bias", 0.0),
+                                        np.where(x > _float_attr(call, "lambd", 0.5),
+                                                 x - _float_attr(call, "bias", 0.0), 0)).astype(x.dtype),
+               arity=(1, 1),
+               c_expr=_c_alpha("({a} < -{lambd} ? {a} + {bias} : ({a} > {lambd} ? {a} - {bias} : 0))",
+                               lambd=0.5, bias=0.0)))
 register(OpDef("Clip", E, lambda ctx: ctx.set_output(0, ctx.dtype(0), ctx.shape(0)), clip_ref, arity=(1, 3),
                c_expr=_c_clip))
 

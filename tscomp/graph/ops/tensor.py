@@ -241,7 +241,18 @@ def _infer_dim(ctx: ShapeContext, dims, out, total) -> Expr:
             ctx.fail(f"cannot reshape {shape_str(dims)} ({total} elements) into "
                      f"{['-1' if d is None else str(d) for d in out]}: {total} is not a multiple of {known}")
         return q
-    return q if q.is_integer else ctx.fresh("reshape")
+    if q.is_integer:
+        return q
+    num, den = sympy.fraction(sympy.together(q))
+    if den.is_Integer and den > 1 and num.is_integer:
+        # [N, C, H, W] -> [N, C, -1, 2, W] is [.., H / 2, 2, ..]: whole only for an even H, which
+        # the compiler cannot prove but Reshape demands -- a relation checked per binding (an odd H
+        # is refused by name), and the dim is floor(H / 2), an integer expression
+        whole = sympy.floor(num / den)
+        ctx.unify(num, den * whole, f"the -1 dim of {['-1' if d is None else str(d) for d in out]} "
+                                    f"must be whole: {num} a multiple of {den}")
+        return whole
+    return ctx.fresh("reshape")
 
 
 def reshape_ref(call: OpCall, x, shape=None):
@@ -868,6 +879,58 @@ def scatter_elements_ref(call: OpCall, data, indices, updates):
     return _scatter(data.copy(), tuple(index), updates, call.attr("reduction", "none"))
 
 
+# =========================================================================== DepthToSpace, SpaceToDepth
+# Both are a Reshape -> Transpose -> Reshape of [N, C, H, W] (pixel shuffle / unshuffle): a view,
+# which the fusion stage composes into the reading kernel's index map; the 6-d middle shapes:
+def _space_chain(ctx: ShapeContext, to_depth: bool):
+    """(middle shape, permutation, output shape) of the op's Reshape -> Transpose -> Reshape."""
+    dims = ctx.shape(0)
+    if len(dims) != 4:
+        ctx.fail(f"expects a 4-d [N, C, H, W] input, got rank {len(dims)}")
+    n, c, h, w = dims
+    b = int(ctx.attr("blocksize", 0))
+    if b < 1:
+        ctx.fail(f"blocksize must be positive, got {b}")
+    if to_depth:      # [N, C, H/b, b, W/b, b] -> [N, b, b, C, H/b, W/b] (DCR): whole blocks of H and W
+        hb, wb = (sympy.floor(d / b) for d in (h, w))
+        for d, db, name in ((h, hb, "H"), (w, wb, "W")):
+            ctx.unify(d, b * db, f"{name} must be a multiple of the blocksize {b}")
+        perm = (0, 1, 3, 5, 2, 4) if ctx.attr("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+        return (n, c, hb, b, wb, b), perm, (n, c * b * b, hb, wb)
+    cb = sympy.floor(c / (b * b))
+    ctx.unify(c, b * b * cb, f"the channels must be a multiple of blocksize^2 = {b * b}")
+    if ctx.attr("mode", "DCR") == "CRD":
+        return (n, cb, b, b, h, w), (0, 1, 4, 2, 5, 3), (n, cb, h * b, w * b)
+    return (n, b, b, cb, h, w), (0, 3, 4, 1, 5, 2), (n, cb, h * b, w * b)
+
+
+def _space_shape(to_depth: bool):
+    def rule(ctx: ShapeContext) -> None:
+        ctx.set_output(0, ctx.dtype(0), list(_space_chain(ctx, to_depth)[2]))
+    return rule
+
+
+def _space_ref(to_depth: bool):
+    def ref(call: OpCall, x):
+        n, c, h, w = x.shape
+        b = int(call.attr("blocksize"))
+        if to_depth:
+            perm = (0, 1, 3, 5, 2, 4) if call.attr("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+            y = x.reshape(n, c, h // b, b, w // b, b).transpose(perm)
+            return y.reshape(n, c * b * b, h // b, w // b)
+        mid = (n, c // (b * b), b, b, h, w) if call.attr("mode", "DCR") == "CRD" else (n, b, b, c // (b * b), h, w)
+        perm = (0, 1, 4, 2, 5, 3) if call.attr("mode", "DCR") == "CRD" else (0, 3, 4, 1, 5, 2)
+        return x.reshape(mid).transpose(perm).reshape(n, c // (b * b), h * b, w * b)
+    return ref
+
+
+def _space_view(to_depth: bool):
+    def rule(ctx: ShapeContext, outs):
+        mid, perm, _ = _space_chain(ctx, to_depth)
+        return [(views.reshape(mid), views.permute(perm, mid), views.reshape(outs[0]))]
+    return rule
+
+
 # =========================================================================== Dropout
 def _dropout_ratio(ctx: ShapeContext) -> Expr | None:
     if ctx.opset < 12:
@@ -945,6 +1008,8 @@ OPS = [
           view_rule=reshape_view),
     OpDef("Transpose", I, transpose_shape, transpose_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 1),
           view_rule=transpose_view),
+    OpDef("DepthToSpace", I, _space_shape(False), _space_ref(False), arity=(1, 1), view_rule=_space_view(False)),
+    OpDef("SpaceToDepth", I, _space_shape(True), _space_ref(True), arity=(1, 1), view_rule=_space_view(True)),
     OpDef("Unsqueeze", I, unsqueeze_shape, unsqueeze_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 2),
           view_rule=reshape_view),
     OpDef("Squeeze", I, squeeze_shape, squeeze_ref, data_rule=DATA_VIA_REFERENCE, arity=(1, 2),
