@@ -240,3 +240,21 @@ def test_printed_c_computes_the_same_offsets(tmp_path):
         count = fn(buf.ctypes.data, *(binding[s] for s in (B, L, H, W)))
         assert count == want.size, case
         assert np.array_equal(buf[:count], want.reshape(-1)), case
+
+
+def test_landing_index_inverts_an_output_axis_split_into_two_digits():
+    # an output [C=8, L] read as rows [2, 4, L]: channel c is (c // 4, c % 4); the landing of row
+    # element (g, r, l) is channel 4 g + r
+    from tscomp.codegen.c_expr import landing_index
+    ctx = IndexContext()
+    c, l = sympy.symbols("c l", integer=True, nonnegative=True)
+    g, r, t = sympy.symbols("g r t", integer=True, nonnegative=True)
+    L = sympy.Symbol("L", integer=True, positive=True)
+    reads = (sympy.floor(c / 4), sympy.Mod(c, 4), l)
+    def fail(why):
+        raise ValueError(why)
+    where = landing_index(reads, (g, r, t), (c, l), {c: sympy.Integer(8), l: L}, ctx, fail)
+    assert where == (4 * g + r, t)
+    # a digit without its partner is refused, not guessed
+    with pytest.raises(ValueError, match="both digits"):
+        landing_index((sympy.floor(c / 4), l), (g, t), (c, l), {c: sympy.Integer(8), l: L}, ctx, fail)

@@ -123,3 +123,38 @@ def test_a_softmax_over_one_element_is_x_times_zero_plus_one_with_onnxruntimes_n
     x = np.random.default_rng(5).standard_normal((2, 7, 6)).astype(np.float32)
     x[0, 1, 0], x[1, 2, 3], x[1, 4, 0] = np.nan, np.inf, -np.inf
     np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("groups", [2, 8])
+def test_group_norm_rows_keep_the_channel_axis_and_compile_natively(tmp_path, groups):
+    """GroupNorm as torch exports it -- Reshape(x, [0, G, -1]) -> InstanceNormalization ->
+    Reshape(Shape(x)) -> Mul, Add by [C, 1, 1] -- normalizes [N, G, C/G, H*W] rows, so the whole
+    group is one native row kernel (it ran on numpy: the per-channel constants' index into [N, G,
+    C/G*H*W] rows is a floor by a symbolic size), matching onnxruntime at dynamic H, W."""
+    rng = np.random.default_rng(3)
+    chans = 16
+    inits = [numpy_helper.from_array(np.array([0, groups, -1], np.int64), "rows"),
+             numpy_helper.from_array(np.ones(groups, np.float32), "ones"),
+             numpy_helper.from_array(np.zeros(groups, np.float32), "zeros"),
+             numpy_helper.from_array(rng.standard_normal((chans, 1, 1)).astype(np.float32), "gamma"),
+             numpy_helper.from_array(rng.standard_normal((chans, 1, 1)).astype(np.float32), "beta")]
+    nodes = [helper.make_node("Reshape", ["x", "rows"], ["r"]),
+             helper.make_node("InstanceNormalization", ["r", "ones", "zeros"], ["n"], epsilon=1e-5),
+             helper.make_node("Shape", ["x"], ["xs"]),
+             helper.make_node("Reshape", ["n", "xs"], ["nx"]),
+             helper.make_node("Mul", ["nx", "gamma"], ["m"]),
+             helper.make_node("Add", ["m", "beta"], ["y"])]
+    graph = helper.make_graph(nodes, "gn", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", chans, "H", "W"])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    path = tmp_path / "gn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    dims = ["N=1:3", "H=1:20", "W=1:20"]
+    g = load_model(path, dims)
+    norm = next(n for n in g.nodes if n.op_type == "InstanceNormalization")
+    assert [int(d) for d in g.values[norm.inputs[0]].shape[1:3]] == [groups, chans // groups]
+    rt = Runtime(str(write_artifact(compile_model(str(path), dims), tmp_path / "gn.tsc")), num_threads=2)
+    assert all(k.family != "numpy" for ks in rt.model.kernels.values() for k in ks)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for n, h, w in [(1, 1, 1), (2, 7, 13), (3, 20, 5), (1, 20, 20)]:
+        x = rng.standard_normal((n, chans, h, w)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -324,11 +324,17 @@ class IndexContext:
         off = sympy.sympify(off)
         if not off.has(sympy.Mod):
             return off
-        flat = off.replace(sympy.Mod, lambda a, b: a - b * sympy.floor(a / b))
+        flat = self.without_mods(off)
+        return flat if sympy.count_ops(flat) < sympy.count_ops(off) else off
+
+    def without_mods(self, off) -> sympy.Expr:
+        """``off`` with every ``Mod(a, b)`` written ``a - b*floor(a/b)``, nested floors folded and
+        whole multiples taken out of the floors: one canonical form, to compare two index expressions
+        by (``Mod(i, H*W)`` and ``W*floor(Mod(i, H*W)/W) + Mod(i, W)`` are both ``i - H*W*floor(i/(H*W))``)."""
+        flat = sympy.sympify(off).replace(sympy.Mod, lambda a, b: a - b * sympy.floor(a / b))
         flat = sympy.expand(flat.replace(lambda x: isinstance(x, sympy.floor) and x.args[0].has(sympy.floor),
                                          lambda f: fold_nested_rounding(f, self.positive)))
-        flat = sympy.expand(self.simplify(flat))   # the floors the Mods became, with whole multiples taken out
-        return flat if sympy.count_ops(flat) < sympy.count_ops(off) else off
+        return sympy.expand(self.simplify(flat))   # the floors the Mods became, with whole multiples taken out
 
     # ------------------------------------------------------------ simplification
     def simplify(self, e) -> sympy.Expr:
@@ -567,10 +573,14 @@ def landing_index(reads: Index, target: Index, ovars: Index, extents: dict, ctx:
     output's multi-index as expressions of ``target``, given ``reads`` -- the tensor's index that
     output element ``ovars`` reads (its views applied to the output's axis variables; an axis of
     extent 1 is the integer 0 in ``ovars``). Every component of ``reads`` must be a mixed-radix
-    number over distinct output axes (a reshape and transpose of the axes), so each output axis is
-    a floor/mod of one component of ``target``; anything else calls ``fail(why)``. A kernel
-    computes element ``target`` and stores it there (a scattered store; its loads unchanged)."""
+    number over distinct output axes or *digits* of them (a reshape and transpose of the axes: an
+    output axis the tensor splits, GroupNorm's channel c read as (c // 4, c % 4), is two digits,
+    ``floor(c / 4)`` and ``Mod(c, 4)``), so each output axis is a floor/mod of one component of
+    ``target``, or a digit combination of two; anything else calls ``fail(why)``. A kernel computes
+    element ``target`` and stores it there (a scattered store; its loads unchanged)."""
     free = {v for v in ovars if isinstance(v, sympy.Symbol)}
+    reads, extents, splits = _split_digits(reads, free, dict(extents), fail)
+    free = (free - set(splits)) | {d for pair in splits.values() for d in pair}
     solved: dict = {}
     for ht, H in zip(reads, target):
         ht = sympy.expand(ht)
@@ -593,7 +603,41 @@ def landing_index(reads: Index, target: Index, ovars: Index, extents: dict, ctx:
             solved[v] = q if k == len(chain) - 1 else sympy.Mod(q, extents[v])
     if set(solved) != free:
         fail(f"output axes {sorted(str(v) for v in free - set(solved))} do not follow from the element")
+    for v, (hi, lo) in splits.items():        # a split axis: its high digit times the low one's radix, plus it
+        solved[v] = solved.pop(hi) * extents[lo] + solved.pop(lo)
     return tuple(ctx.simplify(solved[v]) if isinstance(v, sympy.Symbol) else v for v in ovars)
+
+
+def _split_digits(reads: Index, free: set, extents: dict, fail) -> tuple[Index, dict, dict]:
+    """``reads`` with every ``floor(v / c)`` and ``Mod(v, c)`` of an output axis ``v`` (``c`` a
+    constant) replaced by a digit variable: (reads, extents with the digits', {v: (high digit, low
+    digit)}). An axis that appears as a digit must appear as both digits of one radix and nowhere
+    else, or the landing is not a permutation this solver can invert (``fail``)."""
+    digits: dict = {}        # (v, c) -> {"hi": atom, "lo": atom}
+    for ht in reads:
+        for atom in sympy.expand(ht).atoms(sympy.floor, sympy.Mod):
+            if isinstance(atom, sympy.Mod):
+                v, c = atom.args
+                kind = "lo"
+            else:
+                v, c = sympy.fraction(sympy.together(atom.args[0]))
+                kind = "hi"
+            if v in free and c.is_Integer and c > 1:
+                digits.setdefault((v, c), {})[kind] = atom
+    if not digits:
+        return reads, extents, {}
+    subs, splits = {}, {}
+    for (v, c), atoms in digits.items():
+        if set(atoms) != {"hi", "lo"} or v in splits:
+            fail(f"output axis {v} is read as {', '.join(map(str, atoms.values()))}: not both digits of one radix")
+        hi, lo = sympy.Dummy(f"{v}_hi", integer=True), sympy.Dummy(f"{v}_lo", integer=True)
+        subs[atoms["hi"]], subs[atoms["lo"]] = hi, lo
+        extents[hi], extents[lo] = sympy.ceiling(extents[v] / c), c
+        splits[v] = (hi, lo)
+    reads = tuple(sympy.expand(ht).xreplace(subs) for ht in reads)
+    if any(ht.has(v) for ht in reads for v in splits):
+        fail(f"output axes {sorted(map(str, splits))} are read both whole and as digits")
+    return reads, extents, splits
 
 
 def _divide_out(r, den) -> tuple:

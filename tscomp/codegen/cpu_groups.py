@@ -691,7 +691,7 @@ class GroupGenerator:
         where = landing_index(reads, target, ovars, dict(zip(ovars, shape)), self.ctx,
                               lambda why: self.fail(f"output {name}: {why}"))
         back = self._agreed_row_read(name, e, where)
-        if not all(same(self.ctx.collapse(a), self.ctx.collapse(b)) for a, b in zip(back, target)):
+        if not all(same(self.ctx.without_mods(a), self.ctx.without_mods(b)) for a, b in zip(back, target)):
             self.fail(f"output {name}: its element read at the solved index is not the row element stored")
         v = self.value(e, where)
         off = self.ctx.collapse(self.ctx.simplify(linearize(where, shape)))

@@ -21,6 +21,12 @@
   operator gives -- 1 (0) for a finite x, NaN for NaN and +-inf -- as elementwise ops (SwiftFormer
   normalizes [B, N, 1] attention weights over their last axis; the GEMM family's row pass has no
   single-column form).
+* **GroupNorm rows keep the channel axis**: exporters spell GroupNorm as ``Reshape(x, [0, G, -1])
+  -> InstanceNormalization -> Reshape`` back, then a per-channel affine; the rows ``[N, G, C/G *
+  H * W]`` merge the channel remainder with the symbolic spatial extent, so a per-channel constant's
+  index into them is a floor by a symbolic size no kernel family can store through. Reshaping to
+  ``[N, G, C/G, H * W]`` instead normalizes the same elements (InstanceNormalization reduces every
+  axis after the second) with ``C/G`` an axis of its own, and the row family compiles the group.
 * **Einsum as MatMul**: a two-operand contraction becomes view operators around one MatMul
   (:mod:`tscomp.graph.einsum`), which the GEMM families compile.
 * **Dead-node elimination**.
@@ -51,6 +57,7 @@ class SimplifyReport:
     pads_folded: int = 0
     batch_norms_as_affine: int = 0
     einsums_lowered: int = 0
+    group_norm_rows: int = 0
     unit_softmaxes: int = 0
     dead_removed: int = 0
 
@@ -58,7 +65,8 @@ class SimplifyReport:
         return (f"folded {self.folded} constant/shape nodes, removed {self.pass_through_removed} "
                 f"Identity/Dropout, folded {self.pads_folded} Pads into Convs, rewrote {self.batch_norms_as_affine} "
                 f"BatchNormalizations as Mul + Add, {self.einsums_lowered} Einsums as MatMuls and "
-                f"{self.unit_softmaxes} one-element Softmaxes as x * 0 + 1, "
+                f"{self.unit_softmaxes} one-element Softmaxes as x * 0 + 1, kept the channel axis in "
+                f"{self.group_norm_rows} GroupNorm rows, "
                 f"{self.dead_removed} dead nodes")
 
 
@@ -70,6 +78,7 @@ def simplify(graph: Graph) -> SimplifyReport:
     report.batch_norms_as_affine = batch_norms_as_affine(graph)
     report.einsums_lowered = lower_einsums(graph)
     report.unit_softmaxes = unit_softmaxes(graph)
+    report.group_norm_rows = group_norm_rows(graph)
     report.dead_removed = eliminate_dead_nodes(graph)
     release_unused_constants(graph)
     return report
@@ -189,6 +198,59 @@ def unit_softmaxes(graph: Graph) -> int:
         rewritten += 1
     graph.nodes = nodes
     return rewritten
+
+
+def group_norm_rows(graph: Graph) -> int:
+    """Give every InstanceNormalization of ``Reshape(x, [N, G, -1])`` (x ``[N, C, spatial...]``, ``C``
+    a constant multiple of ``G``) the rows ``[N, G, C/G, prod(spatial)]``: a Reshape of x to them,
+    the normalization, and a Reshape to the original rows (views, composed into the kernels)."""
+    producers, consumers = graph.producers(), graph.consumers()
+    rewritten = 0
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        split = _group_norm_split(graph, node, producers)
+        if split is None:
+            nodes.append(node)
+            continue
+        x, groups, per_group = split
+        rows = graph.values[node.inputs[0]]
+        shape4 = (rows.shape[0], sympy.Integer(groups), sympy.Integer(per_group), sympy.Mul(*x.shape[2:]))
+        target = graph.add_value(f"{node.name}/channel_rows_shape", np.int64, (4,),
+                                 np.array([0, groups, per_group, -1], np.int64))
+        restore = graph.add_value(f"{node.name}/group_rows_shape", np.int64, (3,), np.array([0, groups, -1], np.int64))
+        rows4 = graph.add_value(f"{node.name}/channel_rows", rows.dtype, shape4)
+        normed4 = graph.add_value(f"{node.name}/channel_rows_normalized", rows.dtype, shape4)
+        nodes += [Node(f"{node.name}/channel_rows", "Reshape", [x.name, target], [rows4]),
+                  Node(node.name, node.op_type, [rows4, *node.inputs[1:]], [normed4], dict(node.attrs), node.domain)]
+        out = node.outputs[0]
+        users = consumers.get(out, [])
+        if out not in graph.outputs and users and all(u.op_type == "Reshape" and u.inputs[0] == out for u in users):
+            for u in users:     # the reshape back to x's shape reads the 4-d rows directly: one view, no
+                u.inputs[0] = normed4   # [N, G, C/G * H * W] between (its index a floor by a symbolic size)
+        else:
+            nodes.append(Node(f"{node.name}/group_rows", "Reshape", [normed4, restore], [out]))
+        rewritten += 1
+    graph.nodes = nodes
+    return rewritten
+
+
+def _group_norm_split(graph: Graph, node: Node, producers: dict) -> tuple | None:
+    """(x, G, C / G) where ``node`` is an InstanceNormalization of ``Reshape(x, [N, G, -1])`` as above."""
+    if node.op_type != "InstanceNormalization" or node.domain:
+        return None
+    reshape = producers.get(node.inputs[0])
+    if reshape is None or reshape.op_type != "Reshape" or reshape.domain:
+        return None
+    x, rows = graph.values[reshape.inputs[0]], graph.values[node.inputs[0]]
+    if x.shape is None or rows.shape is None or len(x.shape) < 3 or len(rows.shape) != 3:
+        return None
+    channels, groups = x.shape[1], rows.shape[1]
+    if not (channels.is_Integer and groups.is_Integer) or rows.shape[0] != x.shape[0]:
+        return None
+    channels, groups = int(channels), int(groups)
+    if groups < 1 or channels % groups or channels == groups:
+        return None
+    return x, groups, channels // groups
 
 
 def _foldable_spatial_pads(graph: Graph, pad: Node) -> list[int] | None:

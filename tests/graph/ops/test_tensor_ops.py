@@ -425,3 +425,20 @@ def test_depth_to_space_needs_whole_blocks_of_channels():
                        ["y"], opset=13)
     with pytest.raises(ShapeError, match="multiple of blocksize"):
         propagate(model, "B=1:4", "H=3:30", "W=3:30")
+
+
+def test_a_minus_one_beside_exact_quotients_is_the_quotient_without_the_floors():
+    # pixel_unshuffle as dynamo exports it: [-1, C, H // 2, 2, W // 2, 2] of [B, C, H, W] (the halves are
+    # int64 Divs of Shape): the -1 is B where H and W are even, which is checked per binding
+    s = [helper.make_node("Shape", ["x"], [f"s{i}"], start=i, end=i + 1) for i in (2, 3)]
+    model = make_model(s + [helper.make_node("Div", ["s2", "two"], ["h2"]), helper.make_node("Div", ["s3", "two"], ["w2"]),
+                            helper.make_node("Concat", ["m1", "c", "h2", "two", "w2", "two"], ["t"], axis=0),
+                            helper.make_node("Reshape", ["x", "t"], ["y"])],
+                       [inp("x", ["B", 4, "H", "W"])], ["y"],
+                       {"two": np.array([2], np.int64), "m1": np.array([-1], np.int64), "c": np.array([4], np.int64)})
+    g = propagate(model, "B=1:4", "H=2:24", "W=2:24")
+    B, H, W = syms(g, "B", "H", "W")
+    assert shape_of(g, "y") == (B, 4, sympy.floor(H / 2), 2, sympy.floor(W / 2), 2)
+    assert any(c.relation == "==" and "must be whole" in c.reason for c in g.symbols.constraints)
+    x = np.random.default_rng(2).standard_normal((3, 4, 6, 10)).astype(np.float32)
+    assert_matches_onnxruntime(model, g, {"x": x})

@@ -243,6 +243,14 @@ def _infer_dim(ctx: ShapeContext, dims, out, total) -> Expr:
         return q
     if q.is_integer:
         return q
+    # the other dims hold exact quotients (floor(H/2), an int64 Div of a Shape): where those divide
+    # evenly, the -1 is the quotient without the floors (dynamo's pixel_unshuffle: [-1, C, H // 2,
+    # 2, W // 2, 2] of [N, C, H, W] is N) -- the element counts' equality, checked per binding
+    exact = sympy.cancel(q.replace(sympy.floor, lambda arg: arg))
+    if exact != q and exact.is_integer:
+        ctx.unify(total, known * exact, f"the -1 dim of {['-1' if d is None else str(d) for d in out]} "
+                                        f"must be whole: {total} elements in blocks of {known}")
+        return exact
     num, den = sympy.fraction(sympy.together(q))
     if den.is_Integer and den > 1 and num.is_integer:
         # [N, C, H, W] -> [N, C, -1, 2, W] is [.., H / 2, 2, ..]: whole only for an even H, which
