@@ -1,5 +1,5 @@
 """The index kernel family (:mod:`tscomp.codegen.cpu_index`, writers in
-:mod:`tscomp.graph.ops.c_kernels`): one-op groups (CumSum, Range, ConstantOfShape, ArgMax/ArgMin,
+:mod:`tscomp.graph.ops.c_kernels`): one-op groups (CumSum, Range, ConstantOfShape, ArgMax/ArgMin, TopK,
 ScatterElements, ScatterND, Reduce* over non-trailing axes) compile to native kernels, match onnxruntime at awkward shapes (1,
 primes, range ends), and range-check their data-dependent indices with an error naming the node,
 the index input and the value."""
@@ -117,6 +117,28 @@ def test_argmax_argmin_match_onnxruntime(tmp_path, op, axis, keepdims, last):
     for B, L in SHAPES:
         x = rng.integers(-3, 4, (B, L)).astype(np.float32)   # ties: first vs last index matters
         _check(path, rt, {"x": x})
+
+
+@pytest.mark.parametrize("largest,axis,dtype", [(1, -1, F), (0, -1, F), (1, 0, F), (1, -1, I64)])
+def test_topk_values_and_indices_match_onnxruntime_ties_included(tmp_path, largest, axis, dtype):
+    """TopK compiles natively (values and indices; K a constant, the axis extent dynamic), sorted,
+    ties in index order as onnxruntime; K beyond the axis extent at run time is refused by name."""
+    from onnx import numpy_helper
+    nodes = [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=largest)]
+    out = ["B", 3] if axis == -1 else [3, "L"]
+    path = _model(tmp_path, "topk", nodes, [("x", dtype, ["B", "L"])], [("v", dtype, out), ("i", I64, out)],
+                  [numpy_helper.from_array(np.array([3], np.int64), "k")])
+    model, rt = _compile(path, ["B=3:4", "L=3:128"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(5)
+    for B, L in [(3, 3), (4, 7), (3, 13), (4, 128)]:
+        x = rng.integers(-3, 4, (B, L)).astype(np.float32 if dtype == F else np.int64)   # many ties
+        _check(path, rt, {"x": x})
+    if axis == -1:
+        from tscomp.errors import ShapeError
+        with pytest.raises(ShapeError, match="K at most the axis extent"):
+            compile_and_run = Runtime.from_compiled(compile_model(str(path), ["B=3:4", "L=1:128"], max_variants=1))
+            compile_and_run.run({"x": np.zeros((3, 2), np.float32 if dtype == F else np.int64)})
 
 
 def _scatter_elements(tmp_path, reduction="none", axis=1):

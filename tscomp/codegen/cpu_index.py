@@ -248,9 +248,17 @@ class IndexKernelWriter:
 
     def out(self, k: int = 0) -> Operand:
         for name, e in self.group.outputs.items():
-            if e is self.op and k == 0 or (isinstance(e, Op) and e.node == self.op.node and e.output_index == k):
+            if self._is_output(e, k):
                 return Operand(e.dtype, tuple(self.canon(d) for d in e.shape), self._ctype(e.dtype), self.out_c[name])
         self.fail(f"output {k} is not a group output")
+
+    def has_out(self, k: int) -> bool:
+        """Whether the op's output ``k`` is read by anything (an unread output is not stored: TopK's
+        indices where only its values are used)."""
+        return any(self._is_output(e, k) for e in self.group.outputs.values())
+
+    def _is_output(self, e, k: int) -> bool:
+        return e is self.op and k == 0 or (isinstance(e, Op) and e.node == self.op.node and e.output_index == k)
 
     def index(self, value: str, extent: str, input_slot: int, pos: str) -> str:
         """A data-dependent index read from input ``input_slot``, negative counting from the end,

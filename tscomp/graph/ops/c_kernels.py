@@ -112,6 +112,37 @@ def _arg_c(better: str):
     return arg_c
 
 
+# =========================================================================== TopK
+def topk_c(w) -> None:
+    """Every element's rank in its line -- how many elements come before it: better, or equal at a
+    lower index (NaN after every number, as the reference's stable sort) -- and the K of rank < K
+    written at their rank. O(n^2) compares per line, no scratch: the same code runs as a SIMT
+    kernel; TopK's K and lines are short in the models that use it (routers, beam scores)."""
+    x = w.arg(0)
+    vals, idx = (w.out(k) if w.has_out(k) else None for k in (0, 1))
+    if not x.shape:
+        w.fail("TopK of a scalar")
+    a = int(w.attr("axis", -1)) % len(x.shape)
+    outer, n, inner = _axis_split(w, x.shape, a)
+    k = w.c((vals or idx).shape[a])
+    cmp = ">" if w.attr("largest", 1) else "<"
+    w.emit(f"/* TopK ({'largest' if cmp == '>' else 'smallest'}) over axis {a}: [{outer}] x [{n}] x [{inner}], "
+           f"K = {k}, sorted, ties in index order */")
+    w.parallel_for([("o", outer), ("q", inner), ("t", n)], work=f"({outer}) * ({inner}) * ({n}) * ({n})")
+    w.emit(f"    const {x.ctype} v = {x.at(f'(o * ({n}) + t) * ({inner}) + q')};")
+    w.emit("    int64_t r = 0;")
+    w.emit(f"    for (int64_t s = 0; s < {n}; ++s) {{")
+    w.emit(f"        const {x.ctype} u = {x.at(f'(o * ({n}) + s) * ({inner}) + q')};")
+    w.emit(f"        r += (u {cmp} v) || (u == u && v != v) || (s < t && (u == v || (u != u && v != v)));")
+    w.emit("    }")
+    w.emit(f"    if (r < {k}) {{")
+    for out, value in ((vals, "v"), (idx, "t")):
+        if out is not None:      # an output nothing reads is not stored
+            w.emit(f"        {out.at(f'(o * ({k}) + r) * ({inner}) + q')} = {value};")
+    w.emit("    }")
+    w.emit("}")
+
+
 # =========================================================================== Reduce*
 #: the reductions the registry gives no C form for (:class:`~tscomp.graph.ops.nn.ReductionC`):
 #: (initial value, update of ``acc`` with ``v``, result); NaN propagates through max/min as in
@@ -563,6 +594,7 @@ C_KERNELS = {
     "Trilu": trilu_c,
     "OneHot": onehot_c,
     "EyeLike": eye_like_c,
+    "TopK": topk_c,
     **{op: reduce_c for op in REDUCTIONS},
 }
 

@@ -34,6 +34,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from tscomp.graph.ops.elementwise import onnx_dtype
 from tscomp.graph.ops.registry import FusionClass, OpCall, OpDef, ShapeContext, register
+from tscomp.graph.symbols import Constraint, as_expr
 
 BACKBONE = FusionClass.BACKBONE
 REDUCTION = FusionClass.REDUCTION
@@ -730,6 +731,43 @@ def _arg_ref(fn):
     return ref
 
 
+# =========================================================================== TopK
+def topk_shape(ctx: ShapeContext) -> None:
+    """Values and int64 indices: the input's shape with K on the axis (K a constant or a shape
+    expression; K <= the axis extent is checked per binding where ranges do not decide it)."""
+    x = ctx.shape(0)
+    axis = ctx.normalize_axis(int(ctx.attr("axis", -1)), len(x))
+    if ctx.opset < 10:
+        k = as_expr(int(ctx.attr("k")))
+    else:
+        ks = ctx.int_list(1)
+        if ks is not None and len(ks) != 1:
+            ctx.fail(f"K (input 1) must hold one value, got {len(ks)}")
+        k = ks[0] if ks is not None else ctx.data_dependent("topk")     # K from tensor data
+    if ctx.symbols.decide("<", k, 0):
+        ctx.fail(f"K = {k} is negative")
+    if ctx.symbols.decide("<=", k, x[axis]) is False:
+        ctx.fail(f"K = {k} exceeds the axis extent {x[axis]}")
+    if ctx.symbols.decide("<=", k, x[axis]) is None:
+        ctx.symbols.constraints.append(Constraint(k, x[axis], f"{ctx.where()}: K at most the axis extent", "<="))
+    out = [k if i == axis else d for i, d in enumerate(x)]
+    ctx.set_output(0, ctx.dtype(0), out)
+    ctx.set_output(1, np.int64, out)
+
+
+def topk_ref(call: OpCall, x, k=None):
+    """The K largest (smallest) along the axis, sorted, ties in index order (stable), NaN after
+    every number."""
+    axis = int(call.attr("axis", -1)) % x.ndim
+    k = int(call.attr("k")) if k is None else int(np.asarray(k).reshape(-1)[0])
+    key = x
+    if call.attr("largest", 1):      # a key that reverses the order without overflow (-x of INT_MIN)
+        key = -x if x.dtype.kind == "f" else np.iinfo(x.dtype).max - x if x.dtype.kind == "u" else ~x
+    order = np.argsort(key, axis=axis, kind="stable")
+    idx = np.take(order, np.arange(k), axis=axis)
+    return np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64)
+
+
 # =========================================================================== Einsum
 @dataclass(frozen=True)
 class EinsumSpec:
@@ -1042,6 +1080,8 @@ ARG_REDUCTIONS = {"ArgMax": np.argmax, "ArgMin": np.argmin}
 for _op, _fn in ARG_REDUCTIONS.items():
     register(OpDef(_op, REDUCTION, arg_shape, _arg_ref(_fn), arity=(1, 1),
                    reduced_axes=lambda ctx: [ctx.normalize_axis(int(ctx.attr("axis", 0)), ctx.rank(0))]))
+
+register(OpDef("TopK", OPAQUE, topk_shape, topk_ref, arity=(1, 2)))
 
 GLOBAL_POOLS = {"GlobalAveragePool": np.mean, "GlobalMaxPool": np.max}
 for _op, _fn in GLOBAL_POOLS.items():
