@@ -1,0 +1,97 @@
+"""RNN, GRU and LSTM (tscomp/graph/ops/recurrent.py): symbolic shapes over a dynamic sequence and
+batch, and the numpy reference against onnxruntime where ONNX's own conformance cases do not reach:
+both directions, ``sequence_lens`` shorter than the sequence, initial states, GRU's
+``linear_before_reset``, LSTM peepholes and ``clip`` (``layout`` 1, which onnxruntime refuses, is
+covered by the conformance cases' expected outputs); a compiled model around an LSTM runs."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.graph.ops.test_tensor_ops import inp, make_model, propagate, shape_of, syms
+from tscomp.graph.reference import run_reference
+
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+IN, HID = 5, 4
+
+
+def _recurrent_model(op, *, direction="forward", layout=0, with_lens=False, with_init=False, **attrs):
+    dirs = 2 if direction == "bidirectional" else 1
+    g = GATES[op]
+    rng = np.random.default_rng(len(op) + dirs + layout)
+    inits = {"W": rng.standard_normal((dirs, g * HID, IN)).astype(np.float32) * 0.5,
+             "R": rng.standard_normal((dirs, g * HID, HID)).astype(np.float32) * 0.5,
+             "B": rng.standard_normal((dirs, 2 * g * HID)).astype(np.float32) * 0.1}
+    names = ["x", "W", "R", "B", "lens" if with_lens else ""]
+    inputs = [inp("x", ["B", "L", IN] if layout else ["L", "B", IN])]
+    if with_lens:
+        inputs.append(inp("lens", ["B"], TensorProto.INT32))
+    if with_init:
+        names.append("h0")
+        inputs.append(inp("h0", ["B", dirs, HID] if layout else [dirs, "B", HID]))
+        if op == "LSTM":
+            names.append("c0")
+            inputs.append(inp("c0", ["B", dirs, HID] if layout else [dirs, "B", HID]))
+    if op == "LSTM" and attrs.pop("peepholes", False):
+        names += [""] * (7 - len(names)) + ["P"]
+        inits["P"] = rng.standard_normal((dirs, 3 * HID)).astype(np.float32) * 0.3
+    outs = ["y", "y_h"] + (["y_c"] if op == "LSTM" else [])
+    node = helper.make_node(op, names, outs, hidden_size=HID, direction=direction, layout=layout, **attrs)
+    return make_model([node], inputs, outs, inits), dirs
+
+
+CASES = [("RNN", {}), ("GRU", {"direction": "bidirectional"}), ("GRU", {"linear_before_reset": 1}),
+         ("LSTM", {"direction": "bidirectional", "with_lens": True, "with_init": True}),
+         ("LSTM", {"direction": "reverse", "with_lens": True}),
+         ("LSTM", {"peepholes": True, "clip": 0.8, "with_init": True}),
+         ("GRU", {"direction": "reverse", "with_lens": True, "with_init": True})]
+
+
+@pytest.mark.parametrize("op,kw", CASES, ids=[f"{op}-{'-'.join(kw) or 'default'}" for op, kw in CASES])
+def test_recurrent_shapes_are_symbolic_and_the_reference_matches_onnxruntime(op, kw):
+    kw = dict(kw)
+    layout, with_lens, with_init = kw.get("layout", 0), kw.pop("with_lens", False), kw.pop("with_init", False)
+    model, dirs = _recurrent_model(op, with_lens=with_lens, with_init=with_init, **kw)
+    g = propagate(model, "L=1:30", "B=1:6")
+    S, B = syms(g, "L", "B")
+    assert shape_of(g, "y") == ((B, S, dirs, HID) if layout else (S, dirs, B, HID))
+    assert shape_of(g, "y_h") == ((B, dirs, HID) if layout else (dirs, B, HID))
+    sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(9)
+    for s, b in [(1, 1), (7, 3), (30, 6)]:
+        feeds = {"x": rng.standard_normal((b, s, IN) if layout else (s, b, IN)).astype(np.float32)}
+        if with_lens:
+            feeds["lens"] = rng.integers(1, s + 1, b).astype(np.int32)
+        if with_init:
+            state = (b, dirs, HID) if layout else (dirs, b, HID)
+            feeds["h0"] = rng.standard_normal(state).astype(np.float32)
+            if op == "LSTM":
+                feeds["c0"] = rng.standard_normal(state).astype(np.float32)
+        got = run_reference(g, feeds)
+        for name, want in zip(g.outputs, sess.run(None, feeds)):
+            np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5, err_msg=f"{name} at S={s}, B={b}")
+
+
+def test_a_model_around_an_lstm_compiles_and_matches_onnxruntime(tmp_path):
+    import onnx
+
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+    model, _ = _recurrent_model("LSTM", direction="bidirectional")
+    rng = np.random.default_rng(1)
+    # a projection after the recurrence: [S, 2, B, 4] -> Transpose -> [S, B, 2, 4] -> MatMul by [4, 3]
+    model.graph.node.extend([helper.make_node("Transpose", ["y"], ["yt"], perm=[0, 2, 1, 3]),
+                             helper.make_node("MatMul", ["yt", "proj"], ["out"])])
+    model.graph.initializer.append(numpy_helper.from_array(rng.standard_normal((HID, 3)).astype(np.float32), "proj"))
+    model.graph.output.append(helper.make_tensor_value_info("out", TensorProto.FLOAT, None))
+    path = tmp_path / "lstm.onnx"
+    onnx.save(model, path)
+    rt = Runtime.from_compiled(compile_model(str(path), ["L=1:40", "B=1:4"], max_variants=1))
+    sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for s, b in [(1, 1), (13, 2), (40, 4)]:
+        x = rng.standard_normal((s, b, IN)).astype(np.float32)
+        got = rt.run({"x": x})
+        for name, want in zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})):
+            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4, err_msg=f"{name} at S={s}, B={b}")
