@@ -79,8 +79,44 @@ def test_if_on_a_run_time_condition_is_refused_naming_node_and_condition():
     m = if_model(True, as_constant_node=False)
     m.graph.initializer.pop()
     m.graph.input.append(vi("c", (), TensorProto.BOOL))
-    with pytest.raises(UnsupportedOperatorError, match=r"If node 'branch': its condition 'c' is computed at run time"):
-        import_model(m)
+    graph = import_model(m)
+    with pytest.raises(UnsupportedOperatorError, match=r"If node 'branch': its condition 'c' depends on run-time data"):
+        propagate_shapes(graph)
+
+
+def shape_if_model(axis: int):
+    """TorchScript's squeeze(dim) of a dim it cannot see: If(Shape(x)[axis] == 1, Squeeze, Identity)."""
+    then_g = helper.make_graph([helper.make_node("Squeeze", ["x", "ax"], ["t"], name="sq")], "then", [],
+                               [helper.make_tensor_value_info("t", F, None)])
+    else_g = helper.make_graph([helper.make_node("Identity", ["x"], ["e"], name="keep")], "else", [],
+                               [helper.make_tensor_value_info("e", F, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "i"], ["d"], axis=0),
+             helper.make_node("Equal", ["d", "one"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], name="squeeze_if", then_branch=then_g, else_branch=else_g),
+             helper.make_node("Relu", ["y"], ["z"])]
+    inits = [numpy_helper.from_array(np.array(axis, np.int64), "i"), numpy_helper.from_array(np.array(1, np.int64), "one"),
+             numpy_helper.from_array(np.array([axis], np.int64), "ax")]
+    return model(nodes, [vi("x", ("n", 1, "m"))], [helper.make_tensor_value_info("z", F, None)], inits)
+
+
+@pytest.mark.parametrize("axis,dims,squeezed", [(1, ["n=1:8", "m=1:8"], True), (2, ["n=1:8", "m=2:8"], False)])
+def test_an_if_on_a_shape_the_ranges_decide_is_spliced_in_during_shape_propagation(tmp_path, axis, dims, squeezed):
+    # axis 1 is static 1: squeezed; axis 2 is m in 2..8, never 1: kept
+    path = tmp_path / "shape_if.onnx"
+    onnx.save(shape_if_model(axis), str(path))
+    graph = load_model(path, dims)
+    assert all(n.op_type != "If" for n in graph.nodes)
+    x = np.linspace(-1, 1, 2 * 1 * 3, dtype=np.float32).reshape(2, 1, 3)
+    z = run_reference(graph, {"x": x})["z"]
+    np.testing.assert_array_equal(z, np.maximum(x.reshape(2, 3) if squeezed else x, 0))
+
+
+def test_an_if_on_a_shape_the_ranges_do_not_decide_is_refused_by_name(tmp_path):
+    path = tmp_path / "shape_if.onnx"
+    onnx.save(shape_if_model(2), str(path))
+    with pytest.raises(UnsupportedOperatorError, match=r"If node 'squeeze_if': its condition 'c' depends on run-time "
+                                                       r"data or on dimensions the declared ranges do not decide"):
+        load_model(path, ["n=1:8", "m=1:8"])
 
 
 def nonzero_model():

@@ -13,7 +13,10 @@ Import also validates what onnxruntime validates, with one-line errors naming th
 value: every value has one producer (SSA: two nodes writing one name, or a node overwriting a
 graph input or initializer, is refused), every node input is produced by something (dangling
 references), and an ``If`` whose condition is a constant (an initializer or a ``Constant``) is
-folded into its taken branch's nodes (other control flow is refused).
+folded into its taken branch's nodes; an ``If`` on a computed condition stays as a node until shape
+propagation knows the condition (TorchScript's ``squeeze(dim)`` of a dim its tracer could not see
+asks ``Shape(x)[dim] == 1``: decided by the symbol ranges) and splices the taken branch in
+(:func:`taken_branch`), or refuses it by name (other control flow is refused).
 :func:`refuse_data_dependent_shapes` refuses, after shape propagation, an op whose output shape
 depends on tensor data (NonZero, Unique, NonMaxSuppression, Compress of run-time data): the
 reference executor runs them, the compiled kernels cannot.
@@ -87,9 +90,7 @@ def import_model(model: onnx.ModelProto, dims: Sequence[DimSpec] = (), source: s
     nodes = []
     producer: dict[str, str] = {}
     for idx, (n, default_name) in enumerate(onnx_nodes):
-        name = n.name or default_name or f"{n.op_type}_{idx}"
-        attrs = {a.name: _attr_value(a, name, source) for a in n.attribute}
-        node = Node(name, n.op_type, list(n.input), list(n.output), attrs, n.domain)
+        node = convert_node(n, n.name or default_name or f"{n.op_type}_{idx}", source)
         nodes.append(node)
         for out in n.output:
             if out:
@@ -105,6 +106,34 @@ def import_model(model: onnx.ModelProto, dims: Sequence[DimSpec] = (), source: s
             raise ModelLoadError(f"{source}: graph output {o!r} is produced by no node")
     return Graph(g.name or Path(source).stem, nodes, values, [vi.name for vi in runtime_inputs],
                  outputs, symbols, opset, source)
+
+
+def convert_node(n: onnx.NodeProto, name: str, source: str) -> Node:
+    attrs = {a.name: _attr_value(a, name, source, n.op_type) for a in n.attribute}
+    return Node(name, n.op_type, list(n.input), list(n.output), attrs, n.domain)
+
+
+def taken_branch(node: Node, flag: bool, source: str) -> tuple[list[Node], list[Value]]:
+    """An ``If`` node decided ``flag``: the taken branch's nodes (its own constant Ifs folded, the
+    others deferred again) and Identity nodes binding its outputs to the node's, and the branch's
+    initializers as constant values."""
+    branch_name = "then_branch" if flag else "else_branch"
+    branch = node.attrs.get(branch_name)
+    if branch is None:
+        raise ModelLoadError(f"{source}: If node {node.name!r} has no {branch_name}")
+    if len(branch.output) != len(node.outputs):
+        raise ModelLoadError(f"{source}: If node {node.name!r}: {branch_name} has {len(branch.output)} outputs, "
+                             f"the node {len(node.outputs)}")
+    inner, inits = _fold_constant_ifs(branch, source, _constant_values(branch), prefix=f"{node.name}/{branch_name}/")
+    nodes = [convert_node(n, n.name and f"{node.name}/{branch_name}/{n.name}" or default, source)
+             for n, default in inner]
+    nodes += [Node(f"{node.name}/{branch_name}/output{k}", "Identity", [b.name], [out])
+              for k, (b, out) in enumerate(zip(branch.output, node.outputs)) if out]
+    values = []
+    for init in list(branch.initializer) + inits:
+        arr = numpy_helper.to_array(init)
+        values.append(Value(init.name, arr.dtype, tuple(sympy.Integer(d) for d in arr.shape), const=arr))
+    return nodes, values
 
 
 # ---------------------------------------------------------------- input symbols
@@ -217,7 +246,9 @@ def _dims_of(vi) -> list:
 
 
 # ---------------------------------------------------------------- attributes
-def _attr_value(a: onnx.AttributeProto, node_name: str, source: str):
+def _attr_value(a: onnx.AttributeProto, node_name: str, source: str, op_type: str = ""):
+    if a.type == onnx.AttributeProto.GRAPH and op_type == "If":
+        return a.g                 # a branch, spliced in or dropped by shape propagation
     if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
         raise UnsupportedOperatorError(
             f"{source}: node {node_name!r} has a subgraph attribute {a.name!r} "
@@ -268,7 +299,8 @@ def _fold_constant_ifs(g: onnx.GraphProto, source: str, known=None, prefix: str 
     """The nodes of ``g`` with every ``If`` whose condition is constant replaced by its taken
     branch's nodes (recursively) and Identity nodes binding the branch outputs to the ``If``'s
     outputs; plus the branches' initializers. Returns ``([(node, default name)], initializers)``.
-    An ``If`` on a run-time condition is refused, naming the node and the condition."""
+    An ``If`` on a computed condition stays, its branches as attributes: shape propagation decides
+    it once the condition's value is known (:func:`taken_branch`), or refuses it by name."""
     known = dict(_constant_values(g) if known is None else known)
     out, inits = [], []
     for idx, n in enumerate(g.node):
@@ -277,10 +309,9 @@ def _fold_constant_ifs(g: onnx.GraphProto, source: str, known=None, prefix: str 
             out.append((n, f"{prefix}{n.op_type}_{idx}"))
             continue
         cond = n.input[0] if n.input else ""
-        if cond not in known:
-            raise UnsupportedOperatorError(
-                f"{source}: If node {name!r}: its condition {cond!r} is computed at run time; tscomp "
-                "folds an If only when the condition is a constant (initializer or Constant)")
+        if cond not in known:      # computed from shapes, perhaps: decided during shape propagation
+            out.append((n, name))
+            continue
         flag = numpy_helper.to_array(known[cond])
         if flag.size != 1:
             raise ModelLoadError(f"{source}: If node {name!r}: condition {cond!r} has {flag.size} elements, expected 1")

@@ -22,8 +22,8 @@ from collections import deque
 import numpy as np
 import sympy
 
-from tscomp.errors import ShapeError, TscompError
-from tscomp.graph.ir import Graph, Node
+from tscomp.errors import ModelLoadError, ShapeError, TscompError, UnsupportedOperatorError
+from tscomp.graph.ir import Graph, Node, Value
 from tscomp.graph.ops import registry
 from tscomp.graph.symbols import same
 from tscomp.graph.ops.registry import DATA_VIA_REFERENCE, InputFacts, OpDef, ShapeContext
@@ -55,6 +55,10 @@ def propagate_shapes(graph: Graph) -> None:
         node = worklist.popleft()
         queued.discard(node.name)
         processed.add(node.name)
+        if node.op_type == "If" and not node.domain:   # its condition is known now: the taken branch
+            for new in splice_if(graph, node, consumers):   # joins the graph in its place
+                enqueue_if_eligible(new)
+            continue
         compute_node(graph, node)
         for out in node.outputs:
             for succ in consumers.get(out, ()):
@@ -67,6 +71,52 @@ def propagate_shapes(graph: Graph) -> None:
         raise ShapeError(f"{n.describe()}: never became ready; inputs without a shape: "
                          f"{', '.join(missing)} ({len(stuck)} nodes unprocessed)")
     canonicalize(graph)
+
+
+def splice_if(graph: Graph, node: Node, consumers: dict) -> list[Node]:
+    """Replace an ``If`` whose condition shape propagation has computed (a constant, or a shape
+    expression the symbol ranges decide: TorchScript's ``squeeze(dim)`` asks ``dim == 1``) by its
+    taken branch; returns the branch's nodes. A condition only run-time data decides is refused."""
+    from tscomp.graph.onnx_import import taken_branch
+    cond = graph.values[node.inputs[0]]
+    flag = _decided_flag(graph, cond)
+    if flag is None:
+        raise UnsupportedOperatorError(
+            f"{graph.source or 'model'}: If node {node.name!r}: its condition {cond.name!r} depends on "
+            f"run-time data or on dimensions the declared ranges do not decide; tscomp compiles only the "
+            f"branch a model takes at every shape in range")
+    nodes, values = taken_branch(node, flag, graph.source or "model")
+    for v in values:
+        graph.values[v.name] = v
+    for n in nodes:
+        for out in n.outputs:
+            if out:
+                graph.values.setdefault(out, Value(out))
+        for i in n.inputs:
+            if i:
+                if i not in graph.values:
+                    raise ModelLoadError(f"{graph.source or 'model'}: {n.describe()} (If node {node.name!r}) "
+                                         f"reads {i!r}, which nothing produces")
+                consumers.setdefault(i, []).append(n)
+    at = graph.nodes.index(node)
+    graph.nodes[at:at + 1] = nodes
+    return nodes
+
+
+def _decided_flag(graph: Graph, cond) -> bool | None:
+    """The boolean an If condition holds: from its constant, or from its shape expression where the
+    symbol ranges decide it (``Eq(floor(h/2), 1)`` false over h in 4..24); None where neither."""
+    if cond.const is not None and np.asarray(cond.const).size == 1:
+        return bool(np.asarray(cond.const).reshape(-1)[0])
+    data = getattr(cond, "symdata", None)
+    if data is None or np.asarray(data).size != 1:
+        return None
+    expr = sympy.sympify(np.asarray(data, dtype=object).reshape(-1)[0])
+    if expr.is_Number or expr in (sympy.true, sympy.false):
+        return bool(expr)
+    if isinstance(expr, sympy.core.relational.Relational):
+        return graph.symbols.decide(expr.rel_op, expr.lhs, expr.rhs)
+    return graph.symbols.decide("!=", expr, 0)
 
 
 def _eligible(graph: Graph, node: Node) -> bool:
