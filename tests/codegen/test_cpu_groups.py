@@ -416,6 +416,7 @@ ELEMENTWISE_CASES = [
     ("Sum", {}, ["X", "Y", "Z"]), ("Mean", {}, ["X", "Y", "Z"]), ("Where", {}, ["P", "X", "Y"]),
     *[(op, {}, ["I", "J"]) for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Equal", "Greater")],
     ("Mod", {}, ["I", "J"]), ("Abs", {}, ["I"]), ("Neg", {}, ["I"]),
+    *[(op, {}, ["I", "J"]) for op in ("BitwiseAnd", "BitwiseOr", "BitwiseXor")], ("BitwiseNot", {}, ["I"]),
     *[(op, {}, ["P", "Q"]) for op in ("And", "Or", "Xor")], ("Not", {}, ["P"]),
     ("Cast", {"to": TP.FLOAT}, ["I"]), ("Cast", {"to": TP.INT64}, ["X"]), ("Cast", {"to": TP.BOOL}, ["X"]),
     ("Cast", {"to": TP.FLOAT}, ["P"]), ("Cast", {"to": TP.INT32}, ["I"]), ("CastLike", {}, ["I", "X"]),

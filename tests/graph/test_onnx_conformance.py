@@ -1,11 +1,11 @@
-"""ONNX conformance node cases for every registered operator (see conformance.py)."""
+"""ONNX conformance node cases for every registered operator, and for every operator tscomp
+expands from its ONNX function definition (see conformance.py)."""
 import pytest
 
 from tests.graph import conformance
 
 
-@pytest.mark.parametrize("op", conformance.registered_ops())
-def test_onnx_conformance_cases_pass_for_registered_op(op, record_property):
+def _run_cases(op, record_property):
     cases = conformance.cases_by_op().get(op, [])
     ran, skipped, failures = 0, {}, []
     for case in cases:
@@ -13,7 +13,7 @@ def test_onnx_conformance_cases_pass_for_registered_op(op, record_property):
         if reason:
             skipped[case.name] = reason
             continue
-        for mode in ("runtime", "constant"):
+        for mode in conformance.modes(case):
             try:
                 conformance.run_case(case, mode)
             except Exception as e:  # collect all failures of the op, report together
@@ -25,3 +25,13 @@ def test_onnx_conformance_cases_pass_for_registered_op(op, record_property):
         print(f"  skipped {name}: {reason}")
     assert all(skipped.values()), "every skipped case needs a written reason"
     assert not failures, f"{len(failures)} failing cases:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("op", conformance.registered_ops())
+def test_onnx_conformance_cases_pass_for_registered_op(op, record_property):
+    _run_cases(op, record_property)
+
+
+@pytest.mark.parametrize("op", conformance.function_ops())
+def test_onnx_conformance_cases_pass_for_an_op_expanded_from_its_function_definition(op, record_property):
+    _run_cases(op, record_property)

@@ -34,6 +34,7 @@ from onnx import helper, numpy_helper
 
 from tscomp.errors import DimSpecError, ModelLoadError, UnsupportedOperatorError
 from tscomp.graph.dims import DimSpec
+from tscomp.graph.functions import expand_functions, value_types
 from tscomp.graph.ir import Graph, Node, Value
 from tscomp.graph.symbols import SymbolTable, sanitize_symbol_name
 
@@ -60,11 +61,15 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
 
 
 def import_model(model: onnx.ModelProto, dims: Sequence[DimSpec] = (), source: str = "<memory>") -> Graph:
+    if len(model.functions):        # model-local functions (an exporter's modules as functions): inlined
+        try:
+            import onnx.inliner
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception as e:  # noqa: BLE001
+            raise UnsupportedOperatorError(
+                f"{source}: model-local functions ({', '.join(f.name for f in model.functions)}) could not be "
+                f"inlined: {_one_line(e)}") from e
     g = model.graph
-    if len(model.functions):
-        raise UnsupportedOperatorError(
-            f"{source}: model-local functions ({', '.join(f.name for f in model.functions)}) "
-            "are not supported; inline them first (onnx.inliner.inline_local_functions)")
     opset = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in model.opset_import}
     symbols = SymbolTable()
     values: dict[str, Value] = {}
@@ -84,6 +89,8 @@ def import_model(model: onnx.ModelProto, dims: Sequence[DimSpec] = (), source: s
         values[vi.name] = _input_value(vi, symbols, param_syms, axis_syms, source)
 
     onnx_nodes, branch_inits = _fold_constant_ifs(g, source)
+    types = value_types(model) if any(_function_op(n, opset) for n, _ in onnx_nodes) else {}
+    onnx_nodes = expand_functions(onnx_nodes, opset, types, _implemented)
     for init in branch_inits:
         arr = numpy_helper.to_array(init)
         values[init.name] = Value(init.name, arr.dtype, tuple(sympy.Integer(d) for d in arr.shape), const=arr)
@@ -108,12 +115,24 @@ def import_model(model: onnx.ModelProto, dims: Sequence[DimSpec] = (), source: s
                  outputs, symbols, opset, source)
 
 
+def _implemented(op_type: str, domain: str, version: int) -> bool:
+    """Whether the registry implements the operator at this opset (else a function body may)."""
+    from tscomp.graph.ops.registry import REGISTRY
+    opdef = REGISTRY.get((domain, op_type))
+    return opdef is not None and opdef.opsets[0] <= version <= opdef.opsets[1]
+
+
+def _function_op(node: onnx.NodeProto, opset: dict) -> bool:
+    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    return domain in opset and not _implemented(node.op_type, domain, opset[domain])
+
+
 def convert_node(n: onnx.NodeProto, name: str, source: str) -> Node:
     attrs = {a.name: _attr_value(a, name, source, n.op_type) for a in n.attribute}
     return Node(name, n.op_type, list(n.input), list(n.output), attrs, n.domain)
 
 
-def taken_branch(node: Node, flag: bool, source: str) -> tuple[list[Node], list[Value]]:
+def taken_branch(node: Node, flag: bool, source: str, opset: dict) -> tuple[list[Node], list[Value]]:
     """An ``If`` node decided ``flag``: the taken branch's nodes (its own constant Ifs folded, the
     others deferred again) and Identity nodes binding its outputs to the node's, and the branch's
     initializers as constant values."""
@@ -125,6 +144,7 @@ def taken_branch(node: Node, flag: bool, source: str) -> tuple[list[Node], list[
         raise ModelLoadError(f"{source}: If node {node.name!r}: {branch_name} has {len(branch.output)} outputs, "
                              f"the node {len(node.outputs)}")
     inner, inits = _fold_constant_ifs(branch, source, _constant_values(branch), prefix=f"{node.name}/{branch_name}/")
+    inner = expand_functions(inner, opset, {}, _implemented)
     nodes = [convert_node(n, n.name and f"{node.name}/{branch_name}/{n.name}" or default, source)
              for n, default in inner]
     nodes += [Node(f"{node.name}/{branch_name}/output{k}", "Identity", [b.name], [out])

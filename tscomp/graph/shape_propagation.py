@@ -85,7 +85,7 @@ def splice_if(graph: Graph, node: Node, consumers: dict) -> list[Node]:
             f"{graph.source or 'model'}: If node {node.name!r}: its condition {cond.name!r} depends on "
             f"run-time data or on dimensions the declared ranges do not decide; tscomp compiles only the "
             f"branch a model takes at every shape in range")
-    nodes, values = taken_branch(node, flag, graph.source or "model")
+    nodes, values = taken_branch(node, flag, graph.source or "model", graph.opset)
     for v in values:
         graph.values[v.name] = v
     for n in nodes:

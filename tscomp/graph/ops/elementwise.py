@@ -443,6 +443,8 @@ for _op, (_fn, _data, _cx) in UNARY.items():
     register(OpDef(_op, E, same_dtype_broadcast, _unary(_fn),
                    data_rule=_elementwise_data(_data) if _data else None, arity=(1, 1), c_expr=_cx))
 
+register(OpDef("BitwiseNot", E, same_dtype_broadcast, lambda call, x: np.invert(x), arity=(1, 1),
+               c_expr=_c("(({T})~{a})", "iu")))
 register(OpDef("Not", E, same_dtype_broadcast, lambda call, x: np.logical_not(x),
                data_rule=_elementwise_data(lambda ctx, x: sympy.Integer(int(x == 0)) if x.is_number else None),
                arity=(1, 1), c_expr=_c("(!{a})")))
@@ -508,6 +510,9 @@ BINARY: dict[str, tuple[Callable, Callable | None, Callable | None]] = {
               _c("({a} >= 0 ? {a} : {a} * {b})", "fi")),
     "BitShift": (lambda call, a, b: np.left_shift(a, b) if call.attr("direction") == "LEFT"
                  else np.right_shift(a, b), None, _c_bitshift),
+    "BitwiseAnd": (lambda call, a, b: np.bitwise_and(a, b), None, _c("({a} & {b})", "iu")),
+    "BitwiseOr": (lambda call, a, b: np.bitwise_or(a, b), None, _c("({a} | {b})", "iu")),
+    "BitwiseXor": (lambda call, a, b: np.bitwise_xor(a, b), None, _c("({a} ^ {b})", "iu")),
 }
 for _op, (_ref, _data, _cx) in BINARY.items():
     register(OpDef(_op, E, same_dtype_broadcast, _ref,
