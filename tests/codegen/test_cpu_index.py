@@ -66,6 +66,25 @@ def test_cumsum_matches_onnxruntime(tmp_path, axis, reverse, exclusive):
         _check(path, rt, {"x": rng.standard_normal((B, L)).astype(np.float32)})
 
 
+@pytest.mark.parametrize("reverse,exclusive", [(0, 0), (1, 1)])
+def test_cumprod_is_the_same_native_scan_with_a_product(tmp_path, reverse, exclusive):
+    # onnxruntime has no CumProd (opset 26) yet: numpy's cumprod is the reference
+    nodes = [helper.make_node("CumProd", ["x", "ax"], ["y"], reverse=reverse, exclusive=exclusive)]
+    path = _model(tmp_path, "cumprod", nodes, [("x", F, ["B", "L"])], [("y", F, ["B", "L"])],
+                  [helper.make_tensor("ax", I64, [], [1])], opset=26)
+    model, rt = _compile(path, ["B=1:4", "L=1:128"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(5)
+    for B, L in SHAPES:
+        x = (1 + 0.05 * rng.standard_normal((B, L))).astype(np.float32)
+        y = np.flip(x, 1) if reverse else x
+        want = np.cumprod(y, axis=1, dtype=np.float32)
+        if exclusive:
+            want = np.concatenate([np.ones((B, 1), np.float32), want[:, :-1]], axis=1)
+        want = np.flip(want, 1) if reverse else want
+        np.testing.assert_allclose(rt.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+
+
 def test_cumsum_of_int64_position_ids_as_roberta_exports_them(tmp_path):
     """RoBERTa: position ids = CumSum(mask, 1) * mask + pad (int64 throughout)."""
     nodes = [helper.make_node("Cast", ["ids"], ["m"], to=I64),

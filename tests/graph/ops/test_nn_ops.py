@@ -405,3 +405,19 @@ def test_window_geometry_as_expressions_equals_the_concrete_geometry(auto_pad, c
         for size in range(max(1, win.span(0) - pads[0] - pads[1]), 40):
             got = tuple(int(sympy.sympify(e).subs(n, size)) for e in exprs)
             assert got == win.geometry(0, size), (kernel, stride, dil, pads, size)
+
+
+@pytest.mark.parametrize("op,attrs,shape", [
+    ("LpNormalization", {"axis": 1, "p": 1}, (2, 5, 3)), ("LpNormalization", {}, (3, 4)),
+    ("LRN", {"size": 3}, (2, 6, 4, 5)), ("LRN", {"size": 5, "alpha": 0.01, "beta": 0.5, "bias": 2.0}, (1, 7, 3, 3)),
+    ("Hardmax", {"axis": 1}, (2, 5, 3)), ("Det", {}, (4, 3, 3))])
+def test_numpy_reference_operators_match_onnxruntime(op, attrs, shape):
+    """Operators that run on the numpy fallback (no kernel family yet), beside onnxruntime."""
+    model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    graph = import_model(model)
+    propagate_shapes(graph)
+    np.testing.assert_allclose(run_reference(graph, {"x": x})["y"], want, rtol=1e-5, atol=1e-6)

@@ -768,6 +768,54 @@ def topk_ref(call: OpCall, x, k=None):
     return np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64)
 
 
+# =========================================================================== LpNormalization, LRN, Hardmax, Det
+def lp_normalization_ref(call: OpCall, x):
+    """x over its L1 or L2 norm along ``axis``; 0 where the norm is 0 (onnxruntime's and the
+    conformance cases' value)."""
+    axis, p = int(call.attr("axis", -1)), int(call.attr("p", 2))
+    norm = np.abs(x).sum(axis=axis, keepdims=True) if p == 1 else np.sqrt((x * x).sum(axis=axis, keepdims=True))
+    return np.where(norm == 0, 0, x / np.where(norm == 0, 1, norm)).astype(x.dtype)
+
+
+def lrn_ref(call: OpCall, x):
+    """Local response normalization across channels: x / (bias + alpha / size * sum of squares over
+    the ``size`` channels around each one) ** beta."""
+    size = int(call.attr("size"))
+    alpha, beta, bias = (float(call.attr(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+    sq = np.square(x.astype(np.float64))
+    padded = np.pad(sq, [(0, 0), (lo, hi)] + [(0, 0)] * (x.ndim - 2))
+    window = sum(padded[:, k:k + x.shape[1]] for k in range(size))
+    return (x / (bias + alpha / size * window) ** beta).astype(x.dtype)
+
+
+def hardmax_ref(call: OpCall, x):
+    """1 at the first largest element along ``axis`` (before opset 13: of the input flattened to 2-d
+    at ``axis``), 0 elsewhere."""
+    if call.opset < 13:
+        axis = int(call.attr("axis", 1)) % x.ndim
+        flat = x.reshape(int(np.prod(x.shape[:axis])), -1)
+        return hardmax_2d(flat).reshape(x.shape)
+    axis = int(call.attr("axis", -1)) % x.ndim
+    moved = np.moveaxis(x, axis, -1)
+    return np.moveaxis(hardmax_2d(moved.reshape(-1, moved.shape[-1])).reshape(moved.shape), -1, axis)
+
+
+def hardmax_2d(x):
+    out = np.zeros_like(x)
+    if x.shape[-1]:
+        out[np.arange(x.shape[0]), np.argmax(x, axis=-1)] = 1
+    return out
+
+
+def det_shape(ctx: ShapeContext) -> None:
+    x = ctx.shape(0)
+    if len(x) < 2:
+        ctx.fail(f"Det needs [..., M, M] matrices, got rank {len(x)}")
+    ctx.unify(x[-1], x[-2], "Det's matrices are square")
+    ctx.set_output(0, ctx.dtype(0), list(x[:-2]))
+
+
 # =========================================================================== Einsum
 @dataclass(frozen=True)
 class EinsumSpec:
@@ -1082,6 +1130,12 @@ for _op, _fn in ARG_REDUCTIONS.items():
                    reduced_axes=lambda ctx: [ctx.normalize_axis(int(ctx.attr("axis", 0)), ctx.rank(0))]))
 
 register(OpDef("TopK", OPAQUE, topk_shape, topk_ref, arity=(1, 2)))
+register(OpDef("LpNormalization", OPAQUE, lambda ctx: ctx.set_output(0, ctx.dtype(0), ctx.shape(0)),
+               lp_normalization_ref, arity=(1, 1)))
+register(OpDef("LRN", OPAQUE, lambda ctx: ctx.set_output(0, ctx.dtype(0), ctx.shape(0)), lrn_ref, arity=(1, 1)))
+register(OpDef("Hardmax", OPAQUE, lambda ctx: ctx.set_output(0, ctx.dtype(0), ctx.shape(0)), hardmax_ref,
+               arity=(1, 1)))
+register(OpDef("Det", OPAQUE, det_shape, lambda call, x: np.linalg.det(x).astype(x.dtype), arity=(1, 1)))
 
 GLOBAL_POOLS = {"GlobalAveragePool": np.mean, "GlobalMaxPool": np.max}
 for _op, _fn in GLOBAL_POOLS.items():

@@ -762,18 +762,37 @@ def trilu_ref(call: OpCall, x, k=None):
     return np.triu(x, k) if call.attr("upper", 1) else np.tril(x, k)
 
 
-def cumsum_ref(call: OpCall, x, axis):
-    axis = _ints(axis)[0] % x.ndim
-    reverse, exclusive = bool(call.attr("reverse", 0)), bool(call.attr("exclusive", 0))
-    y = np.flip(x, axis) if reverse else x
-    out = np.cumsum(y, axis=axis, dtype=x.dtype)
-    if exclusive:  # shift by one along the axis, zero first
-        dst, src = [slice(None)] * x.ndim, [slice(None)] * x.ndim
-        dst[axis], src[axis] = slice(1, None), slice(None, -1)
-        shifted = np.zeros_like(out)
-        shifted[tuple(dst)] = out[tuple(src)]
-        out = shifted
-    return np.flip(out, axis) if reverse else out
+def _scan_ref(scan, identity):
+    """CumSum / CumProd: ``scan`` along the axis, reversed and/or exclusive (shifted by one, the
+    identity first)."""
+    def ref(call: OpCall, x, axis):
+        axis = _ints(axis)[0] % x.ndim
+        reverse, exclusive = bool(call.attr("reverse", 0)), bool(call.attr("exclusive", 0))
+        y = np.flip(x, axis) if reverse else x
+        out = scan(y, axis=axis, dtype=x.dtype)
+        if exclusive:
+            dst, src = [slice(None)] * x.ndim, [slice(None)] * x.ndim
+            dst[axis], src[axis] = slice(1, None), slice(None, -1)
+            shifted = np.full_like(out, identity)
+            shifted[tuple(dst)] = out[tuple(src)]
+            out = shifted
+        return np.flip(out, axis) if reverse else out
+    return ref
+
+
+cumsum_ref = _scan_ref(np.cumsum, 0)
+cumprod_ref = _scan_ref(np.cumprod, 1)
+
+
+def reverse_sequence_ref(call: OpCall, x, lens):
+    """Each batch entry's first ``lens[b]`` steps along the time axis reversed, the rest kept."""
+    batch_axis, time_axis = int(call.attr("batch_axis", 1)), int(call.attr("time_axis", 0))
+    out = x.copy()
+    for b, n in enumerate(np.asarray(lens).reshape(-1)):
+        src = [slice(None)] * x.ndim
+        src[batch_axis], src[time_axis] = b, slice(0, int(n))
+        out[tuple(src)] = np.flip(x[tuple(src)], axis=time_axis - (batch_axis < time_axis))
+    return out
 
 
 def eye_like_shape(ctx: ShapeContext) -> None:
@@ -1043,6 +1062,8 @@ OPS = [
     OpDef("Pad", OP, pad_shape, pad_ref, arity=(1, 4)),
     OpDef("Trilu", OP, trilu_shape, trilu_ref, arity=(1, 2)),
     OpDef("CumSum", OP, same_shape, cumsum_ref, arity=(2, 2)),
+    OpDef("CumProd", OP, same_shape, cumprod_ref, arity=(2, 2)),
+    OpDef("ReverseSequence", OP, same_shape, reverse_sequence_ref, arity=(2, 2)),
     OpDef("NonZero", OP, nonzero_shape, nonzero_ref, data_rule=nonzero_data, arity=(1, 1)),
     OpDef("OneHot", OP, onehot_shape, onehot_ref, arity=(3, 3)),
     OpDef("ScatterND", OP, scatter_shape, scatter_nd_ref, arity=(3, 3)),
