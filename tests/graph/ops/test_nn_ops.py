@@ -413,9 +413,7 @@ def test_window_geometry_as_expressions_equals_the_concrete_geometry(auto_pad, c
     ("Hardmax", {"axis": 1}, (2, 5, 3)), ("Det", {}, (4, 3, 3))])
 def test_numpy_reference_operators_match_onnxruntime(op, attrs, shape):
     """Operators that run on the numpy fallback (no kernel family yet), beside onnxruntime."""
-    model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)],
-                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [("x", list(shape))], ["y"])
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     graph = import_model(model)
