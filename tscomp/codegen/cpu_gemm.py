@@ -560,7 +560,8 @@ def _prefetch_text(isa: str, g: "_Geometry") -> str:
     stream = (f"the weight stream {L2_PREFETCH_LINES} cache line(s) per K row into L2 (the next panel, spread over the "
               f"first NR/16 row passes; per {L2_STREAM_K_STRIDE} K rows over {L2_STREAM_K_STRIDE} x NR/16 passes in a task "
               f"that has that many)" if L2_PREFETCH_LINES else "")
-    panel = (f"the weight panel {PREFETCH_K_STEPS} k steps ahead into L1 "
+    panel = (f"the weight panel {PREFETCH_K_STEPS} k steps ahead into L1 (thin tiles further: "
+             f"{PREFETCH_ONE_ROW_K_STEPS} / rows) "
              + ("on its first row pass (later passes find it in L1)" if g.panel_stays_in_l1
                 else "on every row pass (it is larger than L1)"))
     return f"{panel};\n *             {stream}" if stream else panel
@@ -906,6 +907,22 @@ def accumulator_sets(rows: int, nvec: int, max_accumulators: int) -> int:
 #: M=498 5161 -> 4866 us, and 7-20% on K=3072 N=768; 8 steps ahead gained a little less, 32 less.
 PREFETCH_K_STEPS = 16
 
+#: k steps of a one-row micro-kernel (M = 1: a matrix-vector product) the prefetch runs ahead; a
+#: k step of ``rows`` rows is ``rows`` FMAs per weight vector, so the distance that covers the same
+#: time is this over ``rows`` (:func:`prefetch_k_steps`). Measured (AMD EPYC Zen 4, 2 threads, A/B
+#: in one process against 16 for every tile): BERT-base at L = 1..9, weights from memory, 0.90-0.94x
+#: (L = 64: 0.99x); tiny BERT's first call at L = 1..3 after calls at L = 64 (weights partly in L3)
+#: 1.5-3.5 us faster; tiny BERT with its weights held in L2 (the same length over and over) 1.00-1.025x.
+#: 128 gained another ~4% on BERT-base but cost tiny BERT's L2-resident calls 3-5%.
+PREFETCH_ONE_ROW_K_STEPS = 64
+
+
+def prefetch_k_steps(rows: int) -> int:
+    """How far ahead (k steps) a micro-kernel of ``rows`` rows prefetches its weight panel:
+    :data:`PREFETCH_K_STEPS` for full tiles, further for thin ones, whose k steps are a few cycles
+    (16 steps of one row do not cover a panel line's trip from L3)."""
+    return max(PREFETCH_K_STEPS, PREFETCH_ONE_ROW_K_STEPS // max(1, rows))
+
 #: cache lines of the weight stream each streaming k step pulls into L2 ahead of its use (see the
 #: macro-kernel's ``wn``): 0 turns the stream prefetch off
 L2_PREFETCH_LINES = 1
@@ -1025,7 +1042,7 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None, rows
         test = f"{'pull' if pull else '!pull'} && {'wn' if stream else '!wn'}"
         opening = (f"if ({test})" if n == 0 else "} else" if n == len(cases) - 1 else f"}} else if ({test})")
         emit(f"    {opening} {{  /* {what} */")
-        k_loop(PREFETCH_K_STEPS if pull else 0, L2_PREFETCH_LINES if stream else 0)
+        k_loop(prefetch_k_steps(rows) if pull else 0, L2_PREFETCH_LINES if stream else 0)
     emit("    }")
 
     def store_tile(base: str, row_stride: str, comment: str) -> None:
