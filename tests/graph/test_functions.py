@@ -84,7 +84,9 @@ def test_a_model_local_function_is_inlined(tmp_path):
 
 
 def test_an_operator_with_neither_an_entry_nor_a_function_body_is_refused_by_name(tmp_path):
-    path = _save(tmp_path, "det", [helper.make_node("Det", ["x"], ["y"], name="determinant")],
-                 [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 3])], opset=22)
-    with pytest.raises(UnsupportedOperatorError, match="node 'determinant': operator Det .* is not supported by tscomp"):
+    inits = [numpy_helper.from_array(np.array([4, 4], np.int64), "image"),
+             numpy_helper.from_array(np.array([2, 2], np.int64), "block")]
+    path = _save(tmp_path, "col2im", [helper.make_node("Col2Im", ["x", "image", "block"], ["y"], name="fold")],
+                 [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 4, 9])], inits, opset=18)
+    with pytest.raises(UnsupportedOperatorError, match="node 'fold': operator Col2Im .* is not supported by tscomp"):
         load_model(path, ["N=1:4"])
