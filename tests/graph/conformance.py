@@ -33,9 +33,6 @@ SKIP_REASONS: dict[str, str] = {
     r"test_training_dropout(_default)?(_mask)?":
         "training-mode Dropout with ratio > 0 draws a random mask (the expected data comes from numpy's "
         "seeded RNG); tscomp compiles for inference and rejects it with UnsupportedOperatorError",
-    r"test_dynamicquantizelinear.*":
-        "DynamicQuantizeLinear's function body quantizes with QuantizeLinear: int8/uint8 quantization is outside "
-        "tscomp's fp32/int scope (QuantizeLinear is not registered)",
     r"test_linear_attention.*":
         "LinearAttention's function body is a Scan loop, control flow tscomp does not compile",
     r"test_bernoulli.*":

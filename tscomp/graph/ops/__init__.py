@@ -10,6 +10,7 @@ from tscomp.graph.ops import nn  # noqa: F401
 from tscomp.graph.ops import signal  # noqa: F401
 from tscomp.graph.ops import recurrent  # noqa: F401
 from tscomp.graph.ops import sampling  # noqa: F401
+from tscomp.graph.ops import quantization  # noqa: F401
 from tscomp.graph.ops import c_kernels  # noqa: F401  (attaches the index ops' C kernels)
 
 from tscomp.graph.ops.registry import REGISTRY, FusionClass, OpDef, lookup
