@@ -773,9 +773,19 @@ class CompiledGemmGroup(PicklableKernel):
         self.y_output, self.out_shapes, self.arg_roles = analysis.y_output, analysis.out_shapes, analysis.arg_roles
         self.epilogue_args = tuple(analysis.epilogue.args) if analysis.epilogue else ()
         self.has_row_pass = analysis.has_row_pass
-        self.packed = prepack_weights(analysis.W, self.cfg, precision)
+        self.packed = self.pack_weight(analysis.W)
         self._memo: dict[tuple, tuple] = {}
         self.fn = None
+
+    def weight_layout(self) -> tuple:
+        """What the packed panels depend on besides the raw weight: the register tile's width and
+        the precision (not the block tile), so variants that agree share one copy
+        (:mod:`tscomp.runtime.packing` packs the stored raw weight at load)."""
+        return self.cfg.nr, self.precision
+
+    def pack_weight(self, W: np.ndarray) -> np.ndarray:
+        """The raw weight W[K, N] in this kernel's panel layout (:meth:`weight_layout`)."""
+        return prepack_weights(W, self.cfg, self.precision)
 
     def resources(self) -> dict[str, int]:
         return {"vector_accumulators": self.cfg.accumulators(self.isa), "packed_weight_bytes": int(self.packed.nbytes)}

@@ -132,56 +132,44 @@ def _instantiate(node: onnx.NodeProto, name: str, body: onnx.FunctionProto, vers
                                            f"({inner.op_type}), which tscomp does not expand")
         new = onnx.NodeProto()
         new.CopyFrom(inner)
-        new.name = f"{name}/{inner.name or inner.op_type + '_' + str(k)}"
-        new.input[:] = [_renamed(v, rename, name) for v in inner.input]
-        new.output[:] = [_renamed(v, rename, name) for v in inner.output]
-        del new.attribute[:]
-        for a in inner.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:      # an If's branch (decided during shape propagation)
-                branch = onnx.AttributeProto()
-                branch.CopyFrom(a)
-                _rename_graph(branch.g, rename, name, attrs, defaults)
-                new.attribute.append(branch)
-                continue
-            if not a.ref_attr_name:
-                new.attribute.append(a)
-                continue
-            given = attrs.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
-            if given is not None:          # a reference to an attribute neither given nor defaulted is dropped
-                bound = onnx.AttributeProto()
-                bound.CopyFrom(given)
-                bound.name = a.name
-                new.attribute.append(bound)
+        _rename_node(new, f"{name}/{inner.name or inner.op_type + '_' + str(k)}", rename, name, attrs, defaults)
         nodes.append(new)
     return nodes
 
 
-def _rename_graph(g: onnx.GraphProto, rename: dict, prefix: str, attrs: dict, defaults: dict) -> None:
-    """A branch subgraph of a body node, in place: its values renamed as the body's (it reads the
-    body's values by name) and its attribute references bound."""
-    for k, n in enumerate(g.node):
-        n.input[:] = [_renamed(v, rename, prefix) for v in n.input]
-        n.output[:] = [_renamed(v, rename, prefix) for v in n.output]
-        n.name = f"{prefix}/{g.name}/{n.name or n.op_type}_{k}"
-        bound = []
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                _rename_graph(a.g, rename, prefix, attrs, defaults)
-            if a.ref_attr_name:
-                given = attrs.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
-                if given is None:
-                    continue
-                b = onnx.AttributeProto()
-                b.CopyFrom(given)
-                b.name = a.name
-                a = b
-            bound.append(a)
-        del n.attribute[:]
-        n.attribute.extend(bound)
-    for vi in list(g.output) + list(g.input) + list(g.value_info):
-        vi.name = _renamed(vi.name, rename, prefix)
-    for init in g.initializer:
-        init.name = _renamed(init.name, rename, prefix)
+def _rename_node(n: onnx.NodeProto, new_name: str, rename: dict, prefix: str, attrs: dict, defaults: dict) -> None:
+    """A body node, in place: its values renamed (:func:`_renamed`), its attribute references bound
+    to the calling node's attribute or the default (a reference to neither is dropped), its If
+    branches renamed alike (they read the body's values by name)."""
+    n.name = new_name
+    n.input[:] = [_renamed(v, rename, prefix) for v in n.input]
+    n.output[:] = [_renamed(v, rename, prefix) for v in n.output]
+    bound = []
+    for a in n.attribute:
+        if a.ref_attr_name:
+            given = attrs.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
+            if given is not None:
+                bound.append(_copy_named(given, a.name))
+            continue
+        a = _copy_named(a, a.name)        # detached from the list cleared below
+        if a.type == onnx.AttributeProto.GRAPH:      # an If's branch (decided during shape propagation)
+            for k, inner in enumerate(a.g.node):
+                _rename_node(inner, f"{prefix}/{a.g.name}/{inner.name or inner.op_type}_{k}", rename, prefix,
+                             attrs, defaults)
+            for vi in list(a.g.output) + list(a.g.input) + list(a.g.value_info):
+                vi.name = _renamed(vi.name, rename, prefix)
+            for init in a.g.initializer:
+                init.name = _renamed(init.name, rename, prefix)
+        bound.append(a)
+    del n.attribute[:]
+    n.attribute.extend(bound)
+
+
+def _copy_named(attr: onnx.AttributeProto, name: str) -> onnx.AttributeProto:
+    out = onnx.AttributeProto()
+    out.CopyFrom(attr)
+    out.name = name
+    return out
 
 
 def _renamed(value: str, rename: dict, prefix: str) -> str:

@@ -76,10 +76,9 @@ def import_model(model: onnx.ModelProto, dims: Sequence[DimSpec] = (), source: s
 
     for init in g.initializer:
         try:
-            arr = numpy_helper.to_array(init)
+            values[init.name] = constant_value(init)
         except Exception as e:
             raise ModelLoadError(f"{source}: initializer {init.name!r} is unreadable: {_one_line(e)}") from e
-        values[init.name] = Value(init.name, arr.dtype, tuple(sympy.Integer(d) for d in arr.shape), const=arr)
     for sparse in g.sparse_initializer:
         raise UnsupportedOperatorError(f"{source}: sparse initializer {sparse.values.name!r} is not supported")
 
@@ -92,8 +91,7 @@ def import_model(model: onnx.ModelProto, dims: Sequence[DimSpec] = (), source: s
     types = value_types(model) if any(_function_op(n, opset) for n, _ in onnx_nodes) else {}
     onnx_nodes = expand_functions(onnx_nodes, opset, types, _implemented)
     for init in branch_inits:
-        arr = numpy_helper.to_array(init)
-        values[init.name] = Value(init.name, arr.dtype, tuple(sympy.Integer(d) for d in arr.shape), const=arr)
+        values[init.name] = constant_value(init)
     nodes = []
     producer: dict[str, str] = {}
     for idx, (n, default_name) in enumerate(onnx_nodes):
@@ -134,26 +132,22 @@ def convert_node(n: onnx.NodeProto, name: str, source: str) -> Node:
 
 def taken_branch(node: Node, flag: bool, source: str, opset: dict) -> tuple[list[Node], list[Value]]:
     """An ``If`` node decided ``flag``: the taken branch's nodes (its own constant Ifs folded, the
-    others deferred again) and Identity nodes binding its outputs to the node's, and the branch's
-    initializers as constant values."""
+    others deferred again, its function operators expanded; named nodes prefixed with the If's
+    name) and Identity nodes binding its outputs to the node's, and the branch's initializers as
+    constant values."""
+    _, inner, bindings, inits = _taken(node.name, node.attrs, node.outputs, flag, source, {})
     branch_name = "then_branch" if flag else "else_branch"
-    branch = node.attrs.get(branch_name)
-    if branch is None:
-        raise ModelLoadError(f"{source}: If node {node.name!r} has no {branch_name}")
-    if len(branch.output) != len(node.outputs):
-        raise ModelLoadError(f"{source}: If node {node.name!r}: {branch_name} has {len(branch.output)} outputs, "
-                             f"the node {len(node.outputs)}")
-    inner, inits = _fold_constant_ifs(branch, source, _constant_values(branch), prefix=f"{node.name}/{branch_name}/")
     inner = expand_functions(inner, opset, {}, _implemented)
     nodes = [convert_node(n, n.name and f"{node.name}/{branch_name}/{n.name}" or default, source)
              for n, default in inner]
-    nodes += [Node(f"{node.name}/{branch_name}/output{k}", "Identity", [b.name], [out])
-              for k, (b, out) in enumerate(zip(branch.output, node.outputs)) if out]
-    values = []
-    for init in list(branch.initializer) + inits:
-        arr = numpy_helper.to_array(init)
-        values.append(Value(init.name, arr.dtype, tuple(sympy.Integer(d) for d in arr.shape), const=arr))
-    return nodes, values
+    nodes += [convert_node(n, n.name, source) for n, _ in bindings]
+    return nodes, [constant_value(init) for init in inits]
+
+
+def constant_value(init: onnx.TensorProto) -> Value:
+    """An initializer as a constant value of the graph."""
+    arr = numpy_helper.to_array(init)
+    return Value(init.name, arr.dtype, tuple(sympy.Integer(d) for d in arr.shape), const=arr)
 
 
 # ---------------------------------------------------------------- input symbols
@@ -335,23 +329,32 @@ def _fold_constant_ifs(g: onnx.GraphProto, source: str, known=None, prefix: str 
         flag = numpy_helper.to_array(known[cond])
         if flag.size != 1:
             raise ModelLoadError(f"{source}: If node {name!r}: condition {cond!r} has {flag.size} elements, expected 1")
-        branch_name = "then_branch" if bool(flag.reshape(-1)[0]) else "else_branch"
-        branch = next((a.g for a in n.attribute if a.name == branch_name), None)
-        if branch is None:
-            raise ModelLoadError(f"{source}: If node {name!r} has no {branch_name}")
-        if len(branch.output) != len(n.output):
-            raise ModelLoadError(f"{source}: If node {name!r}: {branch_name} has {len(branch.output)} outputs, "
-                                 f"the node {len(n.output)}")
-        inner_known = {**known, **_constant_values(branch)}
-        inner, inner_inits = _fold_constant_ifs(branch, source, inner_known, prefix=f"{name}/{branch_name}/")
-        out += inner
-        inits += list(branch.initializer) + inner_inits
-        for k, (b_out, n_out) in enumerate(zip(branch.output, n.output)):
-            if n_out:
-                ident = helper.make_node("Identity", [b_out.name], [n_out], name=f"{name}/{branch_name}/output{k}")
-                out.append((ident, ident.name))
+        branch, inner, bindings, inner_inits = _taken(name, {a.name: a.g for a in n.attribute}, list(n.output),
+                                                      bool(flag.reshape(-1)[0]), source, known)
+        out += inner + bindings
+        inits += inner_inits
         known.update({o: known[b.name] for b, o in zip(branch.output, n.output) if b.name in known})
     return out, inits
+
+
+def _taken(name: str, branches: dict, outputs: list[str], flag: bool, source: str, known: dict):
+    """An If decided ``flag``: (the taken branch, its nodes with their own constant Ifs folded,
+    Identity nodes binding its outputs to the If's ``outputs``, its initializers and theirs)."""
+    branch_name = "then_branch" if flag else "else_branch"
+    branch = branches.get(branch_name)
+    if branch is None:
+        raise ModelLoadError(f"{source}: If node {name!r} has no {branch_name}")
+    if len(branch.output) != len(outputs):
+        raise ModelLoadError(f"{source}: If node {name!r}: {branch_name} has {len(branch.output)} outputs, "
+                             f"the node {len(outputs)}")
+    inner, inits = _fold_constant_ifs(branch, source, {**known, **_constant_values(branch)},
+                                      prefix=f"{name}/{branch_name}/")
+    bindings = []
+    for k, (b_out, n_out) in enumerate(zip(branch.output, outputs)):
+        if n_out:
+            ident = helper.make_node("Identity", [b_out.name], [n_out], name=f"{name}/{branch_name}/output{k}")
+            bindings.append((ident, ident.name))
+    return branch, inner, bindings, list(branch.initializer) + inits
 
 
 def refuse_data_dependent_shapes(graph: Graph) -> None:

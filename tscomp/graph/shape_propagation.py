@@ -108,7 +108,7 @@ def _decided_flag(graph: Graph, cond) -> bool | None:
     symbol ranges decide it (``Eq(floor(h/2), 1)`` false over h in 4..24); None where neither."""
     if cond.const is not None and np.asarray(cond.const).size == 1:
         return bool(np.asarray(cond.const).reshape(-1)[0])
-    data = getattr(cond, "symdata", None)
+    data = cond.symdata
     if data is None or np.asarray(data).size != 1:
         return None
     expr = sympy.sympify(np.asarray(data, dtype=object).reshape(-1)[0])

@@ -217,7 +217,6 @@ def group_norm_rows(graph: Graph) -> int:
         shape4 = (rows.shape[0], sympy.Integer(groups), sympy.Integer(per_group), sympy.Mul(*x.shape[2:]))
         target = graph.add_value(f"{node.name}/channel_rows_shape", np.int64, (4,),
                                  np.array([0, groups, per_group, -1], np.int64))
-        restore = graph.add_value(f"{node.name}/group_rows_shape", np.int64, (3,), np.array([0, groups, -1], np.int64))
         rows4 = graph.add_value(f"{node.name}/channel_rows", rows.dtype, shape4)
         normed4 = graph.add_value(f"{node.name}/channel_rows_normalized", rows.dtype, shape4)
         nodes += [Node(f"{node.name}/channel_rows", "Reshape", [x.name, target], [rows4]),
@@ -228,6 +227,8 @@ def group_norm_rows(graph: Graph) -> int:
             for u in users:     # the reshape back to x's shape reads the 4-d rows directly: one view, no
                 u.inputs[0] = normed4   # [N, G, C/G * H * W] between (its index a floor by a symbolic size)
         else:
+            restore = graph.add_value(f"{node.name}/group_rows_shape", np.int64, (3,),
+                                      np.array([0, groups, -1], np.int64))
             nodes.append(Node(f"{node.name}/group_rows", "Reshape", [normed4, restore], [out]))
         rewritten += 1
     graph.nodes = nodes

@@ -20,16 +20,6 @@ def _analysis_weight(kernel):
     return None if analysis is None else analysis.__dict__.get("W")
 
 
-def _gemm_pack(kernel, raw):
-    from tscomp.codegen.cpu_gemm import prepack_weights
-    return prepack_weights(raw, kernel.cfg, getattr(kernel, "precision", "fp32"))
-
-
-def _gemm_layout(kernel) -> tuple:
-    """What a GEMM's panel layout depends on: the register tile's width and the precision."""
-    return kernel.cfg.nr, getattr(kernel, "precision", "fp32")
-
-
 def _own_pack(kernel, raw):
     return kernel.pack_weight(raw)
 
@@ -39,12 +29,11 @@ def _own_layout(kernel) -> tuple:
 
 
 #: family -> (raw weight of a kernel, pack it, what the packed layout depends on: kernels of one raw
-#: weight that agree on it share one copy, packed once at load). The Conv families' kernels know
-#: their own layouts (:meth:`tscomp.codegen.cpu_conv.CompiledConv.weight_layout`): MR-row panels,
-#: channel blocks of one vector, or plain rows
+#: weight that agree on it share one copy, packed once at load). Each family's kernels know their
+#: own layout (``weight_layout``: a GEMM's register-tile width and precision, a Conv's MR-row
+#: panels, channel blocks of one vector or plain rows) and pack a raw weight into it (``pack_weight``)
 _OWN = (_analysis_weight, _own_pack, _own_layout)
-PACKERS = {"gemm": (_analysis_weight, _gemm_pack, _gemm_layout),
-           "conv": _OWN, "conv-depthwise": _OWN, "conv-transpose": _OWN}
+PACKERS = {family: _OWN for family in ("gemm", "conv", "conv-depthwise", "conv-transpose")}
 
 
 def copy_key(kernel) -> tuple | None:

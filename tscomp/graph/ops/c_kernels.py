@@ -40,34 +40,30 @@ def _scan_c(update: str, identity: str):
     """CumSum / CumProd: one sequential scan per (outer, inner) line, lines in parallel; the
     running value kept in the element type, as numpy's ``cumsum/cumprod(dtype=x.dtype)``."""
     def scan_c(w) -> None:
-        _scan_body(w, update, identity)
+        x, y = w.arg(0), w.out(0)
+        axes = w.const_ints(1)
+        if axes is None:
+            w.fail("axis known only at run time")
+        if not x.shape:
+            w.fail(f"{w.op_type} of a scalar")
+        a = axes[0] % len(x.shape)
+        outer, n, inner = _axis_split(w, x.shape, a)
+        rev, exc = bool(w.attr("reverse", 0)), bool(w.attr("exclusive", 0))
+        w.emit(f"/* {w.op_type} over axis {a}{' reversed' if rev else ''}{' exclusive' if exc else ''}: "
+               f"[{outer}] lines x [{n}] x [{inner}] */")
+        w.parallel_for([("o", outer), ("q", inner)], work=f"({outer}) * ({inner})", min_work=64)
+        w.emit(f"    {y.ctype} acc = {identity};")
+        w.emit(f"    for (int64_t t = 0; t < {n}; ++t) {{")
+        w.emit(f"        const int64_t p = (o * ({n}) + {f'({n}) - 1 - t' if rev else 't'}) * ({inner}) + q;")
+        if exc:
+            w.emit(f"        {y.at('p')} = acc;")
+            w.emit(f"        acc {update}= {x.at('p')};")
+        else:
+            w.emit(f"        acc {update}= {x.at('p')};")
+            w.emit(f"        {y.at('p')} = acc;")
+        w.emit("    }")
+        w.emit("}")
     return scan_c
-
-
-def _scan_body(w, update: str, identity: str) -> None:
-    x, y = w.arg(0), w.out(0)
-    axes = w.const_ints(1)
-    if axes is None:
-        w.fail("axis known only at run time")
-    if not x.shape:
-        w.fail("CumSum of a scalar")
-    a = axes[0] % len(x.shape)
-    outer, n, inner = _axis_split(w, x.shape, a)
-    rev, exc = bool(w.attr("reverse", 0)), bool(w.attr("exclusive", 0))
-    w.emit(f"/* {w.op_type} over axis {a}{' reversed' if rev else ''}{' exclusive' if exc else ''}: "
-           f"[{outer}] lines x [{n}] x [{inner}] */")
-    w.parallel_for([("o", outer), ("q", inner)], work=f"({outer}) * ({inner})", min_work=64)
-    w.emit(f"    {y.ctype} acc = {identity};")
-    w.emit(f"    for (int64_t t = 0; t < {n}; ++t) {{")
-    w.emit(f"        const int64_t p = (o * ({n}) + {f'({n}) - 1 - t' if rev else 't'}) * ({inner}) + q;")
-    if exc:
-        w.emit(f"        {y.at('p')} = acc;")
-        w.emit(f"        acc {update}= {x.at('p')};")
-    else:
-        w.emit(f"        acc {update}= {x.at('p')};")
-        w.emit(f"        {y.at('p')} = acc;")
-    w.emit("    }")
-    w.emit("}")
 
 
 # =========================================================================== Range, ConstantOfShape

@@ -18,7 +18,7 @@ from onnx import helper
 from scipy import special
 
 from tscomp.graph.ops.registry import (DATA_VIA_REFERENCE, CTypes, FusionClass, OpCall, OpDef, ShapeContext,
-                                       c_type, register)
+                                       c_type, register, same_shape)
 from tscomp.graph.symbols import floor_of_root
 
 E = FusionClass.ELEMENTWISE
@@ -492,7 +492,7 @@ register(OpDef("Shrink", E, same_dtype_broadcast,
                arity=(1, 1),
                c_expr=_c_alpha("({a} < -{lambd} ? {a} + {bias} : ({a} > {lambd} ? {a} - {bias} : 0))",
                                lambd=0.5, bias=0.0)))
-register(OpDef("Clip", E, lambda ctx: ctx.set_output(0, ctx.dtype(0), ctx.shape(0)), clip_ref, arity=(1, 3),
+register(OpDef("Clip", E, same_shape, clip_ref, arity=(1, 3),
                c_expr=_c_clip))
 
 BINARY: dict[str, tuple[Callable, Callable | None, Callable | None]] = {
@@ -550,5 +550,5 @@ register(OpDef("Cast", E, cast_shape, cast_ref, data_rule=_elementwise_data(_cas
                c_expr=_c_cast))
 register(OpDef("CastLike", E, castlike_shape, lambda call, x, like: x.astype(like.dtype),
                data_rule=_elementwise_data(_cast_data), arity=(2, 2), c_expr=_c_cast))
-register(OpDef("Identity", FusionClass.INJECTIVE, lambda ctx: ctx.set_output(0, ctx.dtype(0), ctx.shape(0)),
+register(OpDef("Identity", FusionClass.INJECTIVE, same_shape,
                lambda call, x: x, data_rule=DATA_VIA_REFERENCE, arity=(1, 1), c_expr=_c("{a}")))

@@ -33,7 +33,7 @@ import sympy
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tscomp.graph.ops.elementwise import onnx_dtype
-from tscomp.graph.ops.registry import FusionClass, OpCall, OpDef, ShapeContext, register
+from tscomp.graph.ops.registry import FusionClass, OpCall, OpDef, ShapeContext, register, same_shape
 from tscomp.graph.symbols import Constraint, as_expr
 
 BACKBONE = FusionClass.BACKBONE
@@ -436,10 +436,6 @@ def _global(fn):
 
 
 # =========================================================================== Softmax family
-def same_shape(ctx: ShapeContext) -> None:
-    ctx.set_output(0, ctx.dtype(0), ctx.shape(0))
-
-
 def softmax_shape(ctx: ShapeContext) -> None:
     ctx.normalize_axis(int(ctx.attr("axis", _softmax_default_axis(ctx.opset))), ctx.rank(0))
     same_shape(ctx)
@@ -746,9 +742,10 @@ def topk_shape(ctx: ShapeContext) -> None:
         k = ks[0] if ks is not None else ctx.data_dependent("topk")     # K from tensor data
     if ctx.symbols.decide("<", k, 0):
         ctx.fail(f"K = {k} is negative")
-    if ctx.symbols.decide("<=", k, x[axis]) is False:
+    fits = ctx.symbols.decide("<=", k, x[axis])
+    if fits is False:
         ctx.fail(f"K = {k} exceeds the axis extent {x[axis]}")
-    if ctx.symbols.decide("<=", k, x[axis]) is None:
+    if fits is None:
         ctx.symbols.constraints.append(Constraint(k, x[axis], f"{ctx.where()}: K at most the axis extent", "<="))
     out = [k if i == axis else d for i, d in enumerate(x)]
     ctx.set_output(0, ctx.dtype(0), out)
@@ -1130,11 +1127,9 @@ for _op, _fn in ARG_REDUCTIONS.items():
                    reduced_axes=lambda ctx: [ctx.normalize_axis(int(ctx.attr("axis", 0)), ctx.rank(0))]))
 
 register(OpDef("TopK", OPAQUE, topk_shape, topk_ref, arity=(1, 2)))
-register(OpDef("LpNormalization", OPAQUE, lambda ctx: ctx.set_output(0, ctx.dtype(0), ctx.shape(0)),
-               lp_normalization_ref, arity=(1, 1)))
-register(OpDef("LRN", OPAQUE, lambda ctx: ctx.set_output(0, ctx.dtype(0), ctx.shape(0)), lrn_ref, arity=(1, 1)))
-register(OpDef("Hardmax", OPAQUE, lambda ctx: ctx.set_output(0, ctx.dtype(0), ctx.shape(0)), hardmax_ref,
-               arity=(1, 1)))
+register(OpDef("LpNormalization", OPAQUE, same_shape, lp_normalization_ref, arity=(1, 1)))
+register(OpDef("LRN", OPAQUE, same_shape, lrn_ref, arity=(1, 1)))
+register(OpDef("Hardmax", OPAQUE, same_shape, hardmax_ref, arity=(1, 1)))
 register(OpDef("Det", OPAQUE, det_shape, lambda call, x: np.linalg.det(x).astype(x.dtype), arity=(1, 1)))
 
 GLOBAL_POOLS = {"GlobalAveragePool": np.mean, "GlobalMaxPool": np.max}

@@ -20,7 +20,7 @@ from onnx import helper
 from tscomp.graph.ops.registry import FusionClass, OpCall, OpDef, ShapeContext, register
 
 #: integer types a quantized tensor may have here
-INTEGER_TYPES = (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32)
+INTEGER_TYPES = frozenset(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32))
 
 
 def _output_dtype(attr_value: int, fallback) -> np.dtype:
@@ -32,13 +32,13 @@ def _output_dtype(attr_value: int, fallback) -> np.dtype:
 def quantize_shape(ctx: ShapeContext) -> None:
     zp = ctx.dtype(2) if ctx.has_input(2) else None
     out = zp if zp is not None else _output_dtype(ctx.attr("output_dtype", 0), np.uint8)
-    if np.dtype(out) not in [np.dtype(t) for t in INTEGER_TYPES]:
+    if np.dtype(out) not in INTEGER_TYPES:
         ctx.unsupported(f"quantizing to {np.dtype(out)} (float8 and 4-bit types are outside tscomp's scope)")
     ctx.set_output(0, out, ctx.shape(0))
 
 
 def dequantize_shape(ctx: ShapeContext) -> None:
-    if np.dtype(ctx.dtype(0)) not in [np.dtype(t) for t in INTEGER_TYPES]:
+    if np.dtype(ctx.dtype(0)) not in INTEGER_TYPES:
         ctx.unsupported(f"dequantizing {np.dtype(ctx.dtype(0))} (float8 and 4-bit types are outside tscomp's scope)")
     ctx.set_output(0, _output_dtype(ctx.attr("output_dtype", 0), ctx.dtype(1)), ctx.shape(0))
 

@@ -117,6 +117,11 @@ def c_type(dtype) -> str | None:
 REGISTRY: dict[tuple[str, str], OpDef] = {}
 
 
+def same_shape(ctx: "ShapeContext") -> None:
+    """The shape rule of an operator whose output is its first input's shape and element type."""
+    ctx.set_output(0, ctx.dtype(0), ctx.shape(0))
+
+
 def register(opdef: OpDef) -> OpDef:
     key = (opdef.domain, opdef.op_type)
     if key in REGISTRY:

@@ -37,7 +37,7 @@ import sympy
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.ops.elementwise import onnx_dtype
 from tscomp.graph.ops.registry import (DATA_VIA_REFERENCE, FusionClass, OpCall, OpDef, ShapeContext,
-                                       register)
+                                       register, same_shape)
 from tscomp.graph import views
 from tscomp.graph.symbols import as_expr, numel, shape_str
 
@@ -747,10 +747,6 @@ def pad_ref(call: OpCall, data, pads=None, constant_value=None, axes=None):
 
 
 # =========================================================================== Trilu, CumSum, EyeLike
-def same_shape(ctx: ShapeContext) -> None:
-    ctx.set_output(0, ctx.dtype(0), ctx.shape(0))
-
-
 def trilu_shape(ctx: ShapeContext) -> None:
     if ctx.rank(0) < 2:
         ctx.fail(f"input {shape_str(ctx.shape(0))} must have rank >= 2")
@@ -908,9 +904,21 @@ def scatter_elements_ref(call: OpCall, data, indices, updates):
 
 # =========================================================================== DepthToSpace, SpaceToDepth
 # Both are a Reshape -> Transpose -> Reshape of [N, C, H, W] (pixel shuffle / unshuffle): a view,
-# which the fusion stage composes into the reading kernel's index map; the 6-d middle shapes:
+# which the fusion stage composes into the reading kernel's index map.
+def _space_layout(n, c, h, w, b: int, crd: bool, to_depth: bool):
+    """(middle shape, permutation, output shape) of the Reshape -> Transpose -> Reshape, for ints or
+    shape expressions alike (``//`` of a SymPy expression is its floor)."""
+    if to_depth:      # [N, C, H/b, b, W/b, b] -> [N, b, b, C, H/b, W/b] (DCR)
+        hb, wb = h // b, w // b
+        return (n, c, hb, b, wb, b), (0, 1, 3, 5, 2, 4) if crd else (0, 3, 5, 1, 2, 4), (n, c * b * b, hb, wb)
+    cb = c // (b * b)
+    if crd:
+        return (n, cb, b, b, h, w), (0, 1, 4, 2, 5, 3), (n, cb, h * b, w * b)
+    return (n, b, b, cb, h, w), (0, 3, 4, 1, 5, 2), (n, cb, h * b, w * b)
+
+
 def _space_chain(ctx: ShapeContext, to_depth: bool):
-    """(middle shape, permutation, output shape) of the op's Reshape -> Transpose -> Reshape."""
+    """:func:`_space_layout` of the node's input, its whole blocks required (H and W, or C)."""
     dims = ctx.shape(0)
     if len(dims) != 4:
         ctx.fail(f"expects a 4-d [N, C, H, W] input, got rank {len(dims)}")
@@ -918,17 +926,13 @@ def _space_chain(ctx: ShapeContext, to_depth: bool):
     b = int(ctx.attr("blocksize", 0))
     if b < 1:
         ctx.fail(f"blocksize must be positive, got {b}")
-    if to_depth:      # [N, C, H/b, b, W/b, b] -> [N, b, b, C, H/b, W/b] (DCR): whole blocks of H and W
-        hb, wb = (sympy.floor(d / b) for d in (h, w))
-        for d, db, name in ((h, hb, "H"), (w, wb, "W")):
-            ctx.unify(d, b * db, f"{name} must be a multiple of the blocksize {b}")
-        perm = (0, 1, 3, 5, 2, 4) if ctx.attr("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
-        return (n, c, hb, b, wb, b), perm, (n, c * b * b, hb, wb)
-    cb = sympy.floor(c / (b * b))
-    ctx.unify(c, b * b * cb, f"the channels must be a multiple of blocksize^2 = {b * b}")
-    if ctx.attr("mode", "DCR") == "CRD":
-        return (n, cb, b, b, h, w), (0, 1, 4, 2, 5, 3), (n, cb, h * b, w * b)
-    return (n, b, b, cb, h, w), (0, 3, 4, 1, 5, 2), (n, cb, h * b, w * b)
+    layout = _space_layout(n, c, h, w, b, ctx.attr("mode", "DCR") == "CRD", to_depth)
+    if to_depth:
+        for d, name in ((h, "H"), (w, "W")):
+            ctx.unify(d, b * (d // b), f"{name} must be a multiple of the blocksize {b}")
+    else:
+        ctx.unify(c, b * b * (c // (b * b)), f"the channels must be a multiple of blocksize^2 = {b * b}")
+    return layout
 
 
 def _space_shape(to_depth: bool):
@@ -939,15 +943,9 @@ def _space_shape(to_depth: bool):
 
 def _space_ref(to_depth: bool):
     def ref(call: OpCall, x):
-        n, c, h, w = x.shape
-        b = int(call.attr("blocksize"))
-        if to_depth:
-            perm = (0, 1, 3, 5, 2, 4) if call.attr("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
-            y = x.reshape(n, c, h // b, b, w // b, b).transpose(perm)
-            return y.reshape(n, c * b * b, h // b, w // b)
-        mid = (n, c // (b * b), b, b, h, w) if call.attr("mode", "DCR") == "CRD" else (n, b, b, c // (b * b), h, w)
-        perm = (0, 1, 4, 2, 5, 3) if call.attr("mode", "DCR") == "CRD" else (0, 3, 4, 1, 5, 2)
-        return x.reshape(mid).transpose(perm).reshape(n, c // (b * b), h * b, w * b)
+        mid, perm, out = _space_layout(*x.shape, int(call.attr("blocksize")), call.attr("mode", "DCR") == "CRD",
+                                       to_depth)
+        return x.reshape(mid).transpose(perm).reshape(out)
     return ref
 
 
