@@ -50,6 +50,36 @@ void run(const float* a, int64_t lda, float* d, int64_t ldd)
     assert (d[:, L:] == -1).all()          # nothing written past the block
 
 
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("w,h", [(5, None), (None, 3), (7, 11), (1, 1)])
+def test_the_partial_transpose_reads_and_writes_only_its_columns_and_rows(tmp_path, isa, w, h):
+    _skip_unless_runs(isa)
+    import ctypes
+    L = VECTOR_WIDTH[isa]
+    w, h = min(w or L, L), min(h or L, L)
+    src = f"""#include <stdint.h>
+#include <immintrin.h>
+{transpose_block_c(isa)}
+void run(const float* const* rows, float* d, int64_t ldd, int64_t w, int64_t h)
+{{
+    ts_transpose_block_part(rows, 0, d, ldd, w, h);
+}}
+"""
+    fn = load_library(build_library(src, "run")).run
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+    # each source row is exactly w floats at the end of its own array: a read past column w would
+    # read the NaN guard, a row past h is a NULL pointer the function must not dereference
+    arrays = [np.concatenate([np.arange(w, dtype=np.float32) + 100 * v, [np.nan] * 8]).astype(np.float32)
+              for v in range(h)]
+    rows = (ctypes.c_void_p * L)(*([a.ctypes.data for a in arrays] + [None] * (L - h)))
+    d = np.full((L + 1, 21), -1, np.float32)
+    fn(rows, d.ctypes.data, 21, w, h)
+    want = np.array([a[:w] for a in arrays]).T
+    np.testing.assert_array_equal(d[:w, :h], want)
+    assert (d[:w, h:] == -1).all() and (d[w:] == -1).all()     # nothing stored past the part
+
+
 DEPTHWISE = [
     ("dw3", 1, (3, 3), dict(pads=[1, 1, 1, 1]), ("bn", "relu")),
     ("dw_s2", 1, (3, 3), dict(pads=[1, 0, 1, 2], strides=[2, 2]), ()),

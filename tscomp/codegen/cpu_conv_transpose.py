@@ -175,8 +175,10 @@ void {name}({_runtime_params()}{params})
                     for (int64_t l = 0; l < {L}; ++l) pos[l] = acc + (p + l) * TS_MBL + q;
                     ts_transpose_block(pos, 0, tile + q * F + p, F);
                 }}
-                for (; p < F; ++p)
-                    for (int64_t l = 0; l < {L}; ++l) tile[(q + l) * F + p] = acc[p * TS_MBL + q + l];
+                if (p < F) {{    /* the last positions: their rows only, masked stores */
+                    for (int64_t l = 0; l < F - p; ++l) pos[l] = acc + (p + l) * TS_MBL + q;
+                    ts_transpose_block_part(pos, 0, tile + q * F + p, F, {L}, F - p);
+                }}
             }}
             conv_epilogue(tile, F, n, g * TS_OCG + m0, oh0 * OW, mv, F{names});
         }}
