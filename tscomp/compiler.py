@@ -32,6 +32,7 @@ import numpy as np
 
 from tscomp.codegen.build import build_object, set_num_threads
 from tscomp.codegen.families import DEFAULT_VARIANTS, FamilyChoice, choose_family, fallback_kernel
+from tscomp.codegen.channel_blocking import block_conv_chains
 from tscomp.codegen.sharing import share_identical_kernels
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph import DimSpec, load_model, require_resolved_shapes
@@ -120,6 +121,7 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
     options = tuning or TuningOptions(tune=False)
     options.max_variants = max_variants
     schedules = schedule_plan(plan, choices, target, options, log=log)
+    blocked = block_conv_chains(plan, choices, schedules, target)
     kernels = build_kernels(plan, choices, schedules, target, progress)
     measure_for_dispatch(plan, kernels, target.threads, evict_bytes(plan, target))
     dropped, worth = drop_unworthy_copies(kernels, plan.graph.symbols, target)
@@ -127,6 +129,9 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
         progress(len(plan.groups), len(plan.groups), "done")
     model = CompiledModel(plan, kernels, target, schedules, source_model=source_model,
                           compile_seconds=time.perf_counter() - t0)
+    if blocked:
+        model.notes.append(f"channel-blocked activations: {len(blocked)} tensor(s) between convolutions stored "
+                           f"in blocks of {blocked[0].lanes} channels (no transposes around them)")
     if dropped:
         model.notes.append(f"packed weights: one copy of the weight in {len(dropped)} group(s) whose other "
                            f"register-tile widths gained < {worth:.0%} ({sum(dropped.values()) / 2**20:.1f} MiB "

@@ -173,7 +173,7 @@ class Geometry2D:
 #: compile-time constants of the generated kernels; spelled TS_<name> in the C so that no shape
 #: symbol of the epilogue (a model dim called ``G`` or ``KH``) can collide with them
 MACROS = ("C_IN", "CG", "OCG", "G", "OC", "KH", "KW", "SH", "SW", "DH", "DW", "KDIM", "MR", "NR", "MC", "NC", "KC",
-          "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD", "COLUMN_VECTORS")
+          "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD", "COLUMN_VECTORS", "LANES")
 _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 
 
@@ -325,10 +325,19 @@ class TileEpilogue(GroupGenerator):
                              lambda why: self.fail(f"output {oname}: {self.heavy.op_type} {why}"))
 
     # ------------------------------------------------------------------ the function
-    def generate_function(self, name: str, outputs: Mapping[str, Expr]) -> tuple[str, list[tuple], str]:
+    def generate_function(self, name: str, outputs: Mapping[str, Expr],
+                          lanes: int = 0) -> tuple[str, list[tuple], str]:
         """(C text, [(role, name, C parameter, dtype/symbol)], file-scope statics); ``scattered``
-        then says whether an output is stored in another layout than [N, OC, positions]."""
+        then says whether an output is stored in another layout than [N, OC, positions].
+
+        ``lanes`` > 0: the *channel-blocked* form (:mod:`tscomp.codegen.channel_blocking`). The tile
+        is position-major (``ts_tile[p * ts_ldt + l]``, a run of ``ts_mv`` channels of one block of
+        ``lanes``, from lane ``ts_l0`` of block ``ts_cb`` on), the lanes are the simd loop, and the
+        one output -- the backbone's own [N, OC, *spatial] -- is stored channel-blocked,
+        ``((n * OC/lanes + c / lanes) * P + p) * lanes + c % lanes``: whole vectors, no transpose."""
         self.scattered = False
+        if lanes:
+            return self._generate_blocked(name, outputs, lanes)
         rows = _Block([("for (int64_t ts_er = 0; ts_er < ts_mv; ++ts_er) {", 0)], [("}", 0)])
         self.push(rows, [self.ch])
         self.emit("const int64_t ts_c = ts_ch0 + ts_er;")
@@ -356,6 +365,35 @@ class TileEpilogue(GroupGenerator):
             self.emit(f"{self.out_c[oname]}[{self.c(off)}] = {v};{note}")
         self.pop()
         self.pop()
+        return self._function_text(name, outputs, "int64_t ts_ch0")
+
+    def _generate_blocked(self, name: str, outputs: Mapping[str, Expr], lanes: int) -> tuple[str, list[tuple], str]:
+        """The channel-blocked form of :meth:`generate_function`."""
+        if len(outputs) != 1:
+            self.fail("a channel-blocked Conv output must be the group's only output")
+        (oname, e), = outputs.items()
+        if not all(same(a, b) for a, b in zip(self.shape(e), self.hshape)) or len(self.shape(e)) != len(self.hshape):
+            self.fail(f"output {oname} is not the Conv's own output space: it cannot be stored channel-blocked")
+        if not (self.C.is_Integer and int(self.C) % lanes == 0):
+            self.fail(f"{self.C} output channels are not whole blocks of {lanes}")
+        self.emit("const int64_t ts_ch0 = ts_cb * " + str(lanes) + " + ts_l0;")
+        cols = _Block([("for (int64_t ts_ec = 0; ts_ec < ts_nv; ++ts_ec) {", 0)], [("}", 0)])
+        self.push(cols, [self.p])
+        self.emit("const int64_t ts_p = ts_p0 + ts_ec;")
+        block = f"(ts_n * {int(self.C) // lanes} + ts_cb) * {self.c(self.P)}"
+        self.emit(f"float* restrict ts_o = {self.out_c[oname]} + (({block} + ts_p) * {lanes} + ts_l0);")
+        lane = _Block([("#pragma omp simd", 0), ("for (int64_t ts_el = 0; ts_el < ts_mv; ++ts_el) {", 0)], [("}", 0)])
+        self.push(lane, [self.ch])
+        self.emit("const int64_t ts_c = ts_ch0 + ts_el;")
+        self.emit("const float ts_acc = ts_tile[ts_ec * ts_ldt + ts_el];")
+        self.where["ts_acc"] = lane
+        v = self.value(e, (self.n, self.ch) + tuple(self.pos))
+        self.emit(f"ts_o[ts_el] = {v};  /* channel-blocked: lane c % {lanes} of block c / {lanes} */")
+        self.pop()
+        self.pop()
+        return self._function_text(name, outputs, "int64_t ts_cb, int64_t ts_l0")
+
+    def _function_text(self, name: str, outputs: Mapping[str, Expr], channel_params: str) -> tuple[str, list[tuple], str]:
         if self.index_checks:
             self.fail("a data-dependent index (Gather) in a convolution epilogue is not supported")
         if self.scratch:
@@ -375,7 +413,7 @@ class TileEpilogue(GroupGenerator):
             args.append(("symbol", s.name, c_symbol_name(s.name), s))
         params = "".join(f", {param_of(a)}" for a in args)
         text = (f"static inline __attribute__((always_inline)) void {name}(const float* restrict ts_tile, "
-                f"int64_t ts_ldt, int64_t ts_n, int64_t ts_ch0, int64_t ts_p0, int64_t ts_mv, int64_t ts_nv{params})\n"
+                f"int64_t ts_ldt, int64_t ts_n, {channel_params}, int64_t ts_p0, int64_t ts_mv, int64_t ts_nv{params})\n"
                 f"{{\n{body}\n}}\n")
         return text, args, "\n".join(self.statics)
 
@@ -475,9 +513,28 @@ class _ConvBase:
     def _check_strategy(self) -> None:
         raise NotImplementedError
 
+    #: lanes of the channel-blocked layout X is read in / the output is stored in (0: NCHW); set by
+    #: :mod:`tscomp.codegen.channel_blocking` through :meth:`read_blocked` and :meth:`store_blocked`
+    x_lanes = 0
+    y_lanes = 0
+
+    def read_blocked(self, lanes: int) -> None:
+        """X is stored channel-blocked in blocks of ``lanes`` channels (its producer writes it so)."""
+        self.x_lanes = lanes
+
+    def store_blocked(self, lanes: int) -> None:
+        """Store the output channel-blocked in blocks of ``lanes`` channels (the epilogue regenerated)."""
+        self.y_lanes = lanes
+        self._gen_epilogue()
+
+    def layout_slug(self) -> str:
+        """The function-name suffix of the blocked layouts ("" for NCHW in and out)."""
+        return (f"_xb{self.x_lanes}" if self.x_lanes else "") + (f"_yb{self.y_lanes}" if self.y_lanes else "")
+
     def _gen_epilogue(self) -> None:
         gen = TileEpilogue(self.plan, self.group, self.heavy, self.out_shape, self.bias)
-        self.epilogue_c, epi_args, self.statics = gen.generate_function("conv_epilogue", self.group.outputs)
+        self.epilogue_c, epi_args, self.statics = gen.generate_function("conv_epilogue", self.group.outputs,
+                                                                        lanes=self.y_lanes)
         self.scattered_store = gen.scattered
         pro_args, self.prologue_c = [], ""
         if self.prologue:
@@ -663,7 +720,7 @@ def conv_task_grid(P: int, images: int, n_ob: int, cfg: TileConfig, threads: int
 
 def conv_func_name(analysis: _ConvBase, cfg: TileConfig | None, isa: str) -> str:
     tail = cfg.slug() if cfg is not None else "direct"
-    return "tscomp_" + re.sub(r"\W", "_", analysis.group.name) + f"_conv_{isa}_{tail}"
+    return "tscomp_" + re.sub(r"\W", "_", analysis.group.name) + f"_conv_{isa}_{tail}{analysis.layout_slug()}"
 
 
 def _runtime_params() -> str:
@@ -729,7 +786,8 @@ _MICRO_PARAMS = """int64_t kl, const float* restrict ap, const float* restrict b
     int first, int last, float* restrict tile"""
 
 
-def _emit_micro_kernel(emit, isa: str, MR: int, NR: int, column_vectors: bool = True) -> None:
+def _emit_micro_kernel(emit, isa: str, MR: int, NR: int, column_vectors: bool = True,
+                       position_major: bool = False) -> None:
     lanes = ("the SIMD lanes along the positions: per k, NR/W column vectors times MR broadcast weights"
              if column_vectors or isa == "scalar" else
              "the SIMD lanes along the channels: per k, MR/W weight vectors times NR broadcast positions")
@@ -761,8 +819,8 @@ static inline __attribute__((always_inline)) void micro_kernel(
     v = _Vec(isa)
     W = v.width
     if not column_vectors:
-        _emit_row_vector_body(emit, v, MR, NR)
-        _emit_row_vector_tails(emit, v, MR, NR)
+        _emit_row_vector_body(emit, v, MR, NR, position_major=position_major)
+        _emit_row_vector_tails(emit, v, MR, NR, position_major)
         return
     accs = emit_accumulators(emit, v, MR, NR)
     emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
@@ -776,13 +834,15 @@ static inline __attribute__((always_inline)) void micro_kernel(
     emit("}\n")
 
 
-def _emit_row_vector_body(emit, v: _Vec, MR: int, NR: int, positions: int | None = None) -> None:
+def _emit_row_vector_body(emit, v: _Vec, MR: int, NR: int, positions: int | None = None,
+                          position_major: bool = False) -> None:
     """The micro-kernel's body with the lanes along the tile's rows (channels): the weight panel's k
     row is MR/W vectors, each of the NR gathered positions a broadcast (a late stage's few positions
     waste no padded lanes, and the weights stream as whole vectors). The accumulators hold the tile
     transposed (position-major); the finished tile is transposed back through a stack buffer.
     ``positions`` < NR: the body of a tail kernel computing only that many positions (the tile keeps
-    its NR-position rows; the other columns are not written)."""
+    its NR-position rows; the other columns are not written). ``position_major``: the finished tile
+    stays position-major (``tile[j * MR + r]``: a channel-blocked output's epilogue reads it so)."""
     W = v.width
     npos = NR if positions is None else positions
     if positions is None:
@@ -801,6 +861,11 @@ def _emit_row_vector_body(emit, v: _Vec, MR: int, NR: int, positions: int | None
         emit("        " + " ".join(v.store(f"ct + {j * MR + c * W}", a) for c, a in enumerate(row)))
     emit("        return;")
     emit("    }")
+    if position_major:
+        for j, row in enumerate(accs):
+            emit("    " + " ".join(v.store(f"tile + {j * MR + c * W}", a) for c, a in enumerate(row)))
+        emit("}\n")
+        return
     emit(f"    float tt[{npos} * MR] __attribute__((aligned(64)));   /* position-major: tt[j * MR + r] */")
     for j, row in enumerate(accs):
         emit("    " + " ".join(v.store(f"tt + {j * MR + c * W}", a) for c, a in enumerate(row)))
@@ -810,7 +875,7 @@ def _emit_row_vector_body(emit, v: _Vec, MR: int, NR: int, positions: int | None
     emit("}\n")
 
 
-def _emit_row_vector_tails(emit, v: _Vec, MR: int, NR: int) -> None:
+def _emit_row_vector_tails(emit, v: _Vec, MR: int, NR: int, position_major: bool = False) -> None:
     """Row-vector kernels for a last position tile of 1 .. NR-1 positions, and ``micro_kernel_tail``
     choosing one (FTuner's combination of tile sizes, as the GEMM's row tails): P = 49 under a
     12-position tile runs four tiles and a 1-position kernel, not a fifth 12-position tile on
@@ -821,7 +886,7 @@ def _emit_row_vector_tails(emit, v: _Vec, MR: int, NR: int) -> None:
 static __attribute__((noinline)) void micro_kernel_{n}(
     {_MICRO_PARAMS})
 {{""")
-        _emit_row_vector_body(emit, v, MR, NR, positions=n)
+        _emit_row_vector_body(emit, v, MR, NR, positions=n, position_major=position_major)
     cases = "\n".join(f"        case {n}: micro_kernel_{n}(kl, ap, bp, ldb, ct, first, last, tile); return;"
                       for n in range(1, NR))
     emit(f"""/* The last position tile (0 < positions < NR valid): the kernel of exactly that width. */
@@ -835,7 +900,36 @@ static __attribute__((noinline)) void micro_kernel_tail(int64_t positions, {_MIC
 """)
 
 
-def _emit_pack_b(emit, pointwise: bool, phased: bool = False) -> None:
+def _emit_pack_b(emit, pointwise: bool, phased: bool = False, x_lanes: int = 0) -> None:
+    if x_lanes:
+        if not pointwise:
+            raise UnsupportedOperatorError("a channel-blocked input is gathered by 1x1 convolutions only")
+        emit("""/* Gather rows [k0, k0 + kl) x positions [p0, p0 + nv) of the implicit im2col matrix into
+ * bp[k * ldb + j] from a channel-blocked X (1x1 kernel, stride 1, no padding): channel k at position
+ * p is lane k % LANES of row p of block k / LANES, so each run of channels within one block is a
+ * register transpose of [position][lane] rows; columns nv..ldb are zero (local padding). */
+static void pack_b(const float* restrict xg, int64_t H, int64_t W, int64_t OW, int64_t PT, int64_t PL,
+                   int64_t p0, int64_t nv, int64_t ldb, int64_t k0, int64_t kl, float* restrict bp)
+{
+    (void)OW; (void)PT; (void)PL;
+    const int64_t HW = H * W;
+    const float* rows[LANES];
+    for (int64_t k = 0; k < kl; ) {
+        const int64_t c = k0 + k, l0 = c % LANES, w = min_i64(LANES - l0, kl - k);
+        const float* restrict blk = xg + (c / LANES) * HW * LANES;
+        for (int64_t j = 0; j < nv; j += LANES) {
+            const int64_t h = min_i64(LANES, nv - j);
+            for (int64_t v = 0; v < h; ++v) rows[v] = blk + (p0 + j + v) * LANES;
+            if (h == LANES && w == LANES) ts_transpose_block(rows, l0, bp + k * ldb + j, ldb);
+            else ts_transpose_block_part(rows, l0, bp + k * ldb + j, ldb, w, h);
+        }
+        for (int64_t v = 0; v < w; ++v)
+            for (int64_t j = nv; j < ldb; ++j) bp[(k + v) * ldb + j] = 0.0f;
+        k += w;
+    }
+}
+""")
+        return
     if pointwise:
         emit("""/* Gather rows [k0, k0 + kl) x positions [p0, p0 + nv) of the implicit im2col matrix into
  * bp[k * ldb + j] (1x1 kernel, stride 1, no padding: row k is input channel k, contiguous);
@@ -986,17 +1080,20 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
     emit(c_defines(C_IN=a.C, CG=a.Cg, OCG=a.OCg, G=a.G, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw,
                    DH=geo.dh, DW=geo.dw, KDIM=a.K, MR=MR, NR=NR, MC=MC, NC=NC, KC=KC, N_KBLOCKS=n_kb,
                    N_OCP=n_ocp, BALANCE_TASKS_PER_THREAD=BALANCE_TASKS_PER_THREAD,
-                   COLUMN_VECTORS=cfg.vector_axis))
+                   COLUMN_VECTORS=cfg.vector_axis, LANES=max(a.x_lanes, a.y_lanes, 1)))
     emit("static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }")
     emit("static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }")
     emit(WORKSPACE_C)
     emit(a.math)
     if a.statics:
         emit(a.statics)
+    if a.x_lanes or a.y_lanes:
+        from tscomp.codegen.cpu_depthwise_channels import transpose_block_c
+        emit(transpose_block_c(isa))
     emit(a.epilogue_c)
     emit(a.prologue_c)
-    _emit_pack_b(emit_t, a.pointwise, a.phased)
-    _emit_micro_kernel(emit_t, isa, MR, NR, cfg.vector_axis == 1)
+    _emit_pack_b(emit_t, a.pointwise, a.phased, a.x_lanes)
+    _emit_micro_kernel(emit_t, isa, MR, NR, cfg.vector_axis == 1, position_major=bool(a.y_lanes))
     single = n_kb == 1
     emit_t(f"""/* Macro-kernel: tasks = NB x G x ceil(P / NC) x (groups of obt channel blocks of MC); each walks K in
  * N_KBLOCKS steps of KC, gathering the column block once per step and sweeping every MR x NR tile of
@@ -1033,7 +1130,7 @@ void {name}({_runtime_params()}{params})
     {{{_phase_build(a)}
         float* bpack = tscomp_thread_workspace((size_t)(KC * ncw + {'0' if single else 'obt * MC * ncw'}));
         float* cbuf = {'NULL' if single else 'bpack + KC * ncw'};
-        float tile[MR * NR] __attribute__((aligned(64)));
+        float tile[MR * NR] __attribute__((aligned(64)));{_stage_declaration(a)}
         #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < n_tasks; ++t) {{
             const int64_t og = t % n_obt, pb = (t / n_obt) % n_pb, g = (t / (n_obt * n_pb)) % G;
@@ -1053,8 +1150,7 @@ void {name}({_runtime_params()}{params})
                             float* ct = {'NULL' if single else 'cb + (jp * (MC / MR) + ip) * (MR * NR)'};
                             {_micro_kernel_call(cfg, isa, "1, 1" if single else "kb == 0, kb == N_KBLOCKS - 1")}
                             if ({'1' if single else 'kb == N_KBLOCKS - 1'})
-                                conv_epilogue(tile, NR, n, g * OCG + oc0 + ip * MR, p0 + jp * NR,
-                                              min_i64(MR, mvb - ip * MR), min_i64(NR, nvb - jp * NR){names});
+{_tile_epilogue_call(a, cfg, names)}
                         }}
                     }}
                 }}
@@ -1064,6 +1160,45 @@ void {name}({_runtime_params()}{params})
 }}
 """)
     return "\n".join(L)
+
+
+def _stage_declaration(a) -> str:
+    """C: the per-thread position-major staging tile a channel-blocked output is stored through."""
+    if not a.y_lanes:
+        return ""
+    return "\n        float stage[(NR + LANES - 1) / LANES * LANES * LANES] __attribute__((aligned(64)));"
+
+
+def _tile_epilogue_call(a, cfg: TileConfig, names: str) -> str:
+    """C: a finished tile through the fused epilogue -- a channel-major one (MR x NR) into an NCHW
+    output directly; into a channel-blocked output, a row-vector tile (position-major already, whole
+    blocks of LANES channels: MR and the channel offsets are multiples of it) one block at a time, a
+    column-vector tile per run of channels within one block, its rows transposed to position-major
+    first (masked at the edges)."""
+    ind = " " * 32
+    if a.y_lanes and cfg.vector_axis == 0:
+        return f"""{ind}{{
+{ind}    const int64_t ych = g * OCG + oc0 + ip * MR, ymv = min_i64(MR, mvb - ip * MR);
+{ind}    for (int64_t yc = 0; yc < ymv; yc += LANES)
+{ind}        conv_epilogue(tile + yc, MR, n, (ych + yc) / LANES, 0, p0 + jp * NR, min_i64(LANES, ymv - yc),
+{ind}                      min_i64(NR, nvb - jp * NR){names});
+{ind}}}"""
+    if not a.y_lanes:
+        return (f"{ind}conv_epilogue(tile, NR, n, g * OCG + oc0 + ip * MR, p0 + jp * NR,\n"
+                f"{ind}              min_i64(MR, mvb - ip * MR), min_i64(NR, nvb - jp * NR){names});")
+    return f"""{ind}{{
+{ind}    const int64_t ych = g * OCG + oc0 + ip * MR, ymv = min_i64(MR, mvb - ip * MR);
+{ind}    const int64_t ynv = min_i64(NR, nvb - jp * NR);
+{ind}    const float* yrows[LANES];
+{ind}    for (int64_t yc = 0; yc < ymv; ) {{
+{ind}        const int64_t cc = ych + yc, l0 = cc % LANES, w = min_i64(LANES - l0, ymv - yc);
+{ind}        for (int64_t v = 0; v < w; ++v) yrows[v] = tile + (yc + v) * NR;
+{ind}        for (int64_t q = 0; q < ynv; q += LANES)
+{ind}            ts_transpose_block_part(yrows, q, stage + q * LANES, LANES, min_i64(LANES, ynv - q), w);
+{ind}        conv_epilogue(stage, LANES, n, cc / LANES, l0, p0 + jp * NR, w, ynv{names});
+{ind}        yc += w;
+{ind}    }}
+{ind}}}"""
 
 
 def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str) -> str:
@@ -1349,6 +1484,20 @@ def prepack_conv_weight(W: np.ndarray, G: int, mr: int) -> np.ndarray:
 
 
 # ============================================================================ executor
+def to_channel_blocks(x: np.ndarray, lanes: int) -> np.ndarray:
+    """NCHW -> the channel-blocked storage of the same shape and size: element (n, c, p) at
+    ``((n * C/lanes + c / lanes) * P + p) * lanes + c % lanes`` (:mod:`tscomp.codegen.channel_blocking`)."""
+    N, C = x.shape[:2]
+    blocks = np.ascontiguousarray(x, np.float32).reshape(N, C // lanes, lanes, -1).transpose(0, 1, 3, 2)
+    return np.ascontiguousarray(blocks).reshape(x.shape)
+
+
+def from_channel_blocks(b: np.ndarray, lanes: int) -> np.ndarray:
+    """The inverse of :func:`to_channel_blocks`."""
+    N, C = b.shape[:2]
+    return np.ascontiguousarray(b.reshape(N, C // lanes, -1, lanes).transpose(0, 1, 3, 2)).reshape(b.shape)
+
+
 def output_buffers(group: str, shapes: Mapping[str, tuple], out: Mapping[str, np.ndarray] | None) -> dict:
     """Every output's array: the runtime's arena view where given (checked), else a new one."""
     outputs = {}
@@ -1498,6 +1647,26 @@ class CompiledConv(PicklableKernel):
 
     def run(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int],
             out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The group's outputs from ``env``'s tensors, all in NCHW: a channel-blocked input is
+        blocked before the call and a channel-blocked output unblocked after it (the host program
+        passes the arena's blocked tensors as they are)."""
+        a = self.analysis
+        if not (a.x_lanes or a.y_lanes):
+            return self.run_stored(env, binding, out)
+        if a.x_lanes:
+            env = {**env, a.x_input: to_channel_blocks(self._input(env, None, None), a.x_lanes)}
+        stored = self.run_stored(env, binding)
+        if not a.y_lanes:
+            return stored
+        outputs = output_buffers(self.group.name, {k: v.shape for k, v in stored.items()}, out)
+        for k, v in stored.items():
+            outputs[k][...] = from_channel_blocks(v, a.y_lanes)
+        return outputs
+
+    def run_stored(self, env: Mapping[str, np.ndarray], binding: Mapping[str, int],
+                   out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """:meth:`run` on tensors in the layouts the kernel stores them in (channel-blocked where
+        the analysis says so): what the host program does, and what a timing of random inputs runs."""
         if self.fn is None:
             self._bind_function(load_library(build_library(self.source, self.func)))
         a = self.analysis
@@ -1524,13 +1693,14 @@ class CompiledConv(PicklableKernel):
         return outputs
 
     def _input(self, env, ev, xshape) -> np.ndarray:
+        """X through its views, checked against ``xshape`` (None: not checked; a blocked X has none)."""
         a = self.analysis
         x = np.asarray(env[a.x_input])
         for v in a.x_chain:
             x = apply_view(x, v.op, ev)
         if x.dtype != np.float32:
             raise ExecutionError(f"group {self.group.name}: Conv input {a.x_input!r} is {x.dtype}, expected float32")
-        if x.shape != xshape:
+        if xshape is not None and x.shape != xshape:
             raise ExecutionError(f"group {self.group.name}: Conv input {a.x_input!r} has shape {x.shape}, "
                                  f"expected {xshape}")
         return np.ascontiguousarray(x)

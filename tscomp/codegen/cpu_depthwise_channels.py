@@ -227,11 +227,15 @@ def channel_blocked_source(analysis, cfg: DepthwiseChannelBlocks, isa: str) -> s
     single = "\n".join("                    " + s for s in _compute_pass(v, geo, 1))
     header = a.header("direct depthwise, channel-blocked",
                       f"{cfg.describe()}; one OpenMP task per (image, block of {L} channels, block of output "
-                      f"rows); the input rows transposed into [row][column][channel] blocks, {P} output "
-                      f"positions x {geo.kh}x{geo.kw} taps per pass as {isa} FMAs, the rows transposed back "
-                      f"for the fused epilogue")
+                      f"rows); the input rows " + ("copied from the channel-blocked input" if a.x_lanes else
+                                                    "transposed into [row][column][channel] blocks")
+                      + f", {P} output positions x {geo.kh}x{geo.kw} taps per pass as {isa} FMAs, "
+                      + ("the fused epilogue storing channel-blocked" if a.y_lanes else
+                         "the rows transposed back for the fused epilogue"))
     defines = c_defines(C_IN=a.C, OCG=a.OCg, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw, DH=geo.dh, DW=geo.dw,
                         LANES=L, BUDGET=cfg.budget_floats, TASKS_PER_THREAD=TASKS_PER_THREAD)
+    gather = _gather_rows(a.x_lanes)
+    finish = _finish_block(a.y_lanes, names)
     return "\n".join([header, *direct_kernel_preamble(a, defines, transpose_block_c(isa)), f"""
 /* Channel-blocked depthwise macro-kernel: output channel oc reads input channel oc / OCG. Per task, xb
  * holds the IR input rows its outputs read as [row][padded column][lane] (WP columns: input column
@@ -260,27 +264,7 @@ void {name}({_runtime_params()}{params})
             const int64_t rb = t % n_rb, cblk = (t / n_rb) % n_cb, n = t / (n_rb * n_cb);
             const int64_t oh0 = rb * rows, R = min_i64(OH, oh0 + rows) - oh0, c0 = cblk * TS_LANES;
             const int64_t CV = min_i64(TS_LANES, TS_OC - c0), IR = (R - 1) * TS_SH + KR;
-            /* the input rows, transposed; lanes past OC read the last channel (their weights are 0) */
-            const float* src[TS_LANES];
-            for (int64_t l = 0; l < TS_LANES; ++l)
-                src[l] = X + (n * TS_C_IN + min_i64(c0 + l, TS_OC - 1) / TS_OCG) * H * W;
-            const int64_t c_lo = min_i64(WP, PL), c_hi = max_i64(c_lo, min_i64(WP, PL + W));
-            for (int64_t r = 0; r < IR; ++r) {{
-                float* restrict dst = xb + r * ROW;
-                const int64_t ih = oh0 * TS_SH - PT + r;
-                if (ih < 0 || ih >= H) {{
-                    memset(dst, 0, (size_t)ROW * sizeof(float));
-                    continue;
-                }}
-                memset(dst, 0, (size_t)(c_lo * TS_LANES) * sizeof(float));
-                memset(dst + c_hi * TS_LANES, 0, (size_t)((WP - c_hi) * TS_LANES) * sizeof(float));
-                const int64_t base = ih * W - PL;
-                int64_t c = c_lo;
-                for (; c + TS_LANES <= c_hi; c += TS_LANES)
-                    ts_transpose_block(src, base + c, dst + c * TS_LANES, TS_LANES);
-                if (c < c_hi)       /* the last columns: masked loads, no read past the row */
-                    ts_transpose_block_part(src, base + c, dst + c * TS_LANES, TS_LANES, c_hi - c, TS_LANES);
-            }}
+{gather}
             const float* restrict wb = Wp + cblk * (TS_KH * TS_KW * TS_LANES);
 {weights}
             for (int64_t r = 0; r < R; ++r) {{
@@ -294,7 +278,62 @@ void {name}({_runtime_params()}{params})
 {single}
                 }}
             }}
-            /* back to channel-major: tile[l][p] = ob[p][l], then the fused epilogue over the block */
+{finish}
+        }}
+    }}
+}}
+"""])
+
+
+def _gather_rows(x_lanes: int) -> str:
+    """C of a task's input rows into ``xb`` ([row][padded column][lane]): transposed from NCHW, or
+    (``x_lanes``) copied from a channel-blocked input, whose rows already are [column][lane]."""
+    if x_lanes:
+        return """            /* the input rows: the channel-blocked input's rows are [column][lane] already, a copy */
+            const float* restrict xblk = X + (n * n_cb + cblk) * H * W * TS_LANES;
+            const int64_t c_lo = min_i64(WP, PL), c_hi = max_i64(c_lo, min_i64(WP, PL + W));
+            for (int64_t r = 0; r < IR; ++r) {
+                float* restrict dst = xb + r * ROW;
+                const int64_t ih = oh0 * TS_SH - PT + r;
+                if (ih < 0 || ih >= H) {
+                    memset(dst, 0, (size_t)ROW * sizeof(float));
+                    continue;
+                }
+                memset(dst, 0, (size_t)(c_lo * TS_LANES) * sizeof(float));
+                memset(dst + c_hi * TS_LANES, 0, (size_t)((WP - c_hi) * TS_LANES) * sizeof(float));
+                memcpy(dst + c_lo * TS_LANES, xblk + (ih * W + c_lo - PL) * TS_LANES,
+                       (size_t)((c_hi - c_lo) * TS_LANES) * sizeof(float));
+            }"""
+    return """            /* the input rows, transposed; lanes past OC read the last channel (their weights are 0) */
+            const float* src[TS_LANES];
+            for (int64_t l = 0; l < TS_LANES; ++l)
+                src[l] = X + (n * TS_C_IN + min_i64(c0 + l, TS_OC - 1) / TS_OCG) * H * W;
+            const int64_t c_lo = min_i64(WP, PL), c_hi = max_i64(c_lo, min_i64(WP, PL + W));
+            for (int64_t r = 0; r < IR; ++r) {
+                float* restrict dst = xb + r * ROW;
+                const int64_t ih = oh0 * TS_SH - PT + r;
+                if (ih < 0 || ih >= H) {
+                    memset(dst, 0, (size_t)ROW * sizeof(float));
+                    continue;
+                }
+                memset(dst, 0, (size_t)(c_lo * TS_LANES) * sizeof(float));
+                memset(dst + c_hi * TS_LANES, 0, (size_t)((WP - c_hi) * TS_LANES) * sizeof(float));
+                const int64_t base = ih * W - PL;
+                int64_t c = c_lo;
+                for (; c + TS_LANES <= c_hi; c += TS_LANES)
+                    ts_transpose_block(src, base + c, dst + c * TS_LANES, TS_LANES);
+                if (c < c_hi)       /* the last columns: masked loads, no read past the row */
+                    ts_transpose_block_part(src, base + c, dst + c * TS_LANES, TS_LANES, c_hi - c, TS_LANES);
+            }"""
+
+
+def _finish_block(y_lanes: int, names: str) -> str:
+    """C of a task's finished outputs (``ob``, position-major) through the fused epilogue: straight
+    into a channel-blocked output, or transposed to channel-major first for an NCHW one."""
+    if y_lanes:
+        return f"""            /* the fused epilogue over the position-major block, stored channel-blocked */
+            conv_epilogue(ob, TS_LANES, n, cblk, 0, oh0 * OW, CV, R * OW{names});"""
+    return f"""            /* back to channel-major: tile[l][p] = ob[p][l], then the fused epilogue over the block */
             const int64_t F = R * OW;
             const float* pos[TS_LANES];
             int64_t p = 0;
@@ -306,11 +345,7 @@ void {name}({_runtime_params()}{params})
                 for (int64_t l = 0; l < F - p; ++l) pos[l] = ob + (p + l) * TS_LANES;
                 ts_transpose_block_part(pos, 0, tile + p, F, TS_LANES, F - p);
             }}
-            conv_epilogue(tile, F, n, c0, oh0 * OW, CV, F{names});
-        }}
-    }}
-}}
-"""])
+            conv_epilogue(tile, F, n, c0, oh0 * OW, CV, F{names});"""
 
 
 __all__ = ["DepthwiseChannelBlocks", "POSITIONS_PER_PASS", "channel_block_classes", "channel_block_rows",

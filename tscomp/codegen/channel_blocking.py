@@ -1,0 +1,159 @@
+"""Channel-blocked activations between convolutions: the layout pass of the CPU Conv families.
+
+tscomp's tensors are NCHW, as exported. A Conv whose SIMD lanes run along the channels -- the
+channel-blocked depthwise kernel, a 1x1 Conv at a few positions -- then transposes its input into
+[position][lane] blocks and its result back, and for MobileNet's inverted residual blocks
+(1x1 expand -> depthwise 3x3 -> 1x1 project) those transposes cost more than the depthwise FMAs.
+onnxruntime (its NCHWc transformer) and oneDNN keep such tensors *channel-blocked* between
+convolutions instead; onnxruntime without that layout ran MobileNetV2 1.6-1.8x slower on the
+development machine (AMD Zen 4, 2 threads), slower than tscomp in NCHW.
+
+This pass decides, after the families are chosen and the configurations scheduled, which
+intermediate tensors are stored channel-blocked: element (n, c, p) of a tensor [N, C, *spatial]
+at ``((n * C/L + c / L) * P + p) * L + c % L``, L the target's vector width -- a permutation of the
+same bytes, so the symbolic buffer plan, the arena and every size stay as they are. A tensor is
+blocked when
+
+* a Conv group (``conv`` or ``conv-depthwise`` family) produces it as its only output, in the
+  Conv's own output space (no permuted store), with C a whole number of blocks, and it is not a
+  model output; and
+* every group that reads it is a Conv group reading it as its X, directly (no view, no prologue),
+  and nowhere else (not as an epilogue operand, e.g. a residual Add): a 1x1 stride-1 unpadded Conv
+  (its column gather transposes [position][lane] rows) or a depthwise Conv without a channel
+  multiplier (its rows are copied, not transposed).
+
+A depthwise group on either side keeps only its channel-blocked variant (the direct kernel's lanes
+run along the positions). The producer's epilogue stores whole vectors of channels
+(:meth:`~tscomp.codegen.cpu_conv.TileEpilogue.generate_function` with ``lanes``); Python-side runs
+(:meth:`~tscomp.codegen.cpu_conv.CompiledConv.run`) convert around the call, so every tensor a
+user or a test sees is NCHW.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tscomp.codegen.tile_config import VECTOR_WIDTH
+from tscomp.errors import UnsupportedOperatorError
+
+#: the families whose kernels read and write channel-blocked tensors
+CONV_FAMILIES = ("conv", "conv-depthwise")
+
+
+@dataclass(frozen=True)
+class BlockedTensor:
+    """One tensor stored channel-blocked: its producer and consumer groups, the block width."""
+    name: str
+    producer: str
+    consumers: tuple[str, ...]
+    lanes: int
+
+
+def block_conv_chains(plan, choices: dict, schedules, target) -> list[BlockedTensor]:
+    """Decide and apply the channel-blocked tensors of ``plan`` (see the module docstring):
+    the analyses learn their layouts, depthwise schedules keep their channel-blocked variants.
+    Returns what was blocked (empty on a target without vectors of at least 8 floats)."""
+    lanes = VECTOR_WIDTH.get(getattr(target, "isa", ""), 1)
+    if getattr(target, "name", "") != "cpu" or lanes < 8:
+        return []
+    done = []
+    for t in blockable_tensors(plan, choices, schedules, lanes):
+        if _apply(t, choices, schedules, target):
+            done.append(t)
+    return done
+
+
+def blockable_tensors(plan, choices: dict, schedules, lanes: int) -> list[BlockedTensor]:
+    """The tensors the rules allow to be stored in blocks of ``lanes`` channels (nothing applied)."""
+    readers: dict[str, list] = {}
+    for g in plan.groups:
+        for name in g.inputs:
+            readers.setdefault(name, []).append(g)
+    outputs = set(plan.graph.outputs)
+    found = []
+    for g in plan.groups:
+        if len(g.outputs) != 1 or not _conv(choices, g):
+            continue
+        (name,) = g.outputs
+        consumers = readers.get(name, [])
+        if (name in outputs or not consumers or not _writes_blockable(choices[g.name].analysis, name, lanes)
+                or not _has_blocked_variant(choices, schedules, g)):
+            continue
+        if all(_conv(choices, q) and _reads_blockable(choices[q.name].analysis, name)
+               and _has_blocked_variant(choices, schedules, q) for q in consumers):
+            found.append(BlockedTensor(name, g.name, tuple(q.name for q in consumers), lanes))
+    return found
+
+
+def _conv(choices, group) -> bool:
+    c = choices.get(group.name)
+    return c is not None and c.family is not None and c.family.name in CONV_FAMILIES
+
+
+def _writes_blockable(a, name: str, lanes: int) -> bool:
+    shape = a.out_shapes.get(name)
+    return (shape is not None and len(shape) == len(a.out_shape) and all(x == y for x, y in zip(shape, a.out_shape))
+            and not a.scattered_store and a.OC % lanes == 0)
+
+
+def _reads_blockable(a, name: str) -> bool:
+    if a.x_input != name or a.x_chain or a.prologue or any(role == "input" and n == name for role, n, *_ in a.arg_roles):
+        return False
+    if a.family == "conv-depthwise":
+        return a.OCg == 1
+    return bool(getattr(a, "pointwise", False)) and a.G == 1
+
+
+def _has_blocked_variant(choices, schedules, group) -> bool:
+    """A depthwise group needs its channel-blocked configuration among the scheduled variants."""
+    if choices[group.name].family.name != "conv-depthwise":
+        return True
+    return any(_channel_blocked(v.config) for v in schedules.groups[group.name].variants)
+
+
+def _channel_blocked(config) -> bool:
+    from tscomp.codegen.cpu_depthwise_channels import DepthwiseChannelBlocks
+    return isinstance(config, DepthwiseChannelBlocks)
+
+
+def _apply(t: BlockedTensor, choices, schedules, target) -> bool:
+    """Set the layouts of one tensor's producer and consumers; False (nothing changed) when the
+    producer's epilogue cannot be generated in the blocked form."""
+    producer = choices[t.producer].analysis
+    try:
+        producer.store_blocked(t.lanes)
+    except UnsupportedOperatorError:
+        producer.store_blocked(0)
+        return False
+    for q in t.consumers:
+        choices[q].analysis.read_blocked(t.lanes)
+    for name in (t.producer, *t.consumers):
+        if choices[name].family.name == "conv-depthwise":
+            s = schedules.groups[name]
+            s.variants = [v for v in s.variants if _channel_blocked(v.config)]
+    if choices[t.producer].family.name == "conv":
+        _keep_row_vector_tiles(schedules.groups[t.producer], producer, target)
+    return True
+
+
+#: row-vector tiles a channel-blocked implicit-GEMM output keeps or is given
+ROW_VECTOR_VARIANTS = 2
+
+
+def _keep_row_vector_tiles(schedule, analysis, target) -> None:
+    """A channel-blocked implicit-GEMM output is computed with the lanes along the channels
+    (``vector_axis`` 0): the register tile is then position-major, whole vectors of one block's
+    channels, and goes to the blocked epilogue as it is -- a column-vector tile would be transposed
+    a block at a time. The scheduled row-vector tiles are kept; where there are none (a big image's
+    Conv tunes column vectors), the family's heuristic row-vector tiles replace them."""
+    from tscomp.codegen.tile_config import CacheSizes
+    from tscomp.schedule.schedules import ScheduledVariant
+    rows = [v for v in schedule.variants if getattr(v.config, "vector_axis", 1) == 0]
+    if not rows:
+        spec = target.spec
+        configs = analysis.heuristic_configs(target.isa, 99, caches=CacheSizes(l1=spec.l1, l2=spec.l2, l3=spec.l3))
+        rows = [ScheduledVariant(c) for c in configs if c.vector_axis == 0][:ROW_VECTOR_VARIANTS]
+    if rows:
+        schedule.variants = rows
+
+
+__all__ = ["BlockedTensor", "CONV_FAMILIES", "block_conv_chains", "blockable_tensors"]
