@@ -92,7 +92,7 @@ def _conv(choices, group) -> bool:
 def _writes_blockable(a, name: str, lanes: int) -> bool:
     shape = a.out_shapes.get(name)
     return (shape is not None and len(shape) == len(a.out_shape) and all(x == y for x, y in zip(shape, a.out_shape))
-            and not a.scattered_store and a.OC % lanes == 0)
+            and not a.scattered_store and a.OC % lanes == 0 and (a.G == 1 or a.OCg % lanes == 0))
 
 
 def _reads_blockable(a, name: str) -> bool:
@@ -130,7 +130,7 @@ def _apply(t: BlockedTensor, choices, schedules, target) -> bool:
         if choices[name].family.name == "conv-depthwise":
             s = schedules.groups[name]
             s.variants = [v for v in s.variants if _channel_blocked(v.config)]
-    if choices[t.producer].family.name == "conv":
+    if choices[t.producer].family.name == "conv" and producer.pointwise:
         _keep_row_vector_tiles(schedules.groups[t.producer], producer, target)
     return True
 
@@ -140,11 +140,14 @@ ROW_VECTOR_VARIANTS = 2
 
 
 def _keep_row_vector_tiles(schedule, analysis, target) -> None:
-    """A channel-blocked implicit-GEMM output is computed with the lanes along the channels
+    """A 1x1 Conv's channel-blocked output is computed with the lanes along the channels
     (``vector_axis`` 0): the register tile is then position-major, whole vectors of one block's
     channels, and goes to the blocked epilogue as it is -- a column-vector tile would be transposed
-    a block at a time. The scheduled row-vector tiles are kept; where there are none (a big image's
-    Conv tunes column vectors), the family's heuristic row-vector tiles replace them."""
+    a block at a time, which for the few FMAs per output of a 1x1 Conv cost as much as the tile
+    (MobileNetV2's 24 -> 144 expand at 56x56: 2x the NCHW kernel's time). The scheduled row-vector
+    tiles are kept; where there are none (a big image's Conv tunes column vectors), the family's
+    heuristic row-vector tiles replace them. A Conv with a window keeps its tiles: its K is deep
+    and a transpose per finished tile is cheap beside it."""
     from tscomp.codegen.tile_config import CacheSizes
     from tscomp.schedule.schedules import ScheduledVariant
     rows = [v for v in schedule.variants if getattr(v.config, "vector_axis", 1) == 0]

@@ -1,0 +1,138 @@
+"""Channel-blocked activations between convolutions (tscomp/codegen/channel_blocking.py)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+from tscomp.codegen.build import host_isa
+from tscomp.codegen.cpu_gemm import ISA_RANK
+from tscomp.codegen.cpu_conv import from_channel_blocks, to_channel_blocks
+from tscomp.codegen.tile_config import VECTOR_WIDTH
+from tscomp.compiler import compile_model
+from tscomp.runtime import Runtime
+from tscomp.runtime.artifact import write_artifact
+from tscomp.schedule.target import host_cpu
+
+from tests.codegen.onnxruntime_check import assert_matches_onnxruntime
+
+#: (label, N, H, W): 1, primes, the range ends
+SIZES = [("1x1", 1, 1, 1), ("primes", 2, 7, 13), ("wide", 1, 13, 41), ("ends", 3, 41, 2), ("square", 1, 16, 16)]
+
+
+def _inverted_residual(path, *, cin=16, hidden=64, stride=1, extra_output=False, residual=True):
+    """MobileNetV2's block: 1x1 expand + Clip, depthwise 3x3 + Clip, 1x1 project (+ the input)."""
+    rng = np.random.default_rng(0)
+
+    def w(*shape):
+        return helper.make_tensor(f"w{len(inits)}", TP.FLOAT, shape, (rng.standard_normal(shape) * 0.3).astype(np.float32).ravel())
+    inits = []
+    for shape in ((hidden, cin, 1, 1), (hidden,), (hidden, 1, 3, 3), (hidden,), (cin, hidden, 1, 1), (cin,)):
+        inits.append(w(*shape))
+    inits += [helper.make_tensor("lo", TP.FLOAT, [], [0.0]), helper.make_tensor("hi", TP.FLOAT, [], [6.0])]
+    nodes = [helper.make_node("Conv", ["x", "w0", "w1"], ["e"], kernel_shape=[1, 1]),
+             helper.make_node("Clip", ["e", "lo", "hi"], ["ea"]),
+             helper.make_node("Conv", ["ea", "w2", "w3"], ["d"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                              strides=[stride, stride], group=hidden),
+             helper.make_node("Clip", ["d", "lo", "hi"], ["da"]),
+             helper.make_node("Conv", ["da", "w4", "w5"], ["p"], kernel_shape=[1, 1])]
+    out = "p"
+    if residual and stride == 1:
+        nodes.append(helper.make_node("Add", ["p", "x"], ["y"]))
+        out = "y"
+    outputs = [helper.make_tensor_value_info(out, TP.FLOAT, None)]
+    if extra_output:          # the depthwise result is also a model output: it must stay NCHW
+        outputs.append(helper.make_tensor_value_info("da", TP.FLOAT, None))
+    x = helper.make_tensor_value_info("x", TP.FLOAT, ["N", cin, "H", "W"])
+    m = helper.make_model(helper.make_graph(nodes, "ir", [x], outputs, inits),
+                          opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(m, str(path))
+    return path
+
+
+def _compile(path, target=None):
+    return compile_model(str(path), ["N=1:3", "H=1:41", "W=1:41"], max_variants=2, target=target)
+
+
+def _feeds(cin):
+    rng = np.random.default_rng(1)
+    for label, n, h, w in SIZES:
+        yield label, {"x": rng.standard_normal((n, cin, h, w)).astype(np.float32)}
+
+
+def _blocked_groups(model) -> dict[str, tuple[int, int]]:
+    out = {}
+    for name, ks in model.kernels.items():
+        a = getattr(ks[0], "analysis", None)
+        if a is not None and (getattr(a, "x_lanes", 0) or getattr(a, "y_lanes", 0)):
+            out[name] = (a.x_lanes, a.y_lanes)
+    return out
+
+
+def _need_vectors():
+    if VECTOR_WIDTH.get(host_isa(), 1) < 8:
+        pytest.skip(f"no channel blocks on {host_isa()}")
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("executor", ["native", "python"])
+def test_an_inverted_residual_block_stores_its_inner_tensors_blocked_and_matches_onnxruntime(tmp_path, stride, executor):
+    _need_vectors()
+    path = _inverted_residual(tmp_path / "ir.onnx", stride=stride)
+    model = _compile(path)
+    L = VECTOR_WIDTH[host_isa()]
+    # expand -> depthwise -> project: two blocked tensors, the block's input and output stay NCHW
+    assert sorted(_blocked_groups(model).values()) == [(0, L), (L, 0), (L, L)]
+    assert any("channel-blocked activations: 2 tensor(s)" in n for n in model.notes)
+    for ks in model.kernels.values():
+        for k in ks:
+            if k.family == "conv-depthwise":
+                assert k.cfg is not None and k.cfg.lanes == L        # the channel-blocked strategy only
+    assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2, executor=executor), path, _feeds(16))
+
+
+def test_avx2_blocks_of_eight_match_onnxruntime(tmp_path):
+    if ISA_RANK[host_isa()] < ISA_RANK["avx2"]:
+        pytest.skip(f"avx2 kernels do not run on {host_isa()}")
+    path = _inverted_residual(tmp_path / "ir.onnx", cin=8, hidden=24)     # 24: whole blocks of 8, not of 16
+    model = _compile(path, target=host_cpu(2, isa="avx2"))
+    assert sorted(_blocked_groups(model).values()) == [(0, 8), (8, 0), (8, 8)]
+    assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2), path, _feeds(8))
+
+
+def test_a_model_output_and_a_channel_count_off_the_blocks_stay_nchw(tmp_path):
+    _need_vectors()
+    L = VECTOR_WIDTH[host_isa()]
+    # the depthwise result is a model output: only the expand -> depthwise tensor is blocked
+    path = _inverted_residual(tmp_path / "out.onnx", extra_output=True)
+    model = _compile(path)
+    assert sorted(_blocked_groups(model).values()) == [(0, L), (L, 0)]
+    assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2), path, _feeds(16))
+    # 20 hidden channels are not whole blocks of 8 or 16: nothing is blocked
+    path = _inverted_residual(tmp_path / "odd.onnx", hidden=20)
+    model = _compile(path)
+    assert _blocked_groups(model) == {}
+    assert not any("channel-blocked" in n for n in model.notes)
+    assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2), path, _feeds(16))
+
+
+def test_an_artifact_round_trip_keeps_the_layouts(tmp_path):
+    _need_vectors()
+    path = _inverted_residual(tmp_path / "ir.onnx")
+    model = _compile(path)
+    rt = Runtime(write_artifact(model, tmp_path / "ir.tsc"), num_threads=2)
+    assert _blocked_groups(model) == {g: (rt.model.kernels[g][0].analysis.x_lanes, rt.model.kernels[g][0].analysis.y_lanes)
+                                      for g in _blocked_groups(model)}
+    assert_matches_onnxruntime(rt, path, _feeds(16))
+
+
+def test_channel_blocks_permute_the_elements_and_round_trip():
+    x = np.arange(2 * 32 * 3 * 5, dtype=np.float32).reshape(2, 32, 3, 5)
+    b = to_channel_blocks(x, 16)
+    assert b.shape == x.shape
+    n, c, h, w = 1, 21, 2, 3
+    p = h * 5 + w
+    assert b.reshape(-1)[((n * 2 + c // 16) * 15 + p) * 16 + c % 16] == x[n, c, h, w]
+    np.testing.assert_array_equal(from_channel_blocks(b, 16), x)
