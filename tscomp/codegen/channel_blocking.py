@@ -92,7 +92,8 @@ def _conv(choices, group) -> bool:
 def _writes_blockable(a, name: str, lanes: int) -> bool:
     shape = a.out_shapes.get(name)
     return (shape is not None and len(shape) == len(a.out_shape) and all(x == y for x, y in zip(shape, a.out_shape))
-            and not a.scattered_store and a.OC % lanes == 0 and (a.G == 1 or a.OCg % lanes == 0))
+            and not a.scattered_store and a.OC % lanes == 0
+            and (a.family == "conv-depthwise" or a.G == 1 or a.OCg % lanes == 0))   # whole blocks per group
 
 
 def _reads_blockable(a, name: str) -> bool:
