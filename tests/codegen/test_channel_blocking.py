@@ -22,31 +22,35 @@ from tests.codegen.onnxruntime_check import assert_matches_onnxruntime
 SIZES = [("1x1", 1, 1, 1), ("primes", 2, 7, 13), ("wide", 1, 13, 41), ("ends", 3, 41, 2), ("square", 1, 16, 16)]
 
 
-def _inverted_residual(path, *, cin=16, hidden=64, stride=1, extra_output=False, residual=True):
-    """MobileNetV2's block: 1x1 expand + Clip, depthwise 3x3 + Clip, 1x1 project (+ the input)."""
+def _inverted_residual(path, *, cin=16, hidden=64, stride=1, extra_output=False, residual=True, blocks=1):
+    """MobileNetV2's block: 1x1 expand + Clip, depthwise 3x3 + Clip, 1x1 project (+ the block's
+    input), ``blocks`` of them in a row (the first with ``stride``)."""
     rng = np.random.default_rng(0)
+    inits = [helper.make_tensor("lo", TP.FLOAT, [], [0.0]), helper.make_tensor("hi", TP.FLOAT, [], [6.0])]
 
     def w(*shape):
-        return helper.make_tensor(f"w{len(inits)}", TP.FLOAT, shape, (rng.standard_normal(shape) * 0.3).astype(np.float32).ravel())
-    inits = []
-    for shape in ((hidden, cin, 1, 1), (hidden,), (hidden, 1, 3, 3), (hidden,), (cin, hidden, 1, 1), (cin,)):
-        inits.append(w(*shape))
-    inits += [helper.make_tensor("lo", TP.FLOAT, [], [0.0]), helper.make_tensor("hi", TP.FLOAT, [], [6.0])]
-    nodes = [helper.make_node("Conv", ["x", "w0", "w1"], ["e"], kernel_shape=[1, 1]),
-             helper.make_node("Clip", ["e", "lo", "hi"], ["ea"]),
-             helper.make_node("Conv", ["ea", "w2", "w3"], ["d"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
-                              strides=[stride, stride], group=hidden),
-             helper.make_node("Clip", ["d", "lo", "hi"], ["da"]),
-             helper.make_node("Conv", ["da", "w4", "w5"], ["p"], kernel_shape=[1, 1])]
-    out = "p"
-    if residual and stride == 1:
-        nodes.append(helper.make_node("Add", ["p", "x"], ["y"]))
-        out = "y"
-    outputs = [helper.make_tensor_value_info(out, TP.FLOAT, None)]
-    if extra_output:          # the depthwise result is also a model output: it must stay NCHW
-        outputs.append(helper.make_tensor_value_info("da", TP.FLOAT, None))
-    x = helper.make_tensor_value_info("x", TP.FLOAT, ["N", cin, "H", "W"])
-    m = helper.make_model(helper.make_graph(nodes, "ir", [x], outputs, inits),
+        inits.append(helper.make_tensor(f"w{len(inits)}", TP.FLOAT, shape,
+                                        (rng.standard_normal(shape) * 0.3).astype(np.float32).ravel()))
+        return inits[-1].name
+    nodes, x = [], "x"
+    for b in range(blocks):
+        s = stride if b == 0 else 1
+        nodes += [helper.make_node("Conv", [x, w(hidden, cin, 1, 1), w(hidden)], [f"e{b}"], kernel_shape=[1, 1]),
+                  helper.make_node("Clip", [f"e{b}", "lo", "hi"], [f"ea{b}"]),
+                  helper.make_node("Conv", [f"ea{b}", w(hidden, 1, 3, 3), w(hidden)], [f"d{b}"], kernel_shape=[3, 3],
+                                   pads=[1, 1, 1, 1], strides=[s, s], group=hidden),
+                  helper.make_node("Clip", [f"d{b}", "lo", "hi"], [f"da{b}"]),
+                  helper.make_node("Conv", [f"da{b}", w(cin, hidden, 1, 1), w(cin)], [f"p{b}"], kernel_shape=[1, 1])]
+        out = f"p{b}"
+        if residual and s == 1:
+            nodes.append(helper.make_node("Add", [out, x], [f"y{b}"]))
+            out = f"y{b}"
+        x = out
+    outputs = [helper.make_tensor_value_info(x, TP.FLOAT, None)]
+    if extra_output:          # the first depthwise result is also a model output: it must stay NCHW
+        outputs.append(helper.make_tensor_value_info("da0", TP.FLOAT, None))
+    xin = helper.make_tensor_value_info("x", TP.FLOAT, ["N", cin, "H", "W"])
+    m = helper.make_model(helper.make_graph(nodes, "ir", [xin], outputs, inits),
                           opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.save(m, str(path))
     return path
@@ -92,6 +96,21 @@ def test_an_inverted_residual_block_stores_its_inner_tensors_blocked_and_matches
                 assert k.cfg is not None and k.cfg.lanes == L        # the channel-blocked strategy only
     assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2, executor=executor), path, _feeds(16))
 
+
+
+@pytest.mark.parametrize("executor", ["native", "python"])
+def test_a_residual_stream_between_blocks_is_blocked_and_its_add_reads_it_blocked(tmp_path, executor):
+    _need_vectors()
+    L = VECTOR_WIDTH[host_isa()]
+    path = _inverted_residual(tmp_path / "two.onnx", blocks=2)
+    model = _compile(path)
+    # block 1's output feeds block 2's expand (as X) and block 2's residual Add (an epilogue operand)
+    assert any("channel-blocked activations: 5 tensor(s)" in n for n in model.notes)
+    readers = [name for name, ks in model.kernels.items() if getattr(ks[0], "analysis", None) is not None
+               and ks[0].analysis.blocked_operands]
+    assert len(readers) == 1 and "_rb" in model.kernels[readers[0]][0].func
+    assert "channel-blocked operand" in model.kernels[readers[0]][0].source
+    assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2, executor=executor), path, _feeds(16))
 
 def test_avx2_blocks_of_eight_match_onnxruntime(tmp_path):
     if ISA_RANK[host_isa()] < ISA_RANK["avx2"]:

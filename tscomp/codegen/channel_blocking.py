@@ -17,10 +17,11 @@ blocked when
 * a Conv group (``conv`` or ``conv-depthwise`` family) produces it as its only output, in the
   Conv's own output space (no permuted store), with C a whole number of blocks, and it is not a
   model output; and
-* every group that reads it is a Conv group reading it as its X, directly (no view, no prologue),
-  and nowhere else (not as an epilogue operand, e.g. a residual Add): a 1x1 stride-1 unpadded Conv
-  (its column gather transposes [position][lane] rows) or a depthwise Conv without a channel
-  multiplier (its rows are copied, not transposed).
+* every group that reads it is a Conv group reading it as its X, directly (no view, no prologue) --
+  a 1x1 stride-1 unpadded Conv (its column gather transposes [position][lane] rows) or a depthwise
+  Conv without a channel multiplier (its rows are copied, not transposed) -- or as an operand of its
+  fused epilogue (MobileNet's residual Add: a blocked epilogue reads it along its lanes, an NCHW one
+  at the spelled-out blocked index), not in a fused prologue.
 
 A depthwise group on either side keeps only its channel-blocked variant (the direct kernel's lanes
 run along the positions). The producer's epilogue stores whole vectors of channels
@@ -97,11 +98,22 @@ def _writes_blockable(a, name: str, lanes: int) -> bool:
 
 
 def _reads_blockable(a, name: str) -> bool:
-    if a.x_input != name or a.x_chain or a.prologue or any(role == "input" and n == name for role, n, *_ in a.arg_roles):
+    """Whether a Conv group reads tensor ``name`` only where it can read it blocked: as its X (a
+    1x1 Conv or a depthwise one, directly) and as an operand of its epilogue (a residual), not in
+    a fused prologue."""
+    if any(a.arg_roles[i][:2] == ("input", name) for i in a.pro_args):
+        return False
+    if a.x_input != name:
+        return any(role == "input" and n == name for role, n, *_ in a.arg_roles)
+    if a.x_chain or a.prologue:
         return False
     if a.family == "conv-depthwise":
         return a.OCg == 1
     return bool(getattr(a, "pointwise", False)) and a.G == 1
+
+
+def _reads_as_operand(a, name: str) -> bool:
+    return any(a.arg_roles[i][:2] == ("input", name) for i in a.epi_args)
 
 
 def _has_blocked_variant(choices, schedules, group) -> bool:
@@ -120,13 +132,19 @@ def _apply(t: BlockedTensor, choices, schedules, target) -> bool:
     """Set the layouts of one tensor's producer and consumers; False (nothing changed) when the
     producer's epilogue cannot be generated in the blocked form."""
     producer = choices[t.producer].analysis
+    operands = [choices[q].analysis for q in t.consumers if _reads_as_operand(choices[q].analysis, t.name)]
     try:
         producer.store_blocked(t.lanes)
-    except UnsupportedOperatorError:
+        for a in operands:
+            a.read_blocked_operand(t.name, t.lanes)
+    except UnsupportedOperatorError:      # an epilogue that cannot be generated so: all back to NCHW
         producer.store_blocked(0)
+        for a in operands:
+            a.read_blocked_operand(t.name, 0)
         return False
     for q in t.consumers:
-        choices[q].analysis.read_blocked(t.lanes)
+        if choices[q].analysis.x_input == t.name:
+            choices[q].analysis.read_blocked(t.lanes)
     for name in (t.producer, *t.consumers):
         if choices[name].family.name == "conv-depthwise":
             s = schedules.groups[name]

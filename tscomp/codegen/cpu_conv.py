@@ -232,8 +232,12 @@ class TileEpilogue(GroupGenerator):
     int64_t ts_ldt, int64_t ts_n, int64_t ts_ch0, int64_t ts_p0, int64_t ts_mv, int64_t ts_nv, <args>)`` and the
     argument list (outputs, inputs, shape symbols) it needs."""
 
-    def __init__(self, plan: Plan, group: Group, heavy: Op, out_shape: tuple, bias: Expr | None = None):
+    def __init__(self, plan: Plan, group: Group, heavy: Op, out_shape: tuple, bias: Expr | None = None,
+                 blocked_inputs: Mapping[str, int] | None = None):
         super().__init__(plan, group)
+        #: epilogue operands stored channel-blocked (name -> lanes): a residual another Conv wrote blocked
+        self.blocked_inputs = dict(blocked_inputs or {})
+        self.lanes = 0
         self.heavy = heavy
         self.hshape = self.shape(out_shape)
         self.N, self.C = self.hshape[0], self.hshape[1]
@@ -266,7 +270,28 @@ class TileEpilogue(GroupGenerator):
     def _value(self, e: Expr, idx) -> str:
         if isinstance(e, Op) and e.op_type == "BatchNormalization" and not e.heavy:
             return self.batch_norm(e, idx)
+        if isinstance(e, Input) and e.name in self.blocked_inputs:
+            return self.blocked_load(e, idx)
         return super()._value(e, idx)
+
+    def blocked_load(self, e: Input, idx) -> str:
+        """An operand stored channel-blocked, element (n, c, *spatial) at ``((n * C/L + c / L) * P +
+        p) * L + c % L``. Read at the very element the tile computes in the blocked form, that is
+        the tile's own lane (``ts_cb``, ``ts_l0 + ts_el``): a unit-stride load along the lanes;
+        anywhere else, the division and remainder spelled out."""
+        L = self.blocked_inputs[e.name]
+        shape = self.shape(e)
+        C, P = shape[1], numel(shape[2:])
+        n, c, pos = idx[0], idx[1], tuple(idx[2:])
+        p = self.ctx.simplify(linearize(pos, shape[2:]))
+        if self.lanes == L and same(c, self.ch) and same(p, self.ctx.simplify(self.p)) and \
+                all(same(a, b) for a, b in zip(shape, self.hshape)):
+            off = f"(({self.c(n)} * {int(C) // L} + ts_cb) * {self.c(P)} + ts_p) * {L} + ts_l0 + ts_el"
+            return self.define(self.ctype(e.dtype, e), f"{self.in_c[e.name]}[{off}]", index=[n, c, p], stem="x",
+                               note="channel-blocked operand")
+        off = self.ctx.simplify(((n * (C // L) + sympy.floor(c / L)) * P + p) * L + sympy.Mod(c, L))
+        return self.define(self.ctype(e.dtype, e), f"{self.in_c[e.name]}[{self.c(off)}]", index=[off], stem="x",
+                           note="channel-blocked operand")
 
     def batch_norm(self, e: Op, idx) -> str:
         """Inference BatchNormalization as a per-channel affine: (x - mean)·(scale/√(var+ε)) + B;
@@ -286,7 +311,7 @@ class TileEpilogue(GroupGenerator):
     def _probe_reads(self, e: Expr, idx) -> set | None:
         """The backbone indices output expression ``e`` reads at ``idx`` (a throwaway generator;
         None when it cannot be generated at all)."""
-        probe = TileEpilogue(self.plan, self.group, self.heavy, self.hshape, self.bias)
+        probe = TileEpilogue(self.plan, self.group, self.heavy, self.hshape, self.bias, self.blocked_inputs)
         probe.probe = []
         try:
             probe.value(e, idx)
@@ -369,6 +394,7 @@ class TileEpilogue(GroupGenerator):
 
     def _generate_blocked(self, name: str, outputs: Mapping[str, Expr], lanes: int) -> tuple[str, list[tuple], str]:
         """The channel-blocked form of :meth:`generate_function`."""
+        self.lanes = lanes
         if len(outputs) != 1:
             self.fail("a channel-blocked Conv output must be the group's only output")
         (oname, e), = outputs.items()
@@ -518,9 +544,19 @@ class _ConvBase:
     x_lanes = 0
     y_lanes = 0
 
+    #: epilogue operands stored channel-blocked: ((name, lanes), ...)
+    blocked_operands: tuple = ()
+
     def read_blocked(self, lanes: int) -> None:
         """X is stored channel-blocked in blocks of ``lanes`` channels (its producer writes it so)."""
         self.x_lanes = lanes
+
+    def read_blocked_operand(self, name: str, lanes: int) -> None:
+        """Epilogue operand ``name`` is stored channel-blocked (``lanes`` 0: NCHW again); the
+        epilogue is regenerated."""
+        self.blocked_operands = tuple((n, k) for n, k in self.blocked_operands if n != name) + \
+            (((name, lanes),) if lanes else ())
+        self._gen_epilogue()
 
     def store_blocked(self, lanes: int) -> None:
         """Store the output channel-blocked in blocks of ``lanes`` channels (the epilogue regenerated)."""
@@ -529,10 +565,11 @@ class _ConvBase:
 
     def layout_slug(self) -> str:
         """The function-name suffix of the blocked layouts ("" for NCHW in and out)."""
-        return (f"_xb{self.x_lanes}" if self.x_lanes else "") + (f"_yb{self.y_lanes}" if self.y_lanes else "")
+        return ((f"_xb{self.x_lanes}" if self.x_lanes else "") + (f"_yb{self.y_lanes}" if self.y_lanes else "")
+                + ("_rb" if self.blocked_operands else ""))
 
     def _gen_epilogue(self) -> None:
-        gen = TileEpilogue(self.plan, self.group, self.heavy, self.out_shape, self.bias)
+        gen = TileEpilogue(self.plan, self.group, self.heavy, self.out_shape, self.bias, dict(self.blocked_operands))
         self.epilogue_c, epi_args, self.statics = gen.generate_function("conv_epilogue", self.group.outputs,
                                                                         lanes=self.y_lanes)
         self.scattered_store = gen.scattered
@@ -1651,10 +1688,12 @@ class CompiledConv(PicklableKernel):
         blocked before the call and a channel-blocked output unblocked after it (the host program
         passes the arena's blocked tensors as they are)."""
         a = self.analysis
-        if not (a.x_lanes or a.y_lanes):
+        if not (a.x_lanes or a.y_lanes or a.blocked_operands):
             return self.run_stored(env, binding, out)
+        given = env
+        env = {**env, **{name: to_channel_blocks(np.asarray(env[name]), lanes) for name, lanes in a.blocked_operands}}
         if a.x_lanes:
-            env = {**env, a.x_input: to_channel_blocks(self._input(env, None, None), a.x_lanes)}
+            env[a.x_input] = to_channel_blocks(self._input(given, None, None), a.x_lanes)
         stored = self.run_stored(env, binding)
         if not a.y_lanes:
             return stored
