@@ -22,7 +22,8 @@ from tests.codegen.onnxruntime_check import assert_matches_onnxruntime
 SIZES = [("1x1", 1, 1, 1), ("primes", 2, 7, 13), ("wide", 1, 13, 41), ("ends", 3, 41, 2), ("square", 1, 16, 16)]
 
 
-def _inverted_residual(path, *, cin=16, hidden=64, stride=1, extra_output=False, residual=True, blocks=1):
+def _inverted_residual(path, *, cin=16, hidden=64, stride=1, extra_output=False, residual=True, blocks=1,
+                       kernel=(3, 3), pads=(1, 1, 1, 1), dilations=(1, 1)):
     """MobileNetV2's block: 1x1 expand + Clip, depthwise 3x3 + Clip, 1x1 project (+ the block's
     input), ``blocks`` of them in a row (the first with ``stride``)."""
     rng = np.random.default_rng(0)
@@ -37,8 +38,9 @@ def _inverted_residual(path, *, cin=16, hidden=64, stride=1, extra_output=False,
         s = stride if b == 0 else 1
         nodes += [helper.make_node("Conv", [x, w(hidden, cin, 1, 1), w(hidden)], [f"e{b}"], kernel_shape=[1, 1]),
                   helper.make_node("Clip", [f"e{b}", "lo", "hi"], [f"ea{b}"]),
-                  helper.make_node("Conv", [f"ea{b}", w(hidden, 1, 3, 3), w(hidden)], [f"d{b}"], kernel_shape=[3, 3],
-                                   pads=[1, 1, 1, 1], strides=[s, s], group=hidden),
+                  helper.make_node("Conv", [f"ea{b}", w(hidden, 1, *kernel), w(hidden)], [f"d{b}"],
+                                   kernel_shape=list(kernel), pads=list(pads), strides=[s, s],
+                                   dilations=list(dilations), group=hidden),
                   helper.make_node("Clip", [f"d{b}", "lo", "hi"], [f"da{b}"]),
                   helper.make_node("Conv", [f"da{b}", w(cin, hidden, 1, 1), w(cin)], [f"p{b}"], kernel_shape=[1, 1])]
         out = f"p{b}"
@@ -111,6 +113,24 @@ def test_a_residual_stream_between_blocks_is_blocked_and_its_add_reads_it_blocke
     assert len(readers) == 1 and "_rb" in model.kernels[readers[0]][0].func
     assert "channel-blocked operand" in model.kernels[readers[0]][0].source
     assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2, executor=executor), path, _feeds(16))
+
+
+@pytest.mark.parametrize("kernel,pads,stride,dilations", [
+    ((5, 3), (2, 0, 3, 2), 2, (1, 2)),          # asymmetric pads, dilated columns, stride 2
+    ((7, 7), (3, 3, 3, 3), 1, (1, 1)),          # more taps than registers, a wide border
+    ((3, 3), (0, 0, 0, 0), 1, (1, 1)),          # no padding: no border positions at all
+])
+def test_a_blocked_depthwise_reads_its_input_in_place_with_any_window(tmp_path, kernel, pads, stride, dilations):
+    _need_vectors()
+    path = _inverted_residual(tmp_path / "w.onnx", kernel=kernel, pads=pads, stride=stride, dilations=dilations,
+                              residual=False)
+    model = compile_model(str(path), ["N=1:3", "H=9:41", "W=9:41"], max_variants=2)
+    dw = [k for ks in model.kernels.values() for k in ks if k.family == "conv-depthwise"]
+    assert dw and all(k.analysis.x_lanes and "ts_border_position" in k.source for k in dw)
+    rng = np.random.default_rng(2)
+    feeds = ((f"{n}x{h}x{w}", {"x": rng.standard_normal((n, 16, h, w)).astype(np.float32)})
+             for n, h, w in [(1, 9, 9), (2, 11, 13), (1, 41, 9), (3, 17, 41)])
+    assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2), path, feeds)
 
 def test_avx2_blocks_of_eight_match_onnxruntime(tmp_path):
     if ISA_RANK[host_isa()] < ISA_RANK["avx2"]:

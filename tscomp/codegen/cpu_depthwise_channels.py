@@ -194,9 +194,10 @@ def _transpose_c(isa: str, partial: bool) -> str:
 
 
 # ---------------------------------------------------------------------------- the kernel
-def _compute_pass(v: _Vec, geo, positions: int) -> list[str]:
+def _compute_pass(v: _Vec, geo, positions: int, row: str = "ROW") -> list[str]:
     """One pass over ``positions`` consecutive outputs of a row: every tap's weight vector times the
-    block's input vector at that tap, accumulated in registers and stored position-major."""
+    block's input vector at that tap, accumulated in registers and stored position-major (``row``:
+    the C name of the input row stride)."""
     L = v.width
     out = [f"const float* restrict xp = xr + ow * {geo.sw * L};"]
     out += [f"{v.type} a{j} = {v.zero()};" for j in range(positions)]
@@ -204,7 +205,7 @@ def _compute_pass(v: _Vec, geo, positions: int) -> list[str]:
         for kw in range(geo.kw):
             t = kh * geo.kw + kw
             for j in range(positions):
-                off = f"{kh * geo.dh} * ROW + {(kw * geo.dw + j * geo.sw) * L}" if kh else \
+                off = f"{kh * geo.dh} * {row} + {(kw * geo.dw + j * geo.sw) * L}" if kh else \
                     f"{(kw * geo.dw + j * geo.sw) * L}"
                 out.append(f"a{j} = {v.fma(f'w{t}', v.load(f'xp + {off}'), f'a{j}')};")
     out += [v.store(f"o + (ow + {j}) * {L}", f"a{j}") for j in range(positions)]
@@ -236,7 +237,14 @@ def channel_blocked_source(analysis, cfg: DepthwiseChannelBlocks, isa: str) -> s
                         LANES=L, BUDGET=cfg.budget_floats, TASKS_PER_THREAD=TASKS_PER_THREAD)
     gather = _gather_rows(a.x_lanes)
     finish = _finish_block(a.y_lanes, names)
-    return "\n".join([header, *direct_kernel_preamble(a, defines, transpose_block_c(isa)), f"""
+    if a.x_lanes:
+        direct_full = "\n".join("                        " + s for s in _compute_pass(v, geo, P, "ROWD"))
+        direct_single = "\n".join("                        " + s for s in _compute_pass(v, geo, 1, "ROWD"))
+        compute = _direct_rows(P, direct_full, direct_single)
+    else:
+        compute = _padded_rows(P, full, single)
+    return "\n".join([header, *direct_kernel_preamble(a, defines, transpose_block_c(isa)),
+                      _border_position_c(v) if a.x_lanes else "", f"""
 /* Channel-blocked depthwise macro-kernel: output channel oc reads input channel oc / OCG. Per task, xb
  * holds the IR input rows its outputs read as [row][padded column][lane] (WP columns: input column
  * c - PL, zero outside the image), ob the finished outputs position-major, tile the same outputs
@@ -267,7 +275,17 @@ void {name}({_runtime_params()}{params})
 {gather}
             const float* restrict wb = Wp + cblk * (TS_KH * TS_KW * TS_LANES);
 {weights}
-            for (int64_t r = 0; r < R; ++r) {{
+{compute}
+{finish}
+        }}
+    }}
+}}
+"""])
+
+
+def _padded_rows(P: int, full: str, single: str) -> str:
+    """C computing a task's output rows from its zero-padded rows ``xb``."""
+    return f"""            for (int64_t r = 0; r < R; ++r) {{
                 const float* restrict xr = xb + r * TS_SH * ROW;   /* the first input row output row r reads */
                 float* restrict o = ob + r * OW * TS_LANES;
                 int64_t ow = 0;
@@ -277,33 +295,67 @@ void {name}({_runtime_params()}{params})
                 for (; ow < OW; ++ow) {{
 {single}
                 }}
-            }}
-{finish}
+            }}"""
+
+
+def _direct_rows(P: int, full: str, single: str) -> str:
+    """C computing a task's output rows straight from a channel-blocked input, whose rows are the
+    [column][lane] rows the passes read: the positions whose taps all fall inside the image run the
+    register passes on the input itself; the image's border (a padded row, the first and last
+    columns) sums its in-image taps one position at a time. Nothing is copied."""
+    return f"""            const float* restrict xblk = X + (n * n_cb + cblk) * H * W * TS_LANES;
+            const int64_t ROWD = W * TS_LANES;
+            /* output columns whose taps are all inside the image: ow_lo <= ow < ow_hi */
+            const int64_t ow_lo = min_i64(OW, (PL + TS_SW - 1) / TS_SW);
+            const int64_t last = W - 1 + PL - (TS_KW - 1) * TS_DW;
+            const int64_t ow_hi = last < 0 ? ow_lo : max_i64(ow_lo, min_i64(OW, last / TS_SW + 1));
+            for (int64_t r = 0; r < R; ++r) {{
+                const int64_t ih0 = (oh0 + r) * TS_SH - PT;
+                float* restrict o = ob + r * OW * TS_LANES;
+                int64_t ow = 0;
+                if (ih0 < 0 || ih0 + (TS_KH - 1) * TS_DH >= H) {{   /* a row of the border */
+                    for (; ow < OW; ++ow) ts_border_position(xblk, H, W, wb, ih0, ow * TS_SW - PL, o + ow * TS_LANES);
+                    continue;
+                }}
+                for (; ow < ow_lo; ++ow) ts_border_position(xblk, H, W, wb, ih0, ow * TS_SW - PL, o + ow * TS_LANES);
+                const float* restrict xr = xblk + (ih0 * W - PL) * TS_LANES;   /* column -PL of row ih0 */
+                for (; ow + {P} <= ow_hi; ow += {P}) {{
+{full}
+                }}
+                for (; ow < ow_hi; ++ow) {{
+{single}
+                }}
+                for (; ow < OW; ++ow) ts_border_position(xblk, H, W, wb, ih0, ow * TS_SW - PL, o + ow * TS_LANES);
+            }}"""
+
+
+def _border_position_c(v: _Vec) -> str:
+    """C of one output position at the image's border: its taps inside the image, summed."""
+    return f"""/* One output position whose window leaves the image (its top-left tap at row ih0, column iw0):
+ * the taps inside the image, summed; the padding's taps contribute nothing. */
+static inline void ts_border_position(const float* restrict xblk, int64_t H, int64_t W, const float* restrict wb,
+                                      int64_t ih0, int64_t iw0, float* restrict o)
+{{
+    {v.type} acc = {v.zero()};
+    for (int64_t kh = 0; kh < TS_KH; ++kh) {{
+        const int64_t ih = ih0 + kh * TS_DH;
+        if (ih < 0 || ih >= H) continue;
+        for (int64_t kw = 0; kw < TS_KW; ++kw) {{
+            const int64_t iw = iw0 + kw * TS_DW;
+            if (iw < 0 || iw >= W) continue;
+            acc = {v.fma(v.load("wb + (kh * TS_KW + kw) * TS_LANES"), v.load("xblk + (ih * W + iw) * TS_LANES"), "acc")};
         }}
     }}
+    {v.store("o", "acc")}
 }}
-"""])
+"""
 
 
 def _gather_rows(x_lanes: int) -> str:
-    """C of a task's input rows into ``xb`` ([row][padded column][lane]): transposed from NCHW, or
-    (``x_lanes``) copied from a channel-blocked input, whose rows already are [column][lane]."""
+    """C of a task's input rows into ``xb`` ([row][padded column][lane]), transposed from NCHW; none
+    from a channel-blocked input, whose rows the passes read directly (:func:`_direct_rows`)."""
     if x_lanes:
-        return """            /* the input rows: the channel-blocked input's rows are [column][lane] already, a copy */
-            const float* restrict xblk = X + (n * n_cb + cblk) * H * W * TS_LANES;
-            const int64_t c_lo = min_i64(WP, PL), c_hi = max_i64(c_lo, min_i64(WP, PL + W));
-            for (int64_t r = 0; r < IR; ++r) {
-                float* restrict dst = xb + r * ROW;
-                const int64_t ih = oh0 * TS_SH - PT + r;
-                if (ih < 0 || ih >= H) {
-                    memset(dst, 0, (size_t)ROW * sizeof(float));
-                    continue;
-                }
-                memset(dst, 0, (size_t)(c_lo * TS_LANES) * sizeof(float));
-                memset(dst + c_hi * TS_LANES, 0, (size_t)((WP - c_hi) * TS_LANES) * sizeof(float));
-                memcpy(dst + c_lo * TS_LANES, xblk + (ih * W + c_lo - PL) * TS_LANES,
-                       (size_t)((c_hi - c_lo) * TS_LANES) * sizeof(float));
-            }"""
+        return ""
     return """            /* the input rows, transposed; lanes past OC read the last channel (their weights are 0) */
             const float* src[TS_LANES];
             for (int64_t l = 0; l < TS_LANES; ++l)
