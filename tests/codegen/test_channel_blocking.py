@@ -132,6 +132,28 @@ def test_a_blocked_depthwise_reads_its_input_in_place_with_any_window(tmp_path, 
              for n, h, w in [(1, 9, 9), (2, 11, 13), (1, 41, 9), (3, 17, 41)])
     assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2), path, feeds)
 
+
+def test_one_dimensional_convolutions_are_blocked_too(tmp_path):
+    _need_vectors()
+    rng = np.random.default_rng(3)
+
+    def t(name, *shape):
+        return helper.make_tensor(name, TP.FLOAT, shape, (rng.standard_normal(shape) * 0.3).astype(np.float32).ravel())
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["e"], kernel_shape=[1]),
+             helper.make_node("Relu", ["e"], ["ea"]),
+             helper.make_node("Conv", ["ea", "w1", "b1"], ["d"], kernel_shape=[5], pads=[2, 1], group=32),
+             helper.make_node("Conv", ["d", "w2", "b2"], ["y"], kernel_shape=[1])]
+    inits = [t("w0", 32, 16, 1), t("b0", 32), t("w1", 32, 1, 5), t("b1", 32), t("w2", 16, 32, 1), t("b2", 16)]
+    g = helper.make_graph(nodes, "c1d", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 16, "L"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    path = tmp_path / "c1d.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    model = compile_model(str(path), ["N=1:3", "L=4:97"], max_variants=2)
+    assert any("channel-blocked activations: 2 tensor(s)" in n for n in model.notes)
+    feeds = ((f"{n}x{length}", {"x": rng.standard_normal((n, 16, length)).astype(np.float32)})
+             for n, length in [(1, 4), (2, 13), (3, 97), (1, 64)])
+    assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2), path, feeds)
+
 def test_avx2_blocks_of_eight_match_onnxruntime(tmp_path):
     if ISA_RANK[host_isa()] < ISA_RANK["avx2"]:
         pytest.skip(f"avx2 kernels do not run on {host_isa()}")

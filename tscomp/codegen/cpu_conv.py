@@ -286,7 +286,7 @@ class TileEpilogue(GroupGenerator):
         p = self.ctx.simplify(linearize(pos, shape[2:]))
         if self.lanes == L and same(c, self.ch) and same(p, self.ctx.simplify(self.p)) and \
                 all(same(a, b) for a, b in zip(shape, self.hshape)):
-            off = f"(({self.c(n)} * {int(C) // L} + ts_cb) * {self.c(P)} + ts_p) * {L} + ts_l0 + ts_el"
+            off = f"(({self.c(n)} * {int(C) // L} + ts_cb) * ({self.c(P)}) + ts_p) * {L} + ts_l0 + ts_el"
             return self.define(self.ctype(e.dtype, e), f"{self.in_c[e.name]}[{off}]", index=[n, c, p], stem="x",
                                note="channel-blocked operand")
         off = self.ctx.simplify(((n * (C // L) + sympy.floor(c / L)) * P + p) * L + sympy.Mod(c, L))
@@ -406,7 +406,7 @@ class TileEpilogue(GroupGenerator):
         cols = _Block([("for (int64_t ts_ec = 0; ts_ec < ts_nv; ++ts_ec) {", 0)], [("}", 0)])
         self.push(cols, [self.p])
         self.emit("const int64_t ts_p = ts_p0 + ts_ec;")
-        block = f"(ts_n * {int(self.C) // lanes} + ts_cb) * {self.c(self.P)}"
+        block = f"(ts_n * {int(self.C) // lanes} + ts_cb) * ({self.c(self.P)})"
         self.emit(f"float* restrict ts_o = {self.out_c[oname]} + (({block} + ts_p) * {lanes} + ts_l0);")
         lane = _Block([("#pragma omp simd", 0), ("for (int64_t ts_el = 0; ts_el < ts_mv; ++ts_el) {", 0)], [("}", 0)])
         self.push(lane, [self.ch])
