@@ -16,12 +16,18 @@ blocked when
 
 * a Conv group (``conv`` or ``conv-depthwise`` family) produces it as its only output, in the
   Conv's own output space (no permuted store), with C a whole number of blocks, and it is not a
-  model output; and
+  model output;
 * every group that reads it is a Conv group reading it as its X, directly (no view, no prologue) --
   a 1x1 stride-1 unpadded Conv (its column gather transposes [position][lane] rows) or a depthwise
   Conv without a channel multiplier (its rows are copied, not transposed) -- or as an operand of its
-  fused epilogue (MobileNet's residual Add: a blocked epilogue reads it along its lanes, an NCHW one
-  at the spelled-out blocked index), not in a fused prologue.
+  fused epilogue (a residual Add: a blocked epilogue reads it along its lanes, an NCHW one at the
+  spelled-out blocked index), not in a fused prologue; and
+* a depthwise Conv writes it or reads it as X: that is where the layout saves a transpose (the
+  channel-blocked depthwise kernel's lanes run along the channels). Between implicit-GEMM Convs it
+  saves nothing -- their column gathers and tiles then transpose what NCHW copies contiguously --
+  and measured so: ResNet-50 at 224x224 with its 32 such tensors blocked took 1.02x the time of
+  NCHW (AMD Zen 4, 2 threads); MobileNetV2's residual stream blocked as well (49 tensors instead
+  of 40) changed nothing measurable.
 
 A depthwise group on either side keeps only its channel-blocked variant (the direct kernel's lanes
 run along the positions). The producer's epilogue stores whole vectors of channels
@@ -79,10 +85,17 @@ def blockable_tensors(plan, choices: dict, schedules, lanes: int) -> list[Blocke
         if (name in outputs or not consumers or not _writes_blockable(choices[g.name].analysis, name, lanes)
                 or not _has_blocked_variant(choices, schedules, g)):
             continue
-        if all(_conv(choices, q) and _reads_blockable(choices[q.name].analysis, name)
-               and _has_blocked_variant(choices, schedules, q) for q in consumers):
+        if not all(_conv(choices, q) and _reads_blockable(choices[q.name].analysis, name)
+                   and _has_blocked_variant(choices, schedules, q) for q in consumers):
+            continue
+        if _depthwise(choices, g) or any(_depthwise(choices, q) and choices[q.name].analysis.x_input == name
+                                         for q in consumers):
             found.append(BlockedTensor(name, g.name, tuple(q.name for q in consumers), lanes))
     return found
+
+
+def _depthwise(choices, group) -> bool:
+    return choices[group.name].family.name == "conv-depthwise"
 
 
 def _conv(choices, group) -> bool:
@@ -150,32 +163,30 @@ def _apply(t: BlockedTensor, choices, schedules, target) -> bool:
             s = schedules.groups[name]
             s.variants = [v for v in s.variants if _channel_blocked(v.config)]
     if choices[t.producer].family.name == "conv" and producer.pointwise:
-        _keep_row_vector_tiles(schedules.groups[t.producer], producer, target)
+        _add_row_vector_tiles(schedules.groups[t.producer], producer, target)
     return True
 
 
-#: row-vector tiles a channel-blocked implicit-GEMM output keeps or is given
+#: heuristic row-vector tiles added to a channel-blocked 1x1 producer's variants
 ROW_VECTOR_VARIANTS = 2
 
 
-def _keep_row_vector_tiles(schedule, analysis, target) -> None:
-    """A 1x1 Conv's channel-blocked output is computed with the lanes along the channels
-    (``vector_axis`` 0): the register tile is then position-major, whole vectors of one block's
-    channels, and goes to the blocked epilogue as it is -- a column-vector tile would be transposed
-    a block at a time, which for the few FMAs per output of a 1x1 Conv cost as much as the tile
-    (MobileNetV2's 24 -> 144 expand at 56x56: 2x the NCHW kernel's time). The scheduled row-vector
-    tiles are kept; where there are none (a big image's Conv tunes column vectors), the family's
-    heuristic row-vector tiles replace them. A Conv with a window keeps its tiles: its K is deep
-    and a transpose per finished tile is cheap beside it."""
+def _add_row_vector_tiles(schedule, analysis, target) -> None:
+    """A 1x1 Conv's channel-blocked output is best computed with the lanes along the channels
+    (``vector_axis`` 0) where K is small: the register tile is then position-major, whole vectors
+    of one block's channels, and goes to the blocked epilogue as it is, while a column-vector tile
+    is transposed a block at a time -- for the few FMAs per output of MobileNet's expand (K = 24 at
+    56x56) that cost as much as the tile (2x the NCHW kernel's time). A deep K amortizes the
+    transpose, and a big image's column tiles may stay ahead (ResNet-50's 64 -> 256 expand). So
+    the family's heuristic row-vector tiles join the scheduled variants, and the dispatch measures
+    them side by side and picks per shape. A Conv with a window keeps its tiles."""
     from tscomp.codegen.tile_config import CacheSizes
     from tscomp.schedule.schedules import ScheduledVariant
-    rows = [v for v in schedule.variants if getattr(v.config, "vector_axis", 1) == 0]
-    if not rows:
-        spec = target.spec
-        configs = analysis.heuristic_configs(target.isa, 99, caches=CacheSizes(l1=spec.l1, l2=spec.l2, l3=spec.l3))
-        rows = [ScheduledVariant(c) for c in configs if c.vector_axis == 0][:ROW_VECTOR_VARIANTS]
-    if rows:
-        schedule.variants = rows
-
-
-__all__ = ["BlockedTensor", "CONV_FAMILIES", "block_conv_chains", "blockable_tensors"]
+    have = {v.config for v in schedule.variants}
+    spec = target.spec
+    configs = analysis.heuristic_configs(target.isa, 99, caches=CacheSizes(l1=spec.l1, l2=spec.l2, l3=spec.l3))
+    rows = [c for c in configs if c.vector_axis == 0]
+    if any(getattr(c, "vector_axis", 1) == 0 for c in have):
+        return
+    schedule.variants = list(schedule.variants) + [ScheduledVariant(c) for c in rows[:ROW_VECTOR_VARIANTS]
+                                                   if c not in have]
