@@ -7,6 +7,9 @@ The stages run in order and talk through their output objects only:
    (:func:`tscomp.codegen.families.choose_family`; a group nobody accepts falls back to numpy);
 3. schedule — per group and :class:`~tscomp.schedule.target.Target`, the tile configurations to keep
    (:func:`tscomp.schedule.schedules.schedule_plan`: tuned, from a record, or the heuristic);
+   then the layouts: which tensors between convolutions are stored channel-blocked
+   (:func:`tscomp.codegen.channel_blocking.block_conv_chains`: the analyses learn their layouts,
+   a depthwise schedule keeps its channel-blocked configuration);
 4. codegen  — every kept configuration's source generated, compiled in parallel, bound;
 5. timing   — variants the schedule stage did not measure (heuristic, record) are timed at the
    sample shapes (TSCompiler §6: T_single_wave, the quantity the runtime's wave model scales,
@@ -31,8 +34,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tscomp.codegen.build import build_object, set_num_threads
-from tscomp.codegen.families import DEFAULT_VARIANTS, FamilyChoice, choose_family, fallback_kernel
 from tscomp.codegen.channel_blocking import block_conv_chains
+from tscomp.codegen.families import DEFAULT_VARIANTS, FamilyChoice, choose_family, fallback_kernel
 from tscomp.codegen.sharing import share_identical_kernels
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph import DimSpec, load_model, require_resolved_shapes
