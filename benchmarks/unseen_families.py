@@ -75,7 +75,7 @@ MODELS = {
  "swin": vision("SwinConfig", "SwinModel", dict(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4), side=(32, 96), step=16),
  "mobilenetv2_full": vision("MobileNetV2Config", "MobileNetV2Model", dict(), side=(96, 256)),
  "mobilenetv1_full": vision("MobileNetV1Config", "MobileNetV1Model", dict(), side=(96, 256)),
- "efficientnet_full": vision("EfficientNetConfig", "EfficientNetModel", dict(width_coefficient=1.0, depth_coefficient=1.0, image_size=224), side=(96, 256)),
+ "efficientnet_full": vision("EfficientNetConfig", "EfficientNetModel", dict(width_coefficient=1.0, depth_coefficient=1.0, image_size=224, hidden_dim=1280), side=(96, 256)),
  "convnext_full": vision("ConvNextConfig", "ConvNextModel", dict(), side=(96, 256)),
  "segformer_full": vision("SegformerConfig", "SegformerModel", dict(), side=(96, 256)),
  "swin_full": vision("SwinConfig", "SwinModel", dict(), side=(96, 256), step=32),
