@@ -178,6 +178,51 @@ def test_one_dimensional_convolutions_are_blocked_too(tmp_path):
              for n, length in [(1, 4), (2, 13), (3, 97), (1, 64)])
     assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2), path, feeds)
 
+
+def test_every_tile_form_of_a_blocked_1x1_computes_the_same(tmp_path):
+    """The dispatch picks one variant per shape; each form must be right: row-vector tiles reading a
+    blocked input in place and storing blocks as they are, column tiles gathering it by transposes
+    and transposing each finished tile -- against the NCHW kernel of the same configuration."""
+    _need_vectors()
+    from tscomp.codegen.channel_blocking import block_conv_chains
+    from tscomp.codegen.cpu_conv import CompiledConv, TileConfig
+    from tscomp.codegen.families import link_native
+    from tscomp.compiler import choose_families
+    from tscomp.graph import load_model
+    from tscomp.graph.fusion import fuse
+    from tscomp.schedule.samples import group_inputs_at
+    from tscomp.schedule.schedules import TuningOptions, schedule_plan
+
+    L = VECTOR_WIDTH[host_isa()]
+    path = _inverted_residual(tmp_path / "ir.onnx", cin=32, hidden=64)
+    def families():
+        return choose_families(fuse(load_model(str(path), ["N=1:3", "H=1:41", "W=1:41"])))
+    target = host_cpu(2)
+    configs = [TileConfig(mr=2 * L, nr=4, mc=2 * L, nc=16, kc=64, vector_axis=0),
+               TileConfig(mr=8, nr=2 * L, mc=16, nc=64, kc=64, vector_axis=1)]
+    _, nchw = families()           # analyses of their own: the layout pass changes the ones it is given
+    plain = {(name, i): link_native(CompiledConv(c.analysis, cfg, host_isa()))
+             for name, c in nchw.items() if c.family.name == "conv" for i, cfg in enumerate(configs)}
+    plan, choices = families()
+    assert block_conv_chains(plan, choices, schedule_plan(plan, choices, target, TuningOptions(tune=False)), target)
+    rng = np.random.default_rng(5)
+    sym = {i.name.rstrip("_"): i.name for i in plan.graph.symbols.live_symbols()}    # N is N_ in the plan
+    seen = set()
+    for (name, i), ref in plain.items():
+        a = choices[name].analysis
+        k = link_native(CompiledConv(a, configs[i], host_isa()))
+        seen.add(("in place" if "read in place" in k.source else "gathered", configs[i].vector_axis,
+                  a.x_lanes, a.y_lanes))
+        for n, h, w in ((1, 1, 1), (2, 13, 7), (3, 41, 41)):
+            binding = {sym["N"]: n, sym["H"]: h, sym["W"]: w}
+            env = group_inputs_at(plan, choices[name].group, binding, rng)
+            want = ref.run(env, binding)
+            for out, arr in k.run(env, binding).items():
+                np.testing.assert_allclose(arr, want[out], rtol=1e-4, atol=1e-4, err_msg=f"{k.func} {binding}")
+    # the projection reads blocks (in place, gathered), the expansion writes them (row and column tiles)
+    assert {("in place", 0, L, 0), ("gathered", 1, L, 0), ("gathered", 0, 0, L), ("gathered", 1, 0, L)} <= seen
+
+
 def test_avx2_blocks_of_eight_match_onnxruntime(tmp_path):
     if ISA_RANK[host_isa()] < ISA_RANK["avx2"]:
         pytest.skip(f"avx2 kernels do not run on {host_isa()}")

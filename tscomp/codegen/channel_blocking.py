@@ -158,6 +158,8 @@ def _apply(t: BlockedTensor, choices, schedules, target) -> bool:
     for q in t.consumers:
         if choices[q].analysis.x_input == t.name:
             choices[q].analysis.read_blocked(t.lanes)
+            if choices[q].family.name == "conv":        # a 1x1: its row-vector tiles read the blocks in place
+                _add_row_vector_tiles(schedules.groups[q], choices[q].analysis, target)
     for name in (t.producer, *t.consumers):
         if choices[name].family.name == "conv-depthwise":
             s = schedules.groups[name]
@@ -172,14 +174,16 @@ ROW_VECTOR_VARIANTS = 2
 
 
 def _add_row_vector_tiles(schedule, analysis, target) -> None:
-    """A 1x1 Conv's channel-blocked output is best computed with the lanes along the channels
-    (``vector_axis`` 0) where K is small: the register tile is then position-major, whole vectors
-    of one block's channels, and goes to the blocked epilogue as it is, while a column-vector tile
-    is transposed a block at a time -- for the few FMAs per output of MobileNet's expand (K = 24 at
-    56x56) that cost as much as the tile (2x the NCHW kernel's time). A deep K amortizes the
-    transpose, and a big image's column tiles may stay ahead (ResNet-50's 64 -> 256 expand). So
-    the family's heuristic row-vector tiles join the scheduled variants, and the dispatch measures
-    them side by side and picks per shape. A Conv with a window keeps its tiles."""
+    """A 1x1 Conv next to a channel-blocked tensor is often best computed with the lanes along the
+    channels (``vector_axis`` 0). Writing one, the register tile is then position-major, whole
+    vectors of one block's channels, and goes to the blocked epilogue as it is, while a
+    column-vector tile is transposed a block at a time -- for the few FMAs per output of MobileNet's
+    expand (K = 24 at 56x56) that cost as much as the tile (2x the NCHW kernel's time). Reading
+    one, each position's channels are a broadcast straight from the blocked input, with no column
+    block gathered (:func:`~tscomp.codegen.cpu_conv.reads_blocks_in_place`). A deep K amortizes
+    the transposes, and a big image's column tiles may stay ahead. So the family's heuristic
+    row-vector tiles join the scheduled variants, and the dispatch measures them side by side and
+    picks per shape. A Conv with a window keeps its tiles."""
     from tscomp.codegen.tile_config import CacheSizes
     from tscomp.schedule.schedules import ScheduledVariant
     have = {v.config for v in schedule.variants}

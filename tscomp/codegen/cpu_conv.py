@@ -824,7 +824,7 @@ _MICRO_PARAMS = """int64_t kl, const float* restrict ap, const float* restrict b
 
 
 def _emit_micro_kernel(emit, isa: str, MR: int, NR: int, column_vectors: bool = True,
-                       position_major: bool = False) -> None:
+                       position_major: bool = False, direct_lanes: int = 0) -> None:
     lanes = ("the SIMD lanes along the positions: per k, NR/W column vectors times MR broadcast weights"
              if column_vectors or isa == "scalar" else
              "the SIMD lanes along the channels: per k, MR/W weight vectors times NR broadcast positions")
@@ -856,8 +856,8 @@ static inline __attribute__((always_inline)) void micro_kernel(
     v = _Vec(isa)
     W = v.width
     if not column_vectors:
-        _emit_row_vector_body(emit, v, MR, NR, position_major=position_major)
-        _emit_row_vector_tails(emit, v, MR, NR, position_major)
+        _emit_row_vector_body(emit, v, MR, NR, position_major=position_major, direct_lanes=direct_lanes)
+        _emit_row_vector_tails(emit, v, MR, NR, position_major, direct_lanes)
         return
     accs = emit_accumulators(emit, v, MR, NR)
     emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
@@ -872,25 +872,32 @@ static inline __attribute__((always_inline)) void micro_kernel(
 
 
 def _emit_row_vector_body(emit, v: _Vec, MR: int, NR: int, positions: int | None = None,
-                          position_major: bool = False) -> None:
+                          position_major: bool = False, direct_lanes: int = 0) -> None:
     """The micro-kernel's body with the lanes along the tile's rows (channels): the weight panel's k
     row is MR/W vectors, each of the NR gathered positions a broadcast (a late stage's few positions
     waste no padded lanes, and the weights stream as whole vectors). The accumulators hold the tile
     transposed (position-major); the finished tile is transposed back through a stack buffer.
     ``positions`` < NR: the body of a tail kernel computing only that many positions (the tile keeps
     its NR-position rows; the other columns are not written). ``position_major``: the finished tile
-    stays position-major (``tile[j * MR + r]``: a channel-blocked output's epilogue reads it so)."""
+    stays position-major (``tile[j * MR + r]``: a channel-blocked output's epilogue reads it so).
+    ``direct_lanes``: ``bp`` is the channel-blocked input itself (no gathered column block): k's
+    position j is ``bp[(k / lanes) * ldb + k % lanes + j * lanes]``, ``ldb`` the block stride."""
     W = v.width
     npos = NR if positions is None else positions
     if positions is None:
         emit(f"#define ROW_VECTOR_PREFETCH_K {ROW_VECTOR_PREFETCH_K}   /* k steps ahead the weight panel is fetched */")
     accs = emit_accumulators(emit, v, npos, MR)     # accs[j][c]: position j, channels [c*W, c*W + W)
     emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
-    emit("        const float* restrict bk = bp + k * ldb;")
+    if direct_lanes:
+        emit(f"        const float* restrict bk = bp + (k / {direct_lanes}) * ldb + k % {direct_lanes};"
+             "   /* the blocked input's k */")
+    else:
+        emit("        const float* restrict bk = bp + k * ldb;")
     emit("        const float* restrict ak = ap + k * MR;")
     prefetch = tuple(f"_mm_prefetch((const char*)(ak + ROW_VECTOR_PREFETCH_K * MR) + {line}, _MM_HINT_T0);"
                      for line in range(0, MR * 4, 64))
-    emit_fma_step(emit, v, accs, [f"ak + {c * W}" for c in range(MR // W)], lambda j: f"bk[{j}]",
+    stride = direct_lanes or 1
+    emit_fma_step(emit, v, accs, [f"ak + {c * W}" for c in range(MR // W)], lambda j: f"bk[{j * stride}]",
                   after_loads=prefetch)
     emit("    }")
     emit("    if (!last) {")
@@ -912,7 +919,8 @@ def _emit_row_vector_body(emit, v: _Vec, MR: int, NR: int, positions: int | None
     emit("}\n")
 
 
-def _emit_row_vector_tails(emit, v: _Vec, MR: int, NR: int, position_major: bool = False) -> None:
+def _emit_row_vector_tails(emit, v: _Vec, MR: int, NR: int, position_major: bool = False,
+                           direct_lanes: int = 0) -> None:
     """Row-vector kernels for a last position tile of 1 .. NR-1 positions, and ``micro_kernel_tail``
     choosing one (FTuner's combination of tile sizes, as the GEMM's row tails): P = 49 under a
     12-position tile runs four tiles and a 1-position kernel, not a fifth 12-position tile on
@@ -923,7 +931,8 @@ def _emit_row_vector_tails(emit, v: _Vec, MR: int, NR: int, position_major: bool
 static __attribute__((noinline)) void micro_kernel_{n}(
     {_MICRO_PARAMS})
 {{""")
-        _emit_row_vector_body(emit, v, MR, NR, positions=n, position_major=position_major)
+        _emit_row_vector_body(emit, v, MR, NR, positions=n, position_major=position_major,
+                              direct_lanes=direct_lanes)
     cases = "\n".join(f"        case {n}: micro_kernel_{n}(kl, ap, bp, ldb, ct, first, last, tile); return;"
                       for n in range(1, NR))
     emit(f"""/* The last position tile (0 < positions < NR valid): the kernel of exactly that width. */
@@ -1130,7 +1139,9 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
     emit(a.epilogue_c)
     emit(a.prologue_c)
     _emit_pack_b(emit_t, a.pointwise, a.phased, a.x_lanes)
-    _emit_micro_kernel(emit_t, isa, MR, NR, cfg.vector_axis == 1, position_major=bool(a.y_lanes))
+    direct = reads_blocks_in_place(a, cfg, KC)
+    _emit_micro_kernel(emit_t, isa, MR, NR, cfg.vector_axis == 1, position_major=bool(a.y_lanes),
+                       direct_lanes=a.x_lanes if direct else 0)
     single = n_kb == 1
     emit_t(f"""/* Macro-kernel: tasks = NB x G x ceil(P / NC) x (groups of obt channel blocks of MC); each walks K in
  * N_KBLOCKS steps of KC, gathering the column block once per step and sweeping every MR x NR tile of
@@ -1177,7 +1188,7 @@ void {name}({_runtime_params()}{params})
             const float* xg = X + (n * C_IN + g * CG) * H * W;{_task_phases(a)}
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
                 const int64_t k0 = kb * KC, kl = min_i64(KC, KDIM - k0);
-                {_pack_call(a)}
+                {_pack_call(a, direct)}
                 for (int64_t ob = ob_first; ob < ob_end; ++ob) {{
                     const int64_t oc0 = ob * MC, mvb = min_i64(MC, OCG - oc0);
                     float* cb = {'NULL' if single else 'cbuf + (ob - ob_first) * (MC * ncw)'};
@@ -1185,7 +1196,7 @@ void {name}({_runtime_params()}{params})
                         for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
                             const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
                             float* ct = {'NULL' if single else 'cb + (jp * (MC / MR) + ip) * (MR * NR)'};
-                            {_micro_kernel_call(cfg, isa, "1, 1" if single else "kb == 0, kb == N_KBLOCKS - 1")}
+                            {_micro_kernel_call(cfg, isa, "1, 1" if single else "kb == 0, kb == N_KBLOCKS - 1", direct)}
                             if ({'1' if single else 'kb == N_KBLOCKS - 1'})
 {_tile_epilogue_call(a, cfg, names)}
                         }}
@@ -1238,14 +1249,16 @@ def _tile_epilogue_call(a, cfg: TileConfig, names: str) -> str:
 {ind}}}"""
 
 
-def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str) -> str:
+def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str, direct: bool = False) -> str:
     """The macro-kernel's call of the register tile at position tile jp: row-vector tiles run the
-    exact-width tail kernel on the last, partial position tile."""
-    full = f"micro_kernel(kl, ap, bpack + jp * NR, ldb, ct, {first_last}, tile);"
+    exact-width tail kernel on the last, partial position tile (which so reads no position past
+    the image where the tiles read a blocked input in place)."""
+    b, ld = ("xk + jp * NR * LANES", "H * W * LANES") if direct else ("bpack + jp * NR", "ldb")
+    full = f"micro_kernel(kl, ap, {b}, {ld}, ct, {first_last}, tile);"
     if cfg.vector_axis == 1 or isa == "scalar":
         return full
     return (f"if (nvb - jp * NR >= NR) {full}\n"
-            f"                            else micro_kernel_tail(nvb - jp * NR, kl, ap, bpack + jp * NR, ldb, ct, "
+            f"                            else micro_kernel_tail(nvb - jp * NR, kl, ap, {b}, {ld}, ct, "
             f"{first_last}, tile);")
 
 
@@ -1268,8 +1281,17 @@ def _phase_build(a) -> str:
         float* xp = tscomp_phase_workspace((size_t)(CG * HR_MAX * SW * WQ));  /* NULL: gather in place */"""
 
 
-def _pack_call(a) -> str:
-    """The gather of one K step: from the task's phase planes, or in place."""
+def reads_blocks_in_place(a, cfg: TileConfig, KC: int) -> bool:
+    """Whether a 1x1 Conv's row-vector tiles broadcast straight from its channel-blocked input (no
+    gathered column block): each K step must start at a whole block."""
+    return bool(a.x_lanes) and a.pointwise and cfg.vector_axis == 0 and (KC % a.x_lanes == 0 or KC >= a.K)
+
+
+def _pack_call(a, direct: bool = False) -> str:
+    """The gather of one K step: from the task's phase planes, or in place; none where the tiles
+    read a channel-blocked input directly (``xk``: the step's first block at the task's positions)."""
+    if direct:
+        return "const float* xk = xg + (k0 / LANES) * H * W * LANES + p0 * LANES;   /* read in place */"
     plain = "pack_b(xg, H, W, OW, PT, PL, p0, nvb, ldb, k0, kl, bpack);"
     if not a.phased:
         return plain
