@@ -237,12 +237,13 @@ def channel_blocked_source(analysis, cfg: DepthwiseChannelBlocks, isa: str) -> s
                         LANES=L, BUDGET=cfg.budget_floats, TASKS_PER_THREAD=TASKS_PER_THREAD)
     gather = _gather_rows(a.x_lanes)
     finish = _finish_block(a.y_lanes, names)
+    after_row = _row_epilogue(a.y_lanes, names)
     if a.x_lanes:
         direct_full = "\n".join("                        " + s for s in _compute_pass(v, geo, P, "ROWD"))
         direct_single = "\n".join("                        " + s for s in _compute_pass(v, geo, 1, "ROWD"))
-        compute = _direct_rows(P, direct_full, direct_single)
+        compute = _direct_rows(P, direct_full, direct_single, after_row)
     else:
-        compute = _padded_rows(P, full, single)
+        compute = _padded_rows(P, full, single, after_row)
     return "\n".join([header, *direct_kernel_preamble(a, defines, transpose_block_c(isa)),
                       _border_position_c(v) if a.x_lanes else "", f"""
 /* Channel-blocked depthwise macro-kernel: output channel oc reads input channel oc / OCG. Per task, xb
@@ -283,7 +284,16 @@ void {name}({_runtime_params()}{params})
 """])
 
 
-def _padded_rows(P: int, full: str, single: str) -> str:
+def _row_epilogue(y_lanes: int, names: str) -> str:
+    """C after each output row: a channel-blocked output's fused epilogue runs on the row just
+    computed (still in L1), not on the whole block afterwards; an NCHW one waits for the block."""
+    if not y_lanes:
+        return ""
+    return f"""
+                conv_epilogue(o, TS_LANES, n, cblk, 0, (oh0 + r) * OW, CV, OW{names});   /* stored channel-blocked */"""
+
+
+def _padded_rows(P: int, full: str, single: str, after_row: str = "") -> str:
     """C computing a task's output rows from its zero-padded rows ``xb``."""
     return f"""            for (int64_t r = 0; r < R; ++r) {{
                 const float* restrict xr = xb + r * TS_SH * ROW;   /* the first input row output row r reads */
@@ -294,11 +304,11 @@ def _padded_rows(P: int, full: str, single: str) -> str:
                 }}
                 for (; ow < OW; ++ow) {{
 {single}
-                }}
+                }}{after_row}
             }}"""
 
 
-def _direct_rows(P: int, full: str, single: str) -> str:
+def _direct_rows(P: int, full: str, single: str, after_row: str = "") -> str:
     """C computing a task's output rows straight from a channel-blocked input, whose rows are the
     [column][lane] rows the passes read: the positions whose taps all fall inside the image run the
     register passes on the input itself; the image's border (a padded row, the first and last
@@ -315,17 +325,17 @@ def _direct_rows(P: int, full: str, single: str) -> str:
                 int64_t ow = 0;
                 if (ih0 < 0 || ih0 + (TS_KH - 1) * TS_DH >= H) {{   /* a row of the border */
                     for (; ow < OW; ++ow) ts_border_position(xblk, H, W, wb, ih0, ow * TS_SW - PL, o + ow * TS_LANES);
-                    continue;
-                }}
-                for (; ow < ow_lo; ++ow) ts_border_position(xblk, H, W, wb, ih0, ow * TS_SW - PL, o + ow * TS_LANES);
-                const float* restrict xr = xblk + (ih0 * W - PL) * TS_LANES;   /* column -PL of row ih0 */
-                for (; ow + {P} <= ow_hi; ow += {P}) {{
+                }} else {{
+                    for (; ow < ow_lo; ++ow) ts_border_position(xblk, H, W, wb, ih0, ow * TS_SW - PL, o + ow * TS_LANES);
+                    const float* restrict xr = xblk + (ih0 * W - PL) * TS_LANES;   /* column -PL of row ih0 */
+                    for (; ow + {P} <= ow_hi; ow += {P}) {{
 {full}
-                }}
-                for (; ow < ow_hi; ++ow) {{
+                    }}
+                    for (; ow < ow_hi; ++ow) {{
 {single}
-                }}
-                for (; ow < OW; ++ow) ts_border_position(xblk, H, W, wb, ih0, ow * TS_SW - PL, o + ow * TS_LANES);
+                    }}
+                    for (; ow < OW; ++ow) ts_border_position(xblk, H, W, wb, ih0, ow * TS_SW - PL, o + ow * TS_LANES);
+                }}{after_row}
             }}"""
 
 
@@ -383,8 +393,7 @@ def _finish_block(y_lanes: int, names: str) -> str:
     """C of a task's finished outputs (``ob``, position-major) through the fused epilogue: straight
     into a channel-blocked output, or transposed to channel-major first for an NCHW one."""
     if y_lanes:
-        return f"""            /* the fused epilogue over the position-major block, stored channel-blocked */
-            conv_epilogue(ob, TS_LANES, n, cblk, 0, oh0 * OW, CV, R * OW{names});"""
+        return "            /* the fused epilogue ran after each row (_row_epilogue) */"
     return f"""            /* back to channel-major: tile[l][p] = ob[p][l], then the fused epilogue over the block */
             const int64_t F = R * OW;
             const float* pos[TS_LANES];
