@@ -1116,8 +1116,10 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
     def emit_t(text: str) -> None:   # a template: its constants spelled TS_<name>
         L.append(ts_macros(text))
 
+    direct = reads_blocks_in_place(a, cfg, KC)
     emit(a.header("implicit GEMM", f"{cfg.describe()} on {isa}; K = Cg*KH*KW = {a.K} in {n_kb} step(s) of {KC}; "
-                  f"one OpenMP task per (image, group, {NC}-position block, run of {MC}-channel blocks)"))
+                  f"one OpenMP task per (image, group, {NC}-position block, run of {MC}-channel blocks)"
+                  + _layout_words(a, direct)))
     emit(PRELUDE)
     emit("#include <string.h>")
     emit("#include <omp.h>")
@@ -1139,7 +1141,6 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
     emit(a.epilogue_c)
     emit(a.prologue_c)
     _emit_pack_b(emit_t, a.pointwise, a.phased, a.x_lanes)
-    direct = reads_blocks_in_place(a, cfg, KC)
     _emit_micro_kernel(emit_t, isa, MR, NR, cfg.vector_axis == 1, position_major=bool(a.y_lanes),
                        direct_lanes=a.x_lanes if direct else 0)
     single = n_kb == 1
@@ -1279,6 +1280,18 @@ def _phase_build(a) -> str:
         return ""
     return """
         float* xp = tscomp_phase_workspace((size_t)(CG * HR_MAX * SW * WQ));  /* NULL: gather in place */"""
+
+
+def _layout_words(a, direct: bool) -> str:
+    """The header's words on the channel-blocked layouts (tscomp/codegen/channel_blocking.py)."""
+    words = []
+    if a.x_lanes:
+        words.append(f"X channel-blocked by {a.x_lanes} ({'read in place' if direct else 'gathered by transposes'})")
+    if a.y_lanes:
+        words.append(f"output stored channel-blocked by {a.y_lanes}")
+    if a.blocked_operands:
+        words.append("channel-blocked epilogue operands " + ", ".join(n for n, _ in a.blocked_operands))
+    return "; " + "; ".join(words) if words else ""
 
 
 def reads_blocks_in_place(a, cfg: TileConfig, KC: int) -> bool:

@@ -228,10 +228,11 @@ def channel_blocked_source(analysis, cfg: DepthwiseChannelBlocks, isa: str) -> s
     single = "\n".join("                    " + s for s in _compute_pass(v, geo, 1))
     header = a.header("direct depthwise, channel-blocked",
                       f"{cfg.describe()}; one OpenMP task per (image, block of {L} channels, block of output "
-                      f"rows); the input rows " + ("copied from the channel-blocked input" if a.x_lanes else
+                      f"rows); the input rows " + ("read in place from the channel-blocked input (the border one position "
+                                                    "at a time)" if a.x_lanes else
                                                     "transposed into [row][column][channel] blocks")
                       + f", {P} output positions x {geo.kh}x{geo.kw} taps per pass as {isa} FMAs, "
-                      + ("the fused epilogue storing channel-blocked" if a.y_lanes else
+                      + ("the fused epilogue storing each row channel-blocked" if a.y_lanes else
                          "the rows transposed back for the fused epilogue"))
     defines = c_defines(C_IN=a.C, OCG=a.OCg, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw, DH=geo.dh, DW=geo.dw,
                         LANES=L, BUDGET=cfg.budget_floats, TASKS_PER_THREAD=TASKS_PER_THREAD)
