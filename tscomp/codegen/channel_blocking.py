@@ -59,8 +59,8 @@ def block_conv_chains(plan, choices: dict, schedules, target) -> list[BlockedTen
     """Decide and apply the channel-blocked tensors of ``plan`` (see the module docstring):
     the analyses learn their layouts, depthwise schedules keep their channel-blocked variants.
     Returns what was blocked (empty on a target without vectors of at least 8 floats)."""
-    lanes = VECTOR_WIDTH.get(getattr(target, "isa", ""), 1)
-    if getattr(target, "name", "") != "cpu" or lanes < 8:
+    lanes = VECTOR_WIDTH.get(target.isa, 1)
+    if target.name != "cpu" or lanes < 8:
         return []
     done = []
     for t in blockable_tensors(plan, choices, schedules, lanes):
@@ -114,19 +114,25 @@ def _reads_blockable(a, name: str) -> bool:
     """Whether a Conv group reads tensor ``name`` only where it can read it blocked: as its X (a
     1x1 Conv or a depthwise one, directly) and as an operand of its epilogue (a residual), not in
     a fused prologue."""
-    if any(a.arg_roles[i][:2] == ("input", name) for i in a.pro_args):
+    if _reads_as(a, a.pro_args, name):
         return False
     if a.x_input != name:
-        return any(role == "input" and n == name for role, n, *_ in a.arg_roles)
+        return _reads_as_operand(a, name)
     if a.x_chain or a.prologue:
         return False
     if a.family == "conv-depthwise":
         return a.OCg == 1
-    return bool(getattr(a, "pointwise", False)) and a.G == 1
+    return a.pointwise and a.G == 1
 
 
 def _reads_as_operand(a, name: str) -> bool:
-    return any(a.arg_roles[i][:2] == ("input", name) for i in a.epi_args)
+    return _reads_as(a, a.epi_args, name)
+
+
+def _reads_as(a, args, name: str) -> bool:
+    """Whether tensor ``name`` is an input among the analysis' arguments ``args`` (epilogue or
+    prologue argument indices)."""
+    return any(a.arg_roles[i][:2] == ("input", name) for i in args)
 
 
 def _has_blocked_variant(choices, schedules, group) -> bool:
@@ -159,13 +165,13 @@ def _apply(t: BlockedTensor, choices, schedules, target) -> bool:
         if choices[q].analysis.x_input == t.name:
             choices[q].analysis.read_blocked(t.lanes)
             if choices[q].family.name == "conv":        # a 1x1: its row-vector tiles read the blocks in place
-                _add_row_vector_tiles(schedules.groups[q], choices[q].analysis, target)
+                _add_row_vector_tiles(schedules.groups[q], choices[q], target)
     for name in (t.producer, *t.consumers):
         if choices[name].family.name == "conv-depthwise":
             s = schedules.groups[name]
             s.variants = [v for v in s.variants if _channel_blocked(v.config)]
     if choices[t.producer].family.name == "conv" and producer.pointwise:
-        _add_row_vector_tiles(schedules.groups[t.producer], producer, target)
+        _add_row_vector_tiles(schedules.groups[t.producer], choices[t.producer], target)
     return True
 
 
@@ -173,7 +179,7 @@ def _apply(t: BlockedTensor, choices, schedules, target) -> bool:
 ROW_VECTOR_VARIANTS = 2
 
 
-def _add_row_vector_tiles(schedule, analysis, target) -> None:
+def _add_row_vector_tiles(schedule, choice, target) -> None:
     """A 1x1 Conv next to a channel-blocked tensor is often best computed with the lanes along the
     channels (``vector_axis`` 0). Writing one, the register tile is then position-major, whole
     vectors of one block's channels, and goes to the blocked epilogue as it is, while a
@@ -184,13 +190,9 @@ def _add_row_vector_tiles(schedule, analysis, target) -> None:
     the transposes, and a big image's column tiles may stay ahead. So the family's heuristic
     row-vector tiles join the scheduled variants, and the dispatch measures them side by side and
     picks per shape. A Conv with a window keeps its tiles."""
-    from tscomp.codegen.tile_config import CacheSizes
     from tscomp.schedule.schedules import ScheduledVariant
-    have = {v.config for v in schedule.variants}
-    spec = target.spec
-    configs = analysis.heuristic_configs(target.isa, 99, caches=CacheSizes(l1=spec.l1, l2=spec.l2, l3=spec.l3))
-    rows = [c for c in configs if c.vector_axis == 0]
-    if any(getattr(c, "vector_axis", 1) == 0 for c in have):
+    if any(v.config.vector_axis == 0 for v in schedule.variants):
         return
-    schedule.variants = list(schedule.variants) + [ScheduledVariant(c) for c in rows[:ROW_VECTOR_VARIANTS]
-                                                   if c not in have]
+    # the family's heuristic lists every tile (row-vector ones after the first column tiles)
+    rows = [c for c in choice.family.heuristic(choice.analysis, target, 99) if c.vector_axis == 0]
+    schedule.variants = list(schedule.variants) + [ScheduledVariant(c) for c in rows[:ROW_VECTOR_VARIANTS]]

@@ -959,16 +959,10 @@ static void pack_b(const float* restrict xg, int64_t H, int64_t W, int64_t OW, i
 {
     (void)OW; (void)PT; (void)PL;
     const int64_t HW = H * W;
-    const float* rows[LANES];
     for (int64_t k = 0; k < kl; ) {
         const int64_t c = k0 + k, l0 = c % LANES, w = min_i64(LANES - l0, kl - k);
-        const float* restrict blk = xg + (c / LANES) * HW * LANES;
-        for (int64_t j = 0; j < nv; j += LANES) {
-            const int64_t h = min_i64(LANES, nv - j);
-            for (int64_t v = 0; v < h; ++v) rows[v] = blk + (p0 + j + v) * LANES;
-            if (h == LANES && w == LANES) ts_transpose_block(rows, l0, bp + k * ldb + j, ldb);
-            else ts_transpose_block_part(rows, l0, bp + k * ldb + j, ldb, w, h);
-        }
+        /* block c / LANES from lane l0: [position][lane] rows, LANES floats apart */
+        ts_transpose_matrix(xg + ((c / LANES) * HW + p0) * LANES + l0, LANES, nv, w, bp + k * ldb, ldb);
         for (int64_t v = 0; v < w; ++v)
             for (int64_t j = nv; j < ldb; ++j) bp[(k + v) * ldb + j] = 0.0f;
         k += w;
@@ -1238,12 +1232,9 @@ def _tile_epilogue_call(a, cfg: TileConfig, names: str) -> str:
     return f"""{ind}{{
 {ind}    const int64_t ych = g * OCG + oc0 + ip * MR, ymv = min_i64(MR, mvb - ip * MR);
 {ind}    const int64_t ynv = min_i64(NR, nvb - jp * NR);
-{ind}    const float* yrows[LANES];
 {ind}    for (int64_t yc = 0; yc < ymv; ) {{
 {ind}        const int64_t cc = ych + yc, l0 = cc % LANES, w = min_i64(LANES - l0, ymv - yc);
-{ind}        for (int64_t v = 0; v < w; ++v) yrows[v] = tile + (yc + v) * NR;
-{ind}        for (int64_t q = 0; q < ynv; q += LANES)
-{ind}            ts_transpose_block_part(yrows, q, stage + q * LANES, LANES, min_i64(LANES, ynv - q), w);
+{ind}        ts_transpose_matrix(tile + yc * NR, NR, w, ynv, stage, LANES);   /* stage[p][v] = tile[yc + v][p] */
 {ind}        conv_epilogue(stage, LANES, n, cc / LANES, l0, p0 + jp * NR, w, ynv{names});
 {ind}        yc += w;
 {ind}    }}
@@ -1729,9 +1720,9 @@ class CompiledConv(PicklableKernel):
         env = {**env, **{name: to_channel_blocks(np.asarray(env[name]), lanes) for name, lanes in a.blocked_operands}}
         if a.x_lanes:
             env[a.x_input] = to_channel_blocks(self._input(given, None, None), a.x_lanes)
-        stored = self.run_stored(env, binding)
         if not a.y_lanes:
-            return stored
+            return self.run_stored(env, binding, out)
+        stored = self.run_stored(env, binding)
         outputs = output_buffers(self.group.name, {k: v.shape for k, v in stored.items()}, out)
         for k, v in stored.items():
             outputs[k][...] = from_channel_blocks(v, a.y_lanes)

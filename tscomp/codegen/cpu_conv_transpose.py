@@ -168,18 +168,7 @@ void {name}({_runtime_params()}{params})
                 }}
             }}
             /* back to channel-major (tile[m][p] = acc[p][m]), then the fused epilogue */
-            const float* pos[{L}];
-            for (int64_t q = 0; q < TS_MBL; q += {L}) {{
-                int64_t p = 0;
-                for (; p + {L} <= F; p += {L}) {{
-                    for (int64_t l = 0; l < {L}; ++l) pos[l] = acc + (p + l) * TS_MBL + q;
-                    ts_transpose_block(pos, 0, tile + q * F + p, F);
-                }}
-                if (p < F) {{    /* the last positions: their rows only, masked stores */
-                    for (int64_t l = 0; l < F - p; ++l) pos[l] = acc + (p + l) * TS_MBL + q;
-                    ts_transpose_block_part(pos, 0, tile + q * F + p, F, {L}, F - p);
-                }}
-            }}
+            ts_transpose_matrix(acc, TS_MBL, F, TS_MBL, tile, F);
             conv_epilogue(tile, F, n, g * TS_OCG + m0, oh0 * OW, mv, F{names});
         }}
     }}

@@ -113,7 +113,8 @@ def prepack_channel_blocks(W: np.ndarray, lanes: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- the transpose
 def transpose_block_c(isa: str) -> str:
-    """C of two transposes of a ``lanes x lanes`` block, ``dst[j * ldd + v] = src[v][off + j]``:
+    """C of two transposes of a ``lanes x lanes`` block, ``dst[j * ldd + v] = src[v][off + j]``,
+    and of ``ts_transpose_matrix`` built on them (:func:`_transpose_matrix_c`):
     ``ts_transpose_block`` (the whole block) and ``ts_transpose_block_part`` (the columns
     ``j < w`` of the source rows ``v < h``: masked loads never touch ``src[v][off + w..]`` nor
     ``src[v]`` for ``v >= h``; ``w`` rows of ``dst`` are stored, each with its lanes ``v < h``
@@ -127,7 +128,30 @@ def transpose_block_c(isa: str) -> str:
     four butterfly stages of two-source permutes on Zen 4); then each group of 4 registers is one
     4x4 transpose within every 128-bit lane (unpack by floats, then by pairs), which leaves register
     ``4I + k`` holding column ``4I + k`` over all rows."""
-    return _transpose_c(isa, partial=False) + "\n" + _transpose_c(isa, partial=True)
+    return "\n".join([_transpose_c(isa, partial=False), _transpose_c(isa, partial=True), _transpose_matrix_c(isa)])
+
+
+def _transpose_matrix_c(isa: str) -> str:
+    """C of ``ts_transpose_matrix``: any matrix whose rows are ``stride`` floats apart transposed
+    a block at a time, the whole-block transpose inside, the partial one at the edges -- the loop
+    every caller (a task's tile back to channel-major, a blocked input's column gather, a tile into
+    a blocked output) would otherwise write around the two."""
+    L = VECTOR_WIDTH[isa]
+    return f"""/* dst[j * ldd + p] = src[p * stride + j] for p < rows, j < cols, {L} x {L} blocks at a time */
+static inline void ts_transpose_matrix(const float* restrict src, int64_t stride, int64_t rows, int64_t cols,
+                                       float* restrict dst, int64_t ldd)
+{{
+    const float* r[{L}];
+    for (int64_t p = 0; p < rows; p += {L}) {{
+        const int64_t h = rows - p < {L} ? rows - p : {L};
+        for (int64_t v = 0; v < h; ++v) r[v] = src + (p + v) * stride;
+        for (int64_t j = 0; j < cols; j += {L}) {{
+            const int64_t w = cols - j < {L} ? cols - j : {L};
+            if (h == {L} && w == {L}) ts_transpose_block(r, j, dst + j * ldd + p, ldd);
+            else ts_transpose_block_part(r, j, dst + j * ldd + p, ldd, w, h);
+        }}
+    }}
+}}"""
 
 
 def _transpose_c(isa: str, partial: bool) -> str:
@@ -397,16 +421,7 @@ def _finish_block(y_lanes: int, names: str) -> str:
         return "            /* the fused epilogue ran after each row (_row_epilogue) */"
     return f"""            /* back to channel-major: tile[l][p] = ob[p][l], then the fused epilogue over the block */
             const int64_t F = R * OW;
-            const float* pos[TS_LANES];
-            int64_t p = 0;
-            for (; p + TS_LANES <= F; p += TS_LANES) {{
-                for (int64_t l = 0; l < TS_LANES; ++l) pos[l] = ob + (p + l) * TS_LANES;
-                ts_transpose_block(pos, 0, tile + p, F);
-            }}
-            if (p < F) {{        /* the last positions: their rows only, masked stores */
-                for (int64_t l = 0; l < F - p; ++l) pos[l] = ob + (p + l) * TS_LANES;
-                ts_transpose_block_part(pos, 0, tile + p, F, TS_LANES, F - p);
-            }}
+            ts_transpose_matrix(ob, TS_LANES, F, TS_LANES, tile, F);
             conv_epilogue(tile, F, n, c0, oh0 * OW, CV, F{names});"""
 
 
