@@ -27,6 +27,21 @@ def test_samples_grow_the_widest_symbol_and_move_the_others_along_to_the_top_of_
     assert batches == sorted(batches) and batches[-1] == 8 and 2 < batches[6] < 8
 
 
+def test_a_range_few_sample_points_fall_into_is_sampled_at_geometric_steps(bert_plan):
+    from tscomp.schedule.samples import MIN_SAMPLES
+
+    _, plan_of = bert_plan
+    values = [b["sequence"] for b in sample_bindings(plan_of(["batch=1:1", "sequence=64:256"]))]
+    assert values == [64, 91, 128, 181, 256] and len(values) == MIN_SAMPLES
+    ratios = [b / a for a, b in zip(values, values[1:])]
+    assert max(ratios) / min(ratios) < 1.02           # equal ratios, not equal steps
+
+
+def test_a_fixed_shape_is_sampled_once(bert_plan):
+    _, plan_of = bert_plan
+    assert [b["sequence"] for b in sample_bindings(plan_of(["batch=1:1", "sequence=77:77"]))] == [77]
+
+
 def test_a_symbol_with_a_fixed_value_stays_fixed(bert_plan):
     _, plan_of = bert_plan
     assert all(b["batch"] == 3 for b in sample_bindings(plan_of(["batch=3:3", "sequence=1:512"])))
