@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tscomp.codegen.cpu_conv_winograd import WinogradConfig
 from tscomp.codegen.tile_config import VECTOR_WIDTH
 from tscomp.errors import UnsupportedOperatorError
 
@@ -167,9 +168,11 @@ def _apply(t: BlockedTensor, choices, schedules, target) -> bool:
             if choices[q].family.name == "conv":        # a 1x1: its row-vector tiles read the blocks in place
                 _add_row_vector_tiles(schedules.groups[q], choices[q], target)
     for name in (t.producer, *t.consumers):
+        s = schedules.groups[name]
         if choices[name].family.name == "conv-depthwise":
-            s = schedules.groups[name]
             s.variants = [v for v in s.variants if _channel_blocked(v.config)]
+        else:           # the Winograd strategy reads and writes NCHW only
+            s.variants = [v for v in s.variants if not isinstance(v.config, WinogradConfig)]
     if choices[t.producer].family.name == "conv" and producer.pointwise:
         _add_row_vector_tiles(schedules.groups[t.producer], choices[t.producer], target)
     return True

@@ -74,6 +74,7 @@ from tscomp.codegen.native import (PicklableKernel, backbone_op, binding_key, ge
                                    structural_signature)
 from tscomp.codegen.tile_config import (BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig,
                                         TileConfigError, evened_count, host_caches)
+from tscomp.codegen.cpu_conv_winograd import WinogradConfig, prepack_winograd_weight, tile_grid, winograd_source
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
@@ -173,7 +174,7 @@ class Geometry2D:
 #: compile-time constants of the generated kernels; spelled TS_<name> in the C so that no shape
 #: symbol of the epilogue (a model dim called ``G`` or ``KH``) can collide with them
 MACROS = ("C_IN", "CG", "OCG", "G", "OC", "KH", "KW", "SH", "SW", "DH", "DW", "KDIM", "MR", "NR", "MC", "NC", "KC",
-          "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD", "COLUMN_VECTORS", "LANES")
+          "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD", "COLUMN_VECTORS", "LANES", "TILES")
 _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 
 
@@ -1609,6 +1610,8 @@ class CompiledConv(PicklableKernel):
         a, cfg, isa = self.analysis, self.cfg, self.isa
         if isinstance(cfg, TileConfig):
             return conv_source(a, cfg, isa)
+        if isinstance(cfg, WinogradConfig):
+            return winograd_source(a, cfg, isa)
         if cfg is not None:      # the channel-blocked depthwise strategy
             from tscomp.codegen.cpu_depthwise_channels import channel_blocked_source
             return channel_blocked_source(a, cfg, isa)
@@ -1620,6 +1623,8 @@ class CompiledConv(PicklableKernel):
         packs it at load)."""
         if isinstance(self.cfg, TileConfig):
             return "panels", self.analysis.G, self.cfg.mr
+        if isinstance(self.cfg, WinogradConfig):
+            return "winograd", self.cfg.mr
         if self.cfg is not None:
             return "channel-blocks", self.cfg.lanes
         return "rows",
@@ -1628,6 +1633,8 @@ class CompiledConv(PicklableKernel):
         """The raw weight W[OC, C / G, *kernel] in this kernel's layout (:meth:`weight_layout`)."""
         if isinstance(self.cfg, TileConfig):
             return prepack_conv_weight(W, self.analysis.G, self.cfg.mr)
+        if isinstance(self.cfg, WinogradConfig):
+            return prepack_winograd_weight(W, self.cfg.mr, _aligned)
         if self.cfg is not None:
             from tscomp.codegen.cpu_depthwise_channels import prepack_channel_blocks
             return prepack_channel_blocks(W, self.cfg.lanes)
@@ -1638,7 +1645,7 @@ class CompiledConv(PicklableKernel):
 
     def resources(self) -> dict[str, int]:
         out = {"packed_weight_bytes": int(self.packed.nbytes)}
-        if isinstance(self.cfg, TileConfig):
+        if isinstance(self.cfg, (TileConfig, WinogradConfig)):
             out["vector_accumulators"] = self.cfg.accumulators(self.isa)
         return out
 
@@ -1682,6 +1689,9 @@ class CompiledConv(PicklableKernel):
         if self.cfg is None:
             rows, cb = depthwise_blocks(a.OC, OH, OW, a.geo, self.l1_bytes, self.isa, a.scattered_store)
             return xshape[0] * -(-a.OC // cb) * -(-OH // rows)
+        if isinstance(self.cfg, WinogradConfig):
+            *_, n_tb, _, n_ob = tile_grid(OH, OW, a.OC, self.cfg)
+            return xshape[0] * n_tb * n_ob
         if not isinstance(self.cfg, TileConfig):
             from tscomp.codegen.cpu_depthwise_channels import channel_block_rows
             rows = int(channel_block_rows(self.cfg, a.geo, xshape[0], a.OC, OH, OW, get_num_threads()))

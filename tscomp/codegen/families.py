@@ -58,6 +58,9 @@ class KernelFamily:
     link: Callable[[Any], Any]                                  # build and bind it
     heuristic: Callable[[Any, Target, int], list]               # configurations without tuning
     space: Callable[[Any, Target], Any] | None = None           # None: nothing to tune
+    #: configurations of the family's other algorithms for a group (a 3x3 Conv's Winograd kernel):
+    #: never tuned, they join every schedule of the group and the dispatch measures them per shape
+    strategies: Callable[[Any, Target], list] | None = None
 
     @property
     def tunable(self) -> bool:
@@ -216,6 +219,11 @@ def _conv_heuristic(analysis, target: Target, limit: int) -> list:
     return analysis.heuristic_configs(target.isa, limit, caches=CacheSizes(l1=s.l1, l2=s.l2, l3=s.l3))
 
 
+def _conv_strategies(analysis, target: Target) -> list:
+    from tscomp.codegen.cpu_conv_winograd import winograd_configs
+    return winograd_configs(target.isa, analysis) if isinstance(target.spec, CpuSpec) else []
+
+
 def _conv_space(analysis, target: Target):
     from tscomp.schedule.conv_space import ConvSpace
     return ConvSpace(analysis.OCg, analysis.K, target)
@@ -257,7 +265,8 @@ FAMILIES: tuple[KernelFamily, ...] = (
     KernelFamily("row-or-elementwise", ("elementwise", "reduce"), _rows_analyze, _rows_executor, _rows_link,
                  _no_configs),
     KernelFamily("index", ("opaque", "reduce"), _index_analyze, _rows_executor, _index_link, _no_configs),
-    KernelFamily("conv", ("gemm",), _conv_analyze, _conv_executor, link_native, _conv_heuristic, _conv_space),
+    KernelFamily("conv", ("gemm",), _conv_analyze, _conv_executor, link_native, _conv_heuristic, _conv_space,
+                 _conv_strategies),
     KernelFamily("conv-depthwise", ("gemm",), _depthwise_analyze, _conv_executor, link_native,
                  _depthwise_heuristic),
     KernelFamily("conv-transpose", ("gemm",), _conv_transpose_analyze, _conv_transpose_executor, link_native,

@@ -54,6 +54,7 @@ import numpy as np
 
 from tscomp.codegen.build import get_num_threads
 from tscomp.codegen.cpu_gemm import row_block_classes
+from tscomp.codegen.tile_config import TileConfig
 from tscomp.graph.symbols import numel
 from tscomp.schedule.samples import shape_size
 from tscomp.schedule.target import Target
@@ -88,6 +89,9 @@ def _conv_classes(k, ev, threads: int):
     its output channels x the reduction depth (row-vector tiles pad no positions: their last
     position tile has a kernel of its own width)."""
     a, cfg = k.analysis, k.cfg
+    if not isinstance(cfg, TileConfig):       # the Winograd strategy: its own split
+        from tscomp.codegen.cpu_conv_winograd import winograd_classes
+        return winograd_classes(k, ev, threads)
     n, P = ev(a.x_shape[0]), ev(numel(a.out_shape[2:]))
     n_pb, n_ob = -(-np.maximum(P, 1) // cfg.nc), -(-a.OCg // cfg.mc)
     base = n * a.G * n_pb

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -165,8 +165,9 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
             sig = _signature(choice)
             if sig in tuned:
                 first = tuned[sig]
-                out[name] = GroupSchedule(name, fam.name, sig, first.method, first.variants, first.trials,
-                                          first.space_size, 0.0, shared_with=first.group)
+                shared = GroupSchedule(name, fam.name, sig, first.method, first.variants, first.trials,
+                                       first.space_size, 0.0, shared_with=first.group)
+                out[name] = with_strategies(shared, choice, target)
                 continue
             if not options.tune:
                 cfgs = fam.heuristic(choice.analysis, target, options.max_variants)
@@ -183,11 +184,20 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
                                         cached_data, evict)
                     _remember(options.records, sched, target, objective)
             tuned[sig] = sched
-            out[name] = sched
+            out[name] = with_strategies(sched, choice, target)
     finally:
         if measurer is not None:
             measurer.close()
     return Schedules(target, out, objective, time.perf_counter() - t0)
+
+
+def with_strategies(sched: GroupSchedule, choice, target: Target) -> GroupSchedule:
+    """``sched`` with the family's other algorithms for this group appended (untuned: the dispatch
+    measures them beside the tiles and picks per shape)."""
+    extra = choice.family.strategies(choice.analysis, target) if choice.family.strategies else []
+    if not extra:
+        return sched
+    return replace(sched, variants=[*sched.variants, *(ScheduledVariant(c) for c in extra)])
 
 
 def schedule_analytic(plan: Plan, choices: dict, target: Target, max_variants: int = 2,
