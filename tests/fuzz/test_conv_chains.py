@@ -113,6 +113,34 @@ def test_random_conv_chain_matches_onnxruntime(seed):
                     np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-4,
                                                err_msg=f"{name} at N={n} H={h} W={w} ({executor}); {desc}; "
                                                        f"{compiled.notes}")
+        for n, h, w in BINDINGS[1:3]:
+            x = np.random.default_rng(seed).standard_normal((n, c0, h, w)).astype(np.float32)
+            _every_variant_matches_the_interpreter(compiled, {"x": x}, desc)
+
+
+def _every_variant_matches_the_interpreter(compiled, inputs: dict, desc: str) -> None:
+    """Each group's every variant (tile configurations, the Winograd strategy, both depthwise
+    strategies), not only the one the dispatch picks at these shapes, on the interpreter's inputs
+    for that group."""
+    from tscomp.graph.fusion.interpret import evaluate_group
+    from tscomp.graph.reference import bind_symbols, materialize
+
+    plan = compiled.plan
+    bound = bind_symbols(plan.graph, inputs)
+    env = dict(inputs)
+    for g in plan.groups:
+        genv = {}
+        for name in g.inputs:
+            if name not in env:
+                env[name] = materialize(plan.graph, plan.graph.values[name], bound)
+            genv[name] = env[name]
+        want = evaluate_group(plan, g, genv, bound)
+        for kernel in compiled.kernels[g.name]:
+            got = kernel.run(genv, bound)
+            for name, ref in want.items():
+                np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-4,
+                                           err_msg=f"group {g.name} variant {getattr(kernel, 'func', kernel)} at {bound}; {desc}")
+        env.update(want)
 
 
 if CONV_FUZZ_SEED is not None:
