@@ -118,3 +118,39 @@ def test_a_compiled_model_carries_the_strategy_through_the_host_program_and_an_a
     for rt in (Runtime.from_compiled(model, num_threads=2), Runtime(str(out), num_threads=2)):
         assert_matches_onnxruntime(rt, path, feeds())
     assert spatial == ["H", "W"]
+
+
+def test_a_conv_that_writes_a_channel_blocked_tensor_keeps_only_its_tiles(tmp_path):
+    """A 3x3 Conv feeding a depthwise Conv stores its output channel-blocked (channel_blocking.py);
+    the Winograd kernel stores NCHW only, so that group's schedule drops it, and the chain still
+    matches onnxruntime."""
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper
+
+    from tests.codegen.test_channel_blocking import _need_vectors
+    _need_vectors()
+    rng = np.random.default_rng(0)
+
+    def w(*shape):
+        return helper.make_tensor(f"w{len(inits)}", TP.FLOAT, shape, (rng.standard_normal(shape) * 0.2).astype(np.float32).ravel())
+    inits: list = []
+    inits.append(w(32, 32, 3, 3))
+    inits.append(w(32, 1, 3, 3))
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Conv", ["b", "w1"], ["y"], pads=[1, 1, 1, 1], group=32)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", 32, "H", "W"])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "chain.onnx"
+    onnx.save(model, str(path))
+    compiled = compile_model(str(path), ["batch=1:2", "H=4:30", "W=4:30"], max_variants=2)
+    producer = compiled.plan.groups[0].name
+    assert compiled.kernels[producer][0].analysis.y_lanes, compiled.notes
+    assert not any(isinstance(k.cfg, WinogradConfig) for k in compiled.kernels[producer])
+    rng2 = np.random.default_rng(1)
+    assert_matches_onnxruntime(Runtime.from_compiled(compiled, num_threads=2), path,
+                               ((f"{n}x{h}x{w_}", {"x": rng2.standard_normal((n, 32, h, w_)).astype(np.float32)})
+                                for n, h, w_ in [(1, 4, 4), (2, 13, 7), (1, 30, 30)]))

@@ -23,7 +23,7 @@ import math
 import re
 from fractions import Fraction
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 import sympy
 
@@ -340,6 +340,25 @@ class SymbolTable:
     def _bounds_exclude_equal(self, a, b) -> bool:
         lo, hi = self.bounds(sympy.sympify(a) - sympy.sympify(b))
         return lo > 0 or hi < 0
+
+    def decidable_relations(self, bound) -> list[Constraint]:
+        """The recorded relations (``==``, ``<=``, ``in``) whose every symbol is in ``bound`` (names):
+        those a binding of them alone decides."""
+        out = []
+        for c in self.constraints:
+            if c.relation not in ("==", "<=", "in"):
+                continue
+            sides = (c.lhs,) if c.relation == "in" else (c.lhs, c.rhs)
+            if all(s.name in bound for side in sides for s in self.canon(side).free_symbols):
+                out.append(c)
+        return out
+
+    def relation_at(self, c: Constraint, binding: dict[str, int]) -> tuple[bool, Any, Any]:
+        """(whether relation ``c`` holds at ``binding``, its left side's value, its right side's)."""
+        lhs = self.evaluate(c.lhs, binding)
+        rhs = c.rhs if c.relation == "in" else self.evaluate(c.rhs, binding)
+        held = lhs == rhs if c.relation == "==" else lhs <= rhs if c.relation == "<=" else lhs in rhs
+        return bool(held), lhs, rhs
 
     def evaluate(self, expr, binding: dict[str, int]):
         """Value of ``expr`` at a concrete binding of symbol names to ints.

@@ -282,16 +282,8 @@ class Runtime:
     def _checkable_relations(self) -> list:
         """The recorded relations between symbols that the inputs' shapes decide (every symbol in
         them bound by an input axis)."""
-        symtab = self.graph.symbols
         bound = {sym for *_, symbols, _ in self._binder.specs for _, sym in symbols}
-        out = []
-        for c in symtab.constraints:
-            if c.relation not in ("==", "<=", "in"):
-                continue
-            sides = (c.lhs,) if c.relation == "in" else (c.lhs, c.rhs)
-            if all(s.name in bound for side in sides for s in symtab.canon(side).free_symbols):
-                out.append(c)
-        return out
+        return self.graph.symbols.decidable_relations(bound)
 
     def _check_relations(self, binding: dict[str, int]) -> None:
         """The relations between symbols the model needs but the compiler could not prove (a Reshape
@@ -302,9 +294,7 @@ class Runtime:
             return
         symtab = self.graph.symbols
         for c in self._relations:
-            lhs = symtab.evaluate(c.lhs, binding)
-            rhs = c.rhs if c.relation == "in" else symtab.evaluate(c.rhs, binding)
-            held = lhs == rhs if c.relation == "==" else lhs <= rhs if c.relation == "<=" else lhs in rhs
+            held, lhs, rhs = symtab.relation_at(c, binding)
             if not held:
                 shape = ", ".join(f"{k} = {v}" for k, v in binding.items())
                 raise ShapeError(f"these inputs ({shape}) break a relation the model requires: {c.reason}: "

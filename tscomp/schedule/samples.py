@@ -88,15 +88,40 @@ def sample_bindings(plan: Plan, *, budget: int | None = None,
         values = geometric_values(max(1, grow.min), grow.max, MIN_SAMPLES)
     budget = memory_budget() if budget is None else budget
     kept = []
-    for v in values:
-        binding = _along(live, grow, v)
+    for binding in _lawful_bindings(plan.graph.symbols, live, grow, values):
         if kept and footprint(plan, binding) > budget:
-            warnings.warn(f"measuring kernels at {grow.name}={v} needs more than the {budget >> 20} MiB sample "
+            warnings.warn(f"measuring kernels at {grow.name}={binding[grow.name]} needs more than the {budget >> 20} MiB sample "
                           f"budget: timing stops at {grow.name}={kept[-1][grow.name]} (declared up to {grow.max}); "
                           f"larger shapes are dispatched by extrapolation", RuntimeWarning, stacklevel=2)
             break
         kept.append(binding)
     return kept
+
+
+def _lawful_bindings(symtab, live, grow, values) -> list[dict[str, int]]:
+    """The binding at each value, moved to the nearest value (within a quarter of it) where the
+    model's recorded relations hold -- a Reshape into 4x4 patches needs image sides that are
+    multiples of 4, and a kernel timed at a shape the model refuses measures nothing; values with
+    no lawful neighbour are dropped, unless none has one (then the bindings as they are)."""
+    checks = symtab.decidable_relations({i.name for i in live})
+    if not checks:
+        return [_along(live, grow, v) for v in values]
+    out: list[dict[str, int]] = []
+    for v in values:
+        lawful = (b for b in map(lambda u: _along(live, grow, u), _outward(v, grow.min, grow.max, max(4, v // 4)))
+                  if all(symtab.relation_at(c, b)[0] for c in checks))
+        binding = next(lawful, None)
+        if binding is not None and binding not in out:
+            out.append(binding)
+    return out or [_along(live, grow, v) for v in values]
+
+
+def _outward(v: int, lo: int, hi: int, reach: int):
+    """v, v - 1, v + 1, v - 2, ... within [lo, hi] and ``reach`` of v."""
+    for d in range(reach + 1):
+        for u in ((v,) if d == 0 else (v - d, v + d)):
+            if lo <= u <= hi:
+                yield u
 
 
 def geometric_values(lo: int, hi: int, count: int) -> list[int]:
