@@ -16,7 +16,8 @@ The macro-kernel, per image: (1) every input channel's tiles are transformed int
 channels; a shared buffer, since every task reads all channels of its tiles); (2) tasks of
 ``mc`` output channels x a block of whole tile rows run the 16 GEMMs with the implicit GEMM's
 row-vector micro-kernel (lanes along the output channels, tiles broadcast: ``mr x nr``), keep the
-16 partial results per (channel, tile) in a per-thread stage, transform them back to 2x2 outputs
+16 partial results per (channel, tile) in a per-thread stage as the micro-kernel holds them
+(position-major: no transposes), transform them back to 2x2 outputs along the channels in vectors
 and hand whole output rows to the group's fused epilogue. A tile past the image's edge computes
 values nobody stores (local padding: no bounds tests in the GEMMs).
 
@@ -199,29 +200,40 @@ static void input_transform(const float* restrict xc, int64_t H, int64_t W, int6
     }
 }
 
-/* Output transform of one channel's tiles [t0, t0 + TW * nty): y = Aᵀ m A from the 16 domain values
- * m[e * ldm + t], written to the rows y[(2 * (ty - ty0) + dy) * OW + 2 * tx + dx] inside the image. */
-static void output_transform(const float* restrict m, int64_t ldm, int64_t TW, int64_t nty, int64_t oh0,
-                             int64_t OH, int64_t OW, float* restrict y)
+/* Output transform of one register panel's tiles [0, TW * nty): the 16 domain values of tile t are the
+ * MR-channel rows m[e * lde + t * MR + r] (position-major, as the micro-kernel stored them), so y = Aᵀ m A
+ * runs along the channels in vectors; the 2x2 outputs inside the image go to the channel-major rows
+ * y[r * ldy + (2 * ty + dy) * OW + 2 * tx + dx] of the task's first output row, for the mv valid channels. */
+static void output_transform(const float* restrict m, int64_t lde, int64_t TW, int64_t nty, int64_t oh0,
+                             int64_t OH, int64_t OW, int64_t mv, float* restrict y, int64_t ldy)
 {
     for (int64_t ty = 0; ty < nty; ++ty) {
         const int64_t rows = min_i64(2, OH - oh0 - 2 * ty);
-        float* restrict y0 = y + 2 * ty * OW;
-        float* restrict y1 = y0 + OW;
         for (int64_t tx = 0; tx < TW; ++tx) {
-            const float* restrict mt = m + ty * TW + tx;
-            float s0[4], s1[4];
-            for (int64_t k = 0; k < 4; ++k) {
-                const float a = mt[k * ldm], b = mt[(4 + k) * ldm], c = mt[(8 + k) * ldm], d = mt[(12 + k) * ldm];
-                s0[k] = a + b + c;
-                s1[k] = b - c - d;
+            const float* restrict mt = m + (ty * TW + tx) * MR;
+            float o00[MR], o01[MR], o10[MR], o11[MR];
+            for (int64_t r = 0; r < MR; ++r) {
+                float s0[4], s1[4];
+                for (int64_t k = 0; k < 4; ++k) {
+                    const float a = mt[k * lde + r], b = mt[(4 + k) * lde + r];
+                    const float c = mt[(8 + k) * lde + r], d = mt[(12 + k) * lde + r];
+                    s0[k] = a + b + c;
+                    s1[k] = b - c - d;
+                }
+                o00[r] = s0[0] + s0[1] + s0[2];
+                o01[r] = s0[1] - s0[2] - s0[3];
+                o10[r] = s1[0] + s1[1] + s1[2];
+                o11[r] = s1[1] - s1[2] - s1[3];
             }
-            const int64_t ow = 2 * tx;
-            y0[ow] = s0[0] + s0[1] + s0[2];
-            if (ow + 1 < OW) y0[ow + 1] = s0[1] - s0[2] - s0[3];
-            if (rows > 1) {
-                y1[ow] = s1[0] + s1[1] + s1[2];
-                if (ow + 1 < OW) y1[ow + 1] = s1[1] - s1[2] - s1[3];
+            const int64_t p = 2 * ty * OW + 2 * tx, two = 2 * tx + 1 < OW;
+            for (int64_t r = 0; r < mv; ++r) {
+                float* restrict yr = y + r * ldy + p;
+                yr[0] = o00[r];
+                if (two) yr[1] = o01[r];
+                if (rows > 1) {
+                    yr[OW] = o10[r];
+                    if (two) yr[OW + 1] = o11[r];
+                }
             }
         }
     }
@@ -248,10 +260,11 @@ def winograd_source(analysis, cfg: WinogradConfig, isa: str) -> str:
                     "static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }",
                     "static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }",
                     WORKSPACE_C, _workspace_c("tscomp_winograd_workspace"), a.math, a.statics or "",
-                    a.epilogue_c, a.prologue_c, _transform_c()]
-    _emit_micro_kernel(lambda text: L.append(ts_macros(text)), isa, cfg.mr, cfg.nr, column_vectors=False)
+                    a.epilogue_c, a.prologue_c, ts_macros(_transform_c())]
+    _emit_micro_kernel(lambda text: L.append(ts_macros(text)), isa, cfg.mr, cfg.nr, column_vectors=False,
+                       position_major=True)
     L.append(ts_macros(f"""/* Macro-kernel, per image: the input transform of every channel into V[16][C][TP] (shared), then
- * tasks of MC channels x a block of whole tile rows: 16 GEMMs into the thread's stage M[16][MC][NBP],
+ * tasks of MC channels x a block of whole tile rows: 16 GEMMs into the thread's stage M[16][MC / MR][NBP][MR],
  * the output transform into whole output rows, the fused epilogue. */
 void {name}({_runtime_params()}{params})
 {{
@@ -281,26 +294,25 @@ void {name}({_runtime_params()}{params})
         {{
             float* M = tscomp_thread_workspace((size_t)(16 * MC * NBP + MC * 2 * rows * OW));
             float* Y = M + 16 * MC * NBP;
-            float tile[MR * NR] __attribute__((aligned(64)));
             #pragma omp for schedule(dynamic, 1)
             for (int64_t task = 0; task < n_tasks; ++task) {{
                 const int64_t ob = task % n_ob, tb = task / n_ob;
                 const int64_t oc0 = ob * MC, mv = min_i64(MC, OC - oc0);
                 const int64_t ty0 = tb * rows, nty = min_i64(rows, TH - ty0), t0 = ty0 * TW, nt = nty * TW;
+                /* M[e][ip][t][MR]: each register tile lands position-major, as the micro-kernel keeps it */
                 for (int64_t e = 0; e < 16; ++e) {{
                     const float* ve = V + e * C_IN * TP + t0;
                     for (int64_t jp = 0; jp * NR < nt; ++jp)
                         for (int64_t ip = 0; ip * MR < mv; ++ip) {{
                             const float* ap = Wp + ((e * N_OCP + oc0 / MR + ip) * (int64_t)C_IN) * MR;
-                            micro_kernel(C_IN, ap, ve + jp * NR, TP, NULL, 1, 1, tile);
-                            float* m = M + (e * MC + ip * MR) * NBP + jp * NR;
-                            for (int64_t r = 0; r < MR; ++r)
-                                for (int64_t j = 0; j < NR; ++j) m[r * NBP + j] = tile[r * NR + j];
+                            micro_kernel(C_IN, ap, ve + jp * NR, TP, NULL, 1, 1,
+                                         M + ((e * (MC / MR) + ip) * NBP + jp * NR) * MR);
                         }}
                 }}
                 const int64_t oh0 = 2 * ty0, noh = min_i64(OH - oh0, 2 * nty);
-                for (int64_t oc = 0; oc < mv; ++oc)
-                    output_transform(M + oc * NBP, MC * NBP, TW, nty, oh0, OH, OW, Y + oc * noh * OW);
+                for (int64_t ip = 0; ip * MR < mv; ++ip)
+                    output_transform(M + ip * NBP * MR, MC * NBP, TW, nty, oh0, OH, OW, min_i64(MR, mv - ip * MR),
+                                     Y + ip * MR * noh * OW, noh * OW);
                 conv_epilogue(Y, noh * OW, n, oc0, oh0 * OW, mv, noh * OW{names});
             }}
         }}
