@@ -151,50 +151,62 @@ def winograd_classes(k, ev, threads: int):
 
 def _transform_c() -> str:
     return """/* Input transform of one channel: V[e][t] = (Bᵀ d B)[e / 4][e % 4] for every tile t = ty * TW + tx,
- * d the 4x4 input block at (2ty - PT, 2tx - PL), zero outside the image. Per tile row: the four
- * input rows zero-padded (r), Bᵀ along the rows (u: whole-row vector arithmetic), then B along each
- * tile's four columns. ``ldv``: floats between the planes of consecutive e. */
+ * d the 4x4 input block at (2ty - PT, 2tx - PL), zero outside the image. Per tile row, the four input
+ * rows are split into their even and odd padded columns (re[q] = row[2q - PL], ro[q] = row[2q + 1 - PL]),
+ * so tile tx's columns are re[tx], ro[tx], re[tx + 1], ro[tx + 1]: Bᵀ along the rows and B along the
+ * columns are then unit-stride vector arithmetic. ``ldv``: floats between the planes of consecutive e;
+ * ``rows``: 16 (TW + 1) floats of scratch. */
 static void input_transform(const float* restrict xc, int64_t H, int64_t W, int64_t PT, int64_t PL,
                             int64_t TH, int64_t TW, int64_t ldv, float* restrict vc, float* restrict rows)
 {
-    const int64_t WR = 2 * TW + 2;
-    float* restrict u = rows + 4 * WR;
+    const int64_t WQ = TW + 1;                 /* even (or odd) columns a tile row reads */
+    float* restrict ue = rows + 8 * WQ;        /* Bᵀ d's rows, even and odd columns */
+    float* restrict uo = ue + 4 * WQ;
     for (int64_t ty = 0; ty < TH; ++ty) {
         for (int64_t i = 0; i < 4; ++i) {
-            float* restrict r = rows + i * WR;
+            float* restrict re = rows + 2 * i * WQ;
+            float* restrict ro = re + WQ;
             const int64_t ih = 2 * ty - PT + i;
             if (ih < 0 || ih >= H) {
-                for (int64_t q = 0; q < WR; ++q) r[q] = 0.0f;
+                for (int64_t q = 0; q < WQ; ++q) re[q] = ro[q] = 0.0f;
                 continue;
             }
             const float* restrict src = xc + ih * W;
-            const int64_t lo = min_i64(WR, max_i64(0, PL)), hi = max_i64(lo, min_i64(WR, W + PL));
-            for (int64_t q = 0; q < lo; ++q) r[q] = 0.0f;
-            for (int64_t q = lo; q < hi; ++q) r[q] = src[q - PL];
-            for (int64_t q = hi; q < WR; ++q) r[q] = 0.0f;
+            for (int64_t odd = 0; odd < 2; ++odd) {   /* column 2q + odd - PL, inside for q in [lo, hi) */
+                float* restrict dst = odd ? ro : re;
+                const int64_t lo = min_i64(WQ, max_i64(0, (PL - odd + 1) / 2));
+                const int64_t top = W - 1 + PL - odd, hi = max_i64(lo, min_i64(WQ, top >= 0 ? top / 2 + 1 : 0));
+                const float* restrict from = src + odd - PL;
+                for (int64_t q = 0; q < lo; ++q) dst[q] = 0.0f;
+                for (int64_t q = lo; q < hi; ++q) dst[q] = from[2 * q];
+                for (int64_t q = hi; q < WQ; ++q) dst[q] = 0.0f;
+            }
         }
-        const float* restrict r0 = rows;
-        const float* restrict r1 = rows + WR;
-        const float* restrict r2 = rows + 2 * WR;
-        const float* restrict r3 = rows + 3 * WR;
-        for (int64_t q = 0; q < WR; ++q) {
-            u[q] = r0[q] - r2[q];
-            u[WR + q] = r1[q] + r2[q];
-            u[2 * WR + q] = r2[q] - r1[q];
-            u[3 * WR + q] = r1[q] - r3[q];
+        for (int64_t half = 0; half < 2; ++half) {   /* Bᵀ along the rows: even columns, then odd */
+            const float* restrict r0 = rows + half * WQ;
+            const float* restrict r1 = r0 + 2 * WQ;
+            const float* restrict r2 = r0 + 4 * WQ;
+            const float* restrict r3 = r0 + 6 * WQ;
+            float* restrict u = half ? uo : ue;
+            for (int64_t q = 0; q < WQ; ++q) {
+                u[q] = r0[q] - r2[q];
+                u[WQ + q] = r1[q] + r2[q];
+                u[2 * WQ + q] = r2[q] - r1[q];
+                u[3 * WQ + q] = r1[q] - r3[q];
+            }
         }
-        for (int64_t i = 0; i < 4; ++i) {
-            const float* restrict ui = u + i * WR;
+        for (int64_t i = 0; i < 4; ++i) {            /* B along each tile's columns a, b, c, d */
+            const float* restrict e0 = ue + i * WQ;
+            const float* restrict o0 = uo + i * WQ;
             float* restrict d0 = vc + (i * 4) * ldv + ty * TW;
             float* restrict d1 = d0 + ldv;
             float* restrict d2 = d1 + ldv;
             float* restrict d3 = d2 + ldv;
             for (int64_t tx = 0; tx < TW; ++tx) {
-                const float a = ui[2 * tx], b = ui[2 * tx + 1], c = ui[2 * tx + 2], d = ui[2 * tx + 3];
-                d0[tx] = a - c;
-                d1[tx] = b + c;
-                d2[tx] = c - b;
-                d3[tx] = b - d;
+                d0[tx] = e0[tx] - e0[tx + 1];
+                d1[tx] = o0[tx] + e0[tx + 1];
+                d2[tx] = e0[tx + 1] - o0[tx];
+                d3[tx] = o0[tx] - o0[tx + 1];
             }
         }
     }
@@ -282,7 +294,7 @@ void {name}({_runtime_params()}{params})
         const float* xn = X + n * C_IN * H * W;
         #pragma omp parallel
         {{
-            float* scratch = tscomp_thread_workspace((size_t)(8 * (2 * TW + 2)));
+            float* scratch = tscomp_thread_workspace((size_t)(16 * (TW + 1)));
             #pragma omp for schedule(static)
             for (int64_t c = 0; c < C_IN; ++c) {{
                 input_transform(xn + c * H * W, H, W, PT, PL, TH, TW, C_IN * TP, V + c * TP, scratch);
