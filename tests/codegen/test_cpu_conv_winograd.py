@@ -154,3 +154,25 @@ def test_a_conv_that_writes_a_channel_blocked_tensor_keeps_only_its_tiles(tmp_pa
     assert_matches_onnxruntime(Runtime.from_compiled(compiled, num_threads=2), path,
                                ((f"{n}x{h}x{w_}", {"x": rng2.standard_normal((n, 32, h, w_)).astype(np.float32)})
                                 for n, h, w_ in [(1, 4, 4), (2, 13, 7), (1, 30, 30)]))
+
+
+def test_a_big_image_is_transformed_a_chunk_of_tile_rows_at_a_time(tmp_path, monkeypatch):
+    """V_FLOATS bounds the transformed input one call keeps; with room for ~1.5 task blocks, a
+    97x41 image (49 tile rows) runs in many chunks, the last one partial, and still matches."""
+    import tscomp.codegen.cpu_conv_winograd as winograd
+    from tscomp.codegen.build import host_isa
+    from tscomp.codegen.tile_config import VECTOR_WIDTH
+    if VECTOR_WIDTH.get(host_isa(), 1) < 8:
+        pytest.skip(f"no Winograd kernel on {host_isa()}")
+    path = tmp_path / "big.onnx"
+    plan, analysis = _analysis(path, ("same", 32, (3, 3), dict(pads=[1, 1, 1, 1]), ("relu",)), 16)
+    cfg = winograd_configs(host_isa(), analysis)[0]
+    monkeypatch.setattr(winograd, "V_FLOATS", 16 * 16 * (3 * 21 // 2 + cfg.nr))
+    kernel = CompiledConv(analysis, cfg, host_isa())
+    assert f"#define TS_V_FLOATS {winograd.V_FLOATS}" in kernel.source
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    env0 = {name: plan.graph.values[name].const for name in plan.groups[0].inputs if name != "x"}
+    for n, h, w in [(2, 97, 41), (1, 5, 41)]:
+        x = np.random.default_rng(n).standard_normal((n, 16, h, w)).astype(np.float32)
+        got = kernel.run(env0 | {"x": x}, {"batch": n, "H": h, "W": w})
+        np.testing.assert_allclose(next(iter(got.values())), sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

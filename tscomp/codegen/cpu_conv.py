@@ -174,7 +174,7 @@ class Geometry2D:
 #: compile-time constants of the generated kernels; spelled TS_<name> in the C so that no shape
 #: symbol of the epilogue (a model dim called ``G`` or ``KH``) can collide with them
 MACROS = ("C_IN", "CG", "OCG", "G", "OC", "KH", "KW", "SH", "SW", "DH", "DW", "KDIM", "MR", "NR", "MC", "NC", "KC",
-          "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD", "COLUMN_VECTORS", "LANES", "TILES")
+          "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD", "COLUMN_VECTORS", "LANES", "TILES", "V_FLOATS")
 _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 
 

@@ -40,6 +40,10 @@ AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
 
 #: the 4x4 Winograd domain's positions, each one GEMM
 DOMAIN = 16
+#: floats of transformed input (V) one call keeps: a bigger image is transformed a chunk of tile rows
+#: at a time (8 MiB: every layer of a 256-pixel ResNet-50 in one chunk; a 2048-pixel image's first
+#: stage would otherwise need ~1 GiB)
+V_FLOATS = 2 << 20
 
 
 @dataclass(frozen=True)
@@ -150,19 +154,21 @@ def winograd_classes(k, ev, threads: int):
 
 
 def _transform_c() -> str:
-    return """/* Input transform of one channel: V[e][t] = (Bᵀ d B)[e / 4][e % 4] for every tile t = ty * TW + tx,
+    return """/* Input transform of one channel's tile rows [ty_a, ty_b): V[e][t] = (Bᵀ d B)[e / 4][e % 4] for the
+ * tiles t = (ty - ty_a) * TW + tx,
  * d the 4x4 input block at (2ty - PT, 2tx - PL), zero outside the image. Per tile row, the four input
  * rows are split into their even and odd padded columns (re[q] = row[2q - PL], ro[q] = row[2q + 1 - PL]),
  * so tile tx's columns are re[tx], ro[tx], re[tx + 1], ro[tx + 1]: Bᵀ along the rows and B along the
  * columns are then unit-stride vector arithmetic. ``ldv``: floats between the planes of consecutive e;
  * ``rows``: 16 (TW + 1) floats of scratch. */
 static void input_transform(const float* restrict xc, int64_t H, int64_t W, int64_t PT, int64_t PL,
-                            int64_t TH, int64_t TW, int64_t ldv, float* restrict vc, float* restrict rows)
+                            int64_t ty_a, int64_t ty_b, int64_t TW, int64_t ldv, float* restrict vc,
+                            float* restrict rows)
 {
     const int64_t WQ = TW + 1;                 /* even (or odd) columns a tile row reads */
     float* restrict ue = rows + 8 * WQ;        /* Bᵀ d's rows, even and odd columns */
     float* restrict uo = ue + 4 * WQ;
-    for (int64_t ty = 0; ty < TH; ++ty) {
+    for (int64_t ty = ty_a; ty < ty_b; ++ty) {
         for (int64_t i = 0; i < 4; ++i) {
             float* restrict re = rows + 2 * i * WQ;
             float* restrict ro = re + WQ;
@@ -198,7 +204,7 @@ static void input_transform(const float* restrict xc, int64_t H, int64_t W, int6
         for (int64_t i = 0; i < 4; ++i) {            /* B along each tile's columns a, b, c, d */
             const float* restrict e0 = ue + i * WQ;
             const float* restrict o0 = uo + i * WQ;
-            float* restrict d0 = vc + (i * 4) * ldv + ty * TW;
+            float* restrict d0 = vc + (i * 4) * ldv + (ty - ty_a) * TW;
             float* restrict d1 = d0 + ldv;
             float* restrict d2 = d1 + ldv;
             float* restrict d3 = d2 + ldv;
@@ -268,64 +274,71 @@ def winograd_source(analysis, cfg: WinogradConfig, isa: str) -> str:
                                                      f"[C={a.Cg}] x [tiles] per task"),
                     PRELUDE, "#include <string.h>", "#include <omp.h>", "#include <immintrin.h>",
                     c_defines(C_IN=a.Cg, OC=a.OC, MR=cfg.mr, NR=cfg.nr, MC=cfg.mc, TILES=cfg.tiles,
-                              N_OCP=-(-a.OC // cfg.mr)),
+                              N_OCP=-(-a.OC // cfg.mr), V_FLOATS=V_FLOATS),
                     "static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }",
                     "static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }",
                     WORKSPACE_C, _workspace_c("tscomp_winograd_workspace"), a.math, a.statics or "",
                     a.epilogue_c, a.prologue_c, ts_macros(_transform_c())]
     _emit_micro_kernel(lambda text: L.append(ts_macros(text)), isa, cfg.mr, cfg.nr, column_vectors=False,
                        position_major=True)
-    L.append(ts_macros(f"""/* Macro-kernel, per image: the input transform of every channel into V[16][C][TP] (shared), then
- * tasks of MC channels x a block of whole tile rows: 16 GEMMs into the thread's stage M[16][MC / MR][NBP][MR],
- * the output transform into whole output rows, the fused epilogue. */
+    L.append(ts_macros(f"""/* Macro-kernel, per image and chunk of tile rows (V within V_FLOATS): the input transform of every
+ * channel into V[16][C][TP] (shared), then tasks of MC channels x a block of whole tile rows: 16 GEMMs
+ * into the thread's stage M[16][MC / MR][NBP][MR], the output transform into whole output rows, the
+ * fused epilogue. */
 void {name}({_runtime_params()}{params})
 {{
     if (NB <= 0 || OH <= 0 || OW <= 0) return;{_prologue_call(a, pro_names)}
-    const int64_t TH = (OH + 1) / 2, TW = (OW + 1) / 2, T = TH * TW;
+    const int64_t TH = (OH + 1) / 2, TW = (OW + 1) / 2;
     /* tile-row blocks of about TILES tiles, balanced (the Python wave model's tile_grid: the same rule) */
     const int64_t want = max_i64(1, (TILES + TW - 1) / TW);
     const int64_t n_tb = (TH + want - 1) / want, rows = (TH + n_tb - 1) / n_tb;
-    const int64_t n_ob = (OC + MC - 1) / MC, n_tasks = n_ob * n_tb;
+    const int64_t n_ob = (OC + MC - 1) / MC;
     const int64_t NBP = (rows * TW + NR - 1) / NR * NR;       /* a block's tiles, padded to the register tile */
-    const int64_t TP = T + NR;                                /* V's row: the last register tile reads past T */
+    /* blocks per chunk: V holds them all where it fits V_FLOATS (every layer of a 256-pixel ResNet) */
+    const int64_t chunk = min_i64(n_tb, max_i64(1, (V_FLOATS / (16 * C_IN) - NR) / (rows * TW)));
+    const int64_t TP = chunk * rows * TW + NR;                /* V's row: the last register tile reads past */
     float* V = tscomp_winograd_workspace((size_t)(16 * C_IN * TP));
-    if (!V) return;
     for (int64_t n = 0; n < NB; ++n) {{
         const float* xn = X + n * C_IN * H * W;
-        #pragma omp parallel
-        {{
-            float* scratch = tscomp_thread_workspace((size_t)(16 * (TW + 1)));
-            #pragma omp for schedule(static)
-            for (int64_t c = 0; c < C_IN; ++c) {{
-                input_transform(xn + c * H * W, H, W, PT, PL, TH, TW, C_IN * TP, V + c * TP, scratch);
-                for (int64_t e = 0; e < 16; ++e)
-                    for (int64_t t = T; t < TP; ++t) V[(e * C_IN + c) * TP + t] = 0.0f;
-            }}
-        }}
-        #pragma omp parallel if (n_tasks > 1)
-        {{
-            float* M = tscomp_thread_workspace((size_t)(16 * MC * NBP + MC * 2 * rows * OW));
-            float* Y = M + 16 * MC * NBP;
-            #pragma omp for schedule(dynamic, 1)
-            for (int64_t task = 0; task < n_tasks; ++task) {{
-                const int64_t ob = task % n_ob, tb = task / n_ob;
-                const int64_t oc0 = ob * MC, mv = min_i64(MC, OC - oc0);
-                const int64_t ty0 = tb * rows, nty = min_i64(rows, TH - ty0), t0 = ty0 * TW, nt = nty * TW;
-                /* M[e][ip][t][MR]: each register tile lands position-major, as the micro-kernel keeps it */
-                for (int64_t e = 0; e < 16; ++e) {{
-                    const float* ve = V + e * C_IN * TP + t0;
-                    for (int64_t jp = 0; jp * NR < nt; ++jp)
-                        for (int64_t ip = 0; ip * MR < mv; ++ip) {{
-                            const float* ap = Wp + ((e * N_OCP + oc0 / MR + ip) * (int64_t)C_IN) * MR;
-                            micro_kernel(C_IN, ap, ve + jp * NR, TP, NULL, 1, 1,
-                                         M + ((e * (MC / MR) + ip) * NBP + jp * NR) * MR);
-                        }}
+        for (int64_t b0 = 0; b0 < n_tb; b0 += chunk) {{
+            const int64_t b1 = min_i64(n_tb, b0 + chunk), ty_a = b0 * rows, ty_b = min_i64(TH, b1 * rows);
+            const int64_t Tc = (ty_b - ty_a) * TW, n_tasks = n_ob * (b1 - b0);
+            #pragma omp parallel
+            {{
+                float* scratch = tscomp_thread_workspace((size_t)(16 * (TW + 1)));
+                #pragma omp for schedule(static)
+                for (int64_t c = 0; c < C_IN; ++c) {{
+                    input_transform(xn + c * H * W, H, W, PT, PL, ty_a, ty_b, TW, C_IN * TP, V + c * TP, scratch);
+                    for (int64_t e = 0; e < 16; ++e)
+                        for (int64_t t = Tc; t < Tc + NR; ++t) V[(e * C_IN + c) * TP + t] = 0.0f;
                 }}
-                const int64_t oh0 = 2 * ty0, noh = min_i64(OH - oh0, 2 * nty);
-                for (int64_t ip = 0; ip * MR < mv; ++ip)
-                    output_transform(M + ip * NBP * MR, MC * NBP, TW, nty, oh0, OH, OW, min_i64(MR, mv - ip * MR),
-                                     Y + ip * MR * noh * OW, noh * OW);
-                conv_epilogue(Y, noh * OW, n, oc0, oh0 * OW, mv, noh * OW{names});
+            }}
+            #pragma omp parallel if (n_tasks > 1)
+            {{
+                float* M = tscomp_thread_workspace((size_t)(16 * MC * NBP + MC * 2 * rows * OW));
+                float* Y = M + 16 * MC * NBP;
+                #pragma omp for schedule(dynamic, 1)
+                for (int64_t task = 0; task < n_tasks; ++task) {{
+                    const int64_t ob = task % n_ob, tb = b0 + task / n_ob;
+                    const int64_t oc0 = ob * MC, mv = min_i64(MC, OC - oc0);
+                    const int64_t ty0 = tb * rows, nty = min_i64(rows, TH - ty0), nt = nty * TW;
+                    const int64_t t0 = (ty0 - ty_a) * TW;          /* the block's first tile in the chunk */
+                    /* M[e][ip][t][MR]: each register tile lands position-major, as the micro-kernel keeps it */
+                    for (int64_t e = 0; e < 16; ++e) {{
+                        const float* ve = V + e * C_IN * TP + t0;
+                        for (int64_t jp = 0; jp * NR < nt; ++jp)
+                            for (int64_t ip = 0; ip * MR < mv; ++ip) {{
+                                const float* ap = Wp + ((e * N_OCP + oc0 / MR + ip) * (int64_t)C_IN) * MR;
+                                micro_kernel(C_IN, ap, ve + jp * NR, TP, NULL, 1, 1,
+                                             M + ((e * (MC / MR) + ip) * NBP + jp * NR) * MR);
+                            }}
+                    }}
+                    const int64_t oh0 = 2 * ty0, noh = min_i64(OH - oh0, 2 * nty);
+                    for (int64_t ip = 0; ip * MR < mv; ++ip)
+                        output_transform(M + ip * NBP * MR, MC * NBP, TW, nty, oh0, OH, OW,
+                                         min_i64(MR, mv - ip * MR), Y + ip * MR * noh * OW, noh * OW);
+                    conv_epilogue(Y, noh * OW, n, oc0, oh0 * OW, mv, noh * OW{names});
+                }}
             }}
         }}
     }}
