@@ -124,28 +124,20 @@ def test_a_conv_that_writes_a_channel_blocked_tensor_keeps_only_its_tiles(tmp_pa
     """A 3x3 Conv feeding a depthwise Conv stores its output channel-blocked (channel_blocking.py);
     the Winograd kernel stores NCHW only, so that group's schedule drops it, and the chain still
     matches onnxruntime."""
-    import onnx
     from onnx import TensorProto as TP
     from onnx import helper
 
     from tests.codegen.test_channel_blocking import _need_vectors
+    from tests.codegen.test_cpu_groups import save_model
     _need_vectors()
     rng = np.random.default_rng(0)
-
-    def w(*shape):
-        return helper.make_tensor(f"w{len(inits)}", TP.FLOAT, shape, (rng.standard_normal(shape) * 0.2).astype(np.float32).ravel())
-    inits: list = []
-    inits.append(w(32, 32, 3, 3))
-    inits.append(w(32, 1, 3, 3))
+    inits = [helper.make_tensor(name, TP.FLOAT, shape, (rng.standard_normal(shape) * 0.2).astype(np.float32).ravel())
+             for name, shape in (("w0", (32, 32, 3, 3)), ("w1", (32, 1, 3, 3)))]
     nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["a"], ["b"]),
              helper.make_node("Conv", ["b", "w1"], ["y"], pads=[1, 1, 1, 1], group=32)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", 32, "H", "W"])],
-                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = tmp_path / "chain.onnx"
-    onnx.save(model, str(path))
+    path = save_model(tmp_path, "chain", nodes, [("x", TP.FLOAT, ["batch", 32, "H", "W"])], [("y", TP.FLOAT, None)],
+                      inits, opset=17)
     compiled = compile_model(str(path), ["batch=1:2", "H=4:30", "W=4:30"], max_variants=2)
     producer = compiled.plan.groups[0].name
     assert compiled.kernels[producer][0].analysis.y_lanes, compiled.notes
