@@ -136,7 +136,8 @@ def test_a_conv_that_writes_a_channel_blocked_tensor_keeps_only_its_tiles(tmp_pa
     nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["a"], ["b"]),
              helper.make_node("Conv", ["b", "w1"], ["y"], pads=[1, 1, 1, 1], group=32)]
-    path = save_model(tmp_path, "chain", nodes, [("x", TP.FLOAT, ["batch", 32, "H", "W"])], [("y", TP.FLOAT, None)],
+    path = save_model(tmp_path, "chain", nodes, [("x", TP.FLOAT, ["batch", 32, "H", "W"])],
+                      [("y", TP.FLOAT, ["batch", 32, "H", "W"])],
                       inits, opset=17)
     compiled = compile_model(str(path), ["batch=1:2", "H=4:30", "W=4:30"], max_variants=2)
     producer = compiled.plan.groups[0].name

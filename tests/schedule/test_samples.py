@@ -80,17 +80,20 @@ def test_samples_keep_the_relations_the_model_records(tmp_path):
     """A Reshape that halves H (pixel-unshuffle as TorchScript exports it) needs an even H: the
     geometric samples of 16:48 (21 and 37 odd) move to the nearest even sides, so no kernel is
     timed at a shape the model refuses."""
+    import onnx
     from onnx import TensorProto as TP
     from onnx import helper
 
-    from tests.codegen.test_cpu_groups import save_model
     from tscomp.graph import load_model
     from tscomp.graph.fusion import fuse
 
     nodes = [helper.make_node("Unsqueeze", ["x", "ax"], ["u"]), helper.make_node("Reshape", ["u", "t"], ["y"])]
     inits = [helper.make_tensor("ax", TP.INT64, [1], [3]), helper.make_tensor("t", TP.INT64, [5], [0, 0, -1, 2, 0])]
-    path = save_model(tmp_path, "unshuffle", nodes, [("x", TP.FLOAT, ["B", 4, "H", "W"])], [("y", TP.FLOAT, None)],
-                      inits, opset=17)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["B", 4, "H", "W"])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path / "unshuffle.onnx"
+    onnx.save(model, str(path))
     plan = fuse(load_model(str(path), ["B=1:1", "W=1:1", "H=16:48"]))
     heights = [b["H"] for b in sample_bindings(plan)]
     assert heights == sorted(set(heights)) and heights[0] == 16 and heights[-1] == 48 and len(heights) >= 4
