@@ -177,3 +177,13 @@ def test_diverse_set_keeps_a_variant_reading_other_data_only_where_it_gains_more
     assert [t[0]["c"] for t in diverse_set([b, c], 4, switch=[("B", 20e-6), ("B", 20e-6)])] == [2, 3]
     # a cold start small next to its gain: kept
     assert [t[0]["c"] for t in diverse_set([b, c], 4, switch=[("B", 1e-6), ("C", 1e-6)])] == [2, 3]
+
+
+def test_groups_left_without_tuning_time_take_the_heuristic_tiles_and_are_not_recorded(mlp, tmp_path):
+    records = RecordStore(tmp_path / "records.json")
+    model = compile_model(mlp, DIMS, tuning=TuningOptions(tune=True, trials=4, seconds=0.0, timeout_s=30,
+                                                          records=records))
+    gemm = [s for s in model.schedules.groups.values() if s.family == "gemm"]
+    assert gemm and all(s.method == "heuristic" and s.variants for s in gemm), [(s.group, s.method) for s in gemm]
+    assert all(records.get("gemm", s.signature, model.schedules.target.key()) is None for s in gemm)
+    check_matches_onnxruntime(model, mlp)

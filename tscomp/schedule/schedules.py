@@ -182,7 +182,8 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
                     per_group = None if left is None else left / max(1, distinct - len(tuned))
                     sched = _tune_group(plan, choice, sig, target, bindings, options, measurer, per_group, log,
                                         cached_data, evict)
-                    _remember(options.records, sched, target, objective)
+                    if sched.method == "turbo":       # not a group the spent budget left untuned
+                        _remember(options.records, sched, target, objective)
             tuned[sig] = sched
             out[name] = with_strategies(sched, choice, target)
     finally:
@@ -318,6 +319,11 @@ def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options:
     if progress is True:
         progress = True
     result = tune(space, objective, budget=budget, seed=options.seed, progress=progress)
+    if not result.trials:       # the compile's tuning time was spent before this group's turn
+        if log:
+            log(f"{group.name} ({fam.name}): no tuning time left; the family's heuristic tiles")
+        cfgs = fam.heuristic(analysis, target, options.max_variants)
+        return GroupSchedule(group.name, fam.name, sig, "heuristic", [ScheduledVariant(c) for c in cfgs])
     ok = [t for t in result.trials if math.isfinite(t.value) and space.key(t.point) in per_sample]
     if not ok:
         raise ScheduleError(f"group {group.name}: every one of {len(result.trials)} candidates failed "
