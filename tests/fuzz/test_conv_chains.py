@@ -122,18 +122,15 @@ def _every_variant_matches_the_interpreter(compiled, inputs: dict, desc: str) ->
     """Each group's every variant (tile configurations, the Winograd strategy, both depthwise
     strategies), not only the one the dispatch picks at these shapes, on the interpreter's inputs
     for that group."""
+    from tests.codegen.plan_runs import group_env
     from tscomp.graph.fusion.interpret import evaluate_group
-    from tscomp.graph.reference import bind_symbols, materialize
+    from tscomp.graph.reference import bind_symbols
 
     plan = compiled.plan
     bound = bind_symbols(plan.graph, inputs)
     env = dict(inputs)
     for g in plan.groups:
-        genv = {}
-        for name in g.inputs:
-            if name not in env:
-                env[name] = materialize(plan.graph, plan.graph.values[name], bound)
-            genv[name] = env[name]
+        genv = group_env(plan, g, env, bound)
         want = evaluate_group(plan, g, genv, bound)
         for kernel in compiled.kernels[g.name]:
             got = kernel.run(genv, bound)

@@ -74,7 +74,7 @@ from tscomp.codegen.native import (PicklableKernel, backbone_op, binding_key, ge
                                    structural_signature)
 from tscomp.codegen.tile_config import (BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig,
                                         TileConfigError, evened_count, host_caches)
-from tscomp.codegen.cpu_conv_winograd import WinogradConfig, prepack_winograd_weight, tile_grid, winograd_source
+from tscomp.codegen.cpu_conv_winograd import DOMAIN, WinogradConfig, tile_grid, transformed_weight, winograd_source
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
@@ -1633,8 +1633,8 @@ class CompiledConv(PicklableKernel):
         """The raw weight W[OC, C / G, *kernel] in this kernel's layout (:meth:`weight_layout`)."""
         if isinstance(self.cfg, TileConfig):
             return prepack_conv_weight(W, self.analysis.G, self.cfg.mr)
-        if isinstance(self.cfg, WinogradConfig):
-            return prepack_winograd_weight(W, self.cfg.mr, _aligned)
+        if isinstance(self.cfg, WinogradConfig):    # U[e] [OC, C] panels, the 16 positions e as groups
+            return prepack_conv_weight(transformed_weight(W).reshape(-1, W.shape[1]), DOMAIN, self.cfg.mr)
         if self.cfg is not None:
             from tscomp.codegen.cpu_depthwise_channels import prepack_channel_blocks
             return prepack_channel_blocks(W, self.cfg.lanes)

@@ -55,7 +55,6 @@ class WinogradConfig:
     nr: int
     mc: int
     tiles: int
-    vector_axis: int = 0          # the lanes run along the output channels (as a row-vector tile's)
 
     def validate(self, isa: str, **_) -> "WinogradConfig":
         lanes = VECTOR_WIDTH.get(isa, 1)
@@ -108,23 +107,11 @@ def winograd_configs(isa: str, analysis) -> list[WinogradConfig]:
 
 def transformed_weight(W: np.ndarray) -> np.ndarray:
     """U[e, oc, c] = (G g Gᵀ)[e // 4, e % 4] for each filter g = W[oc, c] (3x3), in float64 then
-    rounded once."""
+    rounded once. Packed as the implicit GEMM packs a grouped Conv's weight, the 16 domain positions
+    as its groups (:meth:`~tscomp.codegen.cpu_conv.CompiledConv.pack_weight`): MR-row panels of each
+    U[e], k-major -- the row-vector micro-kernel's layout."""
     U = np.einsum("ik,ockl,jl->ijoc", G_MATRIX, W.astype(np.float64), G_MATRIX)
     return U.reshape(DOMAIN, W.shape[0], W.shape[1]).astype(np.float32)
-
-
-def prepack_winograd_weight(W: np.ndarray, mr: int, aligned) -> np.ndarray:
-    """W[OC, C, 3, 3] -> per domain position e, MR-row panels of U[e] [OC, C], each k-major
-    (packed[e][panel][c][r], the row-vector micro-kernel's layout); rows past OC are zero."""
-    U = transformed_weight(W)
-    OC, C = W.shape[:2]
-    n_ocp = -(-OC // mr)
-    padded = np.zeros((DOMAIN, n_ocp * mr, C), np.float32)
-    padded[:, :OC] = U
-    panels = padded.reshape(DOMAIN, n_ocp, mr, C).transpose(0, 1, 3, 2)
-    out = aligned(panels.size)
-    out[:] = panels.reshape(-1)
-    return out
 
 
 def tile_grid(OH, OW, OC, cfg: WinogradConfig):
@@ -347,5 +334,5 @@ void {name}({_runtime_params()}{params})
     return "\n".join(L)
 
 
-__all__ = ["WinogradConfig", "prepack_winograd_weight", "tile_grid", "transformed_weight", "winograd_applies",
+__all__ = ["WinogradConfig", "tile_grid", "transformed_weight", "winograd_applies",
            "winograd_classes", "winograd_configs", "winograd_source"]

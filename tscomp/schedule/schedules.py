@@ -170,8 +170,7 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
                 out[name] = with_strategies(shared, choice, target)
                 continue
             if not options.tune:
-                cfgs = fam.heuristic(choice.analysis, target, options.max_variants)
-                sched = GroupSchedule(name, fam.name, sig, "heuristic", [ScheduledVariant(c) for c in cfgs])
+                sched = _heuristic_schedule(choice, sig, target, options.max_variants)
             else:
                 sched = _from_record(options.records, choice, sig, target, options.max_variants)
                 if sched is None:
@@ -190,6 +189,12 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
         if measurer is not None:
             measurer.close()
     return Schedules(target, out, objective, time.perf_counter() - t0)
+
+
+def _heuristic_schedule(choice, sig: str, target: Target, max_variants: int) -> GroupSchedule:
+    """The family's hardware-aligned configurations, untuned."""
+    cfgs = choice.family.heuristic(choice.analysis, target, max_variants)
+    return GroupSchedule(choice.group.name, choice.family.name, sig, "heuristic", [ScheduledVariant(c) for c in cfgs])
 
 
 def with_strategies(sched: GroupSchedule, choice, target: Target) -> GroupSchedule:
@@ -322,8 +327,7 @@ def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options:
     if not result.trials:       # the compile's tuning time was spent before this group's turn
         if log:
             log(f"{group.name} ({fam.name}): no tuning time left; the family's heuristic tiles")
-        cfgs = fam.heuristic(analysis, target, options.max_variants)
-        return GroupSchedule(group.name, fam.name, sig, "heuristic", [ScheduledVariant(c) for c in cfgs])
+        return _heuristic_schedule(choice, sig, target, options.max_variants)
     ok = [t for t in result.trials if math.isfinite(t.value) and space.key(t.point) in per_sample]
     if not ok:
         raise ScheduleError(f"group {group.name}: every one of {len(result.trials)} candidates failed "
