@@ -138,6 +138,37 @@ MODELS = {
  "unispeech": dict(kind="audio", cfg="UniSpeechConfig", cls="UniSpeechModel", kw=dict(T, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4), sub=None),
  "data2vec_audio": dict(kind="audio", cfg="Data2VecAudioConfig", cls="Data2VecAudioModel", kw=dict(T, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=5, num_conv_pos_embedding_groups=4, conv_pos_kernel_size=5), sub=None),
  "wav2vec2": dict(kind="audio", cfg="Wav2Vec2Config", cls="Wav2Vec2Model", kw=dict(T, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4), sub=None),
+ # families added in the twenty-second session: decoder LLM variants (short convolutions, sliding
+ # windows, NoPE layers, ternary weights, mixture of experts, latent attention), hierarchical and
+ # convolutional vision transformers, weight-standardized and preactivation CNNs, conformer audio
+ "qwen2": text("Qwen2Config", "Qwen2Model", dict(T, num_key_value_heads=2)),
+ "lfm2": text("Lfm2Config", "Lfm2Model", dict(T, num_key_value_heads=2, layer_types=["conv", "full_attention"])),
+ "gemma3_text": text("Gemma3TextConfig", "Gemma3TextModel", dict(T, num_key_value_heads=2, head_dim=32, sliding_window=16, layer_types=["sliding_attention", "full_attention"])),
+ "smollm3": text("SmolLM3Config", "SmolLM3Model", dict(T, pad_token_id=0, num_key_value_heads=2, no_rope_layers=[1, 0])),
+ "glm4": text("Glm4Config", "Glm4Model", dict(T, pad_token_id=0, num_key_value_heads=2, head_dim=32)),
+ "helium": text("HeliumConfig", "HeliumModel", dict(T, num_key_value_heads=2, head_dim=32)),
+ "bitnet": text("BitNetConfig", "BitNetModel", dict(T, num_key_value_heads=2)),
+ "ernie4_5": text("Ernie4_5Config", "Ernie4_5Model", dict(T, num_key_value_heads=2, head_dim=32)),
+ "deepseek_v3": text("DeepseekV3Config", "DeepseekV3Model", dict(T, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32, n_group=1, topk_group=1)),
+ "qwen2_moe": text("Qwen2MoeConfig", "Qwen2MoeModel", dict(T, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=128)),
+ "gpt_neo": text("GPTNeoConfig", "GPTNeoModel", dict(hidden_size=128, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=16, vocab_size=1000, intermediate_size=256)),
+ "biogpt": text("BioGptConfig", "BioGptModel", dict(T)),
+ "longformer": text("LongformerConfig", "LongformerModel", dict(T, attention_window=16)),
+ "canine": text("CanineConfig", "CanineModel", dict(T)),
+ "modernbert_decoder": text("ModernBertDecoderConfig", "ModernBertDecoderModel", dict(T, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, local_attention=32, global_attn_every_n_layers=2)),
+ "cvt": vision("CvtConfig", "CvtModel", dict(embed_dim=[16, 32], num_heads=[1, 2], depth=[1, 2], patch_sizes=[7, 3], patch_stride=[4, 2], patch_padding=[2, 1], stride_kv=[2, 2], cls_token=[False, True], mlp_ratio=[2.0, 2.0], qkv_projection_method=["dw_bn", "dw_bn"], kernel_qkv=[3, 3], padding_kv=[1, 1], padding_q=[1, 1], stride_q=[1, 1], drop_rate=[0.0, 0.0], attention_drop_rate=[0.0, 0.0], drop_path_rate=[0.0, 0.0], qkv_bias=[True, True]), side=(32, 96)),
+ "bit": vision("BitConfig", "BitModel", dict(embedding_size=16, hidden_sizes=[32, 64], depths=[1, 1], layer_type="preactivation", global_padding="SAME", num_groups=8), side=(32, 96)),
+ "mobilevitv2": vision("MobileViTV2Config", "MobileViTV2Model", dict(image_size=64, width_multiplier=0.5), side=(64, 128), step=32),
+ "textnet": vision("TextNetConfig", "TextNetModel", dict(), side=(64, 128), step=32),
+ "swinv2": vision("Swinv2Config", "Swinv2Model", dict(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4), side=(32, 96), step=16),
+ "donut_swin": vision("DonutSwinConfig", "DonutSwinModel", dict(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4), side=(32, 96), step=16),
+ "hiera": vision("HieraConfig", "HieraModel", dict(embed_dim=16, image_size=[64, 64], patch_size=[7, 7], patch_stride=[4, 4], patch_padding=[3, 3], depths=[1, 1], num_heads=[1, 2], query_stride=[2, 2], masked_unit_size=[4, 4], masked_unit_attention=[True, False], embed_dim_multiplier=2.0, num_query_pool=1), side=(64, 128), step=32),
+ "dinov2_reg": vision("Dinov2WithRegistersConfig", "Dinov2WithRegistersModel", dict(T, image_size=56, patch_size=14, num_register_tokens=4), side=(28, 126), step=14),
+ "ijepa": vision("IJepaConfig", "IJepaModel", dict(T, image_size=64, patch_size=16), side=(32, 128), step=16),
+ "vit_msn": vision("ViTMSNConfig", "ViTMSNModel", dict(T, image_size=64, patch_size=16), side=(32, 128), step=16),
+ "depth_anything": vision("DepthAnythingConfig", "DepthAnythingForDepthEstimation", dict(backbone_config={"model_type": "dinov2", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 128, "image_size": 56, "patch_size": 14, "out_features": ["stage1", "stage2", "stage3", "stage4"], "reshape_hidden_states": False}, reassemble_hidden_size=64, neck_hidden_sizes=[16, 32, 64, 64], fusion_hidden_size=32, head_hidden_size=16), side=(28, 126), step=14, output="predicted_depth", square=False),
+ "upernet": vision("UperNetConfig", "UperNetForSemanticSegmentation", dict(backbone_config={"model_type": "convnext", "hidden_sizes": [16, 32, 64, 128], "depths": [1, 1, 1, 1], "out_features": ["stage1", "stage2", "stage3", "stage4"]}, hidden_size=32, auxiliary_in_channels=64, num_labels=5, use_auxiliary_head=False, pool_scales=[1, 2, 3, 6]), side=(64, 128), step=32, output="logits"),
+ "wav2vec2_conformer": dict(kind="audio", cfg="Wav2Vec2ConformerConfig", cls="Wav2Vec2ConformerModel", kw=dict(T, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, position_embeddings_type="rotary", conv_depthwise_kernel_size=7), sub=None),
 }
 
 def build(name):

@@ -38,8 +38,6 @@ SKIP_REASONS: dict[str, str] = {
     r"test_bernoulli.*":
         "Bernoulli draws random numbers (its ONNX function body is RandomUniformLike, which tscomp does not "
         "register): nondeterministic sampling is outside an inference compiler",
-    r"test_batchnorm_.*training_mode":
-        "BatchNormalization training mode (batch statistics, running-stat outputs) is outside an inference compiler",
     r"test_resize_downsample_scales_(linear|cubic)_align_corners":
         "expected data uses onnx's Python reference (length_resized = fractional scale*in); the spec text and "
         "onnxruntime use the integer output length, which tscomp follows (matches onnxruntime exactly)",
@@ -51,6 +49,9 @@ SKIP_REASONS: dict[str, str] = {
 CONSTANT_MODE_ONLY: dict[str, str] = {
     r"test_affine_grid_(2d|2d_align_corners|3d_align_corners)":
         "AffineGrid's output shape is the value of its size input (a graph input in runtime mode)",
+    r"test_batchnorm_.*training_mode":
+        "BatchNormalization's training mode (the batch's own statistics) is folded at compile time where "
+        "its input is a constant (weight standardization) and refused on a run-time tensor",
 }
 
 

@@ -96,10 +96,16 @@ class IndexCheck:
     op_type: str
     input: str
     shape: tuple
+    #: a count (a sequence length), valid in [0, extent - 1], rather than an index
+    count: bool = False
 
     def error(self, value: int, pos: int, extent: int, shape: tuple[int, ...] | None = None) -> IndexOutOfRangeError:
         where = f"at {tuple(int(i) for i in np.unravel_index(pos, shape))} " if shape and 0 <= pos < int(np.prod(shape)) \
             else f"at flat position {pos} "
+        if self.count:
+            return IndexOutOfRangeError(
+                f"{self.op_type} node {self.node!r}: input {self.input!r} has value {value} {where}outside the "
+                f"valid range [0, {extent - 1}]", node=self.node, input=self.input, value=value, extent=extent)
         return IndexOutOfRangeError(
             f"{self.op_type} node {self.node!r}: index input {self.input!r} has value {value} {where}"
             f"outside the valid range [{-extent}, {extent - 1}] (indices element out of data bounds)",

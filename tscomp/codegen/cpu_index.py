@@ -157,6 +157,24 @@ class IndexKernelWriter:
     def free_table(self, table: "IndexTable") -> None:
         self.emit(" ".join(f"free({arr});" for arr, _, _ in table.columns))
 
+    def scratch(self, name: str, ctype: str, count: str) -> str:
+        """A per-call work buffer of ``count`` elements (C expression), freed before the kernel
+        returns: ``malloc``'d here (the SIMT writer has no device-side allocation and refuses)."""
+        self.decls.append(f"{ctype} *{name} = ({ctype} *)malloc(sizeof({ctype}) * (size_t)({count}) + 64);")
+        self.cleanup.append(f"free({name});")
+        return name
+
+    def count_check(self, value: str, limit: str, input_slot: int, pos: str) -> str:
+        """A data-dependent count read from input ``input_slot`` (a sequence length), checked to lie
+        in ``[0, limit]``; out of it, the error record names node, input, value and position and the
+        count reads 0. ``pos`` is its flat position in that input (C)."""
+        a = self.op.args[input_slot]
+        check = len(self.index_checks)
+        self.index_checks.append(IndexCheck(self.op.node, self.op_type, self.node.inputs[input_slot],
+                                            tuple(self.canon(d) for d in a.shape), count=True))
+        return (f"((uint64_t)({value}) <= (uint64_t)({limit}) ? (int64_t)({value}) : "
+                f"(ts_index_fail(TSCOMP_ERR_RECORD, {check}, (int64_t)({value}), {pos}, ({limit}) + 1), (int64_t)0))")
+
     def const_ints(self, i: int) -> list[int] | None:
         """Input ``i``'s values when the compiler knows them as integers, else None."""
         a = self.op.args[i] if i < len(self.op.args) else None

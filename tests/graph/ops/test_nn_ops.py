@@ -276,11 +276,30 @@ def test_instance_and_batch_normalization_and_global_pool_keep_symbolic_spatial_
         assert_matches_onnxruntime(model, graph, {"x": rand(nv, c, hv, wv)})
 
 
-def test_batch_normalization_training_mode_is_unsupported():
+def test_batch_normalization_training_mode_on_a_run_time_tensor_is_unsupported():
     node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], training_mode=1)
     model = make_model([node], [("x", ["B", 2, "H"])], ["y"], {k: np.ones(2, np.float32) for k in "sbmv"})
-    with pytest.raises(UnsupportedOperatorError, match="training"):
+    with pytest.raises(UnsupportedOperatorError, match="training mode .* on a run-time tensor"):
         propagated(model)
+
+
+def test_batch_normalization_training_mode_of_a_constant_folds_to_weight_standardization():
+    """BiT's convolutions standardize their own weights with a training-mode BN (batch statistics
+    of the weight, momentum 1): folded at compile time, the Conv reads the standardized weight."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((1, 4, 18)).astype(np.float32) * 0.3 + 0.1
+    nodes = [helper.make_node("BatchNormalization", ["w", "s", "b", "m", "v"], ["ws", "rm", "rv"],
+                              training_mode=1, momentum=1.0, epsilon=1e-8),
+             helper.make_node("Reshape", ["ws", "shape"], ["w4"]),
+             helper.make_node("Conv", ["x", "w4"], ["y"], pads=[1, 1, 1, 1])]
+    inits = {"w": w, "s": np.ones(4, np.float32), "b": np.zeros(4, np.float32), "m": np.zeros(4, np.float32),
+             "v": np.ones(4, np.float32), "shape": np.array([4, 2, 3, 3], np.int64)}
+    model = make_model(nodes, [("x", ["B", 2, "H", "W"])], ["y"], inits)
+    graph = propagated(model)
+    assert graph.values["ws"].const is not None        # folded: no BN left to run
+    standardized = (w - w.mean(axis=(0, 2), keepdims=True)) / np.sqrt(w.var(axis=(0, 2), keepdims=True) + 1e-8)
+    np.testing.assert_allclose(graph.values["ws"].const, standardized, rtol=1e-5, atol=1e-5)
+    assert_matches_onnxruntime(model, graph, {"x": rand(2, 2, 5, 7)})
 
 
 # ----------------------------------------------------------------------------- Einsum

@@ -6,6 +6,7 @@ covered by the conformance cases' expected outputs); a compiled model around an 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -95,3 +96,54 @@ def test_a_model_around_an_lstm_compiles_and_matches_onnxruntime(tmp_path):
         got = rt.run({"x": x})
         for name, want in zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})):
             np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4, err_msg=f"{name} at S={s}, B={b}")
+
+
+NATIVE_CASES = CASES + [
+    ("LSTM", {"layout": 1, "input_forget": 1, "with_init": True}),
+    ("RNN", {"direction": "reverse", "activations": ["Relu"]}),
+    ("GRU", {"direction": "bidirectional", "with_lens": True,
+             "activations": ["HardSigmoid", "Softsign", "ScaledTanh", "LeakyRelu"],
+             "activation_alpha": [0.3, 0.7, 0.2], "activation_beta": [0.4, 1.3]}),
+]
+
+
+@pytest.mark.parametrize("op,kw", NATIVE_CASES, ids=[f"{op}-{'-'.join(kw) or 'default'}" for op, kw in NATIVE_CASES])
+def test_the_recurrent_c_kernel_runs_natively_and_matches_the_reference(op, kw, tmp_path):
+    """Every direction, layout, optional input and attribute through the index family's C kernel
+    (no numpy group), against the numpy reference at lengths 1, 7 and 30 and batches 1, 3, 6."""
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+    kw = dict(kw)
+    layout, with_lens, with_init = kw.get("layout", 0), kw.pop("with_lens", False), kw.pop("with_init", False)
+    model, dirs = _recurrent_model(op, with_lens=with_lens, with_init=with_init, **kw)
+    onnx.save(model, tmp_path / "rnn.onnx")
+    compiled = compile_model(str(tmp_path / "rnn.onnx"), ["L=1:30", "B=1:6"], max_variants=1)
+    assert {k.family for ks in compiled.kernels.values() for k in ks} == {"index"}
+    rt = Runtime.from_compiled(compiled)
+    g = propagate(model, "L=1:30", "B=1:6")
+    rng = np.random.default_rng(11)
+    for s, b in [(1, 1), (7, 3), (30, 6)]:
+        feeds = {"x": rng.standard_normal((b, s, IN) if layout else (s, b, IN)).astype(np.float32)}
+        if with_lens:
+            feeds["lens"] = rng.integers(0, s + 1, b).astype(np.int32)
+        if with_init:
+            state = (b, dirs, HID) if layout else (dirs, b, HID)
+            feeds["h0"] = rng.standard_normal(state).astype(np.float32)
+            if op == "LSTM":
+                feeds["c0"] = rng.standard_normal(state).astype(np.float32)
+        want, got = run_reference(g, feeds), rt.run(feeds)
+        for name in g.outputs:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=f"{name} at S={s}, B={b}")
+
+
+def test_a_sequence_length_outside_the_sequence_is_refused_by_name(tmp_path):
+    from tscomp.compiler import compile_model
+    from tscomp.errors import IndexOutOfRangeError
+    from tscomp.runtime import Runtime
+    model, _ = _recurrent_model("LSTM", with_lens=True)
+    onnx.save(model, tmp_path / "lstm.onnx")
+    rt = Runtime.from_compiled(compile_model(str(tmp_path / "lstm.onnx"), ["L=1:30", "B=1:6"], max_variants=1))
+    x = np.zeros((5, 2, IN), np.float32)
+    for bad in (6, -1):
+        with pytest.raises(IndexOutOfRangeError, match=rf"'lens' has value {bad} .*\[0, 5\]"):
+            rt.run({"x": x, "lens": np.array([3, bad], np.int32)})

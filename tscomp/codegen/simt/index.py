@@ -48,6 +48,9 @@ class SimtIndexWriter(IndexKernelWriter):
         self.fail(f"input {i} is read through a view ({a.op.describe()}): the SIMT index kernels gather "
                   f"group inputs only (no device-side buffer to gather a view into)")
 
+    def scratch(self, name: str, ctype: str, count: str) -> str:
+        self.fail("needs a per-call work buffer, which the SIMT index kernels do not allocate yet")
+
     def parallel_for(self, loops, *, work=None, min_work=0, simd=False, brace=True) -> None:
         if len(loops) == 1:
             v, n = loops[0]

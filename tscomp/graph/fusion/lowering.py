@@ -84,7 +84,8 @@ class GroupLowering:
         return Group(name=f"g{self.state.gid}_{self.state.kind}", kind=self.state.kind,
                      nodes=list(self.state.members) + self.view_nodes, inputs=list(self.inputs),
                      outputs=outputs, rules=list(self.state.rules),
-                     parts=[GroupLowering(self.cg, s).lower() for s in self.state.parts])
+                     parts=[GroupLowering(self.cg, s).lower() for s in self.state.parts],
+                     unfused=[GroupLowering(self.cg, s).lower() for s in self.state.unfused])
 
 
 def output_copy_groups(cg: ComputeGraph, start: int) -> list[Group]:

@@ -147,6 +147,8 @@ class GroupState:
     rules: list[str] = field(default_factory=list)
     #: the groups a merged group was made of (:mod:`tscomp.graph.fusion.attention`)
     parts: list["GroupState"] = field(default_factory=list)
+    #: what runs instead when no kernel family accepts the group (:func:`unfused_parts`)
+    unfused: list["GroupState"] = field(default_factory=list)
 
 
 class Partitioner:
@@ -366,9 +368,28 @@ PASSES: tuple[tuple[str, frozenset], ...] = (
 )
 
 
+def unfused_parts(cg: ComputeGraph, g: GroupState) -> list[GroupState]:
+    """A GEMM group's fallback split: its heavy op with the prologue feeding it, then its
+    epilogue as a group of its own (a reduce group when it holds a row reduction). The rules fuse
+    by shape, not by what a family can generate: an epilogue read through a head-merging
+    transpose (BitNet normalizes the attention output right after P·V) made a group the batched
+    GEMM family refuses, which then ran whole on the numpy fallback; split, the GEMM compiles and
+    the epilogue goes to the row or elementwise family. Empty when there is nothing to split."""
+    if g.kind != "gemm" or g.parts:
+        return []
+    epilogue = [m for m in g.members if m not in g.feeders]
+    if not epilogue:
+        return []
+    kind = "reduce" if any(cg.fusion_class(m) is R for m in epilogue) else "elementwise"
+    core = GroupState(g.gid, g.kind, [m for m in g.members if m in g.feeders], g.space,
+                      operand_spaces=list(g.operand_spaces), feeders=set(g.feeders),
+                      rules=[r for r in g.rules if r == "gemm-prologue"])
+    return [core, GroupState(g.gid, kind, epilogue, g.space, rules=["split-epilogue"])]
+
+
 def partition(graph: Graph) -> tuple[ComputeGraph, list[GroupState]]:
     cg = ComputeGraph(graph)
     return cg, Partitioner(cg).run()
 
 
-__all__ = ["ComputeGraph", "FusionRule", "GroupState", "PASSES", "RULES", "partition"]
+__all__ = ["ComputeGraph", "FusionRule", "GroupState", "PASSES", "RULES", "partition", "unfused_parts"]

@@ -29,6 +29,13 @@ class Group:
     #: the finer groups a merged group was made of, in execution order (an ``attention`` group's
     #: QKᵀ, softmax and P·V groups): what runs when no kernel family accepts the merged group
     parts: list["Group"] = field(default_factory=list)
+    #: a fused group's fallback split (its heavy op, then its epilogue): what runs when no kernel
+    #: family accepts the fused group (:func:`tscomp.graph.fusion.partition.unfused_parts`)
+    unfused: list["Group"] = field(default_factory=list)
+
+    @property
+    def splittable(self) -> bool:
+        return bool(self.parts or self.unfused)
 
     @property
     def backbone(self) -> str | None:
@@ -60,13 +67,14 @@ class Plan:
     rewrites: list[str] = field(default_factory=list)  # graph rewrites done before partitioning
 
     def split(self, names) -> "Plan":
-        """This plan with each merged group named in ``names`` replaced by its parts."""
+        """This plan with each group named in ``names`` replaced by its parts (a merged group) or
+        its unfused split (a fused one)."""
         names = set(names)
         groups = []
         for g in self.groups:
-            if g.name in names and not g.parts:
-                raise ValueError(f"group {g.name} was not merged from parts: it cannot be split")
-            groups.extend(g.parts if g.name in names else [g])
+            if g.name in names and not g.splittable:
+                raise ValueError(f"group {g.name} was neither merged from parts nor fused: it cannot be split")
+            groups.extend((g.parts or g.unfused) if g.name in names else [g])
         return Plan(self.graph, groups, self.rewrites)
 
     def crossing_values(self) -> list[str]:

@@ -515,11 +515,18 @@ def layer_norm_ref(call: OpCall, x, scale, bias=None):
 
 
 def batch_norm_shape(ctx: ShapeContext) -> None:
-    if ctx.attr("training_mode", 0):
-        ctx.unsupported("training mode (batch statistics) is not supported; export the model in eval mode")
-    if ctx.num_outputs > 1:
+    """Inference BN; training mode (batch statistics) only of a compile-time constant, which
+    constant folding then computes once: weight standardization (BiT's convolutions normalize
+    their own weights with ``F.batch_norm(w, training=True)``, exported as a training-mode BN)."""
+    training = bool(ctx.attr("training_mode", 0))
+    if training and ctx.const(0) is None:
+        ctx.unsupported("training mode (statistics of the batch itself) on a run-time tensor is not "
+                        "supported; export the model in eval mode")
+    if ctx.num_outputs > 1 and not training:
         ctx.unsupported(f"{ctx.num_outputs} outputs: the running/saved statistics outputs exist only in "
-                        "training mode, which is not supported")
+                        "training mode")
+    if ctx.num_outputs > 3:
+        ctx.unsupported(f"{ctx.num_outputs} outputs (opset < 14 saved statistics) are not supported")
     if not ctx.attr("spatial", 1):
         ctx.unsupported("attribute spatial=0 (per-activation statistics) is not supported")
     x = ctx.shape(0)
@@ -528,6 +535,8 @@ def batch_norm_shape(ctx: ShapeContext) -> None:
     for i, what in ((1, "scale"), (2, "B"), (3, "mean"), (4, "var")):
         ctx.unify(_vector_len(ctx, i, what), x[1], f"{what} length vs channels")
     same_shape(ctx)
+    for k in range(1, ctx.num_outputs):       # training mode: the running mean and variance
+        ctx.set_output(k, ctx.dtype(3), [x[1]])
 
 
 def _per_channel(v: np.ndarray, rank: int) -> np.ndarray:
@@ -536,9 +545,26 @@ def _per_channel(v: np.ndarray, rank: int) -> np.ndarray:
 
 def batch_norm_ref(call: OpCall, x, scale, bias, mean, var):
     eps = np.asarray(float(call.attr("epsilon", 1e-5)), dtype=var.dtype)
+    if call.attr("training_mode", 0):
+        return _batch_norm_training(call, x, scale, bias, mean, var, eps)
     factor = scale / np.sqrt(var + eps)
     y = (x - _per_channel(mean, x.ndim)) * _per_channel(factor, x.ndim) + _per_channel(bias, x.ndim)
     return y.astype(x.dtype, copy=False)
+
+
+def _batch_norm_training(call: OpCall, x, scale, bias, mean, var, eps):
+    """ONNX's training mode: normalize by the statistics of ``x`` itself over every axis but the
+    channels (population variance); the running statistics are the inputs' blended with them by
+    ``momentum``."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    cur_mean = x.mean(axis=axes, dtype=np.float64)
+    cur_var = ((x - _per_channel(cur_mean, x.ndim)) ** 2).mean(axis=axes)
+    y = (x - _per_channel(cur_mean, x.ndim)) / np.sqrt(_per_channel(cur_var, x.ndim) + eps) \
+        * _per_channel(scale, x.ndim) + _per_channel(bias, x.ndim)
+    m = float(call.attr("momentum", 0.9))
+    outs = (y.astype(x.dtype), (mean * m + cur_mean * (1 - m)).astype(mean.dtype),
+            (var * m + cur_var * (1 - m)).astype(var.dtype))
+    return outs[:call.num_outputs] if call.num_outputs > 1 else outs[0]
 
 
 def instance_norm_shape(ctx: ShapeContext) -> None:

@@ -2,10 +2,14 @@
 export as these, with both exporters).
 
 What the registry gives them is the symbolic shape rule -- the sequence length and batch stay
-symbols, the hidden size is the ``hidden_size`` attribute -- and a numpy reference of the ONNX
-equations, which the compiled model runs on the numpy fallback: a recurrence is a sequential loop
-over a dynamic number of steps, each a small matrix product, which no macro-kernel family generates
-yet. Everything around it (embeddings, projections, heads) compiles natively as usual.
+symbols, the hidden size is the ``hidden_size`` attribute --, a numpy reference of the ONNX
+equations, and a C kernel (:func:`recurrent_c`, the index family's writer: one kernel serves every
+sequence length and batch). The kernel first computes every step's input projection ``W x_t + Wb``
+(independent: in parallel over directions, batch entries and steps), then runs each (direction,
+batch entry) recurrence in order, in parallel with the others: per step the recurrent product
+``R h + Rb`` and the cell's gate equations. Both products are written as rank-1 updates over the
+transposed weights (``acc[:] += Rᵀ[k, :] * h[k]``), so they vectorize along the gate rows with no
+horizontal sums; the transposes are made once per call.
 
 The reference follows the operator definitions: gates in ONNX order (RNN ``i``; GRU ``z, r, h``;
 LSTM ``i, o, f, c``), ``direction`` forward / reverse / bidirectional, ``layout`` 0 (``[seq, batch,
@@ -17,6 +21,7 @@ starts at its own last step), ``initial_h`` / ``initial_c``, LSTM peepholes ``P`
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -41,6 +46,21 @@ ACTIVATIONS: dict[str, tuple[Callable, float | None, float | None]] = {
     "Elu": (lambda x, a, b: np.where(x >= 0, x, a * np.expm1(x)), 1.0, None),
     "Softsign": (lambda x, a, b: x / (1 + np.abs(x)), None, None),
     "Softplus": (lambda x, a, b: np.logaddexp(0, x), None, None),
+}
+
+#: the same functions as C expressions of a float ``x`` (``a``, ``b``: alpha and beta literals)
+ACTIVATIONS_C: dict[str, str] = {
+    "Sigmoid": "1.0f / (1.0f + expf(-x))",
+    "Tanh": "tanhf(x)",
+    "Relu": "(x > 0.0f ? x : 0.0f)",
+    "Affine": "{a} * x + {b}",
+    "LeakyRelu": "(x >= 0.0f ? x : {a} * x)",
+    "ThresholdedRelu": "(x > {a} ? x : 0.0f)",
+    "ScaledTanh": "{a} * tanhf({b} * x)",
+    "HardSigmoid": "fminf(fmaxf({a} * x + {b}, 0.0f), 1.0f)",
+    "Elu": "(x >= 0.0f ? x : {a} * expm1f(x))",
+    "Softsign": "x / (1.0f + fabsf(x))",
+    "Softplus": "(x > 0.0f ? x + log1pf(expf(-x)) : log1pf(expf(x)))",
 }
 
 
@@ -78,24 +98,33 @@ def recurrent_shape(ctx: ShapeContext) -> None:
             ctx.set_output(k, ctx.dtype(0), shape)
 
 
-def _activations(call: OpCall, defaults: tuple[str, ...], dirs: int) -> list[list[Callable]]:
-    """Per direction, the cell's activation functions with their alpha/beta bound."""
-    names = call.attr("activations") or list(defaults) * dirs
+def activation_specs(attr, op_type: str, defaults: tuple[str, ...], dirs: int, fail) -> list[list[tuple]]:
+    """Per direction, the cell's activations as ``(name, alpha, beta)``: the ``activations``
+    attribute (else the defaults), each taking its alpha/beta from the attribute lists in order
+    where it has parameters."""
+    names = attr("activations") or list(defaults) * dirs
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-    alphas, betas = list(call.attr("activation_alpha") or []), list(call.attr("activation_beta") or [])
-    funcs = []
-    for k, name in enumerate(names):
+    alphas, betas = list(attr("activation_alpha") or []), list(attr("activation_beta") or [])
+    specs = []
+    for name in names:
         if name not in ACTIVATIONS:
-            raise ValueError(f"{call.op_type} node {call.name!r}: activation {name!r} is not supported")
-        fn, a, b = ACTIVATIONS[name]
+            fail(f"activation {name!r} is not supported")
+        _, a, b = ACTIVATIONS[name]
         a = alphas.pop(0) if a is not None and alphas else a
         b = betas.pop(0) if b is not None and betas else b
-        funcs.append(lambda x, fn=fn, a=a, b=b: fn(x, a, b))
+        specs.append((name, a, b))
     per = len(defaults)
-    if len(funcs) != per * dirs:
-        raise ValueError(f"{call.op_type} node {call.name!r}: {len(funcs)} activations for {dirs} direction(s) "
-                         f"of {per}")
-    return [funcs[d * per:(d + 1) * per] for d in range(dirs)]
+    if len(specs) != per * dirs:
+        fail(f"{len(specs)} activations for {dirs} direction(s) of {per}")
+    return [specs[d * per:(d + 1) * per] for d in range(dirs)]
+
+
+def _activations(call: OpCall, defaults: tuple[str, ...], dirs: int) -> list[list[Callable]]:
+    """Per direction, the cell's activation functions with their alpha/beta bound."""
+    def fail(why):
+        raise ValueError(f"{call.op_type} node {call.name!r}: {why}")
+    return [[lambda x, fn=ACTIVATIONS[n][0], a=a, b=b: fn(x, a, b) for n, a, b in per]
+            for per in activation_specs(call.attr, call.op_type, defaults, dirs, fail)]
 
 
 def recurrent_ref(call: OpCall, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None):
@@ -178,7 +207,195 @@ def _lstm_step(gx, h, c, R, rb, p, acts, clip, call, hidden):
 
 _CELL_STEPS = {"RNN": _rnn_step, "GRU": _gru_step, "LSTM": _lstm_step}
 
-for _op in CELLS:
-    register(OpDef(_op, FusionClass.OPAQUE, recurrent_shape, recurrent_ref, arity=(3, 8 if _op == "LSTM" else 6)))
 
-__all__ = ["ACTIVATIONS", "CELLS", "recurrent_ref", "recurrent_shape"]
+# =========================================================================== C kernel
+def _c_float(v) -> str:
+    return f"{float(v)!r}f" if math.isfinite(float(v)) else ("INFINITY" if v > 0 else "-INFINITY")
+
+
+def _activation_functions(w, specs: list[list[tuple]]) -> list[list[str]]:
+    """Per direction, the C function name of each of its activations (one static inline function
+    per distinct activation and parameters)."""
+    names, made = [], {}
+    for per in specs:
+        row = []
+        for name, a, b in per:
+            key = (name, a, b)
+            if key not in made:
+                made[key] = f"ts_act{len(made)}"
+                body = ACTIVATIONS_C[name].format(a=_c_float(a if a is not None else 0),
+                                                  b=_c_float(b if b is not None else 0))
+                w.statics.append(f"static inline float {made[key]}(float x) {{ return {body}; }}  /* {name} */")
+            row.append(made[key])
+        names.append(row)
+    return names
+
+
+def _const_int(w, d, what: str) -> int:
+    d = w.canon(d)
+    if not d.is_Integer:
+        w.fail(f"{what} is not a constant ({d})")
+    return int(d)
+
+
+def recurrent_c(w) -> None:
+    """RNN / GRU / LSTM as one C kernel (see the module docstring): float32, any direction,
+    layout, optional biases, sequence lengths (checked to lie in [0, seq]), initial states,
+    peepholes, ``input_forget``, ``linear_before_reset``, ``clip`` and activation list."""
+    op = w.op_type
+    gates, defaults, _ = CELLS[op]
+    x = w.arg(0)
+    if x.ctype != "float":
+        w.fail(f"element type {x.dtype}: the recurrent C kernel computes in float32")
+    direction = w.attr("direction", "forward")
+    dirs = _directions(direction, w.fail)
+    layout = int(w.attr("layout", 0))
+    W, R = w.arg(1), w.arg(2)
+    H = _const_int(w, R.shape[-1], "the hidden size (R's last axis)")
+    GH, I = gates * H, w.c(x.shape[2])
+    S, NB = (w.c(x.shape[1]), w.c(x.shape[0])) if layout else (w.c(x.shape[0]), w.c(x.shape[1]))
+    funcs = _activation_functions(w, activation_specs(w.attr, op, defaults, dirs, w.fail))
+    clip = w.attr("clip")
+    lbr = bool(w.attr("linear_before_reset", 0))
+    act = _Acts(funcs, dirs, clip)
+    B = w.arg(3) if w.has_arg(3) else None
+    lens = w.arg(4) if w.has_arg(4) else None
+    h0 = w.arg(5) if w.has_arg(5) else None
+    c0 = w.arg(6) if op == "LSTM" and w.has_arg(6) else None
+    P = w.arg(7) if op == "LSTM" and w.has_arg(7) else None
+    reverse = {"forward": "0", "reverse": "1", "bidirectional": "(d == 1)"}[direction]
+    w.emit(f"/* {op} {direction}, layout {layout}: [{dirs} x {NB}] recurrences of up to {S} steps, hidden {H}, "
+           f"{gates} gate(s) per step; every step's input projection first, then each recurrence in order */")
+    wt, rt = w.scratch("wt", "float", f"{dirs} * ({I}) * {GH}"), w.scratch("rt", "float", f"{dirs * H * GH}")
+    gx = w.scratch("gx", "float", f"{dirs} * ({NB}) * ({S}) * {GH}")
+    st = w.scratch("st", "float", f"{dirs} * ({NB}) * {2 * H + 2 * GH}")
+    w.emit("/* the weights transposed: each product a sum of rank-1 updates along the gate rows */")
+    w.parallel_for([("d", str(dirs)), ("j", str(GH))], work=f"{dirs * GH} * (({I}) + {H})")
+    w.emit(f"    for (int64_t k = 0; k < {I}; ++k) {wt}[(d * ({I}) + k) * {GH} + j] = {W.at(f'(d * {GH} + j) * ({I}) + k')};")
+    w.emit(f"    for (int64_t k = 0; k < {H}; ++k) {rt}[(d * {H} + k) * {GH} + j] = {R.at(f'(d * {GH} + j) * {H} + k')};")
+    w.emit("}")
+    x_row = f"(b * ({S}) + t)" if layout else f"(t * ({NB}) + b)"
+    w.emit("/* input projections W x_t + Wb of every step: independent */")
+    w.parallel_for([("d", str(dirs)), ("b", NB), ("t", S)], work=f"{dirs} * ({NB}) * ({S}) * {GH} * ({I})")
+    w.emit(f"    float *restrict g = {gx} + ((d * ({NB}) + b) * ({S}) + t) * {GH};")
+    w.emit(f"    const float *restrict xt = &{x.at(f'{x_row} * ({I})')};")
+    w.emit(f"    for (int64_t j = 0; j < {GH}; ++j) g[j] = {B.at(f'd * {2 * GH} + j') if B else '0.0f'};")
+    w.emit(f"    for (int64_t k = 0; k < {I}; ++k) {{")
+    w.emit(f"        const float xk = xt[k]; const float *restrict wk = {wt} + (d * ({I}) + k) * {GH};")
+    w.emit("        #pragma omp simd")
+    w.emit(f"        for (int64_t j = 0; j < {GH}; ++j) g[j] += wk[j] * xk;")
+    w.emit("    }")
+    w.emit("}")
+    y = w.out(0) if w.has_out(0) else None
+    yh = w.out(1) if w.has_out(1) else None
+    yc = w.out(2) if op == "LSTM" and w.has_out(2) else None
+    state = f"(b * {dirs} + d) * {H}" if layout else f"(d * ({NB}) + b) * {H}"
+    y_at = (lambda t: f"((b * ({S}) + {t}) * {dirs} + d) * {H}") if layout else \
+           (lambda t: f"(({t} * {dirs} + d) * ({NB}) + b) * {H}")
+    w.emit("/* the recurrences: each (direction, batch entry) in order over its steps */")
+    w.parallel_for([("d", str(dirs)), ("b", NB)], work=f"{dirs} * ({NB}) * ({S}) * {GH} * {H}", min_work=0)
+    w.emit(f"    float *restrict h = {st} + (d * ({NB}) + b) * {2 * H + 2 * GH}, *restrict c = h + {H};")
+    w.emit(f"    float *restrict rec = c + {H}, *restrict tmp = rec + {GH};")
+    n = w.count_check(lens.at("b"), S, 4, "b") if lens else S
+    w.emit(f"    const int64_t len = {n};")
+    w.emit(f"    const int reverse = {reverse};")
+    w.emit(f"    for (int64_t i = 0; i < {H}; ++i) {{")
+    w.emit(f"        h[i] = {h0.at(f'{state} + i') if h0 else '0.0f'};")
+    w.emit(f"        c[i] = {c0.at(f'{state} + i') if c0 else '0.0f'};")
+    w.emit("    }")
+    if y:
+        w.emit(f"    for (int64_t t = len; t < {S}; ++t)     /* steps past the entry's length: zeros */")
+        w.emit(f"        for (int64_t i = 0; i < {H}; ++i) {y.at(y_at('t') + ' + i')} = 0.0f;")
+    w.emit("    for (int64_t t = 0; t < len; ++t) {")
+    w.emit("        const int64_t pos = reverse ? len - 1 - t : t;")
+    w.emit(f"        const float *restrict g = {gx} + ((d * ({NB}) + b) * ({S}) + pos) * {GH};")
+    rb = (lambda j: B.at(f"d * {2 * GH} + {GH} + {j}")) if B else (lambda j: "0.0f")
+    rows = 2 * H if op == "GRU" and not lbr else GH     # GRU's h gate reads r * h: a second product
+    _recurrent_product(w, rt, rb, H, GH, rows_from=0, rows_to=rows, vec="h")
+    _CELL_C[op](w, act, H, GH, rt, rb, P, lbr)
+    if y:
+        w.emit(f"        for (int64_t i = 0; i < {H}; ++i) {y.at(y_at('pos') + ' + i')} = h[i];")
+    w.emit("    }")
+    for out, v in ((yh, "h"), (yc, "c")):
+        if out:
+            w.emit(f"    for (int64_t i = 0; i < {H}; ++i) {out.at(f'{state} + i')} = {v}[i];")
+    w.emit("}")
+
+
+def _recurrent_product(w, rt: str, rb, H: int, GH: int, rows_from: int, rows_to: int, vec: str) -> None:
+    """``rec[j] = Rb[j] + sum_k R[j, k] * vec[k]`` for gate rows ``[rows_from, rows_to)``."""
+    w.emit(f"        for (int64_t j = {rows_from}; j < {rows_to}; ++j) rec[j] = {rb('j')};")
+    w.emit(f"        for (int64_t k = 0; k < {H}; ++k) {{")
+    w.emit(f"            const float vk = {vec}[k]; const float *restrict rk = {rt} + (d * {H} + k) * {GH};")
+    w.emit("            #pragma omp simd")
+    w.emit(f"            for (int64_t j = {rows_from}; j < {rows_to}; ++j) rec[j] += rk[j] * vk;")
+    w.emit("        }")
+
+
+class _Acts:
+    """The C calls of a direction's activations, with ``clip`` on the gates' pre-activations."""
+
+    def __init__(self, funcs, dirs: int, clip):
+        self.funcs, self.dirs, self.clip = funcs, dirs, clip
+
+    def __call__(self, k: int, arg: str, clipped: bool = True) -> str:
+        if self.clip is not None and clipped:
+            c = _c_float(self.clip)
+            arg = f"fminf(fmaxf({arg}, -{c}), {c})"
+        if self.dirs == 1 or self.funcs[0][k] == self.funcs[1][k]:
+            return f"{self.funcs[0][k]}({arg})"
+        return f"(d ? {self.funcs[1][k]}({arg}) : {self.funcs[0][k]}({arg}))"
+
+
+def _rnn_cell_c(w, act, H, GH, rt, rb, P, lbr) -> None:
+    w.emit(f"        for (int64_t i = 0; i < {H}; ++i) h[i] = {act(0, 'g[i] + rec[i]')};")
+
+
+def _gru_cell_c(w, act, H, GH, rt, rb, P, lbr) -> None:
+    """Gates z, r, h (ONNX order); without ``linear_before_reset`` the h gate's product reads
+    ``r * h``, so it runs after r."""
+    w.emit(f"        for (int64_t i = 0; i < {H}; ++i) {{")
+    w.emit(f"            tmp[i] = {act(0, 'g[i] + rec[i]')};                       /* z */")
+    w.emit(f"            tmp[{H} + i] = {act(0, f'g[{H} + i] + rec[{H} + i]')};   /* r */")
+    w.emit("        }")
+    if lbr:
+        n = act(1, f"g[{2 * H} + i] + tmp[{H} + i] * rec[{2 * H} + i]")
+    else:
+        w.emit(f"        for (int64_t i = 0; i < {H}; ++i) tmp[{2 * H} + i] = tmp[{H} + i] * h[i];   /* r * h */")
+        w.emit(f"        {{ const float *restrict rh = tmp + {2 * H};")
+        _recurrent_product(w, rt, rb, H, GH, rows_from=2 * H, rows_to=GH, vec="rh")
+        w.emit("        }")
+        n = act(1, f"g[{2 * H} + i] + rec[{2 * H} + i]")
+    w.emit(f"        for (int64_t i = 0; i < {H}; ++i) {{")
+    w.emit(f"            const float n = {n};")
+    w.emit("            h[i] = (1.0f - tmp[i]) * n + tmp[i] * h[i];")
+    w.emit("        }")
+
+
+def _lstm_cell_c(w, act, H, GH, rt, rb, P, lbr) -> None:
+    """Gates i, o, f, c (ONNX order); peepholes ``P`` (i, o, f) read the previous cell state for
+    i and f, the new one for o."""
+    def peep(k, cell):
+        return f" + {P.at(f'd * {3 * H} + {k * H} + i')} * {cell}" if P else ""
+    pi, po, pf = peep(0, "c[i]"), peep(1, "cn"), peep(2, "c[i]")
+    w.emit(f"        for (int64_t i = 0; i < {H}; ++i) {{")
+    w.emit(f"            const float ig = {act(0, 'g[i] + rec[i]' + pi)};")
+    if w.attr("input_forget", 0):
+        w.emit("            const float fg = 1.0f - ig;")
+    else:
+        w.emit(f"            const float fg = {act(0, f'g[{2 * H} + i] + rec[{2 * H} + i]' + pf)};")
+    w.emit(f"            const float cn = fg * c[i] + ig * {act(1, f'g[{3 * H} + i] + rec[{3 * H} + i]')};")
+    w.emit(f"            const float og = {act(0, f'g[{H} + i] + rec[{H} + i]' + po)};")
+    w.emit(f"            h[i] = og * {act(2, 'cn', clipped=False)};   /* the cell state unclipped, as onnxruntime */")
+    w.emit("            c[i] = cn;")
+    w.emit("        }")
+
+
+_CELL_C = {"RNN": _rnn_cell_c, "GRU": _gru_cell_c, "LSTM": _lstm_cell_c}
+
+for _op in CELLS:
+    register(OpDef(_op, FusionClass.OPAQUE, recurrent_shape, recurrent_ref, arity=(3, 8 if _op == "LSTM" else 6),
+                   c_kernel=recurrent_c))
+
+__all__ = ["ACTIVATIONS", "ACTIVATIONS_C", "CELLS", "activation_specs", "recurrent_c", "recurrent_ref",
+           "recurrent_shape"]
