@@ -28,7 +28,7 @@ import numpy as np
 import sympy
 
 from tscomp.codegen.c_expr import (PRELUDE, CPrinter, IndexContext, c_literal, c_symbol_name, compose, delinearize,
-                                   linearize)
+                                   linearize, math_helpers)
 from tscomp.codegen.cpu_groups import CompiledGroup, IndexCheck, KernelArg, KernelSource
 from tscomp.codegen.native import refusals_name_group
 from tscomp.errors import UnsupportedOperatorError
@@ -385,7 +385,7 @@ def _source(w: IndexKernelWriter) -> KernelSource:
     params = [f"const {w._ctype(a.dtype)}* restrict {a.cname}" if a.role == "input" else
               f"{w._ctype(a.dtype)}* restrict {a.cname}" if a.role == "output" else f"int64_t {a.cname}"
               for a in args]
-    prelude = PRELUDE
+    prelude = PRELUDE + math_helpers("\n".join(w.statics + w.lines))   # vectorizable expf/tanhf if called
     if w.index_checks:
         prelude = "#define TSCOMP_ERR_RECORD tscomp_err\n" + prelude
         params.append("int64_t* restrict tscomp_err")

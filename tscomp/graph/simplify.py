@@ -29,6 +29,11 @@
   axis after the second) with ``C/G`` an axis of its own, and the row family compiles the group.
 * **Einsum as MatMul**: a two-operand contraction becomes view operators around one MatMul
   (:mod:`tscomp.graph.einsum`), which the GEMM families compile.
+* **Recurrences as projections**: an RNN / GRU / LSTM with constant weights becomes the MatMul of
+  every step's input projection ``X Wᵀ`` plus the biases that can join it, then the internal
+  ``tscomp.Recurrence`` op over those projections and ``Rᵀ`` (transposed here, once)
+  (:mod:`tscomp.graph.ops.recurrent`): the GEMM family computes the projections of all steps at
+  once, the recurrence kernel only what must run step by step.
 * **Dead-node elimination**.
 
 Compound operators: LayerNormalization, Softmax and Gelu are *kept* as
@@ -57,6 +62,7 @@ class SimplifyReport:
     pads_folded: int = 0
     batch_norms_as_affine: int = 0
     einsums_lowered: int = 0
+    recurrences_split: int = 0
     group_norm_rows: int = 0
     unit_softmaxes: int = 0
     dead_removed: int = 0
@@ -65,7 +71,8 @@ class SimplifyReport:
         return (f"folded {self.folded} constant/shape nodes, removed {self.pass_through_removed} "
                 f"Identity/Dropout, folded {self.pads_folded} Pads into Convs, rewrote {self.batch_norms_as_affine} "
                 f"BatchNormalizations as Mul + Add, {self.einsums_lowered} Einsums as MatMuls and "
-                f"{self.unit_softmaxes} one-element Softmaxes as x * 0 + 1, kept the channel axis in "
+                f"{self.unit_softmaxes} one-element Softmaxes as x * 0 + 1, split {self.recurrences_split} "
+                f"recurrences into projections + recurrence, kept the channel axis in "
                 f"{self.group_norm_rows} GroupNorm rows, "
                 f"{self.dead_removed} dead nodes")
 
@@ -78,6 +85,7 @@ def simplify(graph: Graph) -> SimplifyReport:
     report.batch_norms_as_affine = batch_norms_as_affine(graph)
     report.einsums_lowered = lower_einsums(graph)
     report.unit_softmaxes = unit_softmaxes(graph)
+    report.recurrences_split = recurrences_as_projections(graph)
     report.group_norm_rows = group_norm_rows(graph)
     report.dead_removed = eliminate_dead_nodes(graph)
     release_unused_constants(graph)
@@ -169,6 +177,66 @@ def batch_norms_as_affine(graph: Graph) -> int:
         rewritten += 1
     graph.nodes = nodes
     return rewritten
+
+
+def recurrences_as_projections(graph: Graph) -> int:
+    """Split every RNN / GRU / LSTM whose W, R (and B) are constants into ``MatMul(X, W_all)``
+    (``W_all`` ``[input, dirs * gates * hidden]``: every direction's Wᵀ side by side), ``Add`` of
+    the bias that can join the projections (Wb + Rb; GRU's h-gate Rb under ``linear_before_reset``
+    multiplies with r and stays with the recurrence) and ``tscomp.Recurrence`` over the projections
+    and ``Rᵀ`` ``[dirs, hidden, gates * hidden]``."""
+    rewritten = 0
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        split = _recurrence_split(graph, node)
+        if split is None:
+            nodes.append(node)
+            continue
+        nodes += split
+        rewritten += 1
+    graph.nodes = nodes
+    return rewritten
+
+
+def _recurrence_split(graph: Graph, node: Node) -> list[Node] | None:
+    from tscomp.graph.ops.recurrent import CELLS, RECURRENCE
+    if node.op_type not in CELLS or node.domain:
+        return None
+    ins = list(node.inputs) + [""] * (8 - len(node.inputs))
+    consts = [graph.values[i].const if i else None for i in ins[1:4]]
+    x = graph.values[ins[0]]
+    if consts[0] is None or consts[1] is None or (ins[3] and consts[2] is None) or x.dtype != np.float32 \
+            or x.shape is None or len(x.shape) != 3:
+        return None
+    gates = CELLS[node.op_type][0]
+    W, R = (np.asarray(c, np.float32) for c in consts[:2])
+    dirs, rows, hidden = R.shape
+    B = np.asarray(consts[2], np.float32) if ins[3] else np.zeros((dirs, 2 * rows), np.float32)
+    wb, rb = B[:, :rows], B[:, rows:].copy()
+    lbr = node.op_type == "GRU" and bool(node.attrs.get("linear_before_reset", 0))
+    kept = rb[:, 2 * hidden:].copy() if lbr else None       # r * (R_h h + Rb_h): stays with the recurrence
+    if lbr:
+        rb[:, 2 * hidden:] = 0
+    stem = node.name
+    w_all = graph.add_value(f"{stem}/projection_weight", np.float32, (W.shape[2], dirs * rows),
+                            np.ascontiguousarray(W.transpose(2, 0, 1).reshape(W.shape[2], dirs * rows)))
+    proj_shape = (x.shape[0], x.shape[1], sympy.Integer(dirs * rows))
+    raw = graph.add_value(f"{stem}/projections_unbiased", np.float32, proj_shape)
+    out = [Node(f"{stem}/projection", "MatMul", [ins[0], w_all], [raw])]
+    proj = raw
+    bias = (wb + rb).reshape(-1)
+    if bias.any():
+        b = graph.add_value(f"{stem}/projection_bias", np.float32, (dirs * rows,), bias)
+        proj = graph.add_value(f"{stem}/projections", np.float32, proj_shape)
+        out.append(Node(f"{stem}/projection_bias_add", "Add", [raw, b], [proj]))
+    rt = graph.add_value(f"{stem}/recurrent_weight_t", np.float32, (dirs, hidden, rows),
+                         np.ascontiguousarray(R.transpose(0, 2, 1)))
+    rbk = graph.add_value(f"{stem}/recurrent_bias", np.float32, (dirs, hidden), kept) if lbr and kept.any() else ""
+    attrs = {k: v for k, v in node.attrs.items() if k != "hidden_size"}
+    attrs.update(cell=node.op_type, hidden_size=int(hidden))
+    out.append(Node(stem, RECURRENCE[1], [proj, rt, rbk, *ins[4:8 if node.op_type == "LSTM" else 6]],
+                    list(node.outputs), attrs, RECURRENCE[0]))
+    return out
 
 
 def unit_softmaxes(graph: Graph) -> int:

@@ -2,14 +2,16 @@
 export as these, with both exporters).
 
 What the registry gives them is the symbolic shape rule -- the sequence length and batch stay
-symbols, the hidden size is the ``hidden_size`` attribute --, a numpy reference of the ONNX
-equations, and a C kernel (:func:`recurrent_c`, the index family's writer: one kernel serves every
-sequence length and batch). The kernel first computes every step's input projection ``W x_t + Wb``
-(independent: in parallel over directions, batch entries and steps), then runs each (direction,
-batch entry) recurrence in order, in parallel with the others: per step the recurrent product
-``R h + Rb`` and the cell's gate equations. Both products are written as rank-1 updates over the
-transposed weights (``acc[:] += Rᵀ[k, :] * h[k]``), so they vectorize along the gate rows with no
-horizontal sums; the transposes are made once per call.
+symbols, the hidden size is the ``hidden_size`` attribute -- and a numpy reference of the ONNX
+equations. With constant weights (every exported model), the graph stage
+(:func:`tscomp.graph.simplify.recurrences_as_projections`) splits each into what it is: the input
+projections of every step, ``X Wᵀ + Wb (+ Rb)``, one MatMul the GEMM family compiles; and the
+recurrence itself, the internal op ``tscomp.Recurrence`` (:data:`RECURRENCE`), which reads those
+projections and the recurrent weight transposed at compile time (``Rᵀ``: per step, ``R h`` is a sum
+of rank-1 updates along the gate rows, held in registers a block of rows at a time, no horizontal
+sums) and runs as a C kernel of the index family (:func:`recurrence_c`): each (direction, batch
+entry) recurrence in order over its steps, in parallel with the others, the gate equations in
+vectorized loops.
 
 The reference follows the operator definitions: gates in ONNX order (RNN ``i``; GRU ``z, r, h``;
 LSTM ``i, o, f, c``), ``direction`` forward / reverse / bidirectional, ``layout`` 0 (``[seq, batch,
@@ -48,17 +50,19 @@ ACTIVATIONS: dict[str, tuple[Callable, float | None, float | None]] = {
     "Softplus": (lambda x, a, b: np.logaddexp(0, x), None, None),
 }
 
-#: the same functions as C expressions of a float ``x`` (``a``, ``b``: alpha and beta literals)
+#: the same functions as C expressions of a float ``x`` (``a``, ``b``: alpha and beta literals), in
+#: selects and ``expf`` so that a loop over them vectorizes (tanh as ``1 - 2 / (1 + e^2x)``, within
+#: 2e-7 of tanhf: GCC left a loop over the rational ``ts_tanhf`` scalar, its division not speculated)
 ACTIVATIONS_C: dict[str, str] = {
     "Sigmoid": "1.0f / (1.0f + expf(-x))",
-    "Tanh": "tanhf(x)",
+    "Tanh": "(1.0f - 2.0f / (1.0f + expf(2.0f * x)))",
     "Relu": "(x > 0.0f ? x : 0.0f)",
     "Affine": "{a} * x + {b}",
     "LeakyRelu": "(x >= 0.0f ? x : {a} * x)",
     "ThresholdedRelu": "(x > {a} ? x : 0.0f)",
-    "ScaledTanh": "{a} * tanhf({b} * x)",
-    "HardSigmoid": "fminf(fmaxf({a} * x + {b}, 0.0f), 1.0f)",
-    "Elu": "(x >= 0.0f ? x : {a} * expm1f(x))",
+    "ScaledTanh": "{a} * (1.0f - 2.0f / (1.0f + expf(2.0f * {b} * x)))",
+    "HardSigmoid": "({a} * x + {b} < 0.0f ? 0.0f : ({a} * x + {b} > 1.0f ? 1.0f : {a} * x + {b}))",
+    "Elu": "(x >= 0.0f ? x : {a} * (expf(x) - 1.0f))",
     "Softsign": "x / (1.0f + fabsf(x))",
     "Softplus": "(x > 0.0f ? x + log1pf(expf(-x)) : log1pf(expf(x)))",
 }
@@ -90,12 +94,35 @@ def recurrent_shape(ctx: ShapeContext) -> None:
     layout = int(ctx.attr("layout", 0))
     seq, batch = (x[1], x[0]) if layout else (x[0], x[1])
     ctx.unify(w[2], x[2], "W's columns and X's input size")
+    _set_outputs(ctx, seq, batch, dirs, hidden, states, layout)
+
+
+def _set_outputs(ctx: ShapeContext, seq, batch, dirs: int, hidden: int, states: int, layout: int) -> None:
     h = sympy.Integer(hidden)
     y = [batch, seq, dirs, h] if layout else [seq, dirs, batch, h]
     state = [batch, dirs, h] if layout else [dirs, batch, h]
     for k, shape in enumerate([y] + [state] * states):
         if k < ctx.num_outputs:
             ctx.set_output(k, ctx.dtype(0), shape)
+
+
+def recurrence_shape(ctx: ShapeContext) -> None:
+    """``tscomp.Recurrence``: the projections ``[seq, batch, dirs * gates * hidden]`` (layout 1:
+    ``[batch, seq, ...]``), ``Rᵀ`` ``[dirs, hidden, gates * hidden]``; outputs as the ONNX op's."""
+    cell = ctx.attr("cell")
+    if cell not in CELLS:
+        ctx.fail(f"cell {cell!r} is not one of {', '.join(CELLS)}")
+    gates, _, states = CELLS[cell]
+    dirs = _directions(ctx.attr("direction", "forward"), ctx.fail)
+    hidden, layout = int(ctx.attr("hidden_size")), int(ctx.attr("layout", 0))
+    g = ctx.shape(0)
+    if len(g) != 3:
+        ctx.fail(f"the projections must be 3-d, got rank {len(g)}")
+    ctx.unify(g[2], dirs * gates * hidden, "the projections' last axis (directions x gates x hidden)")
+    for a, b, what in zip(ctx.shape(1), (dirs, hidden, gates * hidden), ("directions", "hidden", "gate rows")):
+        ctx.unify(a, b, f"R transposed: {what}")
+    seq, batch = (g[1], g[0]) if layout else (g[0], g[1])
+    _set_outputs(ctx, seq, batch, dirs, hidden, states, layout)
 
 
 def activation_specs(attr, op_type: str, defaults: tuple[str, ...], dirs: int, fail) -> list[list[tuple]]:
@@ -128,18 +155,43 @@ def _activations(call: OpCall, defaults: tuple[str, ...], dirs: int) -> list[lis
 
 
 def recurrent_ref(call: OpCall, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None):
-    op = call.op_type
-    gates, defaults, states = CELLS[op]
+    gates = CELLS[call.op_type][0]
+    dirs = 2 if call.attr("direction", "forward") == "bidirectional" else 1
+    x = np.swapaxes(X, 0, 1) if int(call.attr("layout", 0)) else X                 # [seq, batch, input]
+    hidden = R.shape[-1]
+    if B is None:
+        B = np.zeros((dirs, 2 * gates * hidden), X.dtype)
+    proj = np.stack([x @ W[d].T + B[d][:gates * hidden] for d in range(dirs)], axis=2)   # [seq, batch, dirs, GH]
+    rb = np.stack([B[d][gates * hidden:] for d in range(dirs)])
+    return _recurrences(call, call.op_type, proj.astype(X.dtype), R, rb, sequence_lens, initial_h, initial_c, P)
+
+
+def recurrence_ref(call: OpCall, proj, Rt, Rb=None, sequence_lens=None, initial_h=None, initial_c=None, P=None):
+    """``tscomp.Recurrence``: ``Rb`` is the recurrent bias that cannot join the projections (GRU's
+    h gate with ``linear_before_reset``: ``[dirs, hidden]``), absent otherwise."""
+    cell = call.attr("cell")
+    gates = CELLS[cell][0]
+    dirs = 2 if call.attr("direction", "forward") == "bidirectional" else 1
+    g = np.swapaxes(proj, 0, 1) if int(call.attr("layout", 0)) else proj
+    hidden = Rt.shape[1]
+    rb = np.zeros((dirs, gates * hidden), proj.dtype)
+    if Rb is not None:
+        rb[:, (gates - 1) * hidden:] = Rb
+    return _recurrences(call, cell, g.reshape(*g.shape[:2], dirs, gates * hidden), np.swapaxes(Rt, 1, 2), rb,
+                        sequence_lens, initial_h, initial_c, P)
+
+
+def _recurrences(call: OpCall, cell: str, proj, R, rb, sequence_lens, initial_h, initial_c, P):
+    """The recurrences over ``proj`` ``[seq, batch, dirs, gates * hidden]`` (each step's input
+    projection with its bias), ``R`` ``[dirs, gates * hidden, hidden]`` and the recurrent bias."""
+    _, defaults, states = CELLS[cell]
     direction = call.attr("direction", "forward")
     dirs = 2 if direction == "bidirectional" else 1
     layout = int(call.attr("layout", 0))
-    x = np.swapaxes(X, 0, 1) if layout else X                 # [seq, batch, input]
-    seq, batch = x.shape[:2]
+    seq, batch = proj.shape[:2]
     hidden = R.shape[-1]
-    dtype = X.dtype
+    dtype = proj.dtype
     lens = np.full(batch, seq, np.int64) if sequence_lens is None else np.asarray(sequence_lens, np.int64)
-    if B is None:
-        B = np.zeros((dirs, 2 * gates * hidden), dtype)
     h0 = np.zeros((dirs, batch, hidden), dtype) if initial_h is None else \
         (np.swapaxes(initial_h, 0, 1) if layout else initial_h)
     c0 = np.zeros((dirs, batch, hidden), dtype) if initial_c is None else \
@@ -148,18 +200,16 @@ def recurrent_ref(call: OpCall, X, W, R, B=None, sequence_lens=None, initial_h=N
     clip = call.attr("clip")
     y = np.zeros((seq, dirs, batch, hidden), dtype)
     y_h, y_c = np.zeros((dirs, batch, hidden), dtype), np.zeros((dirs, batch, hidden), dtype)
+    step = _CELL_STEPS[cell]
     for d in range(dirs):
         reverse = direction == "reverse" or d == 1
-        step = _CELL_STEPS[op]
         h, c = h0[d].astype(dtype), c0[d].astype(dtype)
-        wb, rb = B[d][:gates * hidden], B[d][gates * hidden:]
         p = None if P is None else P[d]
         for t in range(seq):
             active = t < lens                                   # batch entries still in their sequence
             pos = np.where(reverse, lens - 1 - t, t)             # each entry's own step
-            xt = x[np.clip(pos, 0, seq - 1), np.arange(batch)]
-            gx = xt @ W[d].T + wb
-            h_new, c_new = step(gx, h, c, R[d], rb, p, acts[d], clip, call, hidden)
+            gx = proj[np.clip(pos, 0, seq - 1), np.arange(batch), d]
+            h_new, c_new = step(gx, h, c, R[d], rb[d], p, acts[d], clip, call, hidden)
             h = np.where(active[:, None], h_new, h).astype(dtype)
             c = np.where(active[:, None], c_new, c).astype(dtype)
             rows = np.nonzero(active)[0]
@@ -208,14 +258,17 @@ def _lstm_step(gx, h, c, R, rb, p, acts, clip, call, hidden):
 _CELL_STEPS = {"RNN": _rnn_step, "GRU": _gru_step, "LSTM": _lstm_step}
 
 
-# =========================================================================== C kernel
+# =========================================================================== tscomp.Recurrence
+#: the internal recurrence op (domain, op type) the graph stage splits RNN / GRU / LSTM into
+RECURRENCE = ("tscomp", "Recurrence")
+
 def _c_float(v) -> str:
     return f"{float(v)!r}f" if math.isfinite(float(v)) else ("INFINITY" if v > 0 else "-INFINITY")
 
 
 def _activation_functions(w, specs: list[list[tuple]]) -> list[list[str]]:
-    """Per direction, the C function name of each of its activations (one static inline function
-    per distinct activation and parameters)."""
+    """Per direction, the C function of each of its activations (one vectorizable static function
+    per distinct activation and parameters; ``expf``/``tanhf`` become the vectorizable helpers)."""
     names, made = [], {}
     for per in specs:
         row = []
@@ -225,10 +278,58 @@ def _activation_functions(w, specs: list[list[tuple]]) -> list[list[str]]:
                 made[key] = f"ts_act{len(made)}"
                 body = ACTIVATIONS_C[name].format(a=_c_float(a if a is not None else 0),
                                                   b=_c_float(b if b is not None else 0))
-                w.statics.append(f"static inline float {made[key]}(float x) {{ return {body}; }}  /* {name} */")
+                w.statics += ["#pragma omp declare simd notinbranch",
+                              f"static inline float {made[key]}(float x) {{ return {body}; }}  /* {name} */"]
             row.append(made[key])
         names.append(row)
     return names
+
+
+#: the recurrent product, ``out[j] = sum_k rt[k * ld + j] * v[k]`` for ``n`` gate rows: blocks of
+#: 128, 64 and 16 rows whose accumulators stay in registers over the whole sum (128 rows: 8 AVX-512
+#: accumulators, enough independent FMA chains to issue two a cycle; fmaf: -std=c11 does not
+#: contract a * b + c), then the last rows
+PRODUCT_HELPER = """\
+#define TS_PRODUCT_BLOCK(ROWS) \\
+static inline void ts_product##ROWS(float *restrict out, const float *restrict rt, const float *restrict v, \\
+                                   int64_t K, int64_t ld) \\
+{ \\
+    float acc[ROWS]; \\
+    _Pragma("omp simd") for (int j = 0; j < ROWS; ++j) acc[j] = 0.0f; \\
+    for (int64_t k = 0; k < K; ++k) { \\
+        const float vk = v[k]; \\
+        const float *restrict r = rt + k * ld; \\
+        _Pragma("omp simd") for (int j = 0; j < ROWS; ++j) acc[j] = fmaf(r[j], vk, acc[j]); \\
+    } \\
+    _Pragma("omp simd") for (int j = 0; j < ROWS; ++j) out[j] = acc[j]; \\
+}
+TS_PRODUCT_BLOCK(128)
+TS_PRODUCT_BLOCK(64)
+TS_PRODUCT_BLOCK(16)
+static void ts_product(float *restrict out, const float *restrict rt, const float *restrict v, int64_t K,
+                       int64_t ld, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + 128 <= n; j += 128) ts_product128(out + j, rt + j, v, K, ld);
+    for (; j + 64 <= n; j += 64) ts_product64(out + j, rt + j, v, K, ld);
+    for (; j + 16 <= n; j += 16) ts_product16(out + j, rt + j, v, K, ld);
+    if (j < n) {
+        for (int64_t q = j; q < n; ++q) out[q] = 0.0f;
+        for (int64_t k = 0; k < K; ++k) {
+            const float vk = v[k];
+            const float *restrict r = rt + k * ld;
+            #pragma omp simd
+            for (int64_t q = j; q < n; ++q) out[q] = fmaf(r[q], vk, out[q]);
+        }
+    }
+}"""
+
+#: hidden units a thread of a split recurrence owns are whole multiples of this (one vector)
+SPLIT_CHUNK = 16
+#: multiply-adds per step of the recurrent product from which the team splits a recurrence (its
+#: barrier per step, ~1 us on 2 cores, then costs less than the product's half: LSTM hidden 256 is
+#: 262,144; a GRU of hidden 128, 49,152, runs on one thread)
+SPLIT_MIN_MACS = 1 << 17
 
 
 def _const_int(w, d, what: str) -> int:
@@ -236,100 +337,6 @@ def _const_int(w, d, what: str) -> int:
     if not d.is_Integer:
         w.fail(f"{what} is not a constant ({d})")
     return int(d)
-
-
-def recurrent_c(w) -> None:
-    """RNN / GRU / LSTM as one C kernel (see the module docstring): float32, any direction,
-    layout, optional biases, sequence lengths (checked to lie in [0, seq]), initial states,
-    peepholes, ``input_forget``, ``linear_before_reset``, ``clip`` and activation list."""
-    op = w.op_type
-    gates, defaults, _ = CELLS[op]
-    x = w.arg(0)
-    if x.ctype != "float":
-        w.fail(f"element type {x.dtype}: the recurrent C kernel computes in float32")
-    direction = w.attr("direction", "forward")
-    dirs = _directions(direction, w.fail)
-    layout = int(w.attr("layout", 0))
-    W, R = w.arg(1), w.arg(2)
-    H = _const_int(w, R.shape[-1], "the hidden size (R's last axis)")
-    GH, I = gates * H, w.c(x.shape[2])
-    S, NB = (w.c(x.shape[1]), w.c(x.shape[0])) if layout else (w.c(x.shape[0]), w.c(x.shape[1]))
-    funcs = _activation_functions(w, activation_specs(w.attr, op, defaults, dirs, w.fail))
-    clip = w.attr("clip")
-    lbr = bool(w.attr("linear_before_reset", 0))
-    act = _Acts(funcs, dirs, clip)
-    B = w.arg(3) if w.has_arg(3) else None
-    lens = w.arg(4) if w.has_arg(4) else None
-    h0 = w.arg(5) if w.has_arg(5) else None
-    c0 = w.arg(6) if op == "LSTM" and w.has_arg(6) else None
-    P = w.arg(7) if op == "LSTM" and w.has_arg(7) else None
-    reverse = {"forward": "0", "reverse": "1", "bidirectional": "(d == 1)"}[direction]
-    w.emit(f"/* {op} {direction}, layout {layout}: [{dirs} x {NB}] recurrences of up to {S} steps, hidden {H}, "
-           f"{gates} gate(s) per step; every step's input projection first, then each recurrence in order */")
-    wt, rt = w.scratch("wt", "float", f"{dirs} * ({I}) * {GH}"), w.scratch("rt", "float", f"{dirs * H * GH}")
-    gx = w.scratch("gx", "float", f"{dirs} * ({NB}) * ({S}) * {GH}")
-    st = w.scratch("st", "float", f"{dirs} * ({NB}) * {2 * H + 2 * GH}")
-    w.emit("/* the weights transposed: each product a sum of rank-1 updates along the gate rows */")
-    w.parallel_for([("d", str(dirs)), ("j", str(GH))], work=f"{dirs * GH} * (({I}) + {H})")
-    w.emit(f"    for (int64_t k = 0; k < {I}; ++k) {wt}[(d * ({I}) + k) * {GH} + j] = {W.at(f'(d * {GH} + j) * ({I}) + k')};")
-    w.emit(f"    for (int64_t k = 0; k < {H}; ++k) {rt}[(d * {H} + k) * {GH} + j] = {R.at(f'(d * {GH} + j) * {H} + k')};")
-    w.emit("}")
-    x_row = f"(b * ({S}) + t)" if layout else f"(t * ({NB}) + b)"
-    w.emit("/* input projections W x_t + Wb of every step: independent */")
-    w.parallel_for([("d", str(dirs)), ("b", NB), ("t", S)], work=f"{dirs} * ({NB}) * ({S}) * {GH} * ({I})")
-    w.emit(f"    float *restrict g = {gx} + ((d * ({NB}) + b) * ({S}) + t) * {GH};")
-    w.emit(f"    const float *restrict xt = &{x.at(f'{x_row} * ({I})')};")
-    w.emit(f"    for (int64_t j = 0; j < {GH}; ++j) g[j] = {B.at(f'd * {2 * GH} + j') if B else '0.0f'};")
-    w.emit(f"    for (int64_t k = 0; k < {I}; ++k) {{")
-    w.emit(f"        const float xk = xt[k]; const float *restrict wk = {wt} + (d * ({I}) + k) * {GH};")
-    w.emit("        #pragma omp simd")
-    w.emit(f"        for (int64_t j = 0; j < {GH}; ++j) g[j] += wk[j] * xk;")
-    w.emit("    }")
-    w.emit("}")
-    y = w.out(0) if w.has_out(0) else None
-    yh = w.out(1) if w.has_out(1) else None
-    yc = w.out(2) if op == "LSTM" and w.has_out(2) else None
-    state = f"(b * {dirs} + d) * {H}" if layout else f"(d * ({NB}) + b) * {H}"
-    y_at = (lambda t: f"((b * ({S}) + {t}) * {dirs} + d) * {H}") if layout else \
-           (lambda t: f"(({t} * {dirs} + d) * ({NB}) + b) * {H}")
-    w.emit("/* the recurrences: each (direction, batch entry) in order over its steps */")
-    w.parallel_for([("d", str(dirs)), ("b", NB)], work=f"{dirs} * ({NB}) * ({S}) * {GH} * {H}", min_work=0)
-    w.emit(f"    float *restrict h = {st} + (d * ({NB}) + b) * {2 * H + 2 * GH}, *restrict c = h + {H};")
-    w.emit(f"    float *restrict rec = c + {H}, *restrict tmp = rec + {GH};")
-    n = w.count_check(lens.at("b"), S, 4, "b") if lens else S
-    w.emit(f"    const int64_t len = {n};")
-    w.emit(f"    const int reverse = {reverse};")
-    w.emit(f"    for (int64_t i = 0; i < {H}; ++i) {{")
-    w.emit(f"        h[i] = {h0.at(f'{state} + i') if h0 else '0.0f'};")
-    w.emit(f"        c[i] = {c0.at(f'{state} + i') if c0 else '0.0f'};")
-    w.emit("    }")
-    if y:
-        w.emit(f"    for (int64_t t = len; t < {S}; ++t)     /* steps past the entry's length: zeros */")
-        w.emit(f"        for (int64_t i = 0; i < {H}; ++i) {y.at(y_at('t') + ' + i')} = 0.0f;")
-    w.emit("    for (int64_t t = 0; t < len; ++t) {")
-    w.emit("        const int64_t pos = reverse ? len - 1 - t : t;")
-    w.emit(f"        const float *restrict g = {gx} + ((d * ({NB}) + b) * ({S}) + pos) * {GH};")
-    rb = (lambda j: B.at(f"d * {2 * GH} + {GH} + {j}")) if B else (lambda j: "0.0f")
-    rows = 2 * H if op == "GRU" and not lbr else GH     # GRU's h gate reads r * h: a second product
-    _recurrent_product(w, rt, rb, H, GH, rows_from=0, rows_to=rows, vec="h")
-    _CELL_C[op](w, act, H, GH, rt, rb, P, lbr)
-    if y:
-        w.emit(f"        for (int64_t i = 0; i < {H}; ++i) {y.at(y_at('pos') + ' + i')} = h[i];")
-    w.emit("    }")
-    for out, v in ((yh, "h"), (yc, "c")):
-        if out:
-            w.emit(f"    for (int64_t i = 0; i < {H}; ++i) {out.at(f'{state} + i')} = {v}[i];")
-    w.emit("}")
-
-
-def _recurrent_product(w, rt: str, rb, H: int, GH: int, rows_from: int, rows_to: int, vec: str) -> None:
-    """``rec[j] = Rb[j] + sum_k R[j, k] * vec[k]`` for gate rows ``[rows_from, rows_to)``."""
-    w.emit(f"        for (int64_t j = {rows_from}; j < {rows_to}; ++j) rec[j] = {rb('j')};")
-    w.emit(f"        for (int64_t k = 0; k < {H}; ++k) {{")
-    w.emit(f"            const float vk = {vec}[k]; const float *restrict rk = {rt} + (d * {H} + k) * {GH};")
-    w.emit("            #pragma omp simd")
-    w.emit(f"            for (int64_t j = {rows_from}; j < {rows_to}; ++j) rec[j] += rk[j] * vk;")
-    w.emit("        }")
 
 
 class _Acts:
@@ -340,62 +347,184 @@ class _Acts:
 
     def __call__(self, k: int, arg: str, clipped: bool = True) -> str:
         if self.clip is not None and clipped:
-            c = _c_float(self.clip)
-            arg = f"fminf(fmaxf({arg}, -{c}), {c})"
+            arg = f"ts_clip({arg})"
         if self.dirs == 1 or self.funcs[0][k] == self.funcs[1][k]:
             return f"{self.funcs[0][k]}({arg})"
         return f"(d ? {self.funcs[1][k]}({arg}) : {self.funcs[0][k]}({arg}))"
 
 
-def _rnn_cell_c(w, act, H, GH, rt, rb, P, lbr) -> None:
-    w.emit(f"        for (int64_t i = 0; i < {H}; ++i) h[i] = {act(0, 'g[i] + rec[i]')};")
+class _Step:
+    """What one step's code needs: the hidden range it updates (``lo``..``hi``, C), the state it
+    reads and the one it writes (the same array when one thread runs the recurrence; two that
+    alternate when the team splits it, so no thread overwrites what another still reads), and the
+    barrier between a GRU's r gate and the product that reads ``r * h`` (None: one thread)."""
+
+    def __init__(self, lo: str, hi: str, h_in: str, h_out: str, barrier: str | None):
+        self.lo, self.hi, self.h_in, self.h_out, self.barrier = lo, hi, h_in, h_out, barrier
 
 
-def _gru_cell_c(w, act, H, GH, rt, rb, P, lbr) -> None:
+def recurrence_c(w) -> None:
+    """``tscomp.Recurrence`` as one C kernel (see the module docstring): float32, any direction,
+    layout, recurrent bias, sequence lengths (checked to lie in [0, seq]), initial states,
+    peepholes, ``input_forget``, ``linear_before_reset``, ``clip`` and activation list.
+
+    A small recurrence (fewer multiply-adds per step than :data:`SPLIT_MIN_MACS`) runs whole on
+    one thread, the (direction, batch entry) recurrences in parallel. A large one is split among
+    the team by hidden unit, one recurrence after the other: a thread owns the gate rows of its
+    units (its part of ``Rᵀ`` stays in its own L2 cache from step to step, where a whole ``Rᵀ`` per
+    thread streamed from L3 every step: 1.4x onnxruntime at batch 4) and updates their state; one
+    barrier per step (two for a GRU without ``linear_before_reset``) publishes the new state."""
+    cell = w.attr("cell")
+    gates, defaults, _ = CELLS[cell]
+    proj, rt = w.arg(0), w.arg(1)
+    if proj.ctype != "float":
+        w.fail(f"element type {proj.dtype}: the recurrence C kernel computes in float32")
+    direction = w.attr("direction", "forward")
+    dirs = _directions(direction, w.fail)
+    layout = int(w.attr("layout", 0))
+    H = int(w.attr("hidden_size"))
+    GH = gates * H
+    S, NB = (w.c(proj.shape[1]), w.c(proj.shape[0])) if layout else (w.c(proj.shape[0]), w.c(proj.shape[1]))
+    act = _Acts(_activation_functions(w, activation_specs(w.attr, cell, defaults, dirs, w.fail)), dirs,
+                w.attr("clip"))
+    if act.clip is not None:       # selects, not fminf/fmaxf (libm calls that keep a loop scalar)
+        c = _c_float(act.clip)
+        w.statics += ["#pragma omp declare simd notinbranch",
+                      f"static inline float ts_clip(float x) {{ return x < -{c} ? -{c} : (x > {c} ? {c} : x); }}"]
+    w.statics.append(PRODUCT_HELPER)
+    ops = {"proj": proj, "rt": rt, "rb": w.arg(2) if w.has_arg(2) else None,
+           "lens": w.arg(3) if w.has_arg(3) else None, "h0": w.arg(4) if w.has_arg(4) else None,
+           "c0": w.arg(5) if cell == "LSTM" and w.has_arg(5) else None,
+           "P": w.arg(6) if cell == "LSTM" and w.has_arg(6) else None,
+           "y": w.out(0) if w.has_out(0) else None, "yh": w.out(1) if w.has_out(1) else None,
+           "yc": w.out(2) if cell == "LSTM" and w.has_out(2) else None}
+    geo = dict(cell=cell, H=H, GH=GH, S=S, NB=NB, dirs=dirs, layout=layout,
+               lbr=bool(w.attr("linear_before_reset", 0)),
+               reverse={"forward": "0", "reverse": "1"}.get(direction, "(d == 1)"))
+    st = w.scratch("st", "float", f"{dirs} * ({NB}) * {3 * H + 2 * GH}")
+    w.emit(f"/* {cell} {direction}, layout {layout}: [{dirs} x {NB}] recurrences of up to {S} steps, hidden {H}, "
+           f"{gates} gate(s); the input projections (+ biases) precomputed, R transposed [{dirs}][{H}][{GH}] */")
+    if GH * H < SPLIT_MIN_MACS:
+        w.emit("/* whole recurrences per thread */")
+        w.parallel_for([("d", str(dirs)), ("b", NB)], work=f"{dirs} * ({NB}) * ({S}) * {GH} * {H}", min_work=0)
+        _recurrence(w, act, ops, geo, st, _Step("0", str(H), "h", "h", None), "    ")
+        return
+    w.emit("/* one recurrence after the other, the team splitting each by hidden unit */")
+    w.emit(f"for (int64_t d = 0; d < {dirs}; ++d)")
+    w.emit(f"for (int64_t b = 0; b < {NB}; ++b)")
+    w.emit("#pragma omp parallel")
+    w.emit("{")
+    w.emit("    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();")
+    w.emit(f"    const int64_t chunks = ({H} + {SPLIT_CHUNK - 1}) / {SPLIT_CHUNK};")
+    w.emit(f"    const int64_t i0 = ts_min(chunks * tid / nt * {SPLIT_CHUNK}, {H}), "
+           f"i1 = ts_min(chunks * (tid + 1) / nt * {SPLIT_CHUNK}, {H});")
+    _recurrence(w, act, ops, geo, st, _Step("i0", "i1", "hc", "hn", "#pragma omp barrier"), "    ")
+
+
+def _recurrence(w, act, ops: dict, geo: dict, st: str, step: _Step, indent: str) -> None:
+    """One (direction ``d``, batch entry ``b``) recurrence, over hidden units ``step.lo..hi``."""
+    H, GH, S, NB, dirs = geo["H"], geo["GH"], geo["S"], geo["NB"], geo["dirs"]
+    cell, split = geo["cell"], step.barrier is not None
+    state = f"(b * {dirs} + d) * {H}" if geo["layout"] else f"(d * ({NB}) + b) * {H}"
+    row = f"(b * ({S}) + pos)" if geo["layout"] else f"(pos * ({NB}) + b)"
+    y_at = (lambda t: f"((b * ({S}) + {t}) * {dirs} + d) * {H}") if geo["layout"] else \
+        (lambda t: f"(({t} * {dirs} + d) * ({NB}) + b) * {H}")
+    lo, hi = step.lo, step.hi
+    lines = [f"float *restrict h = {st} + (d * ({NB}) + b) * {3 * H + 2 * GH}, *restrict c = h + {H};",
+             f"float *restrict h2 = c + {H}, *restrict rec = h2 + {H}, *restrict tmp = rec + {GH};",
+             f"const float *restrict rtd = &{ops['rt'].at(f'd * {H * GH}')};",
+             f"const int64_t len = {w.count_check(ops['lens'].at('b'), S, 3, 'b') if ops['lens'] else S};",
+             f"const int reverse = {geo['reverse']};",
+             f"for (int64_t i = {lo}; i < {hi}; ++i) {{",
+             f"    h[i] = {ops['h0'].at(f'{state} + i') if ops['h0'] else '0.0f'};",
+             f"    c[i] = {ops['c0'].at(f'{state} + i') if ops['c0'] else '0.0f'};",
+             "}"]
+    if ops["y"]:
+        lines += [f"for (int64_t t = len; t < {S}; ++t)     /* steps past the entry's length: zeros */",
+                  f"    for (int64_t i = {lo}; i < {hi}; ++i) {ops['y'].at(y_at('t') + ' + i')} = 0.0f;"]
+    if split:
+        lines += ["float *hc = h, *hn = h2;     /* the state read and the state written alternate */",
+                  step.barrier]
+    for line in lines:
+        w.emit(indent + line)
+    w.emit(indent + "for (int64_t t = 0; t < len; ++t) {")
+    w.emit(indent + "    const int64_t pos = reverse ? len - 1 - t : t;")
+    w.emit(indent + f"    const float *restrict g = &{ops['proj'].at(f'{row} * {dirs * GH} + d * {GH}')};")
+    product_gates = 2 if cell == "GRU" and not geo["lbr"] else GH // H     # GRU's h gate reads r * h
+    for k in range(product_gates):
+        w.emit(indent + f"    ts_product(rec + {k * H} + {lo}, rtd + {k * H} + {lo}, {step.h_in}, {H}, {GH}, {hi} - {lo});")
+    _CELL_C[cell](w, act, H, ops, geo, step, indent + "    ")
+    if ops["y"]:
+        w.emit(indent + f"    for (int64_t i = {lo}; i < {hi}; ++i) {ops['y'].at(y_at('pos') + ' + i')} = {step.h_out}[i];")
+    if split:
+        w.emit(indent + f"    {{ float *swap = hc; hc = hn; hn = swap; }}")
+        w.emit(indent + f"    {step.barrier}")
+    w.emit(indent + "}")
+    final = step.h_in if split else "h"      # after the swap, hc holds the last state
+    for out, v in ((ops["yh"], final), (ops["yc"], "c")):
+        if out:
+            w.emit(indent + f"for (int64_t i = {lo}; i < {hi}; ++i) {out.at(f'{state} + i')} = {v}[i];")
+    w.emit(indent[:-4] + "}")
+
+
+def _rnn_cell_c(w, act, H, ops, geo, step: _Step, ind: str) -> None:
+    _each(w, step, ind, f"{step.h_out}[i] = {act(0, 'g[i] + rec[i]')};")
+
+
+def _gru_cell_c(w, act, H, ops, geo, step: _Step, ind: str) -> None:
     """Gates z, r, h (ONNX order); without ``linear_before_reset`` the h gate's product reads
-    ``r * h``, so it runs after r."""
-    w.emit(f"        for (int64_t i = 0; i < {H}; ++i) {{")
-    w.emit(f"            tmp[i] = {act(0, 'g[i] + rec[i]')};                       /* z */")
-    w.emit(f"            tmp[{H} + i] = {act(0, f'g[{H} + i] + rec[{H} + i]')};   /* r */")
-    w.emit("        }")
-    if lbr:
-        n = act(1, f"g[{2 * H} + i] + tmp[{H} + i] * rec[{2 * H} + i]")
+    ``r * h`` of every unit, so it runs after r (behind a barrier when the team splits the
+    recurrence), its recurrent bias already in the projections. One activation per loop: GCC
+    if-converts a loop of one, not of several (the loop stayed scalar)."""
+    hin, hout, lo, hi = step.h_in, step.h_out, step.lo, step.hi
+    _each(w, step, ind, f"tmp[i] = {act(0, 'g[i] + rec[i]')};   /* z */")
+    r_h = "" if geo["lbr"] else f" tmp[{2 * H} + i] = tmp[{H} + i] * {hin}[i];   /* r * h */"
+    _each(w, step, ind, f"tmp[{H} + i] = {act(0, f'g[{H} + i] + rec[{H} + i]')};   /* r */" + r_h)
+    if geo["lbr"]:
+        rb = ops["rb"]
+        bias = f" + {rb.at(f'd * {H} + i')}" if rb else ""
+        n = act(1, f"g[{2 * H} + i] + tmp[{H} + i] * (rec[{2 * H} + i]{bias})")
     else:
-        w.emit(f"        for (int64_t i = 0; i < {H}; ++i) tmp[{2 * H} + i] = tmp[{H} + i] * h[i];   /* r * h */")
-        w.emit(f"        {{ const float *restrict rh = tmp + {2 * H};")
-        _recurrent_product(w, rt, rb, H, GH, rows_from=2 * H, rows_to=GH, vec="rh")
-        w.emit("        }")
+        if step.barrier:
+            w.emit(f"{ind}{step.barrier}")
+        w.emit(f"{ind}ts_product(rec + {2 * H} + {lo}, rtd + {2 * H} + {lo}, tmp + {2 * H}, {H}, {geo['GH']}, {hi} - {lo});")
         n = act(1, f"g[{2 * H} + i] + rec[{2 * H} + i]")
-    w.emit(f"        for (int64_t i = 0; i < {H}; ++i) {{")
-    w.emit(f"            const float n = {n};")
-    w.emit("            h[i] = (1.0f - tmp[i]) * n + tmp[i] * h[i];")
-    w.emit("        }")
+    # n over rec's h rows: only this thread reads them (other threads may still read r * h)
+    _each(w, step, ind, f"rec[{2 * H} + i] = {n};   /* n */")
+    _each(w, step, ind, f"{hout}[i] = (1.0f - tmp[i]) * rec[{2 * H} + i] + tmp[i] * {hin}[i];")
 
 
-def _lstm_cell_c(w, act, H, GH, rt, rb, P, lbr) -> None:
+def _lstm_cell_c(w, act, H, ops, geo, step: _Step, ind: str) -> None:
     """Gates i, o, f, c (ONNX order); peepholes ``P`` (i, o, f) read the previous cell state for
-    i and f, the new one for o."""
-    def peep(k, cell):
-        return f" + {P.at(f'd * {3 * H} + {k * H} + i')} * {cell}" if P else ""
-    pi, po, pf = peep(0, "c[i]"), peep(1, "cn"), peep(2, "c[i]")
-    w.emit(f"        for (int64_t i = 0; i < {H}; ++i) {{")
-    w.emit(f"            const float ig = {act(0, 'g[i] + rec[i]' + pi)};")
+    i and f, the new one for o. One activation per loop (see :func:`_gru_cell_c`)."""
+    P = ops["P"]
+
+    def peep(k):
+        return f" + {P.at(f'd * {3 * H} + {k * H} + i')} * c[i]" if P else ""
+    _each(w, step, ind, f"tmp[i] = {act(0, 'g[i] + rec[i]' + peep(0))};   /* i */")
     if w.attr("input_forget", 0):
-        w.emit("            const float fg = 1.0f - ig;")
+        _each(w, step, ind, f"tmp[{2 * H} + i] = 1.0f - tmp[i];   /* f: input_forget */")
     else:
-        w.emit(f"            const float fg = {act(0, f'g[{2 * H} + i] + rec[{2 * H} + i]' + pf)};")
-    w.emit(f"            const float cn = fg * c[i] + ig * {act(1, f'g[{3 * H} + i] + rec[{3 * H} + i]')};")
-    w.emit(f"            const float og = {act(0, f'g[{H} + i] + rec[{H} + i]' + po)};")
-    w.emit(f"            h[i] = og * {act(2, 'cn', clipped=False)};   /* the cell state unclipped, as onnxruntime */")
-    w.emit("            c[i] = cn;")
-    w.emit("        }")
+        _each(w, step, ind, f"tmp[{2 * H} + i] = {act(0, f'g[{2 * H} + i] + rec[{2 * H} + i]' + peep(2))};   /* f */")
+    _each(w, step, ind, f"tmp[{3 * H} + i] = {act(1, f'g[{3 * H} + i] + rec[{3 * H} + i]')};   /* candidate */")
+    _each(w, step, ind, f"c[i] = tmp[{2 * H} + i] * c[i] + tmp[i] * tmp[{3 * H} + i];   /* the new cell state */")
+    _each(w, step, ind, f"tmp[{H} + i] = {act(0, f'g[{H} + i] + rec[{H} + i]' + peep(1))};   /* o */")
+    _each(w, step, ind, f"{step.h_out}[i] = tmp[{H} + i] * {act(2, 'c[i]', clipped=False)};   "
+                        "/* the cell state unclipped, as onnxruntime */")
+
+
+def _each(w, step: _Step, ind: str, statement: str) -> None:
+    """One vectorized loop over the step's hidden units."""
+    w.emit(f"{ind}#pragma omp simd")
+    w.emit(f"{ind}for (int64_t i = {step.lo}; i < {step.hi}; ++i) {{ {statement} }}")
 
 
 _CELL_C = {"RNN": _rnn_cell_c, "GRU": _gru_cell_c, "LSTM": _lstm_cell_c}
 
 for _op in CELLS:
-    register(OpDef(_op, FusionClass.OPAQUE, recurrent_shape, recurrent_ref, arity=(3, 8 if _op == "LSTM" else 6),
-                   c_kernel=recurrent_c))
+    register(OpDef(_op, FusionClass.OPAQUE, recurrent_shape, recurrent_ref, arity=(3, 8 if _op == "LSTM" else 6)))
+register(OpDef(RECURRENCE[1], FusionClass.OPAQUE, recurrence_shape, recurrence_ref, domain=RECURRENCE[0],
+               arity=(2, 7), c_kernel=recurrence_c))
 
-__all__ = ["ACTIVATIONS", "ACTIVATIONS_C", "CELLS", "activation_specs", "recurrent_c", "recurrent_ref",
-           "recurrent_shape"]
+__all__ = ["ACTIVATIONS", "ACTIVATIONS_C", "CELLS", "RECURRENCE", "activation_specs", "recurrence_c",
+           "recurrence_ref", "recurrence_shape", "recurrent_ref", "recurrent_shape"]
