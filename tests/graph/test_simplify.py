@@ -1,6 +1,7 @@
 """Graph simplification: a zero constant Pad of the spatial axes folds into the Conv after it
 (TensorFlow-style "SAME" ports such as MobileNetV2 emit one before every Conv); any other Pad stays;
-a BatchNormalization with constant statistics becomes Mul + Add."""
+a BatchNormalization with constant statistics becomes Mul + Add; an RNN op with constant weights becomes
+projections + a recurrence."""
 from __future__ import annotations
 
 import numpy as np
@@ -158,3 +159,29 @@ def test_group_norm_rows_keep_the_channel_axis_and_compile_natively(tmp_path, gr
     for n, h, w in [(1, 1, 1), (2, 7, 13), (3, 20, 5), (1, 20, 20)]:
         x = rng.standard_normal((n, chans, h, w)).astype(np.float32)
         np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op,lbr", [("LSTM", 0), ("GRU", 1), ("GRU", 0)])
+def test_a_recurrence_with_constant_weights_becomes_projections_and_a_recurrence(tmp_path, op, lbr):
+    """An RNN op with constant W, R, B becomes MatMul (every step's input projection) + Add (the
+    biases that can join it) + tscomp.Recurrence over R transposed; GRU's h-gate recurrent bias
+    under linear_before_reset stays with the recurrence; the artifact round trip (a custom-domain
+    node in its plan) matches onnxruntime."""
+    rng = np.random.default_rng(4)
+    gates, hidden, feat = {"LSTM": 4, "GRU": 3}[op], 5, 3
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.5, name) for name, shape in
+             (("W", (2, gates * hidden, feat)), ("R", (2, gates * hidden, hidden)), ("B", (2, 2 * gates * hidden)))]
+    attrs = {"linear_before_reset": lbr} if op == "GRU" else {}
+    node = helper.make_node(op, ["x", "W", "R", "B"], ["y"], hidden_size=hidden, direction="bidirectional", **attrs)
+    graph = helper.make_graph([node], "rnn", [helper.make_tensor_value_info("x", TP.FLOAT, ["L", "N", feat])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    path = tmp_path / "rnn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    nodes = load_model(path, ["L=1:9", "N=1:3"]).nodes
+    assert [(n.domain, n.op_type) for n in nodes] == [("", "MatMul"), ("", "Add"), ("tscomp", "Recurrence")]
+    assert bool(nodes[-1].inputs[2]) == bool(lbr)            # the kept h-gate recurrent bias
+    rt = Runtime(str(write_artifact(compile_model(str(path), ["L=1:9", "N=1:3"]), tmp_path / "rnn.tsc")), num_threads=2)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for L, n in ((1, 1), (9, 3), (4, 2)):
+        x = rng.standard_normal((L, n, feat)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)

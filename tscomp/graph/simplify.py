@@ -208,7 +208,6 @@ def _recurrence_split(graph: Graph, node: Node) -> list[Node] | None:
     if consts[0] is None or consts[1] is None or (ins[3] and consts[2] is None) or x.dtype != np.float32 \
             or x.shape is None or len(x.shape) != 3:
         return None
-    gates = CELLS[node.op_type][0]
     W, R = (np.asarray(c, np.float32) for c in consts[:2])
     dirs, rows, hidden = R.shape
     B = np.asarray(consts[2], np.float32) if ins[3] else np.zeros((dirs, 2 * rows), np.float32)

@@ -24,6 +24,7 @@ starts at its own last step), ``initial_h`` / ``initial_c``, LSTM peepholes ``P`
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -322,6 +323,52 @@ static void ts_product(float *restrict out, const float *restrict rt, const floa
             for (int64_t q = j; q < n; ++q) out[q] = fmaf(r[q], vk, out[q]);
         }
     }
+}
+/* four batch entries at once, 32 gate rows: each load of rt serves all four. GCC vector types keep
+   the eight accumulators in registers (arrays of them were spilled), two per 16 rows on AVX2;
+   fp-contract makes a * b + c one FMA, as fmaf does in the loops above */
+#pragma GCC push_options
+#pragma GCC optimize ("fp-contract=fast")
+typedef float ts_vf __attribute__((vector_size(64)));
+static inline ts_vf ts_vload(const float *p) { ts_vf v; __builtin_memcpy(&v, p, sizeof v); return v; }
+static inline void ts_vstore(float *p, ts_vf v) { __builtin_memcpy(p, &v, sizeof v); }
+static inline void ts_product4x32(float *restrict o0, float *restrict o1, float *restrict o2, float *restrict o3,
+                                  const float *restrict rt, const float *restrict v0, const float *restrict v1,
+                                  const float *restrict v2, const float *restrict v3, int64_t K, int64_t ld)
+{
+    ts_vf a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
+    for (int64_t k = 0; k < K; ++k) {
+        const ts_vf r = ts_vload(rt + k * ld), s = ts_vload(rt + k * ld + 16);
+        a0 += r * v0[k]; b0 += s * v0[k];
+        a1 += r * v1[k]; b1 += s * v1[k];
+        a2 += r * v2[k]; b2 += s * v2[k];
+        a3 += r * v3[k]; b3 += s * v3[k];
+    }
+    ts_vstore(o0, a0); ts_vstore(o0 + 16, b0); ts_vstore(o1, a1); ts_vstore(o1 + 16, b1);
+    ts_vstore(o2, a2); ts_vstore(o2 + 16, b2); ts_vstore(o3, a3); ts_vstore(o3 + 16, b3);
+}
+#pragma GCC pop_options
+/* nb entries (out and v rows os and vs apart), four at a time: two or three left over run as four
+   with the last repeated into a scratch row (the loads of rt are what costs, not the FMAs) */
+static void ts_product_batch(float *restrict out, int64_t os, const float *restrict rt, const float *restrict v,
+                             int64_t vs, int64_t K, int64_t ld, int64_t n, int64_t nb)
+{
+    float spare[32] __attribute__((aligned(64)));
+    for (int64_t b = 0; b < nb; b += 4) {
+        const int64_t m = nb - b < 4 ? nb - b : 4;
+        if (m == 1) { ts_product(out + b * os, rt, v + b * vs, K, ld, n); continue; }
+        int64_t j = 0;
+        for (; j + 32 <= n; j += 32) {
+            float *o[4];
+            const float *x[4];
+            for (int64_t e = 0; e < 4; ++e) {
+                o[e] = e < m ? out + (b + e) * os + j : spare;
+                x[e] = v + (b + (e < m ? e : m - 1)) * vs;
+            }
+            ts_product4x32(o[0], o[1], o[2], o[3], rt + j, x[0], x[1], x[2], x[3], K, ld);
+        }
+        for (int64_t e = b; e < b + m && j < n; ++e) ts_product(out + e * os + j, rt + j, v + e * vs, K, ld, n - j);
+    }
 }"""
 
 #: hidden units a thread of a split recurrence owns are whole multiples of this (one vector)
@@ -330,13 +377,6 @@ SPLIT_CHUNK = 16
 #: barrier per step, ~1 us on 2 cores, then costs less than the product's half: LSTM hidden 256 is
 #: 262,144; a GRU of hidden 128, 49,152, runs on one thread)
 SPLIT_MIN_MACS = 1 << 17
-
-
-def _const_int(w, d, what: str) -> int:
-    d = w.canon(d)
-    if not d.is_Integer:
-        w.fail(f"{what} is not a constant ({d})")
-    return int(d)
 
 
 class _Acts:
@@ -353,16 +393,6 @@ class _Acts:
         return f"(d ? {self.funcs[1][k]}({arg}) : {self.funcs[0][k]}({arg}))"
 
 
-class _Step:
-    """What one step's code needs: the hidden range it updates (``lo``..``hi``, C), the state it
-    reads and the one it writes (the same array when one thread runs the recurrence; two that
-    alternate when the team splits it, so no thread overwrites what another still reads), and the
-    barrier between a GRU's r gate and the product that reads ``r * h`` (None: one thread)."""
-
-    def __init__(self, lo: str, hi: str, h_in: str, h_out: str, barrier: str | None):
-        self.lo, self.hi, self.h_in, self.h_out, self.barrier = lo, hi, h_in, h_out, barrier
-
-
 def recurrence_c(w) -> None:
     """``tscomp.Recurrence`` as one C kernel (see the module docstring): float32, any direction,
     layout, recurrent bias, sequence lengths (checked to lie in [0, seq]), initial states,
@@ -370,10 +400,11 @@ def recurrence_c(w) -> None:
 
     A small recurrence (fewer multiply-adds per step than :data:`SPLIT_MIN_MACS`) runs whole on
     one thread, the (direction, batch entry) recurrences in parallel. A large one is split among
-    the team by hidden unit, one recurrence after the other: a thread owns the gate rows of its
-    units (its part of ``Rᵀ`` stays in its own L2 cache from step to step, where a whole ``Rᵀ`` per
-    thread streamed from L3 every step: 1.4x onnxruntime at batch 4) and updates their state; one
-    barrier per step (two for a GRU without ``linear_before_reset``) publishes the new state."""
+    the team by hidden unit, a direction at a time, every batch entry in the same step: a thread
+    owns the gate rows of its units (its part of ``Rᵀ`` stays in its own L2 cache from step to
+    step, and one load of it serves four batch entries) and updates their state; one barrier per
+    step (two for a GRU without ``linear_before_reset``) publishes the new state. Whole ``Rᵀ`` per
+    thread streamed from L3 every step (LSTM hidden 256: 1.4-1.7x onnxruntime at batch 4)."""
     cell = w.attr("cell")
     gates, defaults, _ = CELLS[cell]
     proj, rt = w.arg(0), w.arg(1)
@@ -391,132 +422,230 @@ def recurrence_c(w) -> None:
         c = _c_float(act.clip)
         w.statics += ["#pragma omp declare simd notinbranch",
                       f"static inline float ts_clip(float x) {{ return x < -{c} ? -{c} : (x > {c} ? {c} : x); }}"]
-    w.statics.append(PRODUCT_HELPER)
+    w.statics += ["#include <omp.h>", PRODUCT_HELPER]
     ops = {"proj": proj, "rt": rt, "rb": w.arg(2) if w.has_arg(2) else None,
            "lens": w.arg(3) if w.has_arg(3) else None, "h0": w.arg(4) if w.has_arg(4) else None,
            "c0": w.arg(5) if cell == "LSTM" and w.has_arg(5) else None,
            "P": w.arg(6) if cell == "LSTM" and w.has_arg(6) else None,
            "y": w.out(0) if w.has_out(0) else None, "yh": w.out(1) if w.has_out(1) else None,
            "yc": w.out(2) if cell == "LSTM" and w.has_out(2) else None}
-    geo = dict(cell=cell, H=H, GH=GH, S=S, NB=NB, dirs=dirs, layout=layout,
-               lbr=bool(w.attr("linear_before_reset", 0)),
-               reverse={"forward": "0", "reverse": "1"}.get(direction, "(d == 1)"))
-    st = w.scratch("st", "float", f"{dirs} * ({NB}) * {3 * H + 2 * GH}")
+    geo = _Geometry(cell, H, GH, S, NB, dirs, layout, bool(w.attr("linear_before_reset", 0)),
+                    {"forward": "0", "reverse": "1"}.get(direction, "(d == 1)"))
     w.emit(f"/* {cell} {direction}, layout {layout}: [{dirs} x {NB}] recurrences of up to {S} steps, hidden {H}, "
            f"{gates} gate(s); the input projections (+ biases) precomputed, R transposed [{dirs}][{H}][{GH}] */")
+    phases = _CELL_C[cell](w, act, ops, geo)
     if GH * H < SPLIT_MIN_MACS:
-        w.emit("/* whole recurrences per thread */")
-        w.parallel_for([("d", str(dirs)), ("b", NB)], work=f"{dirs} * ({NB}) * ({S}) * {GH} * {H}", min_work=0)
-        _recurrence(w, act, ops, geo, st, _Step("0", str(H), "h", "h", None), "    ")
-        return
-    w.emit("/* one recurrence after the other, the team splitting each by hidden unit */")
-    w.emit(f"for (int64_t d = 0; d < {dirs}; ++d)")
-    w.emit(f"for (int64_t b = 0; b < {NB}; ++b)")
-    w.emit("#pragma omp parallel")
-    w.emit("{")
-    w.emit("    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();")
-    w.emit(f"    const int64_t chunks = ({H} + {SPLIT_CHUNK - 1}) / {SPLIT_CHUNK};")
-    w.emit(f"    const int64_t i0 = ts_min(chunks * tid / nt * {SPLIT_CHUNK}, {H}), "
-           f"i1 = ts_min(chunks * (tid + 1) / nt * {SPLIT_CHUNK}, {H});")
-    _recurrence(w, act, ops, geo, st, _Step("i0", "i1", "hc", "hn", "#pragma omp barrier"), "    ")
+        _whole_recurrences(w, ops, geo, phases)
+    else:
+        _split_recurrences(w, ops, geo, phases)
 
 
-def _recurrence(w, act, ops: dict, geo: dict, st: str, step: _Step, indent: str) -> None:
-    """One (direction ``d``, batch entry ``b``) recurrence, over hidden units ``step.lo..hi``."""
-    H, GH, S, NB, dirs = geo["H"], geo["GH"], geo["S"], geo["NB"], geo["dirs"]
-    cell, split = geo["cell"], step.barrier is not None
-    state = f"(b * {dirs} + d) * {H}" if geo["layout"] else f"(d * ({NB}) + b) * {H}"
-    row = f"(b * ({S}) + pos)" if geo["layout"] else f"(pos * ({NB}) + b)"
-    y_at = (lambda t: f"((b * ({S}) + {t}) * {dirs} + d) * {H}") if geo["layout"] else \
-        (lambda t: f"(({t} * {dirs} + d) * ({NB}) + b) * {H}")
-    lo, hi = step.lo, step.hi
-    lines = [f"float *restrict h = {st} + (d * ({NB}) + b) * {3 * H + 2 * GH}, *restrict c = h + {H};",
-             f"float *restrict h2 = c + {H}, *restrict rec = h2 + {H}, *restrict tmp = rec + {GH};",
-             f"const float *restrict rtd = &{ops['rt'].at(f'd * {H * GH}')};",
-             f"const int64_t len = {w.count_check(ops['lens'].at('b'), S, 3, 'b') if ops['lens'] else S};",
-             f"const int reverse = {geo['reverse']};",
-             f"for (int64_t i = {lo}; i < {hi}; ++i) {{",
-             f"    h[i] = {ops['h0'].at(f'{state} + i') if ops['h0'] else '0.0f'};",
-             f"    c[i] = {ops['c0'].at(f'{state} + i') if ops['c0'] else '0.0f'};",
-             "}"]
-    if ops["y"]:
-        lines += [f"for (int64_t t = len; t < {S}; ++t)     /* steps past the entry's length: zeros */",
-                  f"    for (int64_t i = {lo}; i < {hi}; ++i) {ops['y'].at(y_at('t') + ' + i')} = 0.0f;"]
-    if split:
-        lines += ["float *hc = h, *hn = h2;     /* the state read and the state written alternate */",
-                  step.barrier]
+@dataclass(frozen=True)
+class _Geometry:
+    cell: str
+    H: int
+    GH: int
+    S: str          # the sequence length (C)
+    NB: str         # the batch (C)
+    dirs: int
+    layout: int
+    lbr: bool
+    reverse: str    # whether direction d runs backwards (C)
+
+    @property
+    def product_gates(self) -> int:
+        """Gates whose recurrent product reads h (GRU's h gate without linear_before_reset reads r * h)."""
+        return 2 if self.cell == "GRU" and not self.lbr else self.GH // self.H
+
+    def state(self) -> str:
+        return f"(b * {self.dirs} + d) * {self.H}" if self.layout else f"(d * ({self.NB}) + b) * {self.H}"
+
+    def proj_row(self) -> str:
+        return f"(b * ({self.S}) + pos)" if self.layout else f"(pos * ({self.NB}) + b)"
+
+    def y_at(self, t: str) -> str:
+        return f"((b * ({self.S}) + {t}) * {self.dirs} + d) * {self.H}" if self.layout else \
+            f"(({t} * {self.dirs} + d) * ({self.NB}) + b) * {self.H}"
+
+
+def _emit(w, indent: str, lines) -> None:
     for line in lines:
         w.emit(indent + line)
-    w.emit(indent + "for (int64_t t = 0; t < len; ++t) {")
-    w.emit(indent + "    const int64_t pos = reverse ? len - 1 - t : t;")
-    w.emit(indent + f"    const float *restrict g = &{ops['proj'].at(f'{row} * {dirs * GH} + d * {GH}')};")
-    product_gates = 2 if cell == "GRU" and not geo["lbr"] else GH // H     # GRU's h gate reads r * h
-    for k in range(product_gates):
-        w.emit(indent + f"    ts_product(rec + {k * H} + {lo}, rtd + {k * H} + {lo}, {step.h_in}, {H}, {GH}, {hi} - {lo});")
-    _CELL_C[cell](w, act, H, ops, geo, step, indent + "    ")
+
+
+def _state_init(ops, geo: _Geometry, lo: str, hi: str, h: str, c: str, length: str) -> list[str]:
+    """A batch entry's initial state over units [lo, hi) and zeros for its steps past ``length``."""
+    lines = [f"for (int64_t i = {lo}; i < {hi}; ++i) {{",
+             f"    {h}[i] = {ops['h0'].at(f'{geo.state()} + i') if ops['h0'] else '0.0f'};",
+             f"    {c}[i] = {ops['c0'].at(f'{geo.state()} + i') if ops['c0'] else '0.0f'};",
+             "}"]
     if ops["y"]:
-        w.emit(indent + f"    for (int64_t i = {lo}; i < {hi}; ++i) {ops['y'].at(y_at('pos') + ' + i')} = {step.h_out}[i];")
-    if split:
-        w.emit(indent + f"    {{ float *swap = hc; hc = hn; hn = swap; }}")
-        w.emit(indent + f"    {step.barrier}")
-    w.emit(indent + "}")
-    final = step.h_in if split else "h"      # after the swap, hc holds the last state
-    for out, v in ((ops["yh"], final), (ops["yc"], "c")):
-        if out:
-            w.emit(indent + f"for (int64_t i = {lo}; i < {hi}; ++i) {out.at(f'{state} + i')} = {v}[i];")
-    w.emit(indent[:-4] + "}")
+        lines += [f"for (int64_t t = {length}; t < {geo.S}; ++t)     /* steps past the entry's length: zeros */",
+                  f"    for (int64_t i = {lo}; i < {hi}; ++i) {ops['y'].at(geo.y_at('t') + ' + i')} = 0.0f;"]
+    return lines
 
 
-def _rnn_cell_c(w, act, H, ops, geo, step: _Step, ind: str) -> None:
-    _each(w, step, ind, f"{step.h_out}[i] = {act(0, 'g[i] + rec[i]')};")
+def _step_inputs(ops, geo: _Geometry, length: str) -> list[str]:
+    return ["const int64_t pos = reverse ? " + length + " - 1 - t : t;",
+            f"const float *restrict g = &{ops['proj'].at(f'{geo.proj_row()} * {geo.dirs * geo.GH} + d * {geo.GH}')};"]
 
 
-def _gru_cell_c(w, act, H, ops, geo, step: _Step, ind: str) -> None:
+def _finals(ops, geo: _Geometry, lo: str, hi: str, h: str, c: str) -> list[str]:
+    return [f"for (int64_t i = {lo}; i < {hi}; ++i) {out.at(f'{geo.state()} + i')} = {v}[i];"
+            for out, v in ((ops["yh"], h), (ops["yc"], c)) if out]
+
+
+def _whole_recurrences(w, ops, geo: _Geometry, phases) -> None:
+    """Each (direction, batch entry) recurrence on one thread, in place; in parallel."""
+    H, GH, lens = geo.H, geo.GH, ops["lens"]
+    st = w.scratch("st", "float", f"{geo.dirs} * ({geo.NB}) * {2 * H + 2 * GH}")
+    w.emit("/* whole recurrences per thread */")
+    w.parallel_for([("d", str(geo.dirs)), ("b", geo.NB)], work=f"{geo.dirs} * ({geo.NB}) * ({geo.S}) * {GH} * {H}",
+                   min_work=0)
+    _emit(w, "    ", [
+        f"float *restrict c = {st} + (d * ({geo.NB}) + b) * {2 * H + 2 * GH}, *restrict rec = c + {H}, "
+        f"*restrict tmp = rec + {GH};",
+        f"float *h = tmp + {GH}, *hin = h, *hout = h;      /* the state updated in place */",
+        f"const int64_t i0 = 0, i1 = {H};",
+        f"const float *restrict rtd = &{ops['rt'].at(f'd * {H * GH}')};",
+        f"const int64_t len = {w.count_check(lens.at('b'), geo.S, 3, 'b') if lens else geo.S};",
+        f"const int reverse = {geo.reverse};",
+        *_state_init(ops, geo, "0", str(H), "h", "c", "len"),
+        "for (int64_t t = 0; t < len; ++t) {"])
+    _emit(w, "        ", _step_inputs(ops, geo, "len"))
+    for k in range(geo.product_gates):
+        w.emit(f"        ts_product(rec + {k * H}, rtd + {k * H}, h, {H}, {GH}, {H});")
+    for n, phase in enumerate(phases):
+        if n:       # GRU: the h gate's product over r * h
+            w.emit(f"        ts_product(rec + {2 * H}, rtd + {2 * H}, tmp + {2 * H}, {H}, {GH}, {H});")
+        _emit(w, "        ", phase)
+    if ops["y"]:
+        w.emit(f"        for (int64_t i = 0; i < {H}; ++i) {ops['y'].at(geo.y_at('pos') + ' + i')} = h[i];")
+    w.emit("    }")
+    _emit(w, "    ", _finals(ops, geo, "0", str(H), "h", "c"))
+    w.emit("}")
+
+
+def _split_recurrences(w, ops, geo: _Geometry, phases) -> None:
+    """A direction at a time, every batch entry in lockstep, the team splitting the hidden units."""
+    H, GH, NB, lens = geo.H, geo.GH, geo.NB, ops["lens"]
+    st = w.scratch("st", "float", f"({NB}) * {3 * H + 2 * GH}")
+    ln = w.scratch("ln", "int64_t", NB)
+    w.emit("/* a direction at a time, the team splitting the hidden units, the batch entries in lockstep */")
+    w.emit("int64_t steps = 0;")
+    w.emit(f"for (int64_t b = 0; b < {NB}; ++b) {{")
+    w.emit(f"    {ln}[b] = {w.count_check(lens.at('b'), geo.S, 3, 'b') if lens else geo.S};")
+    w.emit(f"    steps = ts_max(steps, {ln}[b]);")
+    w.emit("}")
+    w.emit(f"for (int64_t d = 0; d < {geo.dirs}; ++d)")
+    w.emit("#pragma omp parallel")
+    w.emit("{")
+    entry = [f"float *restrict rec = recs + b * {GH}, *restrict tmp = tmps + b * {GH}, *restrict c = cs + b * {H};",
+             f"const float *restrict hin = hc + b * {H};",
+             f"float *restrict hout = hn + b * {H};"]
+    _emit(w, "    ", [
+        "const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();",
+        f"const int64_t chunks = ({H} + {SPLIT_CHUNK - 1}) / {SPLIT_CHUNK};",
+        f"const int64_t i0 = ts_min(chunks * tid / nt * {SPLIT_CHUNK}, {H}), "
+        f"i1 = ts_min(chunks * (tid + 1) / nt * {SPLIT_CHUNK}, {H});",
+        f"float *cs = {st}, *hc = cs + ({NB}) * {H}, *hn = hc + ({NB}) * {H};   /* hc read, hn written: they alternate */",
+        f"float *recs = hn + ({NB}) * {H}, *tmps = recs + ({NB}) * {GH};",
+        f"const float *restrict rtd = &{ops['rt'].at(f'd * {H * GH}')};",
+        f"const int reverse = {geo.reverse};",
+        f"for (int64_t b = 0; b < {NB}; ++b) {{",
+        *["    " + line for line in _state_init(ops, geo, "i0", "i1", f"(hc + b * {H})", f"(cs + b * {H})", f"{ln}[b]")],
+        "}",
+        "#pragma omp barrier",
+        "for (int64_t t = 0; t < steps; ++t) {"])
+    for k in range(geo.product_gates):
+        w.emit(f"        ts_product_batch(recs + {k * H} + i0, {GH}, rtd + {k * H} + i0, hc, {H}, {H}, {GH}, i1 - i0, {NB});")
+    for n, phase in enumerate(phases):
+        if n:       # GRU: every unit's r * h first, then the h gate's product over it
+            w.emit("        #pragma omp barrier")
+            w.emit(f"        ts_product_batch(recs + {2 * H} + i0, {GH}, rtd + {2 * H} + i0, tmps + {2 * H}, {GH}, {H}, "
+                   f"{GH}, i1 - i0, {NB});")
+        w.emit(f"        for (int64_t b = 0; b < {NB}; ++b) {{")
+        w.emit(f"            if (t >= {ln}[b]) continue;")
+        _emit(w, "            ", entry + _step_inputs(ops, geo, f"{ln}[b]") + phase)
+        w.emit("        }")
+    w.emit(f"        for (int64_t b = 0; b < {NB}; ++b) {{")
+    w.emit(f"            float *restrict hout = hn + b * {H};")
+    w.emit(f"            if (t >= {ln}[b]) {{      /* past its length: the state carries over */")
+    w.emit(f"                for (int64_t i = i0; i < i1; ++i) hout[i] = hc[b * {H} + i];")
+    w.emit("                continue;")
+    w.emit("            }")
+    if ops["y"]:
+        _emit(w, "            ", _step_inputs(ops, geo, f"{ln}[b]")[:1])
+        w.emit(f"            for (int64_t i = i0; i < i1; ++i) {ops['y'].at(geo.y_at('pos') + ' + i')} = hout[i];")
+    w.emit("        }")
+    w.emit("        { float *swap = hc; hc = hn; hn = swap; }")
+    w.emit("        #pragma omp barrier")
+    w.emit("    }")
+    w.emit(f"    for (int64_t b = 0; b < {NB}; ++b) {{")
+    _emit(w, "        ", _finals(ops, geo, "i0", "i1", f"(hc + b * {H})", f"(cs + b * {H})"))
+    w.emit("    }")
+    w.emit("}")
+
+
+class _Loops:
+    """The per-entry statements of one phase of a step: vectorized loops over the units
+    ``i0..i1`` a thread updates (a whole recurrence: 0..H)."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def each(self, statement: str) -> None:
+        self.lines += ["#pragma omp simd", f"for (int64_t i = i0; i < i1; ++i) {{ {statement} }}"]
+
+
+def _rnn_cell_c(w, act, ops, geo: _Geometry) -> list[list[str]]:
+    p = _Loops()
+    p.each(f"hout[i] = {act(0, 'g[i] + rec[i]')};")
+    return [p.lines]
+
+
+def _gru_cell_c(w, act, ops, geo: _Geometry) -> list[list[str]]:
     """Gates z, r, h (ONNX order); without ``linear_before_reset`` the h gate's product reads
-    ``r * h`` of every unit, so it runs after r (behind a barrier when the team splits the
-    recurrence), its recurrent bias already in the projections. One activation per loop: GCC
-    if-converts a loop of one, not of several (the loop stayed scalar)."""
-    hin, hout, lo, hi = step.h_in, step.h_out, step.lo, step.hi
-    _each(w, step, ind, f"tmp[i] = {act(0, 'g[i] + rec[i]')};   /* z */")
-    r_h = "" if geo["lbr"] else f" tmp[{2 * H} + i] = tmp[{H} + i] * {hin}[i];   /* r * h */"
-    _each(w, step, ind, f"tmp[{H} + i] = {act(0, f'g[{H} + i] + rec[{H} + i]')};   /* r */" + r_h)
-    if geo["lbr"]:
+    ``r * h`` of every unit: a second phase after it (its recurrent bias already in the
+    projections). One activation per loop: GCC if-converts a loop of one, not of several (the loop
+    stayed scalar)."""
+    H = geo.H
+    first, second = _Loops(), _Loops()
+    first.each(f"tmp[i] = {act(0, 'g[i] + rec[i]')};   /* z */")
+    r_h = "" if geo.lbr else f" tmp[{2 * H} + i] = tmp[{H} + i] * hin[i];   /* r * h */"
+    first.each(f"tmp[{H} + i] = {act(0, f'g[{H} + i] + rec[{H} + i]')};   /* r */" + r_h)
+    if geo.lbr:
         rb = ops["rb"]
         bias = f" + {rb.at(f'd * {H} + i')}" if rb else ""
         n = act(1, f"g[{2 * H} + i] + tmp[{H} + i] * (rec[{2 * H} + i]{bias})")
+        last = first
     else:
-        if step.barrier:
-            w.emit(f"{ind}{step.barrier}")
-        w.emit(f"{ind}ts_product(rec + {2 * H} + {lo}, rtd + {2 * H} + {lo}, tmp + {2 * H}, {H}, {geo['GH']}, {hi} - {lo});")
         n = act(1, f"g[{2 * H} + i] + rec[{2 * H} + i]")
-    # n over rec's h rows: only this thread reads them (other threads may still read r * h)
-    _each(w, step, ind, f"rec[{2 * H} + i] = {n};   /* n */")
-    _each(w, step, ind, f"{hout}[i] = (1.0f - tmp[i]) * rec[{2 * H} + i] + tmp[i] * {hin}[i];")
+        last = second
+    # n over rec's h rows: only this thread reads them (others may still read r * h)
+    last.each(f"rec[{2 * H} + i] = {n};   /* n */")
+    last.each(f"hout[i] = (1.0f - tmp[i]) * rec[{2 * H} + i] + tmp[i] * hin[i];")
+    return [first.lines] if geo.lbr else [first.lines, second.lines]
 
 
-def _lstm_cell_c(w, act, H, ops, geo, step: _Step, ind: str) -> None:
+def _lstm_cell_c(w, act, ops, geo: _Geometry) -> list[list[str]]:
     """Gates i, o, f, c (ONNX order); peepholes ``P`` (i, o, f) read the previous cell state for
     i and f, the new one for o. One activation per loop (see :func:`_gru_cell_c`)."""
-    P = ops["P"]
+    H, P = geo.H, ops["P"]
 
     def peep(k):
         return f" + {P.at(f'd * {3 * H} + {k * H} + i')} * c[i]" if P else ""
-    _each(w, step, ind, f"tmp[i] = {act(0, 'g[i] + rec[i]' + peep(0))};   /* i */")
+    p = _Loops()
+    p.each(f"tmp[i] = {act(0, 'g[i] + rec[i]' + peep(0))};   /* i */")
     if w.attr("input_forget", 0):
-        _each(w, step, ind, f"tmp[{2 * H} + i] = 1.0f - tmp[i];   /* f: input_forget */")
+        p.each(f"tmp[{2 * H} + i] = 1.0f - tmp[i];   /* f: input_forget */")
     else:
-        _each(w, step, ind, f"tmp[{2 * H} + i] = {act(0, f'g[{2 * H} + i] + rec[{2 * H} + i]' + peep(2))};   /* f */")
-    _each(w, step, ind, f"tmp[{3 * H} + i] = {act(1, f'g[{3 * H} + i] + rec[{3 * H} + i]')};   /* candidate */")
-    _each(w, step, ind, f"c[i] = tmp[{2 * H} + i] * c[i] + tmp[i] * tmp[{3 * H} + i];   /* the new cell state */")
-    _each(w, step, ind, f"tmp[{H} + i] = {act(0, f'g[{H} + i] + rec[{H} + i]' + peep(1))};   /* o */")
-    _each(w, step, ind, f"{step.h_out}[i] = tmp[{H} + i] * {act(2, 'c[i]', clipped=False)};   "
-                        "/* the cell state unclipped, as onnxruntime */")
-
-
-def _each(w, step: _Step, ind: str, statement: str) -> None:
-    """One vectorized loop over the step's hidden units."""
-    w.emit(f"{ind}#pragma omp simd")
-    w.emit(f"{ind}for (int64_t i = {step.lo}; i < {step.hi}; ++i) {{ {statement} }}")
+        p.each(f"tmp[{2 * H} + i] = {act(0, f'g[{2 * H} + i] + rec[{2 * H} + i]' + peep(2))};   /* f */")
+    p.each(f"tmp[{3 * H} + i] = {act(1, f'g[{3 * H} + i] + rec[{3 * H} + i]')};   /* candidate */")
+    p.each(f"c[i] = tmp[{2 * H} + i] * c[i] + tmp[i] * tmp[{3 * H} + i];   /* the new cell state */")
+    p.each(f"tmp[{H} + i] = {act(0, f'g[{H} + i] + rec[{H} + i]' + peep(1))};   /* o */")
+    p.each(f"hout[i] = tmp[{H} + i] * {act(2, 'c[i]', clipped=False)};   /* the cell state unclipped, as onnxruntime */")
+    return [p.lines]
 
 
 _CELL_C = {"RNN": _rnn_cell_c, "GRU": _gru_cell_c, "LSTM": _lstm_cell_c}
