@@ -384,7 +384,27 @@ class IndexContext:
             quotient = quotient or q2 != 0
         if r == 0 or self.below(r, den):
             return q
+        scaled = self._small_remainder(r, den)
+        if scaled is not None and self.positive(scaled[1]):   # floor((c*A + s)/(c*B)), 0 <= s < c: floor(A/B)
+            return q + self._floor(scaled[0] / scaled[1])
         return q + sympy.floor(r / den) if quotient else sympy.floor(num / den)
+
+    def _small_remainder(self, a, m) -> tuple | None:
+        """``(A, B, s, c)`` where ``a = c*A + s`` and ``m = c*B`` for an integer ``c > 1`` dividing
+        ``m``'s coefficient, ``A`` integer-valued and ``0 <= s < c`` in every binding: a flat index
+        whose trailing axis of extent ``c`` a view keeps (a row kernel's ``16*row + r0``, ``r0 < 16``)
+        then divides as its row alone -- ``floor(a/m) = floor(A/B)``, ``Mod(a, m) = c*Mod(A, B) + s``
+        -- and the row's divisions leave the innermost loop. None when no such ``c``."""
+        coeff, _ = sympy.sympify(m).as_coeff_Mul()
+        if not coeff.is_Integer or coeff <= 1:
+            return None
+        terms = sympy.Add.make_args(sympy.expand(a))
+        for c in sorted(sympy.divisors(int(coeff)), reverse=True)[:-1]:
+            whole = [t for t in terms if t.as_coeff_Mul()[0].is_Integer and t.as_coeff_Mul()[0] % c == 0]
+            small = sympy.Add(*[t for t in terms if t not in whole])
+            if whole and small != 0 and self.below(small, c):
+                return sympy.expand(sympy.Add(*whole) / c), sympy.expand(m / c), small, sympy.Integer(c)
+        return None
 
     def _mod(self, a, m) -> sympy.Expr:
         e = sympy.Mod(a, m)
@@ -393,6 +413,10 @@ class IndexContext:
         a, m = e.args
         if self.below(a, m):
             return a
+        scaled = self._small_remainder(a, m)
+        if scaled is not None and self.nonneg(scaled[0]) and self.positive(scaled[1]):
+            big, small_m, small, c = scaled
+            return c * self._mod(big, small_m) + small
         # drop multiples of m that SymPy keeps (symbolic m): a = k*m + r
         keep = [t for t in sympy.Add.make_args(sympy.expand(a)) if sympy.fraction(sympy.cancel(t / m))[1] != 1]
         r = sympy.Add(*keep)
