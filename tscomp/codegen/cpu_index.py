@@ -254,13 +254,24 @@ class IndexKernelWriter:
             self.fail(f"input {i} is a view of {type(src).__name__}, not of a group input")
         name = f"view{len(self._views)}"
         n = self.numel(shape)
-        q = self.ctx.var(f"{name}_q", numel(shape))
-        source = compose(delinearize(q, shape, self.ctx), chain, self.ctx)
+        # rows of the last axis when its extent is a constant: the row's coordinates (and their
+        # divisions) once per row, the elements of a row in one vectorizable loop
+        inner = shape[-1] if shape and shape[-1].is_Integer and int(shape[-1]) > 1 else sympy.Integer(1)
+        q = self.ctx.var(f"{name}_q", numel(shape) / inner)
+        r = self.ctx.var(f"{name}_r", inner)
+        flat = q * inner + r if inner != 1 else q
+        source = compose(delinearize(flat, shape, self.ctx), chain, self.ctx)
         off = self.ctx.collapse(self.ctx.simplify(linearize(source, tuple(self.canon(d) for d in src.shape))))
         self.decls += [f"/* input {i}: {a.op.describe()} of {src.name}, gathered contiguous */",
                        f"{ct}* {name} = ({ct}*)malloc(sizeof({ct}) * (size_t)({n}) + 1);",
-                       f"#pragma omp parallel for schedule(static){self.parallel(n)}",
-                       f"for (int64_t {q} = 0; {q} < {n}; ++{q}) {name}[{q}] = {self.in_c[src.name]}[{self.pr(off)}];"]
+                       f"#pragma omp parallel for schedule(static){self.parallel(n)}"]
+        if inner != 1:
+            self.decls += [f"for (int64_t {q} = 0; {q} < ({n}) / {inner}; ++{q})",
+                           "    #pragma omp simd",
+                           f"    for (int64_t {r} = 0; {r} < {inner}; ++{r}) "
+                           f"{name}[{q} * {inner} + {r}] = {self.in_c[src.name]}[{self.pr(off)}];"]
+        else:
+            self.decls.append(f"for (int64_t {q} = 0; {q} < {n}; ++{q}) {name}[{q}] = {self.in_c[src.name]}[{self.pr(off)}];")
         self.cleanup.append(f"free({name});")
         return Operand(a.dtype, shape, ct, name)
 

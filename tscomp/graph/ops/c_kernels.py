@@ -166,9 +166,12 @@ def _reduce_form(op: str) -> tuple[str, str, str]:
 
 def reduce_c(w) -> None:
     """Any set of reduced axes (the row kernel takes trailing ones only: ConvNeXt-V2's GRN reduces
-    the spatial axes of an NHWC tensor): one output element per iteration, its reduced elements
-    walked by nested loops over the reduced axes, innermost last. ReduceLogSumExp takes the maximum
-    first (a non-finite maximum shifts by 0, as the reference does)."""
+    the spatial axes of an NHWC tensor): one output element per iteration of a collapsed loop nest
+    over the kept axes (no division per element: OpenMP steps the indices; a flat index divided
+    into coordinates per element cost Hiera's pooling ReduceMax ~5 divisions an element), its
+    reduced elements walked by nested loops over the reduced axes, innermost last.
+    ReduceLogSumExp takes the maximum first (a non-finite maximum shifts by 0, as the reference
+    does)."""
     x, y = w.arg(0), w.out(0)
     if np.dtype(x.dtype).kind != "f":
         w.fail(f"{w.op_type} of {np.dtype(x.dtype)} (the C kernel reduces floating-point tensors)")
@@ -184,9 +187,12 @@ def reduce_c(w) -> None:
     init, update, result = _reduce_form(w.op_type)
     w.emit(f"/* {w.op_type} over axes {list(axes)} of [{', '.join(w.c(d) for d in x.shape)}]: one output "
            f"element per iteration, the reduced elements in nested loops */")
-    w.parallel_for([("p", w.numel([x.shape[d] for d in kept]) if kept else "1")], work=w.numel(x.shape))
-    _coords(w, [x.shape[d] for d in kept])
+    loops = [(f"c{k}", w.c(x.shape[d])) for k, d in enumerate(kept)] or [("c0", "1")]
+    w.parallel_for(loops, work=w.numel(x.shape))
+    out_strides = [w.numel([x.shape[d] for d in kept[k + 1:]]) for k in range(len(kept))]
+    flat = " + ".join(f"c{k} * ({out_strides[k]})" for k in range(len(kept))) or "0"
     base = " + ".join(f"c{k} * ({strides[d]})" for k, d in enumerate(kept)) or "0"
+    w.emit(f"    const int64_t p = {flat};")
     w.emit(f"    const int64_t base = {base};")
 
     def walk_reduced(body: str) -> None:
