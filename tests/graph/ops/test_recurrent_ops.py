@@ -44,6 +44,20 @@ def _recurrent_model(op, *, direction="forward", layout=0, with_lens=False, with
     return make_model([node], inputs, outs, inits), dirs
 
 
+def _feeds(rng, op, s, b, dirs, hidden, layout, with_lens, with_init, min_len):
+    """Inputs of a :func:`_recurrent_model` at sequence length ``s`` and batch ``b`` (sequence
+    lengths drawn from ``min_len`` to ``s``)."""
+    feeds = {"x": rng.standard_normal((b, s, IN) if layout else (s, b, IN)).astype(np.float32)}
+    if with_lens:
+        feeds["lens"] = rng.integers(min_len, s + 1, b).astype(np.int32)
+    if with_init:
+        state = (b, dirs, hidden) if layout else (dirs, b, hidden)
+        feeds["h0"] = rng.standard_normal(state).astype(np.float32)
+        if op == "LSTM":
+            feeds["c0"] = rng.standard_normal(state).astype(np.float32)
+    return feeds
+
+
 CASES = [("RNN", {}), ("GRU", {"direction": "bidirectional"}), ("GRU", {"linear_before_reset": 1}),
          ("LSTM", {"direction": "bidirectional", "with_lens": True, "with_init": True}),
          ("LSTM", {"direction": "reverse", "with_lens": True}),
@@ -63,14 +77,7 @@ def test_recurrent_shapes_are_symbolic_and_the_reference_matches_onnxruntime(op,
     sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(9)
     for s, b in [(1, 1), (7, 3), (30, 6)]:
-        feeds = {"x": rng.standard_normal((b, s, IN) if layout else (s, b, IN)).astype(np.float32)}
-        if with_lens:
-            feeds["lens"] = rng.integers(1, s + 1, b).astype(np.int32)
-        if with_init:
-            state = (b, dirs, HID) if layout else (dirs, b, HID)
-            feeds["h0"] = rng.standard_normal(state).astype(np.float32)
-            if op == "LSTM":
-                feeds["c0"] = rng.standard_normal(state).astype(np.float32)
+        feeds = _feeds(rng, op, s, b, dirs, HID, layout, with_lens, with_init, min_len=1)
         got = run_reference(g, feeds)
         for name, want in zip(g.outputs, sess.run(None, feeds)):
             np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5, err_msg=f"{name} at S={s}, B={b}")
@@ -136,14 +143,7 @@ def test_the_recurrence_runs_natively_and_matches_the_reference(op, kw, hidden, 
     g = propagate(model, "L=1:30", "B=1:6")
     rng = np.random.default_rng(11)
     for s, b in [(1, 1), (7, 3), (30, 6)]:
-        feeds = {"x": rng.standard_normal((b, s, IN) if layout else (s, b, IN)).astype(np.float32)}
-        if with_lens:
-            feeds["lens"] = rng.integers(0, s + 1, b).astype(np.int32)
-        if with_init:
-            state = (b, dirs, hidden) if layout else (dirs, b, hidden)
-            feeds["h0"] = rng.standard_normal(state).astype(np.float32)
-            if op == "LSTM":
-                feeds["c0"] = rng.standard_normal(state).astype(np.float32)
+        feeds = _feeds(rng, op, s, b, dirs, hidden, layout, with_lens, with_init, min_len=0)
         want, got = run_reference(g, feeds), rt.run(feeds)
         for name in g.outputs:
             np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=f"{name} at S={s}, B={b}")
