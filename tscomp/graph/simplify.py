@@ -31,7 +31,7 @@
   (:mod:`tscomp.graph.einsum`), which the GEMM families compile.
 * **Recurrences as projections**: an RNN / GRU / LSTM with constant weights becomes the MatMul of
   every step's input projection ``X Wᵀ`` plus the biases that can join it, then the internal
-  ``tscomp.Recurrence`` op over those projections and ``Rᵀ`` (transposed here, once)
+  ``tscomp.Recurrence`` op over those projections and R (packed here, once, in panels of gate rows)
   (:mod:`tscomp.graph.ops.recurrent`): the GEMM family computes the projections of all steps at
   once, the recurrence kernel only what must run step by step.
 * **Dead-node elimination**.
@@ -184,7 +184,7 @@ def recurrences_as_projections(graph: Graph) -> int:
     (``W_all`` ``[input, dirs * gates * hidden]``: every direction's Wᵀ side by side), ``Add`` of
     the bias that can join the projections (Wb + Rb; GRU's h-gate Rb under ``linear_before_reset``
     multiplies with r and stays with the recurrence) and ``tscomp.Recurrence`` over the projections
-    and ``Rᵀ`` ``[dirs, hidden, gates * hidden]``."""
+    and R packed in panels of gate rows (:func:`~tscomp.graph.ops.recurrent.pack_recurrent_weight`)."""
     rewritten = 0
     nodes: list[Node] = []
     for node in graph.nodes:
@@ -199,7 +199,7 @@ def recurrences_as_projections(graph: Graph) -> int:
 
 
 def _recurrence_split(graph: Graph, node: Node) -> list[Node] | None:
-    from tscomp.graph.ops.recurrent import CELLS, RECURRENCE
+    from tscomp.graph.ops.recurrent import CELLS, RECURRENCE, pack_recurrent_weight
     if node.op_type not in CELLS or node.domain:
         return None
     ins = list(node.inputs) + [""] * (8 - len(node.inputs))
@@ -228,8 +228,8 @@ def _recurrence_split(graph: Graph, node: Node) -> list[Node] | None:
         b = graph.add_value(f"{stem}/projection_bias", np.float32, (dirs * rows,), bias)
         proj = graph.add_value(f"{stem}/projections", np.float32, proj_shape)
         out.append(Node(f"{stem}/projection_bias_add", "Add", [raw, b], [proj]))
-    rt = graph.add_value(f"{stem}/recurrent_weight_t", np.float32, (dirs, hidden, rows),
-                         np.ascontiguousarray(R.transpose(0, 2, 1)))
+    packed = pack_recurrent_weight(R)
+    rt = graph.add_value(f"{stem}/recurrent_weight_packed", np.float32, packed.shape, packed)
     rbk = graph.add_value(f"{stem}/recurrent_bias", np.float32, (dirs, hidden), kept) if lbr and kept.any() else ""
     attrs = {k: v for k, v in node.attrs.items() if k != "hidden_size"}
     attrs.update(cell=node.op_type, hidden_size=int(hidden))

@@ -7,11 +7,12 @@ equations. With constant weights (every exported model), the graph stage
 (:func:`tscomp.graph.simplify.recurrences_as_projections`) splits each into what it is: the input
 projections of every step, ``X Wᵀ + Wb (+ Rb)``, one MatMul the GEMM family compiles; and the
 recurrence itself, the internal op ``tscomp.Recurrence`` (:data:`RECURRENCE`), which reads those
-projections and the recurrent weight transposed at compile time (``Rᵀ``: per step, ``R h`` is a sum
-of rank-1 updates along the gate rows, held in registers a block of rows at a time, no horizontal
-sums) and runs as a C kernel of the index family (:func:`recurrence_c`): each (direction, batch
-entry) recurrence in order over its steps, in parallel with the others, the gate equations in
-vectorized loops.
+projections and the recurrent weight packed at compile time in panels of gate rows
+(:func:`pack_recurrent_weight`: per step, ``R h`` is a sum of rank-1 updates along the gate rows,
+held in registers a block of rows at a time, no horizontal sums, each block streaming its panels
+front to back) and runs as a C kernel of the index family (:func:`recurrence_c`): each (direction,
+batch entry) recurrence in order over its steps, in parallel with the others, or a large one split
+among the threads by hidden unit; the gate equations in vectorized loops.
 
 The reference follows the operator definitions: gates in ONNX order (RNN ``i``; GRU ``z, r, h``;
 LSTM ``i, o, f, c``), ``direction`` forward / reverse / bidirectional, ``layout`` 0 (``[seq, batch,
@@ -109,7 +110,8 @@ def _set_outputs(ctx: ShapeContext, seq, batch, dirs: int, hidden: int, states: 
 
 def recurrence_shape(ctx: ShapeContext) -> None:
     """``tscomp.Recurrence``: the projections ``[seq, batch, dirs * gates * hidden]`` (layout 1:
-    ``[batch, seq, ...]``), ``Rᵀ`` ``[dirs, hidden, gates * hidden]``; outputs as the ONNX op's."""
+    ``[batch, seq, ...]``), the packed recurrent weight ``[dirs, gates * panels, hidden, PANEL]``
+    (:func:`pack_recurrent_weight`); outputs as the ONNX op's."""
     cell = ctx.attr("cell")
     if cell not in CELLS:
         ctx.fail(f"cell {cell!r} is not one of {', '.join(CELLS)}")
@@ -120,8 +122,9 @@ def recurrence_shape(ctx: ShapeContext) -> None:
     if len(g) != 3:
         ctx.fail(f"the projections must be 3-d, got rank {len(g)}")
     ctx.unify(g[2], dirs * gates * hidden, "the projections' last axis (directions x gates x hidden)")
-    for a, b, what in zip(ctx.shape(1), (dirs, hidden, gates * hidden), ("directions", "hidden", "gate rows")):
-        ctx.unify(a, b, f"R transposed: {what}")
+    packed = (dirs, gates * -(-hidden // PANEL), hidden, PANEL)
+    for a, b, what in zip(ctx.shape(1), packed, ("directions", "gate panels", "hidden", "panel rows")):
+        ctx.unify(a, b, f"the packed recurrent weight: {what}")
     seq, batch = (g[1], g[0]) if layout else (g[0], g[1])
     _set_outputs(ctx, seq, batch, dirs, hidden, states, layout)
 
@@ -168,18 +171,19 @@ def recurrent_ref(call: OpCall, X, W, R, B=None, sequence_lens=None, initial_h=N
 
 
 def recurrence_ref(call: OpCall, proj, Rt, Rb=None, sequence_lens=None, initial_h=None, initial_c=None, P=None):
-    """``tscomp.Recurrence``: ``Rb`` is the recurrent bias that cannot join the projections (GRU's
-    h gate with ``linear_before_reset``: ``[dirs, hidden]``), absent otherwise."""
+    """``tscomp.Recurrence``: ``Rt`` the recurrent weight packed (:func:`pack_recurrent_weight`);
+    ``Rb`` the recurrent bias that cannot join the projections (GRU's h gate with
+    ``linear_before_reset``: ``[dirs, hidden]``), absent otherwise."""
     cell = call.attr("cell")
     gates = CELLS[cell][0]
     dirs = 2 if call.attr("direction", "forward") == "bidirectional" else 1
     g = np.swapaxes(proj, 0, 1) if int(call.attr("layout", 0)) else proj
-    hidden = Rt.shape[1]
+    hidden = Rt.shape[2]
     rb = np.zeros((dirs, gates * hidden), proj.dtype)
     if Rb is not None:
         rb[:, (gates - 1) * hidden:] = Rb
-    return _recurrences(call, cell, g.reshape(*g.shape[:2], dirs, gates * hidden), np.swapaxes(Rt, 1, 2), rb,
-                        sequence_lens, initial_h, initial_c, P)
+    return _recurrences(call, cell, g.reshape(*g.shape[:2], dirs, gates * hidden), unpack_recurrent_weight(Rt, gates),
+                        rb, sequence_lens, initial_h, initial_c, P)
 
 
 def _recurrences(call: OpCall, cell: str, proj, R, rb, sequence_lens, initial_h, initial_c, P):
@@ -286,59 +290,58 @@ def _activation_functions(w, specs: list[list[tuple]]) -> list[list[str]]:
     return names
 
 
-#: the recurrent product, ``out[j] = sum_k rt[k * ld + j] * v[k]`` for ``n`` gate rows: blocks of
-#: 128, 64 and 16 rows whose accumulators stay in registers over the whole sum (128 rows: 8 AVX-512
-#: accumulators, enough independent FMA chains to issue two a cycle; fmaf: -std=c11 does not
-#: contract a * b + c), then the last rows
+#: gate rows per panel of the packed R (:func:`pack_recurrent_weight`): two AVX-512 vectors
+PANEL = 32
+
+#: the recurrent product over R packed in panels (``out[j] = sum_k R[j, k] * v[k]`` for the
+#: rows of ``np`` consecutive panels): each panel's rows for every ``k`` lie together, so a block
+#: of the product streams its panels front to back (read by rows of a plain ``Rᵀ``, every ``k``
+#: started a new 4 KiB page). Eight accumulators per kernel -- four panels of one batch entry, or
+#: one panel of four entries, which then share each load -- enough independent FMA chains to
+#: issue two a cycle. GCC vector types keep them in registers (arrays of them were spilled; two
+#: AVX2 registers each on AVX2 hosts); fp-contract makes ``a * b + c`` one FMA (-std=c11 does not)
 PRODUCT_HELPER = """\
-#define TS_PRODUCT_BLOCK(ROWS) \\
-static inline void ts_product##ROWS(float *restrict out, const float *restrict rt, const float *restrict v, \\
-                                   int64_t K, int64_t ld) \\
-{ \\
-    float acc[ROWS]; \\
-    _Pragma("omp simd") for (int j = 0; j < ROWS; ++j) acc[j] = 0.0f; \\
-    for (int64_t k = 0; k < K; ++k) { \\
-        const float vk = v[k]; \\
-        const float *restrict r = rt + k * ld; \\
-        _Pragma("omp simd") for (int j = 0; j < ROWS; ++j) acc[j] = fmaf(r[j], vk, acc[j]); \\
-    } \\
-    _Pragma("omp simd") for (int j = 0; j < ROWS; ++j) out[j] = acc[j]; \\
-}
-TS_PRODUCT_BLOCK(128)
-TS_PRODUCT_BLOCK(64)
-TS_PRODUCT_BLOCK(16)
-static void ts_product(float *restrict out, const float *restrict rt, const float *restrict v, int64_t K,
-                       int64_t ld, int64_t n)
-{
-    int64_t j = 0;
-    for (; j + 128 <= n; j += 128) ts_product128(out + j, rt + j, v, K, ld);
-    for (; j + 64 <= n; j += 64) ts_product64(out + j, rt + j, v, K, ld);
-    for (; j + 16 <= n; j += 16) ts_product16(out + j, rt + j, v, K, ld);
-    if (j < n) {
-        for (int64_t q = j; q < n; ++q) out[q] = 0.0f;
-        for (int64_t k = 0; k < K; ++k) {
-            const float vk = v[k];
-            const float *restrict r = rt + k * ld;
-            #pragma omp simd
-            for (int64_t q = j; q < n; ++q) out[q] = fmaf(r[q], vk, out[q]);
-        }
-    }
-}
-/* four batch entries at once, 32 gate rows: each load of rt serves all four. GCC vector types keep
-   the eight accumulators in registers (arrays of them were spilled), two per 16 rows on AVX2;
-   fp-contract makes a * b + c one FMA, as fmaf does in the loops above */
 #pragma GCC push_options
 #pragma GCC optimize ("fp-contract=fast")
 typedef float ts_vf __attribute__((vector_size(64)));
 static inline ts_vf ts_vload(const float *p) { ts_vf v; __builtin_memcpy(&v, p, sizeof v); return v; }
 static inline void ts_vstore(float *p, ts_vf v) { __builtin_memcpy(p, &v, sizeof v); }
-static inline void ts_product4x32(float *restrict o0, float *restrict o1, float *restrict o2, float *restrict o3,
-                                  const float *restrict rt, const float *restrict v0, const float *restrict v1,
-                                  const float *restrict v2, const float *restrict v3, int64_t K, int64_t ld)
+/* one batch entry, four panels (128 gate rows) */
+static inline void ts_panels4(float *restrict out, const float *restrict pan, int64_t ps,
+                              const float *restrict v, int64_t K)
+{
+    ts_vf a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
+    const float *restrict p0 = pan, *restrict p1 = pan + ps, *restrict p2 = pan + 2 * ps, *restrict p3 = pan + 3 * ps;
+    for (int64_t k = 0; k < K; ++k) {
+        const float x = v[k];
+        a0 += ts_vload(p0 + 32 * k) * x; b0 += ts_vload(p0 + 32 * k + 16) * x;
+        a1 += ts_vload(p1 + 32 * k) * x; b1 += ts_vload(p1 + 32 * k + 16) * x;
+        a2 += ts_vload(p2 + 32 * k) * x; b2 += ts_vload(p2 + 32 * k + 16) * x;
+        a3 += ts_vload(p3 + 32 * k) * x; b3 += ts_vload(p3 + 32 * k + 16) * x;
+    }
+    ts_vstore(out, a0); ts_vstore(out + 16, b0); ts_vstore(out + 32, a1); ts_vstore(out + 48, b1);
+    ts_vstore(out + 64, a2); ts_vstore(out + 80, b2); ts_vstore(out + 96, a3); ts_vstore(out + 112, b3);
+}
+/* one batch entry, one panel: even and odd k in separate accumulators */
+static inline void ts_panels1(float *restrict out, const float *restrict pan, const float *restrict v, int64_t K)
+{
+    ts_vf a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0};
+    int64_t k = 0;
+    for (; k + 2 <= K; k += 2) {
+        a0 += ts_vload(pan + 32 * k) * v[k]; b0 += ts_vload(pan + 32 * k + 16) * v[k];
+        a1 += ts_vload(pan + 32 * k + 32) * v[k + 1]; b1 += ts_vload(pan + 32 * k + 48) * v[k + 1];
+    }
+    if (k < K) { a0 += ts_vload(pan + 32 * k) * v[k]; b0 += ts_vload(pan + 32 * k + 16) * v[k]; }
+    ts_vstore(out, a0 + a1); ts_vstore(out + 16, b0 + b1);
+}
+/* four batch entries, one panel: each load serves all four */
+static inline void ts_panel_x4(float *restrict o0, float *restrict o1, float *restrict o2, float *restrict o3,
+                               const float *restrict pan, const float *restrict v0, const float *restrict v1,
+                               const float *restrict v2, const float *restrict v3, int64_t K)
 {
     ts_vf a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
     for (int64_t k = 0; k < K; ++k) {
-        const ts_vf r = ts_vload(rt + k * ld), s = ts_vload(rt + k * ld + 16);
+        const ts_vf r = ts_vload(pan + 32 * k), s = ts_vload(pan + 32 * k + 16);
         a0 += r * v0[k]; b0 += s * v0[k];
         a1 += r * v1[k]; b1 += s * v1[k];
         a2 += r * v2[k]; b2 += s * v2[k];
@@ -348,31 +351,58 @@ static inline void ts_product4x32(float *restrict o0, float *restrict o1, float 
     ts_vstore(o2, a2); ts_vstore(o2 + 16, b2); ts_vstore(o3, a3); ts_vstore(o3 + 16, b3);
 }
 #pragma GCC pop_options
-/* nb entries (out and v rows os and vs apart), four at a time: two or three left over run as four
-   with the last repeated into a scratch row (the loads of rt are what costs, not the FMAs) */
-static void ts_product_batch(float *restrict out, int64_t os, const float *restrict rt, const float *restrict v,
-                             int64_t vs, int64_t K, int64_t ld, int64_t n, int64_t nb)
+/* np panels (ps floats apart) of one entry */
+static void ts_product(float *restrict out, const float *restrict pan, int64_t ps, const float *restrict v,
+                       int64_t K, int64_t np)
+{
+    int64_t p = 0;
+    for (; p + 4 <= np; p += 4) ts_panels4(out + 32 * p, pan + p * ps, ps, v, K);
+    for (; p < np; ++p) ts_panels1(out + 32 * p, pan + p * ps, v, K);
+}
+/* np panels of nb entries (out and v rows os and vs apart), four entries at a time: two or three
+   left over run as four with the last repeated into a scratch row (the loads are what costs) */
+static void ts_product_batch(float *restrict out, int64_t os, const float *restrict pan, int64_t ps,
+                             const float *restrict v, int64_t vs, int64_t K, int64_t np, int64_t nb)
 {
     float spare[32] __attribute__((aligned(64)));
     for (int64_t b = 0; b < nb; b += 4) {
         const int64_t m = nb - b < 4 ? nb - b : 4;
-        if (m == 1) { ts_product(out + b * os, rt, v + b * vs, K, ld, n); continue; }
-        int64_t j = 0;
-        for (; j + 32 <= n; j += 32) {
+        if (m == 1) { ts_product(out + b * os, pan, ps, v + b * vs, K, np); continue; }
+        for (int64_t p = 0; p < np; ++p) {
             float *o[4];
             const float *x[4];
             for (int64_t e = 0; e < 4; ++e) {
-                o[e] = e < m ? out + (b + e) * os + j : spare;
+                o[e] = e < m ? out + (b + e) * os + 32 * p : spare;
                 x[e] = v + (b + (e < m ? e : m - 1)) * vs;
             }
-            ts_product4x32(o[0], o[1], o[2], o[3], rt + j, x[0], x[1], x[2], x[3], K, ld);
+            ts_panel_x4(o[0], o[1], o[2], o[3], pan + p * ps, x[0], x[1], x[2], x[3], K);
         }
-        for (int64_t e = b; e < b + m && j < n; ++e) ts_product(out + e * os + j, rt + j, v + e * vs, K, ld, n - j);
     }
 }"""
 
-#: hidden units a thread of a split recurrence owns are whole multiples of this (one vector)
-SPLIT_CHUNK = 16
+
+def pack_recurrent_weight(R: np.ndarray) -> np.ndarray:
+    """``R`` ``[dirs, gates * hidden, hidden]`` as the recurrence kernel reads it: per direction and
+    gate, panels of :data:`PANEL` gate rows (the last zero-padded), each panel ``[hidden][PANEL]``
+    (row ``j`` of the panel at ``k`` is ``R[gate * hidden + PANEL * p + j, k]``): shape
+    ``[dirs, gates * panels, hidden, PANEL]``."""
+    dirs, rows, hidden = R.shape
+    gates, panels = rows // hidden, -(-hidden // PANEL)
+    padded = np.zeros((dirs, gates, panels * PANEL, hidden), R.dtype)
+    padded[:, :, :hidden] = R.reshape(dirs, gates, hidden, hidden)
+    packed = padded.reshape(dirs, gates, panels, PANEL, hidden).transpose(0, 1, 2, 4, 3)
+    return np.ascontiguousarray(packed.reshape(dirs, gates * panels, hidden, PANEL))
+
+
+def unpack_recurrent_weight(packed: np.ndarray, gates: int) -> np.ndarray:
+    """The inverse of :func:`pack_recurrent_weight`: ``R`` ``[dirs, gates * hidden, hidden]``."""
+    dirs, _, hidden, _ = packed.shape
+    panels = packed.shape[1] // gates
+    R = packed.reshape(dirs, gates, panels, hidden, PANEL).transpose(0, 1, 2, 4, 3)
+    return np.ascontiguousarray(R.reshape(dirs, gates, panels * PANEL, hidden)[:, :, :hidden].reshape(dirs, -1, hidden))
+
+#: hidden units a thread of a split recurrence owns are whole multiples of this (whole panels)
+SPLIT_CHUNK = 32
 #: multiply-adds per step of the recurrent product from which the team splits a recurrence (its
 #: barrier per step, ~1 us on 2 cores, then costs less than the product's half: LSTM hidden 256 is
 #: 262,144; a GRU of hidden 128, 49,152, runs on one thread)
@@ -401,9 +431,9 @@ def recurrence_c(w) -> None:
     A small recurrence (fewer multiply-adds per step than :data:`SPLIT_MIN_MACS`) runs whole on
     one thread, the (direction, batch entry) recurrences in parallel. A large one is split among
     the team by hidden unit, a direction at a time, every batch entry in the same step: a thread
-    owns the gate rows of its units (its part of ``Rᵀ`` stays in its own L2 cache from step to
+    owns the gate rows of its units (its panels of R stay in its own L2 cache from step to
     step, and one load of it serves four batch entries) and updates their state; one barrier per
-    step (two for a GRU without ``linear_before_reset``) publishes the new state. Whole ``Rᵀ`` per
+    step (two for a GRU without ``linear_before_reset``) publishes the new state. Whole R per
     thread streamed from L3 every step (LSTM hidden 256: 1.4-1.7x onnxruntime at batch 4)."""
     cell = w.attr("cell")
     gates, defaults, _ = CELLS[cell]
@@ -432,7 +462,7 @@ def recurrence_c(w) -> None:
     geo = _Geometry(cell, H, GH, S, NB, dirs, layout, bool(w.attr("linear_before_reset", 0)),
                     {"forward": "0", "reverse": "1"}.get(direction, "(d == 1)"))
     w.emit(f"/* {cell} {direction}, layout {layout}: [{dirs} x {NB}] recurrences of up to {S} steps, hidden {H}, "
-           f"{gates} gate(s); the input projections (+ biases) precomputed, R transposed [{dirs}][{H}][{GH}] */")
+           f"{gates} gate(s); the input projections (+ biases) precomputed, R packed in panels of {PANEL} gate rows */")
     phases = _CELL_C[cell](w, act, ops, geo)
     if GH * H < SPLIT_MIN_MACS:
         _whole_recurrences(w, ops, geo, phases)
@@ -451,6 +481,20 @@ class _Geometry:
     layout: int
     lbr: bool
     reverse: str    # whether direction d runs backwards (C)
+
+    @property
+    def panels(self) -> int:
+        """Panels of :data:`PANEL` gate rows per gate."""
+        return -(-self.H // PANEL)
+
+    @property
+    def Hp(self) -> int:
+        """A gate's rows in ``rec``, padded to whole panels (a product writes whole panels)."""
+        return self.panels * PANEL
+
+    def panel(self, gate: int, first: str = "0") -> str:
+        """Where gate ``gate``'s panels start in the packed weight (from panel ``first``, C)."""
+        return f"rt + ((d * {self.GH // self.H} + {gate}) * {self.panels} + {first}) * {self.H * PANEL}"
 
     @property
     def product_gates(self) -> int:
@@ -498,26 +542,27 @@ def _finals(ops, geo: _Geometry, lo: str, hi: str, h: str, c: str) -> list[str]:
 def _whole_recurrences(w, ops, geo: _Geometry, phases) -> None:
     """Each (direction, batch entry) recurrence on one thread, in place; in parallel."""
     H, GH, lens = geo.H, geo.GH, ops["lens"]
-    st = w.scratch("st", "float", f"{geo.dirs} * ({geo.NB}) * {2 * H + 2 * GH}")
+    G, Hp = GH // H, geo.Hp
+    st = w.scratch("st", "float", f"{geo.dirs} * ({geo.NB}) * {2 * H + G * Hp + GH}")
     w.emit("/* whole recurrences per thread */")
     w.parallel_for([("d", str(geo.dirs)), ("b", geo.NB)], work=f"{geo.dirs} * ({geo.NB}) * ({geo.S}) * {GH} * {H}",
                    min_work=0)
     _emit(w, "    ", [
-        f"float *restrict c = {st} + (d * ({geo.NB}) + b) * {2 * H + 2 * GH}, *restrict rec = c + {H}, "
-        f"*restrict tmp = rec + {GH};",
+        f"float *restrict c = {st} + (d * ({geo.NB}) + b) * {2 * H + G * Hp + GH}, *restrict rec = c + {H}, "
+        f"*restrict tmp = rec + {G * Hp};",
         f"float *h = tmp + {GH}, *hin = h, *hout = h;      /* the state updated in place */",
         f"const int64_t i0 = 0, i1 = {H};",
-        f"const float *restrict rtd = &{ops['rt'].at(f'd * {H * GH}')};",
+        f"const float *restrict rt = {ops['rt'].base};",
         f"const int64_t len = {w.count_check(lens.at('b'), geo.S, 3, 'b') if lens else geo.S};",
         f"const int reverse = {geo.reverse};",
         *_state_init(ops, geo, "0", str(H), "h", "c", "len"),
         "for (int64_t t = 0; t < len; ++t) {"])
     _emit(w, "        ", _step_inputs(ops, geo, "len"))
     for k in range(geo.product_gates):
-        w.emit(f"        ts_product(rec + {k * H}, rtd + {k * H}, h, {H}, {GH}, {H});")
+        w.emit(f"        ts_product(rec + {k * Hp}, {geo.panel(k)}, {H * PANEL}, h, {H}, {geo.panels});")
     for n, phase in enumerate(phases):
         if n:       # GRU: the h gate's product over r * h
-            w.emit(f"        ts_product(rec + {2 * H}, rtd + {2 * H}, tmp + {2 * H}, {H}, {GH}, {H});")
+            w.emit(f"        ts_product(rec + {2 * Hp}, {geo.panel(2)}, {H * PANEL}, tmp + {2 * H}, {H}, {geo.panels});")
         _emit(w, "        ", phase)
     if ops["y"]:
         w.emit(f"        for (int64_t i = 0; i < {H}; ++i) {ops['y'].at(geo.y_at('pos') + ' + i')} = h[i];")
@@ -529,7 +574,8 @@ def _whole_recurrences(w, ops, geo: _Geometry, phases) -> None:
 def _split_recurrences(w, ops, geo: _Geometry, phases) -> None:
     """A direction at a time, every batch entry in lockstep, the team splitting the hidden units."""
     H, GH, NB, lens = geo.H, geo.GH, geo.NB, ops["lens"]
-    st = w.scratch("st", "float", f"({NB}) * {3 * H + 2 * GH}")
+    G, Hp = GH // H, geo.Hp
+    st = w.scratch("st", "float", f"({NB}) * {3 * H + G * Hp + GH}")
     ln = w.scratch("ln", "int64_t", NB)
     w.emit("/* a direction at a time, the team splitting the hidden units, the batch entries in lockstep */")
     w.emit("int64_t steps = 0;")
@@ -540,7 +586,7 @@ def _split_recurrences(w, ops, geo: _Geometry, phases) -> None:
     w.emit(f"for (int64_t d = 0; d < {geo.dirs}; ++d)")
     w.emit("#pragma omp parallel")
     w.emit("{")
-    entry = [f"float *restrict rec = recs + b * {GH}, *restrict tmp = tmps + b * {GH}, *restrict c = cs + b * {H};",
+    entry = [f"float *restrict rec = recs + b * {G * Hp}, *restrict tmp = tmps + b * {GH}, *restrict c = cs + b * {H};",
              f"const float *restrict hin = hc + b * {H};",
              f"float *restrict hout = hn + b * {H};"]
     _emit(w, "    ", [
@@ -549,8 +595,9 @@ def _split_recurrences(w, ops, geo: _Geometry, phases) -> None:
         f"const int64_t i0 = ts_min(chunks * tid / nt * {SPLIT_CHUNK}, {H}), "
         f"i1 = ts_min(chunks * (tid + 1) / nt * {SPLIT_CHUNK}, {H});",
         f"float *cs = {st}, *hc = cs + ({NB}) * {H}, *hn = hc + ({NB}) * {H};   /* hc read, hn written: they alternate */",
-        f"float *recs = hn + ({NB}) * {H}, *tmps = recs + ({NB}) * {GH};",
-        f"const float *restrict rtd = &{ops['rt'].at(f'd * {H * GH}')};",
+        f"float *recs = hn + ({NB}) * {H}, *tmps = recs + ({NB}) * {G * Hp};",
+        f"const float *restrict rt = {ops['rt'].base};",
+        f"const int64_t pa = i0 / {PANEL}, pn = (i1 - i0 + {PANEL - 1}) / {PANEL};   /* this thread's panels */",
         f"const int reverse = {geo.reverse};",
         f"for (int64_t b = 0; b < {NB}; ++b) {{",
         *["    " + line for line in _state_init(ops, geo, "i0", "i1", f"(hc + b * {H})", f"(cs + b * {H})", f"{ln}[b]")],
@@ -558,12 +605,13 @@ def _split_recurrences(w, ops, geo: _Geometry, phases) -> None:
         "#pragma omp barrier",
         "for (int64_t t = 0; t < steps; ++t) {"])
     for k in range(geo.product_gates):
-        w.emit(f"        ts_product_batch(recs + {k * H} + i0, {GH}, rtd + {k * H} + i0, hc, {H}, {H}, {GH}, i1 - i0, {NB});")
+        w.emit(f"        ts_product_batch(recs + {k * Hp} + i0, {G * Hp}, {geo.panel(k, 'pa')}, {H * PANEL}, hc, {H}, "
+               f"{H}, pn, {NB});")
     for n, phase in enumerate(phases):
         if n:       # GRU: every unit's r * h first, then the h gate's product over it
             w.emit("        #pragma omp barrier")
-            w.emit(f"        ts_product_batch(recs + {2 * H} + i0, {GH}, rtd + {2 * H} + i0, tmps + {2 * H}, {GH}, {H}, "
-                   f"{GH}, i1 - i0, {NB});")
+            w.emit(f"        ts_product_batch(recs + {2 * Hp} + i0, {G * Hp}, {geo.panel(2, 'pa')}, {H * PANEL}, "
+                   f"tmps + {2 * H}, {GH}, {H}, pn, {NB});")
         w.emit(f"        for (int64_t b = 0; b < {NB}; ++b) {{")
         w.emit(f"            if (t >= {ln}[b]) continue;")
         _emit(w, "            ", entry + _step_inputs(ops, geo, f"{ln}[b]") + phase)
@@ -609,29 +657,29 @@ def _gru_cell_c(w, act, ops, geo: _Geometry) -> list[list[str]]:
     ``r * h`` of every unit: a second phase after it (its recurrent bias already in the
     projections). One activation per loop: GCC if-converts a loop of one, not of several (the loop
     stayed scalar)."""
-    H = geo.H
+    H, Hp = geo.H, geo.Hp
     first, second = _Loops(), _Loops()
     first.each(f"tmp[i] = {act(0, 'g[i] + rec[i]')};   /* z */")
     r_h = "" if geo.lbr else f" tmp[{2 * H} + i] = tmp[{H} + i] * hin[i];   /* r * h */"
-    first.each(f"tmp[{H} + i] = {act(0, f'g[{H} + i] + rec[{H} + i]')};   /* r */" + r_h)
+    first.each(f"tmp[{H} + i] = {act(0, f'g[{H} + i] + rec[{Hp} + i]')};   /* r */" + r_h)
     if geo.lbr:
         rb = ops["rb"]
         bias = f" + {rb.at(f'd * {H} + i')}" if rb else ""
-        n = act(1, f"g[{2 * H} + i] + tmp[{H} + i] * (rec[{2 * H} + i]{bias})")
+        n = act(1, f"g[{2 * H} + i] + tmp[{H} + i] * (rec[{2 * Hp} + i]{bias})")
         last = first
     else:
-        n = act(1, f"g[{2 * H} + i] + rec[{2 * H} + i]")
+        n = act(1, f"g[{2 * H} + i] + rec[{2 * Hp} + i]")
         last = second
     # n over rec's h rows: only this thread reads them (others may still read r * h)
-    last.each(f"rec[{2 * H} + i] = {n};   /* n */")
-    last.each(f"hout[i] = (1.0f - tmp[i]) * rec[{2 * H} + i] + tmp[i] * hin[i];")
+    last.each(f"rec[{2 * Hp} + i] = {n};   /* n */")
+    last.each(f"hout[i] = (1.0f - tmp[i]) * rec[{2 * Hp} + i] + tmp[i] * hin[i];")
     return [first.lines] if geo.lbr else [first.lines, second.lines]
 
 
 def _lstm_cell_c(w, act, ops, geo: _Geometry) -> list[list[str]]:
     """Gates i, o, f, c (ONNX order); peepholes ``P`` (i, o, f) read the previous cell state for
     i and f, the new one for o. One activation per loop (see :func:`_gru_cell_c`)."""
-    H, P = geo.H, ops["P"]
+    H, Hp, P = geo.H, geo.Hp, ops["P"]
 
     def peep(k):
         return f" + {P.at(f'd * {3 * H} + {k * H} + i')} * c[i]" if P else ""
@@ -640,10 +688,10 @@ def _lstm_cell_c(w, act, ops, geo: _Geometry) -> list[list[str]]:
     if w.attr("input_forget", 0):
         p.each(f"tmp[{2 * H} + i] = 1.0f - tmp[i];   /* f: input_forget */")
     else:
-        p.each(f"tmp[{2 * H} + i] = {act(0, f'g[{2 * H} + i] + rec[{2 * H} + i]' + peep(2))};   /* f */")
-    p.each(f"tmp[{3 * H} + i] = {act(1, f'g[{3 * H} + i] + rec[{3 * H} + i]')};   /* candidate */")
+        p.each(f"tmp[{2 * H} + i] = {act(0, f'g[{2 * H} + i] + rec[{2 * Hp} + i]' + peep(2))};   /* f */")
+    p.each(f"tmp[{3 * H} + i] = {act(1, f'g[{3 * H} + i] + rec[{3 * Hp} + i]')};   /* candidate */")
     p.each(f"c[i] = tmp[{2 * H} + i] * c[i] + tmp[i] * tmp[{3 * H} + i];   /* the new cell state */")
-    p.each(f"tmp[{H} + i] = {act(0, f'g[{H} + i] + rec[{H} + i]' + peep(1))};   /* o */")
+    p.each(f"tmp[{H} + i] = {act(0, f'g[{H} + i] + rec[{Hp} + i]' + peep(1))};   /* o */")
     p.each(f"hout[i] = tmp[{H} + i] * {act(2, 'c[i]', clipped=False)};   /* the cell state unclipped, as onnxruntime */")
     return [p.lines]
 
