@@ -299,6 +299,29 @@ def test_a_causal_mask_skips_the_masked_key_tail_and_matches_onnxruntime(guarded
         close(run_group(plan, k, feeds)["y"], want, cfg.slug())
 
 
+@pytest.mark.parametrize("what,index", [("k", 2), ("v", 5), ("k", -1)])
+@pytest.mark.parametrize("guard", [False, True], ids=["no-guard", "nan-guard"])
+def test_a_nan_key_or_value_behind_a_causal_mask_gives_what_onnxruntime_gives(tmp_path, guard, what, index):
+    """A NaN key (or value) behind a causal mask: onnxruntime's NaN + -inf and 0 * NaN reach every
+    query row of that batch entry (NaN without the exporters' guard; the guard zeroes NaN
+    probabilities, not a NaN value's products). The kernel then does not skip the masked tail and
+    gives the same NaNs and numbers (a random Helium gave a padding token's zero embedding inf
+    through an RMSNorm without epsilon); the finite entry keeps its skip and its numbers."""
+    path = attention_model(tmp_path, 24, 40, guard=guard)
+    plan = plan_of(path)
+    kernel = compile_attention_group(plan, the_attention_group(plan), isa=host_isa())
+    M = N = 13
+    feeds = feeds_at(2, M, N, 24, 40, np.random.default_rng(5))
+    i, j = np.arange(M)[:, None], np.arange(N)[None, :]
+    feeds["mask"][:] = np.where(j > i, -np.inf, 0.0).astype(np.float32)
+    feeds[what][0, index % N, 0, 3] = np.nan
+    want, got = ort_run(path, feeds)[0], run_group(plan, kernel, feeds)["y"]
+    if not guard:       # every query row of the entry reached (a NaN key: whole rows; a NaN value: its column)
+        assert np.isnan(want[0, 0]).any(axis=-1).all() and not np.isnan(want[1]).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    close(np.nan_to_num(got), np.nan_to_num(want), "NaN where onnxruntime has NaN, its numbers elsewhere")
+
+
 def _has_amx() -> bool:
     from tscomp.schedule.target import host_cpu
     return host_isa() == "avx512" and host_cpu().spec.amx

@@ -74,7 +74,10 @@ _PROBE = np.array([0.0, 1e-30, 0.25, 0.5, 1.0, np.nan], np.float32)
 #: A key is masked for a query row when the score epilogue gives at most MASK_DEAD at acc = -MASK_PROBE
 #: and at acc = +MASK_PROBE (monotone epilogues: additive masks of -inf or of the exporters' finfo.min,
 #: a Where selecting -inf). Such a key's probability e^(s - max) is exactly 0 in fp32 as long as its row
-#: has a live key and |QKᵀ| < MASK_PROBE; the kernel then skips the masked tail of the keys.
+#: has a live key and |QKᵀ| < MASK_PROBE; the kernel then skips the masked tail of the keys -- unless a key
+#: or value of the batch entry is NaN or infinite (found while packing them): onnxruntime's NaN + -inf and
+#: 0 * NaN then make every row NaN (a random Helium's RMSNorm without epsilon gave a padding token's zero
+#: embedding inf), and so does the kernel.
 MASK_DEAD = -1e30
 MASK_PROBE = 1e20
 
@@ -454,6 +457,9 @@ void {self.func}({', '.join(params)})
             const int64_t ts_b = ts_t / ts_splits, ts_qb0 = (ts_t % ts_splits) * ts_run;
             const int64_t ts_qb1 = ts_min64(ts_n_qb, ts_qb0 + ts_run);
             if (ts_qb0 >= ts_qb1) continue;
+            int ts_bad = 0;     /* a non-finite K or V element: the masked tail then runs (NaN semantics) */
+            float ts_vnf[TS_DVP];   /* per value column, 0 * (every V element): NaN where one is non-finite */
+            memset(ts_vnf, 0, sizeof ts_vnf);
 {pack.keys()}
             for (int64_t ts_qb = ts_qb0; ts_qb < ts_qb1; ++ts_qb) {{
             const int64_t ts_m0 = ts_qb * TS_MB;
@@ -516,14 +522,18 @@ void {self.func}({', '.join(params)})
 {pack.pv}
             }}
             /* O / l through the output epilogue ({', '.join(o.op_type for o in self._output_ops()) or 'store'});
-             * a fully masked row: P·V of the guarded NaN probabilities; no keys at all: an empty sum, 0 */
+             * a fully masked row: P·V of the guarded NaN probabilities; no keys at all: an empty sum, 0.
+             * A row with a NaN score (a NaN key) has NaN probabilities throughout: NaN, or under the
+             * guard P = 0, whose P·V is 0 * V summed over every key (NaN where a value is non-finite) */
             for (int64_t ts_r = 0; ts_r < ts_mv; ++ts_r) {{
                 const int64_t ts_i = ts_m0 + ts_r;
                 const int ts_dead = ts_mx[ts_r] == -INFINITY;
+                const int ts_nan_row = {'ts_l[ts_r] != ts_l[ts_r]' if self.masked_value == 0.0 else '0'};
                 const float ts_inv = ts_dead ? 0.0f : 1.0f / ts_l[ts_r];
                 #pragma omp simd
                 for (int64_t ts_d = 0; ts_d < TS_DV; ++ts_d) {{
-                    const float acc = ts_dead ? (ts_N > 0 ? {masked} : 0.0f) : ts_o[ts_r * TS_DVP + ts_d] * ts_inv;
+                    const float acc = ts_dead ? (ts_N > 0 ? {masked} : 0.0f)
+                                    : ts_nan_row ? ts_vnf[ts_d] : ts_o[ts_r * TS_DVP + ts_d] * ts_inv;
 {ind(F['o'][1], 5)}
                 }}
             }}
@@ -548,10 +558,12 @@ void {self.func}({', '.join(params)})
         def dead_at(acc: str) -> str:
             return (f"{{ const float acc = {acc};\n{ind(lines, 8)}\n"
                     f"                                ts_dead = ({expr}) <= TS_MASK_DEAD; }}")
-        return f"""            {{  /* masked key tail: a key whose score stays at most TS_MASK_DEAD whatever QKᵀ gives (the
+        return f"""            if (!ts_bad) {{  /* masked key tail: a key whose score stays at most TS_MASK_DEAD whatever QKᵀ gives (the
                 * score epilogue at acc = -/+{MASK_PROBE:g}) has P = e^(s - max) = 0 in fp32 once its row has
                 * a live key; keys past every row's last live key run neither QKᵀ nor P·V (a causal mask
-                * halves the work). A row with no live key keeps every key (softmax over masked scores). */
+                * halves the work). A row with no live key keeps every key (softmax over masked scores).
+                * Not when a key or value is NaN or infinite: a masked NaN score (NaN + -inf) or a NaN value
+                * times P = 0 makes every row NaN, as onnxruntime computes it. */
                 int64_t ts_live = 0;
                 for (int64_t ts_r = 0; ts_r < ts_mv && ts_live < ts_N; ++ts_r) {{
                     const int64_t ts_i = ts_m0 + ts_r;
@@ -668,15 +680,20 @@ class _Fp32Packing:
                     memset(ts_vrow, 0, sizeof(float) * TS_DVP);
                     continue;
                 }}
-                #pragma omp simd
+                #pragma omp simd reduction(|:ts_bad)
                 for (int64_t ts_k = 0; ts_k < TS_DK; ++ts_k) {{
 {ind(F['k'][1], 5)}
-                    ts_kcol[ts_k * TS_NJ] = {F['k'][0]};
+                    const float ts_x = {F['k'][0]};
+                    ts_kcol[ts_k * TS_NJ] = ts_x;
+                    ts_bad |= ts_x - ts_x != 0.0f;
                 }}
-                #pragma omp simd
+                #pragma omp simd reduction(|:ts_bad)
                 for (int64_t ts_d = 0; ts_d < TS_DV; ++ts_d) {{
 {ind(F['v'][1], 5)}
-                    ts_vrow[ts_d] = {F['v'][0]};
+                    const float ts_x = {F['v'][0]};
+                    ts_vrow[ts_d] = ts_x;
+                    ts_bad |= ts_x - ts_x != 0.0f;
+                    ts_vnf[ts_d] += 0.0f * ts_x;
                 }}
                 for (int64_t ts_d = TS_DV; ts_d < TS_DVP; ++ts_d) ts_vrow[ts_d] = 0.0f;
             }}"""
@@ -721,15 +738,18 @@ class _AmxPacking(_Fp32Packing):
                     memset(ts_krow, 0, sizeof ts_krow);
                     memset(ts_vrow, 0, sizeof ts_vrow);
                     if (ts_j < ts_N) {{
-                        #pragma omp simd
+                        #pragma omp simd reduction(|:ts_bad)
                         for (int64_t ts_k = 0; ts_k < TS_DK; ++ts_k) {{
 {ind(F['k'][1], 7)}
                             ts_krow[ts_k] = {F['k'][0]};
+                            ts_bad |= ts_krow[ts_k] - ts_krow[ts_k] != 0.0f;
                         }}
-                        #pragma omp simd
+                        #pragma omp simd reduction(|:ts_bad)
                         for (int64_t ts_d = 0; ts_d < TS_DV; ++ts_d) {{
 {ind(F['v'][1], 7)}
                             ts_vrow[ts_d] = {F['v'][0]};
+                            ts_bad |= ts_vrow[ts_d] - ts_vrow[ts_d] != 0.0f;
+                            ts_vnf[ts_d] += 0.0f * ts_vrow[ts_d];
                         }}
                     }}
                     ts_bf16_row(ts_krow, (uint16_t*)(ts_kg + ts_jj * (TS_DKP / 2)), TS_DKP, TS_DKP);
