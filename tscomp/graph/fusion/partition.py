@@ -369,13 +369,15 @@ PASSES: tuple[tuple[str, frozenset], ...] = (
 
 
 def unfused_parts(cg: ComputeGraph, g: GroupState) -> list[GroupState]:
-    """A GEMM group's fallback split: its heavy op with the prologue feeding it, then its
-    epilogue as a group of its own (a reduce group when it holds a row reduction). The rules fuse
-    by shape, not by what a family can generate: an epilogue read through a head-merging
-    transpose (BitNet normalizes the attention output right after P·V) made a group the batched
-    GEMM family refuses, which then ran whole on the numpy fallback; split, the GEMM compiles and
+    """A GEMM or reduce group's fallback split: its heavy op (the GEMM, the first reduction) with
+    the prologue feeding it, then its epilogue as a group of its own (a reduce group when it holds
+    a reduction). The rules fuse by shape, not by what a family can generate: an epilogue read
+    through a head-merging transpose (BitNet normalizes the attention output right after P·V)
+    made a group the batched GEMM family refuses, and BiT's last GroupNorm, whose affine epilogue
+    writes [N, C, H, W] back from rows [N, G, C/G, H*W] with H and W nested ceilings, one the row
+    family refuses; each then ran whole on the numpy fallback. Split, the heavy part compiles and
     the epilogue goes to the row or elementwise family. Empty when there is nothing to split."""
-    if g.kind != "gemm" or g.parts:
+    if g.kind not in ("gemm", "reduce") or g.parts:
         return []
     epilogue = [m for m in g.members if m not in g.feeders]
     if not epilogue:
