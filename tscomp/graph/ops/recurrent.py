@@ -350,6 +350,21 @@ static inline void ts_panel_x4(float *restrict o0, float *restrict o1, float *re
     ts_vstore(o0, a0); ts_vstore(o0 + 16, b0); ts_vstore(o1, a1); ts_vstore(o1 + 16, b1);
     ts_vstore(o2, a2); ts_vstore(o2 + 16, b2); ts_vstore(o3, a3); ts_vstore(o3 + 16, b3);
 }
+/* two batch entries, two panels */
+static inline void ts_panels2_x2(float *restrict o0, float *restrict o1, const float *restrict pan, int64_t ps,
+                                 const float *restrict v0, const float *restrict v1, int64_t K)
+{
+    ts_vf a0 = {0}, b0 = {0}, c0 = {0}, d0 = {0}, a1 = {0}, b1 = {0}, c1 = {0}, d1 = {0};
+    const float *restrict p0 = pan, *restrict p1 = pan + ps;
+    for (int64_t k = 0; k < K; ++k) {
+        const ts_vf r = ts_vload(p0 + 32 * k), s = ts_vload(p0 + 32 * k + 16);
+        const ts_vf t = ts_vload(p1 + 32 * k), u = ts_vload(p1 + 32 * k + 16);
+        a0 += r * v0[k]; b0 += s * v0[k]; c0 += t * v0[k]; d0 += u * v0[k];
+        a1 += r * v1[k]; b1 += s * v1[k]; c1 += t * v1[k]; d1 += u * v1[k];
+    }
+    ts_vstore(o0, a0); ts_vstore(o0 + 16, b0); ts_vstore(o0 + 32, c0); ts_vstore(o0 + 48, d0);
+    ts_vstore(o1, a1); ts_vstore(o1 + 16, b1); ts_vstore(o1 + 32, c1); ts_vstore(o1 + 48, d1);
+}
 #pragma GCC pop_options
 /* np panels (ps floats apart) of one entry */
 static void ts_product(float *restrict out, const float *restrict pan, int64_t ps, const float *restrict v,
@@ -359,8 +374,8 @@ static void ts_product(float *restrict out, const float *restrict pan, int64_t p
     for (; p + 4 <= np; p += 4) ts_panels4(out + 32 * p, pan + p * ps, ps, v, K);
     for (; p < np; ++p) ts_panels1(out + 32 * p, pan + p * ps, v, K);
 }
-/* np panels of nb entries (out and v rows os and vs apart), four entries at a time: two or three
-   left over run as four with the last repeated into a scratch row (the loads are what costs) */
+/* np panels of nb entries (out and v rows os and vs apart), four entries at a time: two left over
+   run two panels at a time, three as four with the last repeated into a scratch row */
 static void ts_product_batch(float *restrict out, int64_t os, const float *restrict pan, int64_t ps,
                              const float *restrict v, int64_t vs, int64_t K, int64_t np, int64_t nb)
 {
@@ -368,6 +383,15 @@ static void ts_product_batch(float *restrict out, int64_t os, const float *restr
     for (int64_t b = 0; b < nb; b += 4) {
         const int64_t m = nb - b < 4 ? nb - b : 4;
         if (m == 1) { ts_product(out + b * os, pan, ps, v + b * vs, K, np); continue; }
+        if (m == 2) {       /* two entries: two panels at a time (no scratch rows) */
+            int64_t p = 0;
+            for (; p + 2 <= np; p += 2)
+                ts_panels2_x2(out + b * os + 32 * p, out + (b + 1) * os + 32 * p, pan + p * ps, ps, v + b * vs,
+                              v + (b + 1) * vs, K);
+            for (; p < np; ++p)
+                for (int64_t e = b; e < b + 2; ++e) ts_panels1(out + e * os + 32 * p, pan + p * ps, v + e * vs, K);
+            continue;
+        }
         for (int64_t p = 0; p < np; ++p) {
             float *o[4];
             const float *x[4];
