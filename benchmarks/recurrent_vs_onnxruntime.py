@@ -51,7 +51,15 @@ def export(name: str, out_dir: Path) -> Path:
     return path
 
 
+#: seconds to wait before timing one system after the other: onnxruntime's pool spins on after a run,
+#: and the recurrence's barrier per step stalls whenever one of its two threads shares a core with a
+#: spinning worker (lstm_large 1x127 right after onnxruntime: 6.2 and 2.1 ms alternating for ~40 ms,
+#: then 2.0 ms)
+SETTLE_S = 0.2
+
+
 def _median(call, runs: int = 15) -> float:
+    time.sleep(SETTLE_S)
     call()
     times = []
     for _ in range(runs):
