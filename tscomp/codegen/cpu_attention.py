@@ -199,7 +199,7 @@ class AttentionAnalysis:
             if isinstance(e, Const) and not e.symbolic:
                 out = np.asarray(e.value)
             elif isinstance(e, Op) and not e.heavy:
-                opdef = registry.lookup(e.op_type, "", e.opset, e.node)
+                opdef = registry.lookup(e.op_type, e.domain, e.opset, e.node)
                 if opdef.fusion is not FusionClass.ELEMENTWISE:
                     self._fail(f"{e.op_type} between the Softmax and P·V is not elementwise")
                 call = OpCall(e.node, e.op_type, e.attrs, e.opset, e.num_outputs)

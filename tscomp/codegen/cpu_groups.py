@@ -468,7 +468,7 @@ class GroupGenerator:
         return self.define(ct, f"{self.arrays[id(e)]}[{self.c(off)}]", index=[off], stem="c")
 
     def elementwise(self, e: Op, idx) -> str:
-        opdef = registry.lookup(e.op_type, "", e.opset, e.node)
+        opdef = registry.lookup(e.op_type, e.domain, e.opset, e.node)
         if opdef.c_expr is None:
             self.fail(f"{opdef.fusion.value} op has no C template (OpDef.c_expr)", e)
         if e.num_outputs != 1 or e.output_index != 0:

@@ -245,13 +245,22 @@ class IndexKernelWriter:
         """A view of a group input (a Slice, Reshape or Transpose the fusion absorbed into the op's
         group: MobileBERT's shifted copies of the embedding, Swin's window padding after a reshape)
         gathered into a contiguous buffer before the op, so every writer indexes it flat. Its index
-        map is divided out once per element here, in one parallel pass."""
+        map is divided out once per element here, in one parallel pass. A view of a constant (the
+        dynamo exporter's initial LSTM state: zeros expanded over the batch) reads the constant: a
+        single value is that value everywhere, a larger one is gathered from its static array."""
         chain, src = [], a
         while isinstance(src, View):
             chain.append((src.op.canonical(self.canon), tuple(self.canon(d) for d in src.src.shape)))
             src = src.src
-        if not isinstance(src, Input):
-            self.fail(f"input {i} is a view of {type(src).__name__}, not of a group input")
+        if isinstance(src, Const) and not src.symbolic:
+            const = self._const(src, ct, tuple(self.canon(d) for d in src.shape))
+            if np.asarray(src.value).size == 1:
+                return Operand(a.dtype, shape, ct, const.base, np.asarray(src.value))
+            source = const.base
+        elif isinstance(src, Input):
+            source = self.in_c[src.name]
+        else:
+            self.fail(f"input {i} is a view of {type(src).__name__}, not of a group input or constant")
         name = f"view{len(self._views)}"
         n = self.numel(shape)
         # rows of the last axis when its extent is a constant: the row's coordinates (and their
@@ -262,16 +271,16 @@ class IndexKernelWriter:
         flat = q * inner + r if inner != 1 else q
         source = compose(delinearize(flat, shape, self.ctx), chain, self.ctx)
         off = self.ctx.collapse(self.ctx.simplify(linearize(source, tuple(self.canon(d) for d in src.shape))))
-        self.decls += [f"/* input {i}: {a.op.describe()} of {src.name}, gathered contiguous */",
+        self.decls += [f"/* input {i}: {a.op.describe()} of {src.name or 'a constant'}, gathered contiguous */",
                        f"{ct}* {name} = ({ct}*)malloc(sizeof({ct}) * (size_t)({n}) + 1);",
                        f"#pragma omp parallel for schedule(static){self.parallel(n)}"]
         if inner != 1:
             self.decls += [f"for (int64_t {q} = 0; {q} < ({n}) / {inner}; ++{q})",
                            "    #pragma omp simd",
                            f"    for (int64_t {r} = 0; {r} < {inner}; ++{r}) "
-                           f"{name}[{q} * {inner} + {r}] = {self.in_c[src.name]}[{self.pr(off)}];"]
+                           f"{name}[{q} * {inner} + {r}] = {source}[{self.pr(off)}];"]
         else:
-            self.decls.append(f"for (int64_t {q} = 0; {q} < {n}; ++{q}) {name}[{q}] = {self.in_c[src.name]}[{self.pr(off)}];")
+            self.decls.append(f"for (int64_t {q} = 0; {q} < {n}; ++{q}) {name}[{q}] = {source}[{self.pr(off)}];")
         self.cleanup.append(f"free({name});")
         return Operand(a.dtype, shape, ct, name)
 

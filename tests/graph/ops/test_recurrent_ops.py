@@ -160,3 +160,39 @@ def test_a_sequence_length_outside_the_sequence_is_refused_by_name(tmp_path):
     for bad in (6, -1):
         with pytest.raises(IndexOutOfRangeError, match=rf"'lens' has value {bad} .*\[0, 5\]"):
             rt.run({"x": x, "lens": np.array([3, bad], np.int32)})
+
+
+def test_an_initial_state_expanded_from_a_constant_runs_natively_as_the_dynamo_exporter_writes_it(tmp_path):
+    """torch's dynamo exporter gives nn.LSTM its zero initial state as Expand(constant) over the
+    batch: the recurrence kernel reads the constant through the view (it ran on numpy, and there the
+    interpreter looked the internal op up without its domain and failed)."""
+    from tscomp.compiler import compile_model
+    from tscomp.graph.fusion import fuse, run_plan
+    from tscomp.runtime import Runtime
+    model, _ = _recurrent_model("LSTM")
+    node = model.graph.node[0]
+    del node.input[:]
+    node.input.extend(["x", "W", "R", "B", "", "h0", "c0"])
+    state = helper.make_node("Concat", ["one", "batch", "hid"], ["state_shape"], axis=0)
+    batch = [helper.make_node("Shape", ["x"], ["x_shape"]),
+             helper.make_node("Slice", ["x_shape", "one", "two"], ["batch"])]
+    model.graph.node.insert(0, helper.make_node("Expand", ["zero", "state_shape"], ["c0"]))
+    model.graph.node.insert(0, helper.make_node("Expand", ["half", "state_shape"], ["h0"]))
+    model.graph.node.insert(0, state)
+    for n in reversed(batch):
+        model.graph.node.insert(0, n)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(v, dtype), k) for k, v, dtype in
+                                    (("one", [1], np.int64), ("two", [2], np.int64), ("hid", [HID], np.int64),
+                                     ("zero", [[[0.0]]], np.float32), ("half", [[[0.5]]], np.float32))])
+    onnx.save(model, tmp_path / "lstm.onnx")
+    compiled = compile_model(str(tmp_path / "lstm.onnx"), ["L=1:30", "B=1:6"], max_variants=1)
+    assert "numpy" not in {k.family for ks in compiled.kernels.values() for k in ks}
+    rt = Runtime.from_compiled(compiled)
+    sess = onnxruntime.InferenceSession(str(tmp_path / "lstm.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    for s, b in [(1, 1), (9, 4)]:
+        x = rng.standard_normal((s, b, IN)).astype(np.float32)
+        want = sess.run(None, {"x": x})
+        for got in (rt.run({"x": x}), run_plan(compiled.plan, {"x": x})):       # kernels, and the interpreter
+            for name, w in zip([o.name for o in sess.get_outputs()], want):
+                np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5, err_msg=f"{name} at S={s}, B={b}")

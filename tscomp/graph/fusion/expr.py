@@ -83,6 +83,7 @@ class Op(Expr):
     opset: int = 0
     num_outputs: int = 1
     output_index: int = 0
+    domain: str = ""         # the operator's domain ("tscomp" for the graph stage's internal ops)
 
     def children(self):
         return tuple(a for a in self.args if a is not None)

@@ -44,7 +44,7 @@ def _evaluate(e: Expr, memo, env, ev, plan: Plan, binding) -> np.ndarray:
     if isinstance(e, View):
         return apply_view(memo[id(e.src)], e.op, ev)
     if isinstance(e, Op):
-        opdef = registry.lookup(e.op_type, "", e.opset, e.node)
+        opdef = registry.lookup(e.op_type, e.domain, e.opset, e.node)
         args = [memo[id(a)] if a is not None else None for a in e.args]
         call = OpCall(e.node, e.op_type, e.attrs, e.opset, e.num_outputs)
         try:

@@ -63,7 +63,7 @@ class GroupLowering:
             v = self.graph.values[out]
             self.exprs[out] = Op(v.shape, v.dtype, op_type=node.op_type, args=args, attrs=node.attrs,
                                  fusion=opdef.fusion, node=node.name, opset=opset,
-                                 num_outputs=len(node.outputs), output_index=k)
+                                 num_outputs=len(node.outputs), output_index=k, domain=node.domain)
 
     def outputs(self) -> dict[str, Expr]:
         graph_outputs = {self.cg.source_value(o) for o in self.graph.outputs}
