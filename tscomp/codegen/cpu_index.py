@@ -256,9 +256,9 @@ class IndexKernelWriter:
             const = self._const(src, ct, tuple(self.canon(d) for d in src.shape))
             if np.asarray(src.value).size == 1:
                 return Operand(a.dtype, shape, ct, const.base, np.asarray(src.value))
-            source = const.base
+            data = const.base
         elif isinstance(src, Input):
-            source = self.in_c[src.name]
+            data = self.in_c[src.name]
         else:
             self.fail(f"input {i} is a view of {type(src).__name__}, not of a group input or constant")
         name = f"view{len(self._views)}"
@@ -278,9 +278,9 @@ class IndexKernelWriter:
             self.decls += [f"for (int64_t {q} = 0; {q} < ({n}) / {inner}; ++{q})",
                            "    #pragma omp simd",
                            f"    for (int64_t {r} = 0; {r} < {inner}; ++{r}) "
-                           f"{name}[{q} * {inner} + {r}] = {source}[{self.pr(off)}];"]
+                           f"{name}[{q} * {inner} + {r}] = {data}[{self.pr(off)}];"]
         else:
-            self.decls.append(f"for (int64_t {q} = 0; {q} < {n}; ++{q}) {name}[{q}] = {source}[{self.pr(off)}];")
+            self.decls.append(f"for (int64_t {q} = 0; {q} < {n}; ++{q}) {name}[{q}] = {data}[{self.pr(off)}];")
         self.cleanup.append(f"free({name});")
         return Operand(a.dtype, shape, ct, name)
 
