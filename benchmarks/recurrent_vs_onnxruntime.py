@@ -15,7 +15,6 @@ and the range end (512). Nothing else may run on the machine meanwhile (2 cores:
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from tscomp.bench import _timed
 
 #: name -> (cell, input size, hidden size, layers, bidirectional)
 MODELS = {"lstm_small": ("LSTM", 40, 64, 1, False), "gru_bi": ("GRU", 64, 128, 1, True),
@@ -61,12 +62,7 @@ SETTLE_S = 0.2
 def _median(call, runs: int = 15) -> float:
     time.sleep(SETTLE_S)
     call()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return _timed(call, runs)
 
 
 def run(name: str, out_dir: Path, threads: int) -> list[dict]:
