@@ -185,3 +185,59 @@ def test_a_recurrence_with_constant_weights_becomes_projections_and_a_recurrence
     for L, n in ((1, 1), (9, 3), (4, 2)):
         x = rng.standard_normal((L, n, feat)).astype(np.float32)
         np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def _branches_model(path, strides, branches, dilations=None):
+    """x [N, 4, H, W] -> sum of Convs with the given (kernel, pads) on x (each with a bias; ``dilations``
+    per branch, None for 1) -> Relu."""
+    rng = np.random.default_rng(9)
+    inits, nodes, outs = [], [], []
+    for k, ((kh, kw), pads) in enumerate(branches):
+        inits += [numpy_helper.from_array(rng.standard_normal((6, 4, kh, kw)).astype(np.float32), f"w{k}"),
+                  numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), f"b{k}")]
+        extra = {"dilations": dilations[k]} if dilations and dilations[k] else {}
+        nodes.append(helper.make_node("Conv", ["x", f"w{k}", f"b{k}"], [f"c{k}"], pads=list(pads), strides=list(strides),
+                                      **extra))
+        outs.append(f"c{k}")
+    total = outs[0]
+    for k, o in enumerate(outs[1:]):
+        nodes.append(helper.make_node("Add", [total, o], [f"s{k}"]))
+        total = f"s{k}"
+    nodes.append(helper.make_node("Relu", [total], ["y"]))
+    graph = helper.make_graph(nodes, "branches", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 4, "H", "W"])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+TEXTNET_BRANCHES = [((3, 3), (1, 1, 1, 1)), ((3, 1), (1, 0, 1, 0)), ((1, 3), (0, 1, 0, 1))]
+#: a 2x2 kernel padded only at the end reads rows y, y + 1: the lower-right of the 3x3 window; an
+#: unpadded 1x1, its centre
+CORNER_BRANCHES = [((3, 3), (1, 1, 1, 1)), ((2, 2), (0, 0, 1, 1)), ((1, 1), (0, 0, 0, 0))]
+
+
+@pytest.mark.parametrize("strides,branches", [((1, 1), TEXTNET_BRANCHES), ((2, 2), TEXTNET_BRANCHES),
+                                              ((1, 1), CORNER_BRANCHES)], ids=["textnet", "textnet-s2", "corner"])
+def test_parallel_convs_of_one_input_merge_into_one_conv_and_match_onnxruntime(tmp_path, strides, branches):
+    """TextNet's 3x3 + 3x1 + 1x3 branches (RepVGG-style) on one input: one Conv with the kernels
+    summed, each where its taps read (the 3x1 in the 3x3's middle column), the biases summed."""
+    path = tmp_path / "branches.onnx"
+    _branches_model(path, strides, branches)
+    graph = load_model(path, ["N=1:2", "H=3:40", "W=3:40"])
+    convs = [n for n in graph.nodes if n.op_type == "Conv"]
+    assert [n.op_type for n in graph.nodes] == ["Conv", "Relu"] and convs[0].attrs["kernel_shape"] == [3, 3]
+    rt = Runtime(str(write_artifact(compile_model(str(path), ["N=1:2", "H=3:40", "W=3:40"]), tmp_path / "b.tsc")),
+                 num_threads=2)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(2)
+    for n, h, w in ((1, 3, 3), (2, 17, 40), (1, 40, 9)):
+        x = rng.standard_normal((n, 4, h, w)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_parallel_convs_of_different_dilations_stay_apart(tmp_path):
+    """A 3x3 and a dilated 3x3 (pads 1 and 2: the same output size) read different positions: no one
+    kernel holds both, so the sum stays two Convs and an Add."""
+    path = tmp_path / "apart.onnx"
+    _branches_model(path, (1, 1), [((3, 3), (1, 1, 1, 1)), ((3, 3), (2, 2, 2, 2))], dilations=[None, [2, 2]])
+    graph = load_model(path, ["N=1:2", "H=3:40", "W=3:40"])
+    assert [n.op_type for n in graph.nodes] == ["Conv", "Conv", "Add", "Relu"]

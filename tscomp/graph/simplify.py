@@ -29,6 +29,10 @@
   axis after the second) with ``C/G`` an axis of its own, and the row family compiles the group.
 * **Einsum as MatMul**: a two-operand contraction becomes view operators around one MatMul
   (:mod:`tscomp.graph.einsum`), which the GEMM families compile.
+* **Parallel convolutions merged**: ``Add(Conv(x, A), Conv(x, B))`` with constant kernels of the
+  same input, strides, dilations and groups, whose taps line up (RepVGG-style branches: TextNet's
+  3x3 + 3x1 + 1x3 on one input) is one Conv with the kernels summed, each zero-padded into the
+  larger window: one pass over the input instead of one per branch, and no sum of their outputs.
 * **Recurrences as projections**: an RNN / GRU / LSTM with constant weights becomes the MatMul of
   every step's input projection ``X Wᵀ`` plus the biases that can join it, then the internal
   ``tscomp.Recurrence`` op over those projections and R (packed here, once, in panels of gate rows)
@@ -63,6 +67,7 @@ class SimplifyReport:
     batch_norms_as_affine: int = 0
     einsums_lowered: int = 0
     recurrences_split: int = 0
+    convs_merged: int = 0
     group_norm_rows: int = 0
     unit_softmaxes: int = 0
     dead_removed: int = 0
@@ -72,7 +77,8 @@ class SimplifyReport:
                 f"Identity/Dropout, folded {self.pads_folded} Pads into Convs, rewrote {self.batch_norms_as_affine} "
                 f"BatchNormalizations as Mul + Add, {self.einsums_lowered} Einsums as MatMuls and "
                 f"{self.unit_softmaxes} one-element Softmaxes as x * 0 + 1, split {self.recurrences_split} "
-                f"recurrences into projections + recurrence, kept the channel axis in "
+                f"recurrences into projections + recurrence, merged {self.convs_merged} parallel Convs, "
+                f"kept the channel axis in "
                 f"{self.group_norm_rows} GroupNorm rows, "
                 f"{self.dead_removed} dead nodes")
 
@@ -82,6 +88,7 @@ def simplify(graph: Graph) -> SimplifyReport:
     report.folded = remove_folded_nodes(graph)
     report.pass_through_removed = remove_pass_through(graph)
     report.pads_folded = fold_pads_into_convs(graph)
+    report.convs_merged = merge_parallel_convs(graph)
     report.batch_norms_as_affine = batch_norms_as_affine(graph)
     report.einsums_lowered = lower_einsums(graph)
     report.unit_softmaxes = unit_softmaxes(graph)
@@ -150,6 +157,81 @@ def fold_pads_into_convs(graph: Graph) -> int:
         conv.inputs[0] = pad.inputs[0]
         folded += 1
     return folded
+
+
+def merge_parallel_convs(graph: Graph) -> int:
+    """Replace ``Add(Conv_a(x), Conv_b(x))`` by one Conv whose kernel is the sum of both (each placed
+    in the larger window where its taps read the same input positions) and whose bias is the sum
+    of theirs, until no such pair is left (a three-branch sum merges twice)."""
+    merged = 0
+    while True:
+        consumers, producers = graph.consumers(), graph.producers()
+        pair = next(((add, m) for add in graph.nodes if add.op_type == "Add" and not add.domain
+                     for m in [_mergeable_convs(graph, add, producers, consumers)] if m is not None), None)
+        if pair is None:
+            return merged
+        add, (a, b, weight, bias, pads) = pair
+        inputs = [a.inputs[0], graph.add_value(f"{add.name}/merged_weight", weight.dtype, weight.shape, weight)]
+        if bias is not None:
+            inputs.append(graph.add_value(f"{add.name}/merged_bias", bias.dtype, bias.shape, bias))
+        attrs = {k: v for k, v in a.attrs.items() if k not in ("pads", "kernel_shape")}
+        attrs.update(pads=pads, kernel_shape=list(weight.shape[2:]))
+        conv = Node(f"{add.name}/merged_conv", "Conv", inputs, list(add.outputs), attrs)
+        at = graph.nodes.index(add)
+        graph.nodes[at] = conv
+        graph.nodes = [n for n in graph.nodes if n is not a and n is not b]
+        merged += 1
+
+
+def _mergeable_convs(graph: Graph, add: Node, producers, consumers):
+    """(conv a, conv b, merged kernel, merged bias, merged pads) when ``add`` sums two Convs that can be one."""
+    convs = [producers.get(i) for i in add.inputs]
+    if len(convs) != 2 or any(c is None or c.op_type != "Conv" or c.domain for c in convs) or convs[0] is convs[1]:
+        return None
+    a, b = convs
+    if a.inputs[0] != b.inputs[0] or any(len(consumers.get(c.outputs[0], [])) != 1 or c.outputs[0] in graph.outputs
+                                         for c in convs):
+        return None
+    if graph.values[a.outputs[0]].shape != graph.values[b.outputs[0]].shape:
+        return None                      # an Add that broadcasts one branch is not a merged kernel
+    weights = [graph.values[c.inputs[1]].const for c in convs]
+    biases = [graph.values[c.inputs[2]].const if len(c.inputs) > 2 and c.inputs[2] else None for c in convs]
+    if any(w is None for w in weights) or any(len(c.inputs) > 2 and c.inputs[2] and bb is None
+                                             for c, bb in zip(convs, biases)):
+        return None
+    rank = weights[0].ndim - 2
+    same = ("group", "strides", "dilations")
+    defaults = {"group": 1, "strides": [1] * rank, "dilations": [1] * rank}
+    if any(a.attrs.get(k, defaults[k]) != b.attrs.get(k, defaults[k]) for k in same) or \
+            any(c.attrs.get("auto_pad", "NOTSET") != "NOTSET" for c in convs) or \
+            weights[0].shape[:2] != weights[1].shape[:2] or weights[0].dtype != weights[1].dtype:
+        return None
+    dil = a.attrs.get("dilations", defaults["dilations"])
+    pads = [list(c.attrs.get("pads", [0] * (2 * rank))) for c in convs]
+    # per axis: the merged window starts at the larger begin pad; a kernel sits (begin - its begin) / d
+    # taps in, and both must end on the same end pad for the outputs to have the same size
+    begin = [max(p[ax] for p in pads) for ax in range(rank)]
+    offsets, size, end = [], [], []
+    for ax in range(rank):
+        offs = [(begin[ax] - p[ax]) / dil[ax] for p in pads]
+        if any(o != int(o) for o in offs):
+            return None
+        offs = [int(o) for o in offs]
+        k = max(o + w.shape[2 + ax] for o, w in zip(offs, weights))
+        ends = {p[rank + ax] + dil[ax] * (k - o - w.shape[2 + ax]) for o, w, p in zip(offs, weights, pads)}
+        if len(ends) != 1:
+            return None
+        offsets.append(offs)
+        size.append(k)
+        end.append(ends.pop())
+    merged = np.zeros(weights[0].shape[:2] + tuple(size), np.float64)
+    for n, w in enumerate(weights):
+        window = tuple(slice(offsets[ax][n], offsets[ax][n] + w.shape[2 + ax]) for ax in range(rank))
+        merged[(slice(None), slice(None)) + window] += w
+    kernel = merged.astype(weights[0].dtype)
+    present = [bb for bb in biases if bb is not None]
+    bias = np.sum([np.asarray(bb, np.float64) for bb in present], axis=0).astype(present[0].dtype) if present else None
+    return a, b, kernel, bias, begin + end
 
 
 def batch_norms_as_affine(graph: Graph) -> int:
