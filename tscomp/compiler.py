@@ -144,8 +144,9 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
 
 def choose_families(plan: Plan) -> tuple[Plan, dict[str, FamilyChoice]]:
     """Each group's family; a merged group that no family accepts (an attention chain the attention
-    family refuses) is replaced by its parts, a fused GEMM group by its unfused split (the GEMM,
-    then its epilogue), each choosing its own family -- again, until nothing refused can split."""
+    family refuses) is replaced by its parts, a fused GEMM or reduce group by its unfused split
+    (the GEMM or first reduction, then its epilogue), each choosing its own family -- again,
+    until nothing refused can split."""
     choices = {g.name: choose_family(plan, g) for g in plan.groups}
     while refused := [name for name, c in choices.items() if c.family is None and c.group.splittable]:
         plan = plan.split(refused)

@@ -21,7 +21,7 @@ def fuse(graph: Graph, *, horizontal: bool = True, attention: bool = True) -> Pl
     GEMMs are first merged by rewriting a copy of the graph (``Plan.graph``); ``graph`` itself
     is left as it was. With ``attention``, closed QKᵀ → softmax → P·V chains become one
     ``attention`` group that keeps its three parts (:mod:`tscomp.graph.fusion.attention`). Every
-    GEMM group with an epilogue keeps its unfused split, for when no family accepts it whole."""
+    GEMM or reduce group with an epilogue keeps its unfused split, for when no family accepts it whole."""
     graph = dataclasses.replace(graph, nodes=list(graph.nodes), values=dict(graph.values))
     rewrites = horizontal_fusion(graph) if horizontal else []
     cg, states = partition(graph)

@@ -24,7 +24,6 @@ starts at its own last step), ``initial_h`` / ``initial_c``, LSTM peepholes ``P`
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -267,9 +266,6 @@ _CELL_STEPS = {"RNN": _rnn_step, "GRU": _gru_step, "LSTM": _lstm_step}
 #: the internal recurrence op (domain, op type) the graph stage splits RNN / GRU / LSTM into
 RECURRENCE = ("tscomp", "Recurrence")
 
-def _c_float(v) -> str:
-    return f"{float(v)!r}f" if math.isfinite(float(v)) else ("INFINITY" if v > 0 else "-INFINITY")
-
 
 def _activation_functions(w, specs: list[list[tuple]]) -> list[list[str]]:
     """Per direction, the C function of each of its activations (one vectorizable static function
@@ -281,8 +277,8 @@ def _activation_functions(w, specs: list[list[tuple]]) -> list[list[str]]:
             key = (name, a, b)
             if key not in made:
                 made[key] = f"ts_act{len(made)}"
-                body = ACTIVATIONS_C[name].format(a=_c_float(a if a is not None else 0),
-                                                  b=_c_float(b if b is not None else 0))
+                body = ACTIVATIONS_C[name].format(a=w.literal(a if a is not None else 0, np.float32),
+                                                  b=w.literal(b if b is not None else 0, np.float32))
                 w.statics += ["#pragma omp declare simd notinbranch",
                               f"static inline float {made[key]}(float x) {{ return {body}; }}  /* {name} */"]
             row.append(made[key])
@@ -473,7 +469,7 @@ def recurrence_c(w) -> None:
     act = _Acts(_activation_functions(w, activation_specs(w.attr, cell, defaults, dirs, w.fail)), dirs,
                 w.attr("clip"))
     if act.clip is not None:       # selects, not fminf/fmaxf (libm calls that keep a loop scalar)
-        c = _c_float(act.clip)
+        c = w.literal(act.clip, np.float32)
         w.statics += ["#pragma omp declare simd notinbranch",
                       f"static inline float ts_clip(float x) {{ return x < -{c} ? -{c} : (x > {c} ? {c} : x); }}"]
     w.statics += ["#include <omp.h>", PRODUCT_HELPER]
@@ -507,6 +503,10 @@ class _Geometry:
     reverse: str    # whether direction d runs backwards (C)
 
     @property
+    def gates(self) -> int:
+        return self.GH // self.H
+
+    @property
     def panels(self) -> int:
         """Panels of :data:`PANEL` gate rows per gate."""
         return -(-self.H // PANEL)
@@ -518,12 +518,12 @@ class _Geometry:
 
     def panel(self, gate: int, first: str = "0") -> str:
         """Where gate ``gate``'s panels start in the packed weight (from panel ``first``, C)."""
-        return f"rt + ((d * {self.GH // self.H} + {gate}) * {self.panels} + {first}) * {self.H * PANEL}"
+        return f"rt + ((d * {self.gates} + {gate}) * {self.panels} + {first}) * {self.H * PANEL}"
 
     @property
     def product_gates(self) -> int:
         """Gates whose recurrent product reads h (GRU's h gate without linear_before_reset reads r * h)."""
-        return 2 if self.cell == "GRU" and not self.lbr else self.GH // self.H
+        return 2 if self.cell == "GRU" and not self.lbr else self.gates
 
     def state(self) -> str:
         return f"(b * {self.dirs} + d) * {self.H}" if self.layout else f"(d * ({self.NB}) + b) * {self.H}"
@@ -553,8 +553,13 @@ def _state_init(ops, geo: _Geometry, lo: str, hi: str, h: str, c: str, length: s
     return lines
 
 
+def _step_position(length: str) -> str:
+    """The position step ``t`` of an entry of ``length`` steps reads and writes (reverse: from its end)."""
+    return f"const int64_t pos = reverse ? {length} - 1 - t : t;"
+
+
 def _step_inputs(ops, geo: _Geometry, length: str) -> list[str]:
-    return ["const int64_t pos = reverse ? " + length + " - 1 - t : t;",
+    return [_step_position(length),
             f"const float *restrict g = &{ops['proj'].at(f'{geo.proj_row()} * {geo.dirs * geo.GH} + d * {geo.GH}')};"]
 
 
@@ -566,7 +571,7 @@ def _finals(ops, geo: _Geometry, lo: str, hi: str, h: str, c: str) -> list[str]:
 def _whole_recurrences(w, ops, geo: _Geometry, phases) -> None:
     """Each (direction, batch entry) recurrence on one thread, in place; in parallel."""
     H, GH, lens = geo.H, geo.GH, ops["lens"]
-    G, Hp = GH // H, geo.Hp
+    G, Hp = geo.gates, geo.Hp
     st = w.scratch("st", "float", f"{geo.dirs} * ({geo.NB}) * {2 * H + G * Hp + GH}")
     w.emit("/* whole recurrences per thread */")
     w.parallel_for([("d", str(geo.dirs)), ("b", geo.NB)], work=f"{geo.dirs} * ({geo.NB}) * ({geo.S}) * {GH} * {H}",
@@ -598,7 +603,7 @@ def _whole_recurrences(w, ops, geo: _Geometry, phases) -> None:
 def _split_recurrences(w, ops, geo: _Geometry, phases) -> None:
     """A direction at a time, every batch entry in lockstep, the team splitting the hidden units."""
     H, GH, NB, lens = geo.H, geo.GH, geo.NB, ops["lens"]
-    G, Hp = GH // H, geo.Hp
+    G, Hp = geo.gates, geo.Hp
     st = w.scratch("st", "float", f"({NB}) * {3 * H + G * Hp + GH}")
     ln = w.scratch("ln", "int64_t", NB)
     w.emit("/* a direction at a time, the team splitting the hidden units, the batch entries in lockstep */")
@@ -647,7 +652,7 @@ def _split_recurrences(w, ops, geo: _Geometry, phases) -> None:
     w.emit("                continue;")
     w.emit("            }")
     if ops["y"]:
-        _emit(w, "            ", _step_inputs(ops, geo, f"{ln}[b]")[:1])
+        w.emit("            " + _step_position(f"{ln}[b]"))
         w.emit(f"            for (int64_t i = i0; i < i1; ++i) {ops['y'].at(geo.y_at('pos') + ' + i')} = hout[i];")
     w.emit("        }")
     w.emit("        { float *swap = hc; hc = hn; hn = swap; }")
