@@ -201,7 +201,7 @@ def test_softmax_chunks_narrower_than_the_keys_carry_the_online_correction_acros
     feeds = feeds_at(2, 45, 150, 24, 40, np.random.default_rng(9), dead_rows=(4,), dead_keys=range(0, 40))
     want = ort_run(path, feeds)[0]
     for nr, blocks in [(W, 1), (2 * W, 1), (W, 2), (2 * W, 3), (W, 16)]:
-        cfg = TileConfig(mr=4, nr=nr, mc=8, nc=nr * blocks, kc=24)
+        cfg = TileConfig(mr=2, nr=nr, mc=8, nc=nr * blocks, kc=24)   # 2 x 4 accumulators: fits AVX2 too
         kernel = link(CompiledAttention(a, cfg, host_isa()))
         assert f"T_Nc = {nr * blocks} keys" in kernel.source
         close(run_group(plan, kernel, feeds)["y"], want, cfg.slug())
@@ -294,7 +294,7 @@ def test_a_causal_mask_skips_the_masked_key_tail_and_matches_onnxruntime(guarded
     want = ort_run(path, feeds)[0]
     a = AttentionAnalysis(plan, the_attention_group(plan))
     W = VECTOR_WIDTH[host_isa()]
-    for cfg in [kernel.cfg, TileConfig(mr=4, nr=W, mc=8, nc=2 * W, kc=24)]:
+    for cfg in [kernel.cfg, TileConfig(mr=2, nr=W, mc=8, nc=2 * W, kc=24)]:
         k = link(CompiledAttention(a, cfg, host_isa()))
         close(run_group(plan, k, feeds)["y"], want, cfg.slug())
 

@@ -39,8 +39,18 @@ from tscomp.errors import TscompError
 #: without it ``sqrtf`` is the ``vsqrtps`` instruction, exact as before. (It does not make libm's
 #: other functions vectorize: those need glibc's ``-ffast-math`` declarations, and tscomp's kernels
 #: call their own vectorizable expf, tanhf and erff instead.)
+#:
+#: ``-fno-trapping-math``: no generated kernel enables floating-point traps or reads the exception
+#: flags, and with the default ``-ftrapping-math`` GCC may not execute a comparison that the source
+#: only reaches conditionally (it could raise FE_INVALID on a NaN), so the helpers' nested selects
+#: (``ts_expf``'s ``x != x ? x : (x < -87 ? 0 : (x > 88.7 ? inf : y))``) stayed branches and the loop
+#: calling them stayed scalar -- "control flow in loop". Results are unchanged (no reassociation, no
+#: contraction beyond ``fmaf``, NaN and infinities as before); only which loops vectorize changes.
+#: Measured on an AVX2 Zen 3 host: tiny BERT's attention at L = 262, whose softmax exponentials ran
+#: scalar, 800 -> 395 us.
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-Wall",
-              "-Wno-unused-function", "-Wno-unused-variable", "-falign-functions=64", "-fno-math-errno")
+              "-Wno-unused-function", "-Wno-unused-variable", "-falign-functions=64", "-fno-math-errno",
+              "-fno-trapping-math")
 
 #: ``TSCOMP_SANITIZE=address`` builds every kernel with AddressSanitizer (``make test-asan``);
 #: the flags are part of the cache key, so sanitized and plain objects never mix
