@@ -90,3 +90,36 @@ void rsqrt_all(const float* restrict x, float* restrict y, int64_t n)
         want = 1 / np.sqrt(x + np.float32(1e-5))
     np.testing.assert_allclose(y[:4], want[:4], rtol=1e-6)
     assert np.isnan(y[4]) and y[5] == 0
+
+
+@pytest.mark.skipif(host_isa() == "scalar", reason="needs a SIMD host")
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs objdump to read the generated code")
+@pytest.mark.skipif(bool(sanitize_flags()), reason="a sanitizer's instrumentation changes what the loop compiles to")
+def test_the_exp_helper_vectorizes_in_a_summing_loop_and_keeps_its_special_values(tmp_path):
+    # the softmax's exponential-and-sum row: under GCC's default -ftrapping-math ts_expf's nested
+    # selects stayed branches and the loop scalar (a packed float->int conversion is the 2^n step)
+    from tscomp.codegen.c_expr import EXP_HELPER
+    src = "#include <math.h>\n#include <stdint.h>\n" + EXP_HELPER + """
+float exp_row(float* restrict s, float m, int64_t n)
+{
+    float sum = 0.0f;
+    #pragma omp simd reduction(+:sum)
+    for (int64_t c = 0; c < n; ++c) { const float p = ts_expf(s[c] - m); s[c] = p; sum += p; }
+    return sum;
+}
+"""
+    obj = build_object(src, "exp_row")
+    code = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True, check=True).stdout
+    assert "vcvttps2dq" in code or "vcvtps2dq" in code, "the exponential loop stayed scalar"
+    fn = load_library(build_library(src, "exp_row", out_dir=tmp_path)).exp_row
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_void_p, ctypes.c_float, ctypes.c_int64]
+    x = np.float32([0.0, -1.0, 2.5, -90.0, 100.0, -np.inf, np.inf, 1e-3] * 3)
+    s = x.copy()
+    total = fn(s.ctypes.data, 0.0, s.size)
+    with np.errstate(over="ignore"):
+        want = np.exp(x.astype(np.float64)).astype(np.float32)     # e^100 overflows to inf in fp32
+    want[x < -87] = 0.0
+    np.testing.assert_allclose(s[np.isfinite(want)], want[np.isfinite(want)], rtol=3e-7)
+    assert np.all(np.isinf(s[x > 88.8])) and s[x == -np.inf].tolist() == [0.0] * 3 and np.isinf(total)
+    nan = np.float32([np.nan] * 9)
+    assert np.isnan(fn(nan.ctypes.data, 0.0, nan.size)) and np.isnan(nan).all()
