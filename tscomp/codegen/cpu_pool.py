@@ -237,9 +237,9 @@ def windowed_source(a: PoolAnalysis, name: str) -> str:
     if is_max:
         finish = "y[q] = acc[q];"
     elif a.include_pad:
-        finish = "y[q] = acc[q] / (float)(hin * cin[q]);"
+        finish = "y[q] = acc[q] / ((float)hin * (float)cin[q]);"   # exact: small integer counts
     else:
-        finish = "y[q] = acc[q] / (float)(hv * cv[q]);"
+        finish = "y[q] = acc[q] / ((float)hv * (float)cv[q]);"
     interior = "v[q * SW + off0]"
     for kw in range(1, geo.kw):
         interior = _combine(is_max, interior, f"v[q * SW + off0 + {kw * geo.dw}]")
@@ -267,10 +267,11 @@ void {name}(const float* restrict X, float* restrict Y, int64_t NB, int64_t H, i
     const int64_t off0 = -PL;   /* kernel column 0's offset: tap kw reads v[q * SW + off0 + kw * DW] */
     #pragma omp parallel if (n_rows * OW * KH * KW > {PARALLEL_MIN_ELEMENTS})
     {{
-        /* acc [OW], then cv and cin (int64 [OW] each), then the combined row v [W] */
-        float* acc = tscomp_thread_workspace((size_t)(5 * OW + 2 + W));
-        int64_t* cv = (int64_t*)(acc + OW + (OW & 1));
-        int64_t* cin = cv + OW;
+        /* acc [OW], then cv and cin (int32 [OW] each: AVX2 converts int32, not int64, to float in
+         * vectors, so the averaging loop vectorizes), then the combined row v [W] */
+        float* acc = tscomp_thread_workspace((size_t)(3 * OW + W));
+        int32_t* cv = (int32_t*)(acc + OW);
+        int32_t* cin = cv + OW;
         float* restrict v = (float*)(cin + OW);
         /* per column: taps in the image (cv) and in the image plus the declared padding (cin); the
          * columns [qa, qb) have every tap in the image */
