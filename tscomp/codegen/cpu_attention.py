@@ -254,6 +254,18 @@ def tile_fits(isa: str, mr: int, nj: int, dv: int) -> bool:
         MAX_ACCUMULATORS[isa]
 
 
+#: bytes of V one P·V pass over a query block's row tiles keeps in L1 (half of the smallest L1 data
+#: cache of the hosts, 32 KiB): keys are sliced to fit, so each row tile reads the slice from L1
+#: instead of streaming the chunk's whole V from L2 (BERT-base on an AVX2 Zen 3, 2-row tiles: a
+#: 256-key chunk's V is 64 KiB)
+PV_SLICE_BYTES = 16 * 1024
+
+
+def pv_slice_keys(dvp: int) -> int:
+    """Keys per P·V slice for a padded head width of ``dvp`` floats (at least 16)."""
+    return max(16, PV_SLICE_BYTES // (4 * dvp))
+
+
 #: the most key blocks one softmax chunk holds (a power of two)
 MAX_CHUNK_BLOCKS = 64
 
@@ -418,7 +430,8 @@ class CompiledAttention(AttentionAnalysis, PicklableKernel):
         L.append(f"#define TS_MR {cfg.mr}\n#define TS_NJ {cfg.nr}\n#define TS_MB {cfg.mc}\n#define TS_NC {cfg.nc}\n"
                  f"#define TS_DK {DK}\n#define TS_DKP {DKP}   /* Q and K depth as packed (AMX: whole 32-deep steps) */\n"
                  f"#define TS_DV {DV}\n#define TS_DVP {DVP}\n"
-                 f"#define TS_MASK_DEAD ({MASK_DEAD:g}f)   /* a score at most this is a masked key */\n")
+                 f"#define TS_MASK_DEAD ({MASK_DEAD:g}f)   /* a score at most this is a masked key */\n"
+                 f"#define TS_PV_KEYS {pv_slice_keys(DVP)}   /* keys per P·V pass over the row tiles: their V in L1 */\n")
         L.append("static inline int64_t ts_min64(int64_t a, int64_t b) { return a < b ? a : b; }\n")
         L.append(SPLITS_C)
         L.extend(gen.statics)
@@ -700,8 +713,13 @@ class _Fp32Packing:
 
     @property
     def pv(self) -> str:
-        return """                for (int64_t ts_r = 0; ts_r < ts_mvp; ts_r += TS_MR)
-                    ts_pv(ts_s + ts_r * TS_NC, ts_v + ts_j0 * TS_DVP, ts_o + ts_r * TS_DVP, ts_nv);"""
+        # key slices outermost: every row tile of the block reads the slice's V from L1 (a whole
+        # chunk's V -- 256 keys of a 64-wide head, 64 KiB -- streamed from L2 once per row tile)
+        return """                for (int64_t ts_c0 = 0; ts_c0 < ts_nv; ts_c0 += TS_PV_KEYS) {
+                    const int64_t ts_nk = ts_min64(TS_PV_KEYS, ts_nv - ts_c0);
+                    for (int64_t ts_r = 0; ts_r < ts_mvp; ts_r += TS_MR)
+                        ts_pv(ts_s + ts_r * TS_NC + ts_c0, ts_v + (ts_j0 + ts_c0) * TS_DVP, ts_o + ts_r * TS_DVP, ts_nk);
+                }"""
 
 
 class _AmxPacking(_Fp32Packing):
