@@ -369,3 +369,32 @@ def test_amx_attention_is_refused_where_the_cpu_has_no_tiles(guarded, monkeypatc
     monkeypatch.setattr(cpu_gemm, "check_host_isa", no_amx)
     with pytest.raises(UnsupportedOperatorError, match="no AMX bf16 tiles"):
         link(kernel)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_the_softmax_row_exponential_matches_exp_and_keeps_zero_and_nan(isa, tmp_path):
+    """``ts_exp_row`` (the intrinsic range reduction and polynomial of the AVX2 and AVX-512 kernels):
+    e^(s - m) within 5e-7 relative, 0 below -87 and for masked (-inf) keys, NaN kept, the sum returned."""
+    import ctypes
+
+    from tscomp.codegen.build import build_library, load_library
+    from tscomp.codegen.cpu_attention import _exp_row
+    from tscomp.codegen.cpu_gemm import ISA_RANK
+    if ISA_RANK[isa] > ISA_RANK[host_isa()]:
+        pytest.skip(f"this host has {host_isa()}, not {isa}")
+    src = "#include <stdint.h>\n#include <immintrin.h>\n" + _exp_row(isa) + \
+        "float row(float* s, float m, int64_t n) { return ts_exp_row(s, m, n); }\n"
+    fn = load_library(build_library(src, f"exp_row_{isa}", out_dir=tmp_path)).row
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_void_p, ctypes.c_float, ctypes.c_int64]
+    rng = np.random.default_rng(3)
+    x = np.concatenate([-rng.exponential(8.0, 200), [0.0, -1e-7, -86.9, -87.0, -87.1, -100.0, -np.inf] * 4, [-0.5] * 4])
+    x = x[: len(x) // 16 * 16].astype(np.float32)
+    m = np.float32(1.5)
+    s = (x + m).astype(np.float32)
+    total = fn(s.ctypes.data, m, s.size)
+    d = (x + m).astype(np.float32) - m                       # the kernel's argument, in fp32
+    want = np.where(d < -87, 0.0, np.exp(d.astype(np.float64)))
+    np.testing.assert_allclose(s, want, rtol=5e-7, atol=0)
+    assert total == pytest.approx(want.sum(), rel=1e-6)
+    nan = np.full(16, np.nan, np.float32)
+    assert np.isnan(fn(nan.ctypes.data, 0.0, nan.size)) and np.isnan(nan).all()
