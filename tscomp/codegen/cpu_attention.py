@@ -909,6 +909,30 @@ static inline void ts_pv(const float* restrict p, const float* restrict v, float
     return "\n".join(L)
 
 
+def _exp_polynomial(p: str, t: str) -> str:
+    """The reduction x - n ln2 (ln2 in two parts) and the degree-6 Taylor polynomial of e^r, for the
+    intrinsics prefix ``p`` and vector type ``t`` (``n``, ``x`` defined before; ``p`` the result)."""
+    return f"""    {t} r = {p}_fmadd_ps(n, {p}_set1_ps(-0.693359375f), x);
+    r = {p}_fmadd_ps(n, {p}_set1_ps(2.12194440e-4f), r);
+    {t} p = {p}_set1_ps(1.0f / 720.0f);
+""" + "".join(f"    p = {p}_fmadd_ps(p, r, {p}_set1_ps({c}));\n"
+              for c in ("1.0f / 120.0f", "1.0f / 24.0f", "1.0f / 6.0f", "0.5f", "1.0f", "1.0f"))
+
+
+def _exp_row_loop(p: str, t: str, width: int) -> str:
+    """``ts_exp_row``'s head and loop for the intrinsics prefix ``p`` (the sum left in ``acc``)."""
+    return f"""static inline float ts_exp_row(float* restrict s, float m, int64_t n)
+{{
+    const {t} vm = {p}_set1_ps(m);
+    {t} acc = {p}_setzero_ps();
+    for (int64_t c = 0; c < n; c += {width}) {{{" " * (5 - len(str(width)))}/* n: a whole number of key blocks, so of vectors */
+        const {t} p = ts_exp_nonpositive({p}_sub_ps({p}_loadu_ps(s + c), vm));
+        {p}_storeu_ps(s + c, p);
+        acc = {p}_add_ps(acc, p);
+    }}
+"""
+
+
 _EXP_ROW_AVX2 = """static inline __m256 ts_exp_nonpositive(__m256 x)
 {
     /* as the AVX-512 kernel's: 0 below -87 (never a denormal), NaN stays NaN (unordered: live; MAXPS
@@ -917,29 +941,11 @@ _EXP_ROW_AVX2 = """static inline __m256 ts_exp_nonpositive(__m256 x)
     x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    /* 2^n for n in [-126, 0]: the biased exponent n + 127 in [1, 127] */
+""" + _exp_polynomial("_mm256", "__m256") + """    /* 2^n for n in [-126, 0]: the biased exponent n + 127 in [1, 127] */
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), live);
 }
-static inline float ts_exp_row(float* restrict s, float m, int64_t n)
-{
-    const __m256 vm = _mm256_set1_ps(m);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t c = 0; c < n; c += 8) {    /* n: a whole number of key blocks, so of vectors */
-        const __m256 p = ts_exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm));
-        _mm256_storeu_ps(s + c, p);
-        acc = _mm256_add_ps(acc, p);
-    }
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+""" + _exp_row_loop("_mm256", "__m256", 8) + """    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
     const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
@@ -975,27 +981,9 @@ def _exp_row(isa: str) -> str:
     x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);       /* NaN stays (max returns its second operand) */
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+""" + _exp_polynomial("_mm512", "__m512") + """    return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
 }
-static inline float ts_exp_row(float* restrict s, float m, int64_t n)
-{
-    const __m512 vm = _mm512_set1_ps(m);
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t c = 0; c < n; c += 16) {   /* n: a whole number of key blocks, so of vectors */
-        const __m512 p = ts_exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + c), vm));
-        _mm512_storeu_ps(s + c, p);
-        acc = _mm512_add_ps(acc, p);
-    }
-    return _mm512_reduce_add_ps(acc);
+""" + _exp_row_loop("_mm512", "__m512", 16) + """    return _mm512_reduce_add_ps(acc);
 }
 """
 
