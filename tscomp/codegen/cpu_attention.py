@@ -250,8 +250,15 @@ def tile_fits(isa: str, mr: int, nj: int, dv: int) -> bool:
     if isa == "amx":
         return mr == AMX_ROWS and nj % AMX_KEYS == 0 and nj <= 4 * AMX_ROWS and dv <= MAX_HEAD
     W = VECTOR_WIDTH[isa]
-    return nj % W == 0 and mr * (nj // W) <= MAX_ACCUMULATORS[isa] and mr * min(_round_up(dv, W) // W, 4) <= \
+    return nj % W == 0 and mr * (nj // W) <= MAX_ACCUMULATORS[isa] and mr * pv_chunk_vectors(isa, mr) <= \
         MAX_ACCUMULATORS[isa]
+
+
+def pv_chunk_vectors(isa: str, mr: int) -> int:
+    """Vectors of the head one P·V pass accumulates per row: 4, fewer where ``mr`` rows of 4 would not
+    fit the accumulators (AVX2's 14: a 6-row tile takes the head 2 vectors at a time, so that QKᵀ
+    can use 6-row tiles -- 2-row tiles left its FMA chains short)."""
+    return max(1, min(4, MAX_ACCUMULATORS[isa] // max(mr, 1)))
 
 
 #: bytes of V one P·V pass over a query block's row tiles keeps in L1 (half of the smallest L1 data
@@ -884,12 +891,13 @@ static inline void ts_pv(const float* restrict p, const float* restrict v, float
     for r, row in enumerate(accs):
         L.append("    " + " ".join(v.store(f"s + {r} * TS_NC + {c * W}", a) for c, a in enumerate(row)))
     L.append("}")
-    L += ["/* O tile: MR rows x the head in chunks of up to 4 vectors, over the chunk's nv keys (P row stride T_Nc) */",
+    L += [f"/* O tile: MR rows x the head in chunks of up to {pv_chunk_vectors(isa, mr)} vectors, over the chunk's nv "
+          "keys (P row stride T_Nc) */",
           "static inline __attribute__((always_inline)) void ts_pv(const float* restrict p, const float* restrict v, "
           "float* restrict o, int64_t nv)", "{"]
-    nvec = dvp // W
-    for c0 in range(0, nvec, 4):
-        cs = range(c0, min(nvec, c0 + 4))
+    nvec, per = dvp // W, pv_chunk_vectors(isa, mr)
+    for c0 in range(0, nvec, per):
+        cs = range(c0, min(nvec, c0 + per))
         accs = [[f"o{r}_{c}" for c in cs] for r in range(mr)]
         L.append("    {")
         L.append(f"    {v.type} " + ", ".join(a for row in accs for a in row) + ";")
