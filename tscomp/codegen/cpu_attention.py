@@ -250,8 +250,8 @@ def tile_fits(isa: str, mr: int, nj: int, dv: int) -> bool:
     if isa == "amx":
         return mr == AMX_ROWS and nj % AMX_KEYS == 0 and nj <= 4 * AMX_ROWS and dv <= MAX_HEAD
     W = VECTOR_WIDTH[isa]
-    return nj % W == 0 and mr * (nj // W) <= MAX_ACCUMULATORS[isa] and mr * pv_chunk_vectors(isa, mr) <= \
-        MAX_ACCUMULATORS[isa]
+    # the P·V tile fits whenever the S tile does: pv_chunk_vectors sizes its head chunks to mr
+    return nj % W == 0 and mr * (nj // W) <= MAX_ACCUMULATORS[isa]
 
 
 def pv_chunk_vectors(isa: str, mr: int) -> int:
@@ -933,7 +933,7 @@ def _exp_row_loop(p: str, t: str, width: int) -> str:
 {{
     const {t} vm = {p}_set1_ps(m);
     {t} acc = {p}_setzero_ps();
-    for (int64_t c = 0; c < n; c += {width}) {{{" " * (5 - len(str(width)))}/* n: a whole number of key blocks, so of vectors */
+    for (int64_t c = 0; c < n; c += {width}) {{   /* n: a whole number of key blocks, so of vectors */
         const {t} p = ts_exp_nonpositive({p}_sub_ps({p}_loadu_ps(s + c), vm));
         {p}_storeu_ps(s + c, p);
         acc = {p}_add_ps(acc, p);
