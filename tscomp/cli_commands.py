@@ -163,21 +163,24 @@ def cmd_run(args) -> int:
     t = time.perf_counter()
     outputs = rt.run(inputs)
     first = time.perf_counter() - t
-    times = []
+    times, overheads = [], []
     for _ in range(args.repeat):
         t = time.perf_counter()
         rt.run(inputs)
         times.append(time.perf_counter() - t)
+        if getattr(rt, "last_call_overhead", None) is not None:
+            overheads.append(rt.last_call_overhead)
     print("shape: " + ", ".join(f"{k}={v}" for k, v in binding.items()))
     for name, arr in inputs.items():
         print(f"  input  {name}: {arr.dtype}{list(arr.shape)}")
     for name, arr in outputs.items():
         print(f"  output {name}: {arr.dtype}{list(arr.shape)}  mean {float(np.mean(arr)):.6g}")
     steady = sorted(times)[len(times) // 2] if times else first
-    where = f"{rt.num_threads} threads, {rt.executor} executor" if args.device == "cpu" else f"device {args.device}"
-    overhead = getattr(rt, "last_call_overhead", None)
+    where = (f"{rt.num_threads} threads, {rt.executor} executor, request path: {rt.request_path_note}"
+             if args.device == "cpu" else f"device {args.device}")
+    overhead = sorted(overheads)[len(overheads) // 2] if overheads else None
     print(f"latency: first call {first * 1e3:.3f} ms, steady {steady * 1e3:.3f} ms (median of {len(times)}), {where}"
-          + (f"; runtime overhead per call {overhead * 1e6:.0f} us" if overhead is not None else ""))
+          + (f"; runtime overhead per call {overhead * 1e6:.0f} us (median)" if overhead is not None else ""))
     return 0
 
 

@@ -49,19 +49,20 @@ def test_workers_stay_off_the_callers_cpu_and_follow_it_when_it_moves():
     placement = threads.TeamPlacement()
     set_num_threads(2)
     allowed = os.sched_getaffinity(0)
+    placement.release()            # this thread's team (C thread-local state) as if never placed
     try:
         assert placement.enter(2) is True
-        st = placement._local
-        worker, cpu = int(st.tids[1]), int(st.cpu[0])
+        st = placement.state()
+        worker, cpu = int(st.tids[1]), int(st.cpu)
         assert worker != threading.get_native_id() and cpu in allowed
         assert cpu not in os.sched_getaffinity(worker) and os.sched_getaffinity(0) == allowed
         # the next call places nothing unless the caller has moved to another CPU meanwhile
         again = placement.enter(2)
-        assert again is False or int(st.cpu[0]) != cpu
+        assert again is False or int(st.cpu) != cpu
         # the caller seen on another CPU than the one the worker was placed against: placed again
-        st.cpu[0] = max(allowed) + 1
+        st.cpu = max(allowed) + 1
         assert placement.enter(2) is True
-        assert int(st.cpu[0]) in allowed and int(st.cpu[0]) not in os.sched_getaffinity(worker)
+        assert int(st.cpu) in allowed and int(st.cpu) not in os.sched_getaffinity(worker)
     finally:
         placement.release()
     assert os.sched_getaffinity(worker) == allowed

@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 from pathlib import Path
 
 from tscomp.errors import TscompError
@@ -168,28 +167,26 @@ def load_library(path: Path) -> ctypes.CDLL:
 def _openmp_runtime() -> ctypes.CDLL:
     # the kernels link the compiler's OpenMP runtime dynamically, so setting the thread count in
     # that library (one instance per process) applies to every loaded kernel
-    probe = build_library("#include <omp.h>\nint tscomp_omp_max_threads(void) { return omp_get_max_threads(); }\n",
+    probe = build_library("#include <omp.h>\n"
+                          "int tscomp_omp_max_threads(void) { return omp_get_max_threads(); }\n"
+                          "int tscomp_omp_use_threads(int n)\n"
+                          "{\n    if (omp_get_max_threads() == n) return 0;\n"
+                          "    omp_set_num_threads(n);\n    return 1;\n}\n",
                           "tscomp_omp_probe")
-    return load_library(probe)
-
-
-_THREADS_SET = threading.local()
+    lib = load_library(probe)
+    lib.tscomp_omp_use_threads.argtypes, lib.tscomp_omp_use_threads.restype = [ctypes.c_int], ctypes.c_int
+    lib.tscomp_omp_max_threads.restype = ctypes.c_int
+    return lib
 
 
 def set_num_threads(n: int) -> None:
-    """Thread count of the OpenMP kernels this thread calls (an OpenMP setting of the calling thread;
-    skipped when this thread last set the same count here: a request pays no ctypes call for it)."""
+    """Thread count of the OpenMP kernels this thread calls (an OpenMP setting of the calling thread,
+    changed only when it differs: the setting itself is the record, so the native request path,
+    which sets it in C, and this function never disagree about it)."""
     if n < 1:
         raise ValueError(f"num_threads must be >= 1, got {n}")
-    if getattr(_THREADS_SET, "n", None) == n:
-        return
-    f = _openmp_runtime().omp_set_num_threads
-    f.argtypes, f.restype = [ctypes.c_int], None
-    f(int(n))
-    _THREADS_SET.n = n
+    _openmp_runtime().tscomp_omp_use_threads(int(n))
 
 
 def get_num_threads() -> int:
-    f = _openmp_runtime().tscomp_omp_max_threads
-    f.restype = ctypes.c_int
-    return int(f())
+    return int(_openmp_runtime().tscomp_omp_max_threads())

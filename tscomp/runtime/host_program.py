@@ -23,10 +23,14 @@ C entry points (``sym``: the live symbols in :attr:`HostProgram.symbols` order):
 
     int64_t tscomp_host_arena_bytes(const int64_t *sym);
     int tscomp_host_run(int segment, const ts_call *call);   /* see CALL_STRUCT */
+    int tscomp_host_output_dims(int k, const int64_t *sym, int64_t *dims);
 
 ``tscomp_host_run`` returns 0; or ``step + 1`` after a kernel reported an index error (its record
 in ``err[0..3]``, the variant in ``err[4]``); or -1 when the arena is smaller than the call needs
 (the size in ``err[5]``: the caller grows it and calls again). Segment 0 places the arena first.
+``tscomp_host_output_dims`` writes graph output k's shape to ``dims`` and returns its rank (-1: the
+shape is not an expression of the symbols here), so that the native request path allocates the
+outputs without evaluating a shape in Python.
 """
 from __future__ import annotations
 
@@ -456,7 +460,25 @@ def _source(w: _Writer, name: str, steps, segments) -> str:
             lines += ["        " + ln for ln in block]
         lines.append("        return 0; }")
     lines += ["    }", "    return 0;", "}", ""]
+    lines += _output_dims_block(w)
     return "\n".join(lines)
+
+
+def _output_dims_block(w: _Writer) -> list[str]:
+    """``tscomp_host_output_dims``: each graph output's shape from the symbols (-1 for an output whose
+    shape cannot be printed here: its caller allocates it another way)."""
+    lines = ["/* graph output k's shape -> dims[]; returns its rank, or -1 */",
+             "int tscomp_host_output_dims(int k, const int64_t *sym, int64_t *dims)", "{",
+             "    (void)sym; (void)dims;", "    switch (k) {"]
+    for k, name in enumerate(w.graph.outputs):
+        try:
+            dims = [w.c(w.symtab.canon(d)) for d in w.graph.values[name].shape]
+        except NotNativeError:
+            continue
+        sets = " ".join(f"dims[{j}] = {d};" for j, d in enumerate(dims))
+        lines.append(f"    case {k}: {sets}{' ' if sets else ''}return {len(dims)};   /* {name} */")
+    lines += ["    }", "    return -1;", "}", ""]
+    return lines
 
 
 __all__ = ["HostProgram", "HostStep", "Slot", "generate_host_program", "program_for"]

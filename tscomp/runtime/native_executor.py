@@ -48,6 +48,7 @@ class NativeExecutor:
         self.graph = model.plan.graph
         self.symbols = program.symbols
         self.library = str(lib._name)          # where the host program's code was loaded from
+        self._lib = lib
         self._run = lib.tscomp_host_run
         self._run.restype = ctypes.c_int
         self._run.argtypes = [ctypes.c_int, ctypes.c_void_p]
@@ -107,6 +108,36 @@ class NativeExecutor:
     @property
     def native_steps(self) -> int:
         return sum(s.native for s in self.program.steps)
+
+    # ------------------------------------------------------------ for the C request path
+    @property
+    def single_native_call(self) -> bool:
+        """The whole Plan is one host-program call (no Python step between segments)."""
+        return self._one_segment
+
+    @property
+    def picked_per_call(self) -> list[str]:
+        """Groups whose variant the runtime picks per call (several variants, no usable table)."""
+        return [name for _, name in self._dynamic]
+
+    @property
+    def computed_outputs(self) -> list[str]:
+        """Graph outputs no step writes (inputs, constants, shapes), made per call in Python."""
+        return list(self._computed_outputs)
+
+    def run_address(self) -> int:
+        return ctypes.cast(self._run, ctypes.c_void_p).value
+
+    def output_dims_address(self) -> int:
+        """Where ``tscomp_host_output_dims`` is; raises if an output's shape is not printed there."""
+        fn = self._lib.tscomp_host_output_dims
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        sym = np.array([i.min for i in self.graph.symbols.live_symbols() if i.name in self.symbols] or [0], np.int64)
+        dims = np.zeros(64, np.int64)
+        for name, _ in self._outputs:
+            if fn(list(self.graph.outputs).index(name), _data_address(sym), _data_address(dims)) < 0:
+                raise ExecutionError(f"the host program does not give output {name}'s shape")
+        return ctypes.cast(fn, ctypes.c_void_p).value
 
     # ------------------------------------------------------------ per-thread call state
     def _state(self) -> "_CallState":

@@ -42,6 +42,7 @@ from tscomp.runtime.binding import InputBinder
 from tscomp.runtime.buffers import BufferPlan, MemoryPool
 from tscomp.runtime.dispatch import build_tables
 from tscomp.runtime.symbolic_buffers import SymbolicBufferPlan, SymbolicLifetime, plan_buffers_symbolic
+from tscomp.runtime.request_path import request_path_for
 from tscomp.runtime.threads import blas_single_threaded, team_placement
 from tscomp.runtime.wave import pick_variant
 
@@ -157,6 +158,9 @@ class Runtime:
             raise TscompError(f"unknown executor {executor!r}: 'native' (the host program) or 'python' (per group)")
         self.executor_note = ""
         self._native = self._native_executor() if executor == "native" else None
+        # the request path in C where the model allows it (else None: run() binds in Python)
+        self._request, self.request_path_note = request_path_for(self._native, self.graph, self._ranges,
+                                                                 self._relations, self.num_threads)
 
     def _native_executor(self):
         """The host program's executor (:mod:`tscomp.runtime.native_executor`), or None with
@@ -219,6 +223,11 @@ class Runtime:
         """Run the model. Safe to call from several threads at once: calls share the per-shape
         decisions, each runs in its own arena (the OpenMP team count applies per calling thread)."""
         t_start = time.perf_counter()
+        if self._request is not None:      # every check and the call in C; None: a case for Python
+            out = self._request(inputs)
+            if out is not None:
+                self.last_call_overhead = time.perf_counter() - t_start - self._native.last_kernel_seconds
+                return out
         binding, in_range = self._bind(inputs)
         if not in_range:
             return self._run_out_of_range(inputs, binding)

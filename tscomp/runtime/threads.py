@@ -137,10 +137,17 @@ blas_single_threaded = _BlasSingleThreaded()
 
 
 # ---------------------------------------------------------------------------- worker placement
+#: team-state capacity: a calling thread's team of more threads than this is not placed
+TEAM_MAX = 256
+#: times a thread asks for its team again after a worker could not be placed (a pool rebuilt after
+#: a worker exited) before it stops asking: a lasting failure must not cost a parallel region per call
+MAX_REASKS = 3
+
 #: C helpers on the kernels' OpenMP runtime: the calling thread's team (kernel thread ids), and
 #: moving its workers off the caller's CPU (sched_setaffinity on a sleeping thread decides where
-#: its wake-up lands) and back
-_PLACEMENT_C = """\
+#: its wake-up lands) and back. The per-thread state lives here, in C, so that the native request
+#: path (:mod:`tscomp.runtime.request_path`) and Python share one team record per thread.
+_PLACEMENT_C = f"""\
 #define _GNU_SOURCE
 #include <sched.h>
 #include <omp.h>
@@ -148,23 +155,34 @@ _PLACEMENT_C = """\
 #include <unistd.h>
 #include <sys/syscall.h>
 
+#define TS_TEAM_MAX {TEAM_MAX}
+#define TS_MAX_REASKS {MAX_REASKS}
+
+/* one calling thread's team: the thread count it was asked for (0: not yet), how many threads it
+ * really has, the caller CPU its workers avoid (-1: not placed), re-asks so far, kernel thread ids
+ * (the caller first) */
+typedef struct {{ int32_t requested, size, cpu, reasks; int64_t tids[TS_TEAM_MAX]; }} ts_team;
+static __thread ts_team team = {{ 0, 0, -1, 0, {{ 0 }} }};
+
+ts_team *tscomp_team(void) {{ return &team; }}
+
 int tscomp_team_tids(int64_t *out, int cap)
-{
+{{
     int n = 0;
     #pragma omp parallel
-    {
+    {{
         int me = omp_get_thread_num();
         if (me < cap) out[me] = (int64_t)syscall(SYS_gettid);
         #pragma omp single
         n = omp_get_num_threads();
-    }
+    }}
     return n;
-}
+}}
 
 /* workers tids[1..n-1] may run anywhere the caller may, except on the CPU the caller is on; nothing to
  * do while the caller is still on *placed_cpu. Returns how many workers were placed now. */
-int tscomp_place_workers(const int64_t *tids, int n, int *placed_cpu)
-{
+int tscomp_place_workers(const int64_t *tids, int n, int32_t *placed_cpu)
+{{
     int cpu = sched_getcpu();
     if (cpu == *placed_cpu) return 0;
     cpu_set_t allowed, others;
@@ -176,17 +194,45 @@ int tscomp_place_workers(const int64_t *tids, int n, int *placed_cpu)
     for (int k = 1; k < n; ++k) ok += sched_setaffinity((pid_t)tids[k], sizeof others, &others) == 0;
     if (ok == n - 1) *placed_cpu = cpu;        /* else: try again at the next call */
     return ok;
-}
+}}
 
-int tscomp_release_workers(const int64_t *tids, int n)
-{
+/* before a call with n OpenMP threads (the count already set): this thread's team, asked for once
+ * per count, placed off the caller's CPU. Returns how many workers were placed now. */
+int tscomp_team_enter(int n)
+{{
+    if (n < 2 || n > TS_TEAM_MAX) return 0;
+    if (team.requested != n) {{
+        if (team.requested) team.reasks = 0;     /* another thread count: a new team, a fresh allowance */
+        team.size = tscomp_team_tids(team.tids, n);
+        team.cpu = -1;
+        team.requested = n;
+    }}
+    int placed = tscomp_place_workers(team.tids, team.size, &team.cpu);
+    if (placed >= 0 && placed < team.size - 1 && team.cpu < 0 && team.reasks < TS_MAX_REASKS) {{
+        team.requested = 0;                      /* a worker exited (the pool was rebuilt): ask again */
+        team.reasks++;
+    }}
+    return placed;
+}}
+
+/* the workers get the caller's affinity back (they are placed again at the next call) */
+int tscomp_team_release(void)
+{{
+    if (!team.requested) return 0;
     cpu_set_t allowed;
     if (sched_getaffinity(0, sizeof allowed, &allowed)) return -1;
     int ok = 0;
-    for (int k = 1; k < n; ++k) ok += sched_setaffinity((pid_t)tids[k], sizeof allowed, &allowed) == 0;
+    for (int k = 1; k < team.size; ++k) ok += sched_setaffinity((pid_t)team.tids[k], sizeof allowed, &allowed) == 0;
+    team.cpu = -1;
     return ok;
-}
+}}
 """
+
+
+class TeamState(ctypes.Structure):
+    """The calling thread's ``ts_team`` record (read it through :meth:`TeamPlacement.state`)."""
+    _fields_ = [("requested", ctypes.c_int32), ("size", ctypes.c_int32), ("cpu", ctypes.c_int32),
+                ("reasks", ctypes.c_int32), ("tids", ctypes.c_int64 * TEAM_MAX)]
 
 
 @functools.lru_cache(maxsize=1)
@@ -194,10 +240,15 @@ def _placement_library():
     from tscomp.codegen.build import build_library, load_library
 
     lib = load_library(build_library(_PLACEMENT_C, "tscomp_team_placement"))
-    lib.tscomp_team_tids.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.tscomp_place_workers.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-    lib.tscomp_release_workers.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.tscomp_team.restype = ctypes.POINTER(TeamState)
+    lib.tscomp_team_enter.argtypes, lib.tscomp_team_enter.restype = [ctypes.c_int], ctypes.c_int
+    lib.tscomp_team_release.restype = ctypes.c_int
     return lib
+
+
+def team_enter_address() -> int:
+    """Where ``tscomp_team_enter`` is, for native callers (the request path calls it per request)."""
+    return ctypes.cast(_placement_library().tscomp_team_enter, ctypes.c_void_p).value
 
 
 class TeamPlacement:
@@ -214,58 +265,28 @@ class TeamPlacement:
     only after a migration). Placing them only for a call after an idle gap of the caller, and
     giving them their affinity back after it, missed the team sleeping through calls that open no
     parallel region (a tiny model at a short length): the next call that did woke it onto the
-    caller's CPU -- tiny BERT at L = 139 4.3-5.3 ms instead of 0.6-0.8, twice in a row."""
+    caller's CPU -- tiny BERT at L = 139 4.3-5.3 ms instead of 0.6-0.8, twice in a row.
 
-    #: times a thread asks for its team again after a worker could not be placed (a pool rebuilt
-    #: after a worker exited) before it stops asking: a lasting failure must not cost a parallel
-    #: region per call
-    MAX_REASKS = 3
-
-    class _State(threading.local):
-        """One calling thread's team: ``tids`` (kernel thread ids, the caller first), ``size`` (how
-        many the team really has), ``cpu`` (the caller CPU the workers avoid, -1: not placed)."""
-        requested: int | None = None      # the thread count the team was asked for
-        reasks = 0
-
-    def __init__(self):
-        self._local = self._State()
-
-    def _team(self, n: int):
-        """This thread's team for ``n`` threads, asked once per requested count."""
-        st = self._local
-        if st.requested != n:
-            import numpy as np
-
-            if st.requested is not None:     # another thread count: a new team, a fresh allowance
-                st.reasks = 0
-            st.tids = np.zeros(max(n, 1), np.int64)
-            st.size = _placement_library().tscomp_team_tids(st.tids.ctypes.data, n)
-            st.addr = st.tids.ctypes.data
-            st.cpu = np.full(1, -1, np.int32)
-            st.cpu_addr = st.cpu.ctypes.data
-            st.requested = n
-        return st
+    The record of each thread's team is C thread-local state (``tscomp_team_enter``), shared by
+    every instance and by the native request path."""
 
     def enter(self, n: int) -> bool:
         """Before a call with ``n`` OpenMP threads: True if the workers were (re)placed now."""
         if n < 2:
             return False
         try:
-            st = self._team(n)
-            placed = _placement_library().tscomp_place_workers(st.addr, st.size, st.cpu_addr)
+            return _placement_library().tscomp_team_enter(n) > 0
         except OSError:
             return False
-        if 0 <= placed < st.size - 1 and st.cpu[0] < 0 and st.reasks < self.MAX_REASKS:
-            st.requested = None        # a worker exited (the pool was rebuilt): ask for the team again
-            st.reasks += 1
-        return placed > 0
 
     def release(self) -> None:
         """Give this thread's workers the caller's affinity back (they are placed again at the next call)."""
-        st = self._local
-        if st.requested is not None:
-            _placement_library().tscomp_release_workers(st.addr, st.size)
-            st.cpu[0] = -1
+        _placement_library().tscomp_team_release()
+
+    @staticmethod
+    def state() -> TeamState:
+        """This thread's team record (a live view: writing ``cpu`` changes what the next call does)."""
+        return _placement_library().tscomp_team().contents
 
 
 team_placement = TeamPlacement()
@@ -276,5 +297,5 @@ def blas_threads() -> int | None:
     return None if fns is None else fns[1]()
 
 
-__all__ = ["DEFAULT_SPINCOUNT", "TeamPlacement", "blas_single_threaded", "team_placement", "blas_threads", "configure_openmp_wait",
+__all__ = ["DEFAULT_SPINCOUNT", "TeamPlacement", "TeamState", "team_enter_address", "blas_single_threaded", "team_placement", "blas_threads", "configure_openmp_wait",
            "libgomp_loaded", "openmp_wait_settings"]
