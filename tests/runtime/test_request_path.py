@@ -3,6 +3,8 @@ gives the Python path's results exactly, and hands every unusual request back to
 which serves it or refuses it with its specific error."""
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -145,3 +147,32 @@ def test_models_with_a_python_step_keep_the_python_request_path_and_say_why(bert
     rt = Runtime.from_compiled(model)
     assert rt._request is None and "from Python" in rt.request_path_note
     assert rt.executor == "native"
+
+
+def test_relations_between_symbols_are_checked_in_c_and_a_broken_one_is_named_by_python(tmp_path):
+    """A token grid reshaped to int(sqrt(N)) x int(sqrt(N)) needs N to be a square: the host program
+    checks that relation per request, so the model keeps the C path; a request that breaks it is
+    handed back, and the Python path names the relation."""
+    from tests.graph.test_shape_propagation import token_grid_model
+    from tscomp.compiler import compile_model
+
+    path = tmp_path / "grid.onnx"
+    token_grid_model(path)
+    rt = Runtime.from_compiled(compile_model(str(path), ["batch=1:2", "H=4:128", "W=4:128"], max_variants=1))
+    assert rt._relations and rt.request_path_note == "native (C)"
+    rt.warm_up()                   # reserves the arena: no request is handed back to grow it
+    python = Runtime.from_compiled(rt.model)
+    python._request = None
+    counting = _Counting(rt)
+    rng = np.random.default_rng(0)
+    for n, h, w in [(1, 24, 24), (2, 16, 36), (1, 4, 4)]:
+        x = {"x": rng.standard_normal((n, 3, h, w)).astype(np.float32)}
+        np.testing.assert_array_equal(rt.run(x)["y"], python.run(x)["y"])
+    assert counting.served == 3
+    with pytest.raises(TscompError, match="break a relation.*Reshape"):
+        rt.run({"x": rng.standard_normal((1, 3, 24, 28)).astype(np.float32)})     # 6 x 7 patches
+    assert counting.handed_back == 1
+    check = rt._native._lib.tscomp_host_relations        # the C check itself refuses 24 x 28, not a kernel
+    check.argtypes, check.restype = [ctypes.c_void_p], ctypes.c_int
+    at = lambda **b: check(np.array([b[s] for s in rt._native.symbols], np.int64).ctypes.data)
+    assert at(batch=1, H=24, W=24) == 0 and at(batch=1, H=24, W=28) > 0

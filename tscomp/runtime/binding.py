@@ -58,4 +58,11 @@ class InputBinder:
         return binding
 
 
-__all__ = ["InputBinder"]
+def checkable_relations(graph) -> list:
+    """The recorded relations between symbols that the inputs' shapes decide (every symbol in them
+    bound by an input axis): the runtime checks them per binding, the host program in C."""
+    bound = {d.name for name in graph.inputs for d in graph.values[name].shape if isinstance(d, sympy.Symbol)}
+    return graph.symbols.decidable_relations(bound)
+
+
+__all__ = ["InputBinder", "checkable_relations"]

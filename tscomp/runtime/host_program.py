@@ -461,7 +461,34 @@ def _source(w: _Writer, name: str, steps, segments) -> str:
         lines.append("        return 0; }")
     lines += ["    }", "    return 0;", "}", ""]
     lines += _output_dims_block(w)
+    lines += _relations_block(w)
     return "\n".join(lines)
+
+
+def _relations_block(w: _Writer) -> list[str]:
+    """``tscomp_host_relations``: the relations between symbols the model needs and the compiler
+    could not prove, which the inputs' shapes decide (:func:`~tscomp.runtime.binding.checkable_relations`),
+    checked in C per request. ``tscomp_host_relations_count`` is how many it checks, or -1 when one
+    cannot be printed here (a membership test): then the runtime checks them in Python."""
+    from tscomp.runtime.binding import checkable_relations
+
+    relations = checkable_relations(w.graph)
+    checks = []
+    for k, c in enumerate(relations):
+        try:
+            if c.relation not in ("==", "<="):
+                raise NotNativeError(f"relation {c.relation}")
+            checks.append(f"    if (!(({w.c(c.lhs)}) {c.relation} ({w.c(c.rhs)}))) return {k + 1};   "
+                          f"/* {' '.join(c.reason[:100].split()).replace('*/', '* /')} */")
+        except NotNativeError:
+            checks = None
+            break
+    lines = ["/* relations the model needs between the symbols: 0 when all hold, else 1 + the first that fails */",
+             f"const int tscomp_host_relations_count = {len(relations) if checks is not None else -1};",
+             "int tscomp_host_relations(const int64_t *sym)", "{", "    (void)sym;"]
+    lines += checks or []
+    lines += ["    return 0;", "}", ""]
+    return lines
 
 
 def _output_dims_block(w: _Writer) -> list[str]:

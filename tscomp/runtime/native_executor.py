@@ -128,6 +128,14 @@ class NativeExecutor:
     def run_address(self) -> int:
         return ctypes.cast(self._run, ctypes.c_void_p).value
 
+    def relations_address(self, expected: int) -> int:
+        """Where ``tscomp_host_relations`` is; raises unless it checks the ``expected`` relations."""
+        count = ctypes.c_int.in_dll(self._lib, "tscomp_host_relations_count").value
+        if count != expected:
+            raise ExecutionError(f"the host program checks {count} of the model's {expected} relations between "
+                                 f"symbols (-1: one it cannot print)")
+        return ctypes.cast(self._lib.tscomp_host_relations, ctypes.c_void_p).value
+
     def output_dims_address(self) -> int:
         """Where ``tscomp_host_output_dims`` is; raises if an output's shape is not printed there."""
         fn = self._lib.tscomp_host_output_dims

@@ -30,6 +30,7 @@
 typedef int (*ts_host_run)(int segment, const ts_call *call);
 typedef int (*ts_output_dims)(int k, const int64_t *sym, int64_t *dims);
 typedef int (*ts_team_enter)(int n);
+typedef int (*ts_relations)(const int64_t *sym);
 
 typedef struct {
     PyObject *name;                 /* the graph input's name (a str) */
@@ -51,6 +52,7 @@ typedef struct {
     ts_host_run run;
     ts_output_dims output_dims;
     ts_team_enter team_enter;
+    ts_relations relations;         /* NULL: the model has none to check */
 } ts_model;
 
 static void model_free(ts_model *m)
@@ -72,17 +74,18 @@ static void *address(PyObject *obj)
     return PyLong_AsVoidPtr(obj);
 }
 
-/* model(inputs, outputs, lo, hi, threads, run, output_dims, team_enter) -> capsule
+/* model(inputs, outputs, lo, hi, threads, run, output_dims, team_enter, relations) -> capsule
  *   inputs:  [(name, type_num, slot, (axis code, ...)), ...]; an axis code >= 0 is the symbol it
  *            binds, -1 - n a fixed size n
  *   outputs: [(name, type_num, slot, graph output index), ...]
- *   lo, hi:  each symbol's range; run, output_dims, team_enter: function addresses */
+ *   lo, hi:  each symbol's range; run, output_dims, team_enter, relations: function addresses
+ *            (relations 0: none to check) */
 static PyObject *model(PyObject *self, PyObject *args)
 {
-    PyObject *ins, *outs, *lo, *hi, *run, *dims, *enter;
+    PyObject *ins, *outs, *lo, *hi, *run, *dims, *enter, *relations;
     int threads;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!iOOO", &PyList_Type, &ins, &PyList_Type, &outs, &PyList_Type, &lo,
-                          &PyList_Type, &hi, &threads, &run, &dims, &enter))
+    if (!PyArg_ParseTuple(args, "O!O!O!O!iOOOO", &PyList_Type, &ins, &PyList_Type, &outs, &PyList_Type, &lo,
+                          &PyList_Type, &hi, &threads, &run, &dims, &enter, &relations))
         return NULL;
     ts_model *m = calloc(1, sizeof *m);
     if (!m) return PyErr_NoMemory();
@@ -124,6 +127,7 @@ static PyObject *model(PyObject *self, PyObject *args)
     m->run = (ts_host_run)address(run);
     m->output_dims = (ts_output_dims)address(dims);
     m->team_enter = (ts_team_enter)address(enter);
+    m->relations = (ts_relations)address(relations);
     if (PyErr_Occurred()) goto fail;
     if (!m->run || !m->output_dims) goto bad;
     PyObject *capsule = PyCapsule_New(m, "tscomp.request_path", capsule_free);
@@ -215,6 +219,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (!call) return NULL;
     PyObject *held[m->n_inputs + 1];
     if (bind_inputs(m, args[1], (int64_t *)call->sym, call->t, held)) Py_RETURN_NONE;
+    if (m->relations && m->relations(call->sym)) Py_RETURN_NONE;    /* the Python path names the relation */
     PyObject *outputs = make_outputs(m, call->sym, call->t);
     if (!outputs) {
         if (PyErr_Occurred()) return NULL;

@@ -12,9 +12,11 @@ built on the serving machine against this interpreter's and numpy's headers, cac
 kernels). It decides nothing the Python path does not: every check is the Python path's, and any
 request it does not handle -- a wrong dtype, an out-of-range length, an arena to grow, an index
 error -- is handed back (``None``) for the Python path to serve or to refuse with its specific
-error. A model the C path cannot describe (a step run from Python, a symbol bound by an expression
-of an axis, relations between symbols to check, an output shape the host program cannot print, a
-dtype numpy has no built-in type for) keeps the Python path; :func:`request_path_for` says why.
+error (a relation between the symbols that fails, checked by the host program's
+``tscomp_host_relations``, included). A model the C path cannot describe (a step run from Python, a
+symbol bound by an expression of an axis, a relation the host program cannot print, an output
+shape it cannot print, a dtype numpy has no built-in type for) keeps the Python path;
+:func:`request_path_for` says why.
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ class RequestPath:
     """One model's requests in C: ``path(inputs)`` is the outputs dict, or None when the Python
     path must serve this request."""
 
-    def __init__(self, executor, graph, ranges: dict, threads: int):
+    def __init__(self, executor, graph, ranges: dict, relations, threads: int):
         ext = _extension()
         symbols = list(executor.symbols)
         index = {name: k for k, name in enumerate(symbols)}
@@ -98,8 +100,9 @@ class RequestPath:
         lo = [int(ranges[s][0]) for s in symbols]
         hi = [int(ranges[s][1]) for s in symbols]
         dims = executor.output_dims_address()
+        checks = executor.relations_address(len(relations)) if relations else 0
         self._model = ext.model(inputs, outputs, lo, hi, int(threads), executor.run_address(), dims,
-                                team_enter_address())
+                                team_enter_address(), checks)
         self._run = ext.run
         self._executor = executor
 
@@ -123,12 +126,10 @@ def request_path_for(executor, graph, ranges: dict, relations, threads: int) -> 
             reasons.append("a group's variant is picked per call (no dispatch table)")
         if executor.computed_outputs:
             reasons.append("an output no step writes")
-    if relations:
-        reasons.append("relations between symbols are checked per binding")
     if reasons:
         return None, "; ".join(reasons)
     try:
-        return RequestPath(executor, graph, ranges, threads), "native (C)"
+        return RequestPath(executor, graph, ranges, relations, threads), "native (C)"
     except RequestPathUnavailable as exc:
         return None, str(exc)
     except Exception as exc:     # noqa: BLE001 - no compiler headers, a build failure: the Python path serves

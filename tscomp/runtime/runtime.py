@@ -38,7 +38,7 @@ from tscomp.errors import ExecutionError, ShapeError, TscompError
 from tscomp.graph.reference import materialize
 from tscomp.runtime.artifact import ArtifactError, load_artifact
 from tscomp.graph.symbols import numel
-from tscomp.runtime.binding import InputBinder
+from tscomp.runtime.binding import InputBinder, checkable_relations
 from tscomp.runtime.buffers import BufferPlan, MemoryPool
 from tscomp.runtime.dispatch import build_tables
 from tscomp.runtime.symbolic_buffers import SymbolicBufferPlan, SymbolicLifetime, plan_buffers_symbolic
@@ -289,10 +289,7 @@ class Runtime:
         return binding, not outside
 
     def _checkable_relations(self) -> list:
-        """The recorded relations between symbols that the inputs' shapes decide (every symbol in
-        them bound by an input axis)."""
-        bound = {sym for *_, symbols, _ in self._binder.specs for _, sym in symbols}
-        return self.graph.symbols.decidable_relations(bound)
+        return checkable_relations(self.graph)
 
     def _check_relations(self, binding: dict[str, int]) -> None:
         """The relations between symbols the model needs but the compiler could not prove (a Reshape
