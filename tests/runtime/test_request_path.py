@@ -176,3 +176,17 @@ def test_relations_between_symbols_are_checked_in_c_and_a_broken_one_is_named_by
     check.argtypes, check.restype = [ctypes.c_void_p], ctypes.c_int
     at = lambda **b: check(np.array([b[s] for s in rt._native.symbols], np.int64).ctypes.data)
     assert at(batch=1, H=24, W=24) == 0 and at(batch=1, H=24, W=28) > 0
+
+
+def test_an_equivalent_dtype_spelled_differently_is_served_in_c(bert):
+    """int64 made as C long long (numpy type 'q') is the graph's int64 ('l' on Linux): the same
+    bytes, so the C path serves it rather than handing every such request back."""
+    rt = Runtime(bert[0])
+    counting = _Counting(rt)
+    good = _inputs(1, 9)
+    want = rt.run(good)
+    other = {k: v.astype(np.longlong) if v.dtype == np.int64 else v for k, v in good.items()}
+    got = rt.run(other)
+    assert counting.served == 2 and counting.handed_back == 0
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])

@@ -152,7 +152,7 @@ static int bind_inputs(const ts_model *m, PyObject *inputs, int64_t *sym, void *
         PyObject *obj = PyDict_GetItemWithError(inputs, in->name);
         if (!obj || !PyArray_CheckExact(obj)) { PyErr_Clear(); return -1; }
         PyArrayObject *arr = (PyArrayObject *)obj;
-        if (PyArray_TYPE(arr) != in->type_num || PyArray_NDIM(arr) != in->ndim
+        if (!PyArray_EquivTypenums(PyArray_TYPE(arr), in->type_num) || PyArray_NDIM(arr) != in->ndim
             || !PyArray_ISCARRAY_RO(arr) || !PyArray_ISNOTSWAPPED(arr))
             return -1;
         const npy_intp *shape = PyArray_DIMS(arr);
