@@ -22,8 +22,8 @@ test: $(STAMP)
 	$(PY) -m pytest -n 2 tests
 
 # The C-kernel and request-path tests with every generated kernel (and the request path's
-# extension) built under AddressSanitizer (TSCOMP_SANITIZE is part of the kernel cache key). Python is not instrumented, so libasan is preloaded. The SIMT
-# tests are left out: PoCL's LLVM JIT aborts the process under the preloaded sanitizer (their
+# extension) built under AddressSanitizer (TSCOMP_SANITIZE is part of the kernel cache key).
+# Python is not instrumented, so libasan is preloaded. The SIMT tests are left out: PoCL's LLVM JIT aborts the process under the preloaded sanitizer (their
 # race and bounds checking is Oclgrind's, in tests/codegen/simt).
 test-asan: $(STAMP)
 	TSCOMP_SANITIZE=address ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$$($${CC:-cc} -print-file-name=libasan.so) \
