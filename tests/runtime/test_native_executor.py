@@ -106,7 +106,7 @@ def test_profile_times_every_group_from_the_host_programs_own_stamps(bert):
     assert [g for g, _, _ in prof] == [g.name for g in rt.plan.groups]
     assert all(dt > 0 for _, _, dt in prof) and sum(dt for _, _, dt in prof) <= call
     assert {f for _, f, _ in prof} >= {"gemm"}
-    assert rt._native._state().struct.trace is None       # the next run() stamps nothing
+    assert rt._native.call_state().struct.trace is None       # the next run() stamps nothing
     got = rt.run(inputs)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])

@@ -44,6 +44,7 @@ from tscomp.codegen.c_expr import PRELUDE, CPrinter, IndexContext, compose, line
 from tscomp.codegen.kernel import NativeArg, NativeCall, NotNativeError
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph.symbols import numel
+from tscomp.runtime.binding import checkable_relations
 from tscomp.runtime.dispatch import dispatch_key
 from tscomp.runtime.symbolic_buffers import SymbolicLifetime, plan_buffers_symbolic
 
@@ -470,8 +471,6 @@ def _relations_block(w: _Writer) -> list[str]:
     could not prove, which the inputs' shapes decide (:func:`~tscomp.runtime.binding.checkable_relations`),
     checked in C per request. ``tscomp_host_relations_count`` is how many it checks, or -1 when one
     cannot be printed here (a membership test): then the runtime checks them in Python."""
-    from tscomp.runtime.binding import checkable_relations
-
     relations = checkable_relations(w.graph)
     checks = []
     for k, c in enumerate(relations):

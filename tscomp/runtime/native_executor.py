@@ -136,19 +136,27 @@ class NativeExecutor:
                                  f"symbols (-1: one it cannot print)")
         return ctypes.cast(self._lib.tscomp_host_relations, ctypes.c_void_p).value
 
+    @property
+    def output_slots(self) -> list[tuple[str, int, int]]:
+        """(name, pointer-table slot, index among the graph's outputs) of each output a step writes."""
+        order = {name: k for k, name in enumerate(self.graph.outputs)}
+        return [(name, slot, order[name]) for name, slot in self._outputs]
+
     def output_dims_address(self) -> int:
         """Where ``tscomp_host_output_dims`` is; raises if an output's shape is not printed there."""
         fn = self._lib.tscomp_host_output_dims
         fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-        sym = np.array([i.min for i in self.graph.symbols.live_symbols() if i.name in self.symbols] or [0], np.int64)
-        dims = np.zeros(64, np.int64)
-        for name, _ in self._outputs:
-            if fn(list(self.graph.outputs).index(name), _data_address(sym), _data_address(dims)) < 0:
+        lowest = {i.name: i.min for i in self.graph.symbols.live_symbols()}
+        sym = np.array([lowest[s] for s in self.symbols] or [0], np.int64)
+        for name, _, k in self.output_slots:
+            dims = np.zeros(max(1, len(self.graph.values[name].shape)), np.int64)
+            if fn(k, _data_address(sym), _data_address(dims)) < 0:
                 raise ExecutionError(f"the host program does not give output {name}'s shape")
         return ctypes.cast(fn, ctypes.c_void_p).value
 
     # ------------------------------------------------------------ per-thread call state
-    def _state(self) -> "_CallState":
+    def call_state(self) -> "_CallState":
+        """This thread's call buffers (made on its first call)."""
         state = getattr(self._local, "state", None)
         if state is None:
             state = self._local.state = _CallState(self)
@@ -163,7 +171,7 @@ class NativeExecutor:
         now so that no request pays its page faults."""
         need = self.arena_bytes(binding)
         if need <= WARM_ARENA_CAP:
-            self._state().grow(need).fill(0)
+            self.call_state().grow(need).fill(0)
 
     # ------------------------------------------------------------ call
     def run(self, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int], pick,
@@ -172,7 +180,7 @@ class NativeExecutor:
         program cannot choose itself (no dispatch table, or a step run from Python). With a list
         ``times``, each step's seconds are appended as ``(plan index, seconds)``: the host program
         stamps every native step's end (``profile()``), Python times the steps it runs."""
-        st = self._state()
+        st = self.call_state()
         if times is None:
             return self._call(st, inputs, binding, pick, None, None)
         trace = np.zeros(len(self.program.steps) + 1, np.float64)

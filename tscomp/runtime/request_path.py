@@ -95,8 +95,8 @@ class RequestPath:
         if bound != set(range(len(symbols))):
             missing = [symbols[k] for k in range(len(symbols)) if k not in bound]
             raise RequestPathUnavailable(f"no input axis binds {', '.join(missing)}")
-        outputs = [(name, _builtin_type(graph.values[name].dtype, f"output {name}"), slot,
-                    list(graph.outputs).index(name)) for name, slot in executor._outputs]
+        outputs = [(name, _builtin_type(graph.values[name].dtype, f"output {name}"), slot, k)
+                   for name, slot, k in executor.output_slots]
         lo = [int(ranges[s][0]) for s in symbols]
         hi = [int(ranges[s][1]) for s in symbols]
         dims = executor.output_dims_address()
@@ -107,7 +107,7 @@ class RequestPath:
         self._executor = executor
 
     def __call__(self, inputs):
-        st = self._executor._state()
+        st = self._executor.call_state()
         out = self._run(self._model, inputs, st.address)
         if out is not None:
             self._executor.last_kernel_seconds = int(st.err[6]) * 1e-9

@@ -143,7 +143,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._binder = InputBinder(self.graph)
         self._ranges = {i.name: (i.min, i.max) for i in self.graph.symbols.infos.values()}
-        self._relations = self._checkable_relations()
+        self._relations = checkable_relations(self.graph)
         self._related: set[tuple] = set()         # bindings whose relations held (checked once each)
         self._shapes: collections.OrderedDict[tuple, ShapePlan] = collections.OrderedDict()
         self._consts = self._static_constants()
@@ -287,9 +287,6 @@ class Runtime:
         if self._relations and not outside:
             self._check_relations(binding)
         return binding, not outside
-
-    def _checkable_relations(self) -> list:
-        return checkable_relations(self.graph)
 
     def _check_relations(self, binding: dict[str, int]) -> None:
         """The relations between symbols the model needs but the compiler could not prove (a Reshape
