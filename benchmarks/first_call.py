@@ -43,6 +43,10 @@ import numpy as np
 from tscomp.runtime import Runtime
 from tscomp.sample_inputs import random_inputs
 
+#: the length the server serves between measured lengths (``--reference``). What a switch to a short
+#: length costs depends on it: tiny BERT at L = 1 on a Zen 3 read first/steady 1.07-1.08 after calls
+#: at L = 2..16 and 1.17-1.19 after L = 32..128, with one thread as with two (what the longer calls'
+#: activations leave in the caches, not the team)
 REFERENCE_LENGTH = 64
 
 #: calls at the reference shape a process serves before the first measured length: right after
@@ -93,8 +97,8 @@ def measure(args) -> list[dict]:
     load = time.perf_counter() - t
     base = {i.name: i.min for i in rt.graph.symbols.live_symbols()}
     lengths = [int(x) for x in args.lengths.split(",")]
-    requests = {L: _requests(rt.graph, base | {"sequence": L}, L) for L in lengths + [REFERENCE_LENGTH]}
-    reference = requests[REFERENCE_LENGTH][0]
+    requests = {L: _requests(rt.graph, base | {"sequence": L}, L) for L in lengths + [args.reference]}
+    reference = requests[args.reference][0]
     rows = []
     for _ in range(SERVER_WARMUP_CALLS):
         rt.run(reference)
@@ -109,7 +113,7 @@ def measure(args) -> list[dict]:
         seen = _timed(rt.run, requests[L][8])
         rows.append({"L": L, "first": first, "seen": seen, "steady": statistics.median(steady),
                      "overhead": statistics.median(over[-7:]), "load": load, "executor": rt.executor})
-    used = set(lengths) | {REFERENCE_LENGTH}
+    used = set(lengths) | {args.reference}
     for row in rows:
         row["warm"] = _first_with_warm_variants(rt, base, row["L"], used, reference)
     if args.onnx:     # the peer, same pattern, after tscomp (its own first calls: the same lengths are new to it)
@@ -150,6 +154,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--executor", default="native", choices=["native", "python"])
     ap.add_argument("--lengths", default="1,2,3,4,5,6,7,8,9,21,39,90,139,202,287,374,498")
+    ap.add_argument("--reference", type=int, default=REFERENCE_LENGTH,
+                    help="the length served between the measured ones (the server's other requests)")
     ap.add_argument("--processes", type=int, default=1, help="repeat in this many fresh processes (medians)")
     ap.add_argument("--onnx", default="", help="the source ONNX model: onnxruntime's first/steady under the same pattern")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -161,9 +167,10 @@ def main() -> None:
     for _ in range(args.processes):
         cmd = [sys.executable, "-m", "benchmarks.first_call", "--child", "--artifact", args.artifact,
                "--threads", str(args.threads), "--executor", args.executor, "--lengths", args.lengths,
+               "--reference", str(args.reference),
                "--onnx", args.onnx]
         runs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]))
-    print(f"{args.artifact}: executor {runs[0][0]['executor']}, load + verify + warm-up "
+    print(f"{args.artifact}: executor {runs[0][0]['executor']}, reference length {args.reference}, load + verify + warm-up "
           f"{statistics.median(r[0]['load'] for r in runs):.2f} s; medians over {len(runs)} process(es)")
     print(f"{'sequence':>8}  {'first ms':>9}  {'seen ms':>8}  {'steady ms':>9}  {'first/steady':>12}  "
           f"{'seen/steady':>11}  {'first/seen':>10}  {'overhead us':>11}  {'warm-first/steady':>17}"

@@ -138,6 +138,22 @@ MODELS = {
  "unispeech": dict(kind="audio", cfg="UniSpeechConfig", cls="UniSpeechModel", kw=dict(T, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4), sub=None),
  "data2vec_audio": dict(kind="audio", cfg="Data2VecAudioConfig", cls="Data2VecAudioModel", kw=dict(T, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=5, num_conv_pos_embedding_groups=4, conv_pos_kernel_size=5), sub=None),
  "wav2vec2": dict(kind="audio", cfg="Wav2Vec2Config", cls="Wav2Vec2Model", kw=dict(T, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4), sub=None),
+ # families added in the twenty-fifth session (never compiled before it)
+ "deberta": text("DebertaConfig", "DebertaModel", dict(T, relative_attention=True, pos_att_type=["c2p", "p2c"], max_position_embeddings=128)),
+ "xglm": text("XGLMConfig", "XGLMModel", dict(d_model=128, num_layers=2, attention_heads=4, ffn_dim=256, vocab_size=1000, max_position_embeddings=128)),
+ "biogpt": text("BioGptConfig", "BioGptModel", dict(T, max_position_embeddings=128)),
+ "switch_enc": text("SwitchTransformersConfig", "SwitchTransformersEncoderModel", dict(d_model=128, d_kv=32, d_ff=256, num_layers=2, num_sparse_encoder_layers=1, num_heads=4, vocab_size=1000, num_experts=4)),
+ "m2m100_enc": text("M2M100Config", "M2M100Model", dict(d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, vocab_size=1000, max_position_embeddings=128), sub="encoder"),
+ "qwen2_moe": text("Qwen2MoeConfig", "Qwen2MoeModel", dict(T, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=128)),
+ "nemotron": text("NemotronConfig", "NemotronModel", dict(T, num_key_value_heads=2, head_dim=32)),
+ "glm": text("GlmConfig", "GlmModel", dict(T, num_key_value_heads=2, head_dim=32)),
+ "persimmon": text("PersimmonConfig", "PersimmonModel", dict(T, qk_layernorm=True)),
+ "gpt_neo": text("GPTNeoConfig", "GPTNeoModel", dict(hidden_size=128, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=32, vocab_size=1000, max_position_embeddings=128)),
+ "canine": text("CanineConfig", "CanineModel", dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, num_hash_buckets=1000, max_position_embeddings=512)),
+ "cvt": vision("CvtConfig", "CvtModel", dict(embed_dim=[16, 32, 48], num_heads=[1, 2, 2], depth=[1, 1, 1]), side=(32, 96)),
+ "bit": vision("BitConfig", "BitModel", dict(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], out_features=None), side=(32, 96)),
+ "mobilevitv2": vision("MobileViTV2Config", "MobileViTV2Model", dict(image_size=64, width_multiplier=0.5), side=(64, 128), step=32),
+ "swinv2": vision("Swinv2Config", "Swinv2Model", dict(embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4, image_size=64), side=(64, 128), step=32),
  # families added in the twenty-second session: decoder LLM variants (short convolutions, sliding
  # windows, NoPE layers, ternary weights, mixture of experts, latent attention), hierarchical and
  # convolutional vision transformers, weight-standardized and preactivation CNNs, conformer audio

@@ -284,19 +284,22 @@ def test_compiled_swin_matches_onnxruntime_at_awkward_sides(swin_model):
 
 # ------------------------------------------------------------------ integer Mod / Div data rules
 def test_shape_arithmetic_mod_and_div_keep_onnx_integer_semantics_for_every_sign(tmp_path):
-    """Mod (fmod=0 takes the divisor's sign, fmod=1 the dividend's) and Div (truncates toward zero) on
-    shape values stay symbolic and agree with numpy's ONNX semantics at every binding."""
+    """Mod (fmod=0 takes the divisor's sign, fmod=1 the dividend's) and Div (truncates toward zero, also
+    of a numerator whose sign the range does not decide: 20 - n over n = 1..40) on shape values stay
+    symbolic and agree with onnxruntime at every binding."""
     n = helper.make_node
     nodes = [n("Shape", ["x"], ["shape"]), n("Gather", ["shape", "zero"], ["s"], axis=0),
              n("Neg", ["s"], ["neg"]),
              n("Mod", ["s", "seven"], ["mod7"]), n("Mod", ["s", "minus3"], ["mod_m3"]),
              n("Mod", ["neg", "seven"], ["neg_mod7"]), n("Mod", ["s", "five"], ["fmod5"], fmod=1),
-             n("Div", ["neg", "four"], ["neg_div4"]), n("Div", ["s", "four"], ["div4"])]
-    outs = ["mod7", "mod_m3", "neg_mod7", "fmod5", "neg_div4", "div4"]
+             n("Div", ["neg", "four"], ["neg_div4"]), n("Div", ["s", "four"], ["div4"]),
+             n("Sub", ["twenty", "s"], ["mixed"]), n("Div", ["mixed", "three"], ["mixed_div3"])]
+    outs = ["mod7", "mod_m3", "neg_mod7", "fmod5", "neg_div4", "div4", "mixed_div3"]
     graph = helper.make_graph(
         nodes, "shape_arithmetic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
         [helper.make_tensor_value_info(o, TensorProto.INT64, []) for o in outs],
-        [_i64("zero", 0), _i64("seven", 7), _i64("minus3", -3), _i64("five", 5), _i64("four", 4)])
+        [_i64("zero", 0), _i64("seven", 7), _i64("minus3", -3), _i64("five", 5), _i64("four", 4),
+         _i64("twenty", 20), _i64("three", 3)])
     path = tmp_path / "shape_arithmetic.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
     loaded = load_model(path, ["n=1:40"], simplify_graph=False)
@@ -308,3 +311,39 @@ def test_shape_arithmetic_mod_and_div_keep_onnx_integer_semantics_for_every_sign
         want = dict(zip(outs, sess.run(outs, {"x": np.zeros(value, np.float32)})))
         for o in outs:
             assert loaded.symbols.evaluate(symbolic[o][()], {"n": value}) == int(want[o]), (o, value)
+
+
+def traced_same_padding_model(path) -> None:
+    """A TorchScript-traced "same" padding (BiT's DynamicPad2d): the pads ``(13 - n) / 2`` and
+    ``(13 - n) - (13 - n) / 2`` were computed from the traced size, so they pad inputs shorter than
+    13 and crop (negative pads) longer ones, through Shape -> Sub -> Div -> Concat -> Pad."""
+    n = helper.make_node
+    nodes = [n("Shape", ["x"], ["shape"]), n("Gather", ["shape", "two"], ["side"], axis=0),
+             n("Sub", ["thirteen", "side"], ["total"]), n("Div", ["total", "two"], ["begin"]),
+             n("Sub", ["total", "begin"], ["end"]),
+             n("Unsqueeze", ["begin", "axis0"], ["begin1"]), n("Unsqueeze", ["end", "axis0"], ["end1"]),
+             n("Concat", ["zeros2", "begin1", "zeros2", "end1"], ["pads"], axis=0),
+             n("Pad", ["x", "pads", "pad_value"], ["padded"]),
+             n("Relu", ["padded"], ["y"])]
+    inits = [_i64("two", 2), _i64("thirteen", 13), _i64("axis0", [0]), _i64("zeros2", [0, 0]),
+             numpy_helper.from_array(np.array(0.5, np.float32), "pad_value")]
+    graph = helper.make_graph(nodes, "traced_same_padding",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+
+
+def test_traced_same_padding_pads_short_inputs_and_crops_long_ones_like_onnxruntime(tmp_path):
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+
+    path = tmp_path / "traced_same_padding.onnx"
+    traced_same_padding_model(path)
+    model = compile_model(str(path), ["n=1:40"], max_variants=1)
+    assert model.plan.graph.values["padded"].shape[2] == 13     # n + begin + end, whatever the sign
+    rt = Runtime.from_compiled(model, num_threads=1)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for side in (1, 2, 11, 12, 13, 14, 15, 29, 40):
+        x = {"x": np.random.default_rng(side).standard_normal((1, 2, side)).astype(np.float32)}
+        (want,) = sess.run(None, x)
+        np.testing.assert_array_equal(rt.run(x)["y"], want, err_msg=f"n={side}")

@@ -166,7 +166,8 @@ def _elementwise_data(fn: Callable, n: int | None = None):
 
 def _div_data(ctx, a, b):
     """Integer Div truncates toward zero: floor for a >= 0, ceiling for a <= 0 (b >= 1 proven by the
-    ranges); a sign the ranges do not decide keeps the value unknown."""
+    ranges); a numerator whose sign the ranges do not decide gets both, chosen at run time (a traced
+    "same" padding ``(67 - width) / 2`` pads small images and crops large ones)."""
     if ctx.out_dtypes[0].kind in "iu":
         if a.is_number and b.is_number:
             return sympy.Integer(int(a / b)) if b != 0 else None
@@ -175,6 +176,7 @@ def _div_data(ctx, a, b):
                 return sympy.floor(a / b)
             if ctx.symbols.prove_le(a, 0):
                 return sympy.ceiling(a / b)
+            return sympy.Piecewise((sympy.floor(a / b), sympy.Ge(a, 0)), (sympy.ceiling(a / b), True))
         return None
     return a / b
 
