@@ -146,7 +146,7 @@ MODELS = {
  "m2m100_enc": text("M2M100Config", "M2M100Model", dict(d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, vocab_size=1000, max_position_embeddings=128), sub="encoder"),
  "qwen2_moe": text("Qwen2MoeConfig", "Qwen2MoeModel", dict(T, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=128)),
  "nemotron": text("NemotronConfig", "NemotronModel", dict(T, num_key_value_heads=2, head_dim=32)),
- "glm": text("GlmConfig", "GlmModel", dict(T, num_key_value_heads=2, head_dim=32)),
+ "glm": text("GlmConfig", "GlmModel", dict(T, num_key_value_heads=2, head_dim=32, pad_token_id=0)),
  "persimmon": text("PersimmonConfig", "PersimmonModel", dict(T, qk_layernorm=True)),
  "gpt_neo": text("GPTNeoConfig", "GPTNeoModel", dict(hidden_size=128, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=32, vocab_size=1000, max_position_embeddings=128)),
  "canine": text("CanineConfig", "CanineModel", dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, num_hash_buckets=1000, max_position_embeddings=512)),

@@ -256,7 +256,7 @@ def test_bench_prints_a_ratio_table_and_writes_a_plot(mlp_file, tmp_path):
                      "--fix", "batch=2", "--threads", "1", "--artifact", art, "--plot", plot)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert "onnxruntime ms" in lines[0] and "ratio" in lines[0]
+    assert "onnxruntime ms" in lines[0] and "ratio" in lines[0] and "first/seen" in lines[0]
     assert len([ln for ln in lines if ln.split()[:1] == ["2"]]) == 3      # one row per sample, batch fixed
     assert "geomean" in result.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -2,10 +2,13 @@
 with the same inputs and the same thread count; a table of latencies and ratios, and a plot.
 
 Per shape: onnxruntime is warmed up, then, after the pause and two tscomp calls at the previous
-shape (a serving process is awake: what is measured is the shape's novelty, not a sleeping thread
-pool's wake-up), tscomp runs its *first call* at that never-seen shape (timed on its own: no
-compilation may hide there), then both are timed alternately in blocks and
-the best block median of each is kept. Between blocks the process idles for ``settle_s``: both
+shape, tscomp runs its *first call* at that never-seen shape (timed on its own: no compilation may
+hide there), then both are timed alternately in blocks and the best block median of each is kept.
+Last, the *seen call*: the first call's pattern again (the pause, two calls at the previous shape,
+one call at this shape, now served before). ``first/seen`` is what the shape's novelty costs; the
+switch itself costs both calls alike: the caches the previous shape left, and -- where the previous
+shape is short enough that its calls open no parallel region -- the OpenMP pool's wake-up after the
+pause (~60 us on these VMs), which a single call at a short length cannot hide. Between blocks the process idles for ``settle_s``: both
 systems' worker threads spin for milliseconds after their last parallel region (onnxruntime's pool
 and OpenMP alike), and on a machine with as many cores as threads a spinning neighbour halves the
 other's speed — measured here, 2 cores: BERT-base at L=9 costs 39 ms right after an onnxruntime
@@ -34,6 +37,7 @@ class ShapeResult:
     tscomp_s: float
     first_call_s: float
     max_abs_err: float
+    seen_call_s: float = float("nan")
 
     @property
     def ratio(self) -> float:
@@ -100,6 +104,16 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _after_previous_shape(runtime: Runtime, previous: dict, inputs: dict) -> tuple[float, dict]:
+    """Two calls at the previous shape (a serving process), then one timed call with ``inputs``:
+    (its seconds, its outputs)."""
+    for _ in range(2):
+        runtime.run(previous)
+    t = time.perf_counter()
+    got = runtime.run(inputs)
+    return time.perf_counter() - t, got
+
+
 def bench(runtime: Runtime, model_path: str, bindings: list[dict[str, int]], *, threads: int,
           seed: int = 0, budget_s: float = 0.5, settle_s: float = 0.1, progress=None) -> BenchResult:
     sess = ort_session(model_path, threads)
@@ -112,11 +126,7 @@ def bench(runtime: Runtime, model_path: str, bindings: list[dict[str, int]], *, 
         ort_inputs = {k: v for k, v in inputs.items()}
         want = sess.run(None, ort_inputs)                       # warm onnxruntime at this shape
         time.sleep(settle_s)
-        for _ in range(2):
-            runtime.run(previous)                               # a shape it has served: awake, warm
-        t = time.perf_counter()
-        got = runtime.run(inputs)                               # tscomp's first call at this shape
-        first = time.perf_counter() - t
+        first, got = _after_previous_shape(runtime, previous, inputs)   # tscomp's first call at this shape
         err = max(float(np.max(np.abs(got[k].astype(np.float64) - w))) if w.size else 0.0
                   for k, w in zip(names, want))
         one = max(first, _timed(lambda: sess.run(None, ort_inputs), 1))
@@ -127,8 +137,11 @@ def bench(runtime: Runtime, model_path: str, bindings: list[dict[str, int]], *, 
             ort_t.append(_timed(lambda: sess.run(None, ort_inputs), repeats))
             time.sleep(settle_s)
             ts_t.append(_timed(lambda: runtime.run(inputs), repeats))
+        sess.run(None, ort_inputs)                              # the first call's pattern, to the letter
+        time.sleep(settle_s)
+        seen, _ = _after_previous_shape(runtime, previous, inputs)      # ... at a shape served before
         previous = inputs
-        r = ShapeResult(dict(binding), min(ort_t), min(ts_t), first, err)
+        r = ShapeResult(dict(binding), min(ort_t), min(ts_t), first, err, seen)
         result.results.append(r)
         if progress:
             progress(n + 1, len(bindings), r)
@@ -139,11 +152,12 @@ def table(result: BenchResult) -> list[str]:
     syms = list(result.results[0].binding) if result.results else []
     head = "  ".join(f"{s:>9}" for s in syms)
     lines = [f"{head}  {'onnxruntime ms':>14}  {'tscomp ms':>10}  {'ratio':>6}  {'first-call ms':>13}  "
-             f"{'first/steady':>12}  {'max abs err':>11}"]
+             f"{'first/steady':>12}  {'first/seen':>10}  {'max abs err':>11}"]
     for r in result.results:
         vals = "  ".join(f"{r.binding[s]:>9}" for s in syms)
         lines.append(f"{vals}  {r.ort_s * 1e3:14.3f}  {r.tscomp_s * 1e3:10.3f}  {r.ratio:6.3f}  "
-                     f"{r.first_call_s * 1e3:13.3f}  {r.first_call_s / r.tscomp_s:12.2f}  {r.max_abs_err:11.2e}")
+                     f"{r.first_call_s * 1e3:13.3f}  {r.first_call_s / r.tscomp_s:12.2f}  "
+                     f"{r.first_call_s / r.seen_call_s:10.2f}  {r.max_abs_err:11.2e}")
     w = result.worst()
     lines.append(f"tscomp/onnxruntime latency ratio over {len(result.results)} shapes ({result.threads} threads): "
                  f"geomean {result.geomean():.3f}, worst {w.ratio:.3f} at {w.binding}")
