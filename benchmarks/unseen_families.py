@@ -155,6 +155,9 @@ MODELS = {
  "bit": vision("BitConfig", "BitModel", dict(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], out_features=None), side=(32, 96)),
  "mobilevitv2": vision("MobileViTV2Config", "MobileViTV2Model", dict(image_size=64, width_multiplier=0.5), side=(64, 128), step=32),
  "swinv2": vision("Swinv2Config", "Swinv2Model", dict(embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4, image_size=64), side=(64, 128), step=32),
+ "depth_anything": vision("DepthAnythingConfig", "DepthAnythingForDepthEstimation", dict(backbone_config=dict(model_type="dinov2", hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128, image_size=56, patch_size=14, out_features=["stage1", "stage2", "stage3", "stage4"], reshape_hidden_states=False), reassemble_hidden_size=64, neck_hidden_sizes=[16, 32, 64, 64], fusion_hidden_size=32, head_hidden_size=16), side=(28, 112), step=14, output="predicted_depth"),
+ "upernet": vision("UperNetConfig", "UperNetForSemanticSegmentation", dict(backbone_config=dict(model_type="convnext", hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1], out_features=["stage1", "stage2", "stage3", "stage4"]), hidden_size=32, auxiliary_channels=16, num_labels=5, use_auxiliary_head=False), side=(64, 128), step=32, output="logits"),
+ "mobilenetv1": vision("MobileNetV1Config", "MobileNetV1Model", dict(depth_multiplier=0.25, image_size=64), side=(32, 96)),
  # families added in the twenty-second session: decoder LLM variants (short convolutions, sliding
  # windows, NoPE layers, ternary weights, mixture of experts, latent attention), hierarchical and
  # convolutional vision transformers, weight-standardized and preactivation CNNs, conformer audio
