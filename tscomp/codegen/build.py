@@ -179,6 +179,12 @@ def _openmp_runtime() -> ctypes.CDLL:
     return lib
 
 
+def use_threads_address() -> int:
+    """Where ``tscomp_omp_use_threads(n)`` is (sets the calling thread's OpenMP thread count when it
+    differs), for native callers: the request path sets the count through it, as this module does."""
+    return ctypes.cast(_openmp_runtime().tscomp_omp_use_threads, ctypes.c_void_p).value
+
+
 def set_num_threads(n: int) -> None:
     """Thread count of the OpenMP kernels this thread calls (an OpenMP setting of the calling thread,
     changed only when it differs: the setting itself is the record, so the native request path,

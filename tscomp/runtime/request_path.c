@@ -4,7 +4,7 @@
  * Python before and after the host program: look the inputs up, check each one's type, rank and
  * fixed sizes, bind the shape symbols from their axes and check the declared ranges, allocate the
  * outputs (their shapes from the host program's tscomp_host_output_dims), put the addresses in the
- * pointer table, set the OpenMP thread count, keep the workers off the caller's CPU
+ * pointer table, set the OpenMP thread count (tscomp_omp_use_threads, as set_num_threads does), keep the workers off the caller's CPU
  * (tscomp_team_enter) and make the one host-program call with the GIL released.
  *
  * It decides nothing the Python path does not: anything unusual -- a missing or extra input, a
@@ -19,7 +19,6 @@
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +29,7 @@
 typedef int (*ts_host_run)(int segment, const ts_call *call);
 typedef int (*ts_output_dims)(int k, const int64_t *sym, int64_t *dims);
 typedef int (*ts_team_enter)(int n);
+typedef int (*ts_use_threads)(int n);
 typedef int (*ts_relations)(const int64_t *sym);
 
 typedef struct {
@@ -51,6 +51,7 @@ typedef struct {
     int64_t *lo, *hi;               /* each symbol's declared range */
     ts_host_run run;
     ts_output_dims output_dims;
+    ts_use_threads use_threads;     /* the OpenMP thread count, set where it differs (build.py's) */
     ts_team_enter team_enter;
     ts_relations relations;         /* NULL: the model has none to check */
 } ts_model;
@@ -74,18 +75,18 @@ static void *address(PyObject *obj)
     return PyLong_AsVoidPtr(obj);
 }
 
-/* model(inputs, outputs, lo, hi, threads, run, output_dims, team_enter, relations) -> capsule
+/* model(inputs, outputs, lo, hi, threads, run, output_dims, use_threads, team_enter, relations) -> capsule
  *   inputs:  [(name, type_num, slot, (axis code, ...)), ...]; an axis code >= 0 is the symbol it
  *            binds, -1 - n a fixed size n
  *   outputs: [(name, type_num, slot, graph output index), ...]
- *   lo, hi:  each symbol's range; run, output_dims, team_enter, relations: function addresses
+ *   lo, hi:  each symbol's range; run, output_dims, use_threads, team_enter, relations: function addresses
  *            (relations 0: none to check) */
 static PyObject *model(PyObject *self, PyObject *args)
 {
-    PyObject *ins, *outs, *lo, *hi, *run, *dims, *enter, *relations;
+    PyObject *ins, *outs, *lo, *hi, *run, *dims, *use, *enter, *relations;
     int threads;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!iOOOO", &PyList_Type, &ins, &PyList_Type, &outs, &PyList_Type, &lo,
-                          &PyList_Type, &hi, &threads, &run, &dims, &enter, &relations))
+    if (!PyArg_ParseTuple(args, "O!O!O!O!iOOOOO", &PyList_Type, &ins, &PyList_Type, &outs, &PyList_Type, &lo,
+                          &PyList_Type, &hi, &threads, &run, &dims, &use, &enter, &relations))
         return NULL;
     ts_model *m = calloc(1, sizeof *m);
     if (!m) return PyErr_NoMemory();
@@ -126,10 +127,11 @@ static PyObject *model(PyObject *self, PyObject *args)
     }
     m->run = (ts_host_run)address(run);
     m->output_dims = (ts_output_dims)address(dims);
+    m->use_threads = (ts_use_threads)address(use);
     m->team_enter = (ts_team_enter)address(enter);
     m->relations = (ts_relations)address(relations);
     if (PyErr_Occurred()) goto fail;
-    if (!m->run || !m->output_dims) goto bad;
+    if (!m->run || !m->output_dims || !m->use_threads) goto bad;
     PyObject *capsule = PyCapsule_New(m, "tscomp.request_path", capsule_free);
     if (!capsule) model_free(m);
     return capsule;
@@ -229,7 +231,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int rc;
     int64_t start, end;
     Py_BEGIN_ALLOW_THREADS
-    if (omp_get_max_threads() != m->threads) omp_set_num_threads(m->threads);
+    m->use_threads(m->threads);
     if (m->team_enter) m->team_enter(m->threads);
     start = now_ns();
     rc = m->run(0, call);

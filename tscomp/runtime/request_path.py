@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import sympy
 
-from tscomp.codegen.build import build_library
+from tscomp.codegen.build import build_library, use_threads_address
 from tscomp.runtime.host_program import CALL_STRUCT
 from tscomp.runtime.threads import team_enter_address
 
@@ -102,7 +102,7 @@ class RequestPath:
         dims = executor.output_dims_address()
         checks = executor.relations_address(len(relations)) if relations else 0
         self._model = ext.model(inputs, outputs, lo, hi, int(threads), executor.run_address(), dims,
-                                team_enter_address(), checks)
+                                use_threads_address(), team_enter_address(), checks)
         self._run = ext.run
         self._executor = executor
 
