@@ -23,8 +23,9 @@ test: $(STAMP)
 
 # The C-kernel and request-path tests with every generated kernel (and the request path's
 # extension) built under AddressSanitizer (TSCOMP_SANITIZE is part of the kernel cache key).
-# Python is not instrumented, so libasan is preloaded. The SIMT tests are left out: PoCL's LLVM JIT aborts the process under the preloaded sanitizer (their
-# race and bounds checking is Oclgrind's, in tests/codegen/simt).
+# Python is not instrumented, so libasan is preloaded. The SIMT tests are left out: PoCL's LLVM
+# JIT aborts the process under the preloaded sanitizer (their race and bounds checking is
+# Oclgrind's, in tests/codegen/simt).
 test-asan: $(STAMP)
 	TSCOMP_SANITIZE=address ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$$($${CC:-cc} -print-file-name=libasan.so) \
 		$(PY) -m pytest -p no:xdist -q --ignore=tests/codegen/simt tests/codegen tests/runtime/test_native_executor.py tests/runtime/test_request_path.py

@@ -8,7 +8,9 @@ Last, the *seen call*: the first call's pattern again (the pause, two calls at t
 one call at this shape, now served before). ``first/seen`` is what the shape's novelty costs; the
 switch itself costs both calls alike: the caches the previous shape left, and -- where the previous
 shape is short enough that its calls open no parallel region -- the OpenMP pool's wake-up after the
-pause (~60 us on these VMs), which a single call at a short length cannot hide. Between blocks the process idles for ``settle_s``: both
+pause (~60 us on these VMs), which a single call at a short length cannot hide.
+
+Between blocks the process idles for ``settle_s``: both
 systems' worker threads spin for milliseconds after their last parallel region (onnxruntime's pool
 and OpenMP alike), and on a machine with as many cores as threads a spinning neighbour halves the
 other's speed — measured here, 2 cores: BERT-base at L=9 costs 39 ms right after an onnxruntime
@@ -37,7 +39,7 @@ class ShapeResult:
     tscomp_s: float
     first_call_s: float
     max_abs_err: float
-    seen_call_s: float = float("nan")
+    seen_call_s: float
 
     @property
     def ratio(self) -> float:
@@ -104,14 +106,17 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _after_previous_shape(runtime: Runtime, previous: dict, inputs: dict) -> tuple[float, dict]:
-    """Two calls at the previous shape (a serving process), then one timed call with ``inputs``:
-    (its seconds, its outputs)."""
+def _call_after_switch(runtime: Runtime, sess, previous: dict, inputs: dict, settle_s: float):
+    """The first and the seen call's pattern: onnxruntime's call at ``inputs``, the pause, two tscomp
+    calls at the previous shape (a serving process), then one timed tscomp call with ``inputs``:
+    (its seconds, its outputs, onnxruntime's outputs)."""
+    want = sess.run(None, inputs)
+    time.sleep(settle_s)
     for _ in range(2):
         runtime.run(previous)
     t = time.perf_counter()
     got = runtime.run(inputs)
-    return time.perf_counter() - t, got
+    return time.perf_counter() - t, got, want
 
 
 def bench(runtime: Runtime, model_path: str, bindings: list[dict[str, int]], *, threads: int,
@@ -124,9 +129,7 @@ def bench(runtime: Runtime, model_path: str, bindings: list[dict[str, int]], *, 
     for n, binding in enumerate(bindings):
         inputs = random_inputs(runtime.graph, binding, rng)
         ort_inputs = {k: v for k, v in inputs.items()}
-        want = sess.run(None, ort_inputs)                       # warm onnxruntime at this shape
-        time.sleep(settle_s)
-        first, got = _after_previous_shape(runtime, previous, inputs)   # tscomp's first call at this shape
+        first, got, want = _call_after_switch(runtime, sess, previous, ort_inputs, settle_s)  # tscomp's first call here
         err = max(float(np.max(np.abs(got[k].astype(np.float64) - w))) if w.size else 0.0
                   for k, w in zip(names, want))
         one = max(first, _timed(lambda: sess.run(None, ort_inputs), 1))
@@ -137,9 +140,7 @@ def bench(runtime: Runtime, model_path: str, bindings: list[dict[str, int]], *, 
             ort_t.append(_timed(lambda: sess.run(None, ort_inputs), repeats))
             time.sleep(settle_s)
             ts_t.append(_timed(lambda: runtime.run(inputs), repeats))
-        sess.run(None, ort_inputs)                              # the first call's pattern, to the letter
-        time.sleep(settle_s)
-        seen, _ = _after_previous_shape(runtime, previous, inputs)      # ... at a shape served before
+        seen, _, _ = _call_after_switch(runtime, sess, previous, ort_inputs, settle_s)  # the same, now served
         previous = inputs
         r = ShapeResult(dict(binding), min(ort_t), min(ts_t), first, err, seen)
         result.results.append(r)

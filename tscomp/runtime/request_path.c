@@ -4,8 +4,9 @@
  * Python before and after the host program: look the inputs up, check each one's type, rank and
  * fixed sizes, bind the shape symbols from their axes and check the declared ranges, allocate the
  * outputs (their shapes from the host program's tscomp_host_output_dims), put the addresses in the
- * pointer table, set the OpenMP thread count (tscomp_omp_use_threads, as set_num_threads does), keep the workers off the caller's CPU
- * (tscomp_team_enter) and make the one host-program call with the GIL released.
+ * pointer table, set the OpenMP thread count (tscomp_omp_use_threads, as set_num_threads does),
+ * keep the workers off the caller's CPU (tscomp_team_enter) and make the one host-program call
+ * with the GIL released.
  *
  * It decides nothing the Python path does not: anything unusual -- a missing or extra input, a
  * non-ndarray, a wrong dtype or rank, a non-contiguous or byte-swapped array, an axis that
