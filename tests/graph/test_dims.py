@@ -21,7 +21,12 @@ def test_parse_rename_of_dim_param_and_of_input_axis():
     assert (s.input, s.axis) == ("input_ids", 1)
 
 
-@pytest.mark.parametrize("text", ["L", "L=0:4", "L=9:3", "=1:3", "L@x:y=1:2", "L=1:2:3"])
+def test_a_range_may_start_at_zero_for_a_dimension_that_can_be_empty():
+    s = DimSpec.parse("past=0:511")      # a KV cache before the first token
+    assert (s.min, s.max) == (0, 511)
+
+
+@pytest.mark.parametrize("text", ["L", "L=-1:4", "L=9:3", "=1:3", "L@x:y=1:2", "L=1:2:3"])
 def test_malformed_specs_are_rejected_with_the_spec_quoted(text):
     with pytest.raises(DimSpecError, match="--dim"):
         DimSpec.parse(text)

@@ -44,6 +44,24 @@ def test_unify_rewrites_fresh_symbol_into_named_one():
     assert any("test" in str(c) for c in t.constraints)
 
 
+def test_a_symbol_that_may_be_zero_is_not_assumed_positive():
+    t, (past, L) = table(past=(0, 511), L=(1, 64))
+    assert past.is_nonnegative and past.is_positive is None
+    assert L.is_positive
+    assert t.canon(sympy.Max(1, L)) == L
+    assert t.canon(sympy.Max(1, past)) == sympy.Max(1, past)    # past = 0 picks 1
+    assert t.bounds(past + L) == (1, 575)
+
+
+def test_a_zero_capable_dim_equal_to_an_unknown_dim_is_refused_by_name():
+    t = SymbolTable()
+    L = t.new_symbol("L", origin="user", min=0, max=32, user_bounded=True)
+    u = t.fresh_symbol("reshape", note="unknown dim from Reshape node 'r'")
+    with pytest.raises(ShapeError, match="L may be 0 .* must equal reshape_0 \\(unknown dim from Reshape node 'r'\\)"
+                                         ".*declare L from 1"):
+        t.unify(L, u, "broadcast")
+
+
 def test_unify_min_constrains_symbol_range():
     t, (L,) = table(L=(1, 2**31 - 1))
     t.unify(L, sympy.Min(512, L), "embedding add")

@@ -40,8 +40,8 @@ class DimSpec:
                 "or NAME@INPUT:AXIS=MIN:MAX")
         lo = int(m["lo"])
         hi = int(m["hi"]) if m["hi"] is not None else lo
-        if lo < 1 or hi < lo:
-            raise DimSpecError(f"--dim {text!r}: range must satisfy 1 <= MIN <= MAX")
+        if hi < lo:
+            raise DimSpecError(f"--dim {text!r}: range must satisfy 0 <= MIN <= MAX")
         where = m["where"]
         param = inp = axis = None
         if where is not None:

@@ -83,9 +83,12 @@ def sanitize_symbol_name(raw: str) -> str:
     return name
 
 
-def make_symbol(name: str) -> sympy.Symbol:
-    """Dimension symbols are positive integers; SymPy uses that when simplifying."""
-    return sympy.Symbol(name, integer=True, positive=True)
+def make_symbol(name: str, min: int = 1) -> sympy.Symbol:
+    """Dimension symbols are integers, positive unless their range holds 0 (an empty KV cache, a
+    data-dependent count): SymPy uses the sign when simplifying, so it must not assume more."""
+    if min >= 1:
+        return sympy.Symbol(name, integer=True, positive=True)
+    return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
 @dataclass
@@ -129,7 +132,7 @@ class SymbolTable:
         name = sanitize_symbol_name(name)
         if name in self.infos:
             raise ValueError(f"symbol {name!r} already exists")
-        sym = make_symbol(name)
+        sym = make_symbol(name, min)
         self.infos[name] = SymbolInfo(sym, min, max, origin, note, user_bounded)
         return sym
 
@@ -204,6 +207,12 @@ class SymbolTable:
         info = self.infos[gone.name]
         if isinstance(kept, sympy.Symbol):
             kept_info = self.infos[kept.name]
+            if info.origin == "fresh" and kept_info.min < info.min:
+                raise ShapeError(
+                    f"{reason}: {kept} may be {kept_info.min} (range [{kept_info.min}, {kept_info.max}]) but must "
+                    f"equal {gone} ({info.note or 'an unknown dim'}), which tscomp cannot show may be "
+                    f"{kept_info.min} (a Reshape target that may be 0 reads as 'copy the input's dim' in ONNX); "
+                    f"declare {kept} from {info.min}")
             if info.user_bounded and not kept_info.user_bounded:
                 kept_info.user_bounded = True
                 kept_info.min, kept_info.max = info.min, info.max
