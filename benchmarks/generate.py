@@ -8,7 +8,7 @@ A decoder with an explicit cache (:mod:`models.decoder_cache`) is called once fo
 neither system saw before, which is the case tscomp compiles for. Per model and exporter:
 
 1. export, and compile with ``sequence`` in 1..prompt, ``past`` in 0..prompt+new (empty cache
-   included) and ``total`` in 1..prompt+new+1;
+   included) and the mask's length ``total`` = past + sequence (a derived dim);
 2. check logits and presents against onnxruntime (rtol = atol = 1e-4) at steps with random caches:
    past 0, 1, primes and the range end, one- and multi-token steps;
 3. generate: onnxruntime runs the greedy loop (each step's argmax is the next token, its presents
@@ -43,7 +43,7 @@ def compile_decoder(path: pathlib.Path, art: pathlib.Path, prompt: int, longest:
                     records: pathlib.Path) -> None:
     cmd = [sys.executable, "-m", "tscomp.cli", "compile", str(path), "-o", str(art), "--budget", budget,
            "--records", str(records), "--dim", f"sequence=1:{prompt}", "--dim", f"past=0:{longest}",
-           "--dim", f"total=1:{longest + 1}"]
+           "--dim", "total=past+sequence"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"tscomp compile failed:\n{(p.stderr or p.stdout)[-1500:]}")

@@ -14,8 +14,9 @@ from tscomp.errors import TscompError
 
 def _add_dim_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dim", action="append", default=[], metavar="SPEC",
-                   help="name/bound a dynamic dimension: NAME=MIN:MAX, NAME@PARAM=MIN:MAX or "
-                        "NAME@INPUT:AXIS=MIN:MAX (repeatable)")
+                   help="name/bound a dynamic dimension: NAME=MIN:MAX (MIN may be 0: an empty KV "
+                        "cache), NAME@PARAM=MIN:MAX or NAME@INPUT:AXIS=MIN:MAX; or derive it from "
+                        "others: NAME=EXPR, e.g. total=past+sequence (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,6 +26,12 @@ def test_a_range_may_start_at_zero_for_a_dimension_that_can_be_empty():
     assert (s.min, s.max) == (0, 511)
 
 
+def test_a_dim_may_be_declared_as_an_expression_of_other_dims():
+    s = DimSpec.parse("total=past + sequence")
+    assert (s.name, s.expr, s.param) == ("total", "past + sequence", None)
+    assert DimSpec.parse("t@attention_mask:1=past+sequence").axis == 1
+
+
 @pytest.mark.parametrize("text", ["L", "L=-1:4", "L=9:3", "=1:3", "L@x:y=1:2", "L=1:2:3"])
 def test_malformed_specs_are_rejected_with_the_spec_quoted(text):
     with pytest.raises(DimSpecError, match="--dim"):

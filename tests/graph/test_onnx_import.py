@@ -1,4 +1,6 @@
 """ONNX import: symbols from dim_params and --dim, constants, external data, bad files."""
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -39,6 +41,34 @@ def test_dim_spec_renames_by_param_and_by_input_axis():
 def test_dim_spec_for_unknown_name_lists_the_model_dims():
     with pytest.raises(DimSpecError, match="no dynamic dimension named 'L'.*seq"):
         import_model(two_input_model(), [DimSpec.parse("L=1:512")])
+
+
+def cache_model():
+    """y = Concat(past, new) + mask: the mask's length ``total`` is past + sequence."""
+    past = helper.make_tensor_value_info("past", TensorProto.FLOAT, ["p"])
+    new = helper.make_tensor_value_info("new", TensorProto.FLOAT, ["s"])
+    mask = helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["total"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Concat", ["past", "new"], ["both"], axis=0),
+             helper.make_node("Add", ["both", "mask"], ["y"])]
+    return helper.make_model(helper.make_graph(nodes, "g", [past, new, mask], [y]),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_derived_dim_spec_rewrites_the_dim_into_its_expression_with_the_range_it_implies():
+    g = import_model(cache_model(), [DimSpec.parse("p=0:40"), DimSpec.parse("s=1:8"), DimSpec.parse("total=p+s")])
+    p, s = g.symbols.symbol("p"), g.symbols.symbol("s")
+    assert g.symbols.canon(g.values["mask"].shape[0]) == p + s
+    assert g.symbols.bounds(g.symbols.symbol("total")) == (1, 48)
+    assert "total" not in {i.name for i in g.symbols.live_symbols()}
+
+
+@pytest.mark.parametrize("spec, error", [("total=p+q", "'q' is not a dimension of the model other than 'total'"),
+                                         ("total=total+1", "'total' is not a dimension"),
+                                         ("total=p-s", "p-s can be negative \\(as low as -8\\)")])
+def test_a_derived_dim_over_unknown_dims_or_that_can_be_negative_is_rejected(spec, error):
+    with pytest.raises(DimSpecError, match=f"--dim {re.escape(spec)}: {error}"):
+        import_model(cache_model(), [DimSpec.parse("p=0:40"), DimSpec.parse("s=1:8"), DimSpec.parse(spec)])
 
 
 def test_dim_spec_contradicting_input_rank_names_the_input():

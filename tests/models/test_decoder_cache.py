@@ -1,5 +1,5 @@
 """Decoders with an explicit KV cache (models.decoder_cache) compiled with an empty cache allowed
-(``--dim past=0:N``): every step of a generation loop -- the prompt with nothing cached, then one
+(``--dim past=0:N``) and the mask's length derived (``--dim total=past+sequence``): every step of a generation loop -- the prompt with nothing cached, then one
 token at a time with the presents fed back -- matches onnxruntime."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.conftest import REPO_ROOT, _require_export_extra, model_cache_dir
 pytestmark = pytest.mark.models
 
 PROMPT, LONGEST = 8, 40
-DIMS = [f"sequence=1:{PROMPT}", f"past=0:{LONGEST}", f"total=1:{LONGEST + 1}"]
+DIMS = [f"sequence=1:{PROMPT}", f"past=0:{LONGEST}", "total=past+sequence"]     # the mask's length: derived
 RTOL = ATOL = 1e-4
 
 
@@ -81,9 +81,10 @@ def test_a_generation_loop_feeding_back_its_own_presents_matches_onnxruntime_at_
     assert ours["attention_mask"].shape[1] == LONGEST + 1
 
 
-def test_a_mask_that_disagrees_with_the_cache_length_is_refused_like_onnxruntime_refuses_it(decoder):
-    """attention_mask covers past + sequence tokens; one short of that makes the model index past
-    its mask: tscomp names the node and the index, onnxruntime refuses too."""
+def test_a_mask_that_disagrees_with_the_cache_length_is_refused_by_the_derived_dim(decoder):
+    """attention_mask covers past + sequence tokens (``--dim total=past+sequence``): one short is
+    refused before anything runs, naming the input, the axis and the expression (onnxruntime,
+    which knows no such relation, fails inside the model)."""
     from models.decoder_cache import step_inputs
     from tscomp.errors import ExecutionError
     session, rt, geometry = decoder
@@ -91,5 +92,5 @@ def test_a_mask_that_disagrees_with_the_cache_length_is_refused_like_onnxruntime
     feed["attention_mask"] = feed["attention_mask"][:, 1:]
     with pytest.raises(Exception):
         session.run(None, feed)
-    with pytest.raises(ExecutionError, match="node .*index"):
+    with pytest.raises(ExecutionError, match="input 'attention_mask' axis 1 is 7, expected past \\+ sequence = 8"):
         rt.run(feed)

@@ -203,3 +203,36 @@ def test_groups_that_read_only_constants_and_shapes_run_once_per_shape(bert_per_
     np.testing.assert_array_equal(rt.run(x)["last_hidden_state"], first)
     want = ort.InferenceSession(str(onnx_path)).run(None, x)[0]
     np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def cache_artifact(tmp_path_factory):
+    """y = Concat(past, new) + mask compiled with ``--dim total=p+s``: the mask's length is derived."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tscomp.compiler import compile_model
+    from tscomp.runtime.artifact import write_artifact
+
+    d = tmp_path_factory.mktemp("derived")
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [dim]) for n, dim in
+          (("past", "p"), ("new", "s"), ("mask", "total"))]
+    nodes = [helper.make_node("Concat", ["past", "new"], ["both"], axis=0), helper.make_node("Add", ["both", "mask"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", io, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, d / "cache.onnx")
+    write_artifact(compile_model(str(d / "cache.onnx"), ["p=0:40", "s=1:8", "total=p+s"]), d / "cache.tsc")
+    return d / "cache.tsc"
+
+
+@pytest.mark.parametrize("executor", ["native", "python"])
+def test_an_input_axis_declared_as_an_expression_of_other_dims_is_checked_against_it(cache_artifact, executor):
+    rt = Runtime(cache_artifact, num_threads=2, executor=executor)
+    rng = np.random.default_rng(0)
+    for p, s in ((0, 1), (0, 8), (1, 1), (13, 7), (40, 8)):
+        past, new, mask = (rng.standard_normal(n).astype(np.float32) for n in (p, s, p + s))
+        np.testing.assert_array_equal(rt.run({"past": past, "new": new, "mask": mask})["y"],
+                                      np.concatenate([past, new]) + mask)
+    bad = {"past": np.ones(5, np.float32), "new": np.ones(3, np.float32), "mask": np.ones(9, np.float32)}
+    with pytest.raises(ExecutionError, match="input 'mask' axis 0 is 9, expected p \\+ s = 8"):
+        rt.run(bad)

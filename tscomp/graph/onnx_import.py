@@ -24,6 +24,7 @@ reference executor runs them, the compiled kernels cannot.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -36,7 +37,7 @@ from tscomp.errors import DimSpecError, ModelLoadError, UnsupportedOperatorError
 from tscomp.graph.dims import DimSpec
 from tscomp.graph.functions import expand_functions, value_types
 from tscomp.graph.ir import Graph, Node, Value
-from tscomp.graph.symbols import SymbolTable, sanitize_symbol_name
+from tscomp.graph.symbols import DEFAULT_MAX, SymbolTable, sanitize_symbol_name
 
 
 def read_model(path: str | os.PathLike) -> onnx.ModelProto:
@@ -213,14 +214,39 @@ def _declare_input_symbols(inputs, dims: Sequence[DimSpec], symbols: SymbolTable
                 name, k = f"{base}_{k}", k + 1
             param_syms[param] = symbols.new_symbol(name, origin="dim_param", note=note)
         else:
-            param_syms[param] = symbols.new_symbol(spec.name, origin="user", min=spec.min, max=spec.max,
-                                                   note=f"{note} (dim_param {param!r})",
-                                                   user_bounded=True)
+            param_syms[param] = _user_symbol(spec, symbols, f"{note} (dim_param {param!r})")
     axis_syms = {}
     for (inp, axis), spec in axis_specs.items():
-        axis_syms[(inp, axis)] = symbols.new_symbol(spec.name, origin="user", min=spec.min, max=spec.max,
-                                                    note=f"axis {inp}:{axis}", user_bounded=True)
+        axis_syms[(inp, axis)] = _user_symbol(spec, symbols, f"axis {inp}:{axis}")
+    for spec in dims:
+        if spec.expr is not None:
+            _derive(spec, symbols)
     return param_syms, axis_syms
+
+
+def _user_symbol(spec: DimSpec, symbols: SymbolTable, note: str):
+    if spec.expr is not None:   # its range follows from the expression's (see _derive)
+        return symbols.new_symbol(spec.name, origin="user", min=0, note=f"{note} = {spec.expr}")
+    return symbols.new_symbol(spec.name, origin="user", min=spec.min, max=spec.max, note=note, user_bounded=True)
+
+
+def _derive(spec: DimSpec, symbols: SymbolTable) -> None:
+    """``--dim total=past+sequence``: the dim is that expression of other dims, a fact the
+    symbol table rewrites it into (so inputs are checked against it and drawn by it)."""
+    names = set(re.findall(r"[A-Za-z_]\w*", spec.expr))
+    unknown = sorted(n for n in names if n not in symbols.infos or n == spec.name)
+    if unknown:
+        raise DimSpecError(f"--dim {spec.text}: {', '.join(map(repr, unknown))} "
+                           f"{'is not a dimension' if len(unknown) == 1 else 'are not dimensions'} "
+                           f"of the model other than {spec.name!r} (dims: {', '.join(sorted(symbols.infos))})")
+    expr = sympy.sympify(spec.expr, locals={n: symbols.symbol(n) for n in names})  # names checked above
+    lo, hi = symbols.bounds(expr)
+    if lo < 0:
+        raise DimSpecError(f"--dim {spec.text}: {spec.expr} can be negative (as low as {int(lo)}), "
+                           "which no dimension can be")
+    reason = f"--dim {spec.text}"
+    symbols.tighten(symbols.symbol(spec.name), int(lo), int(min(hi, DEFAULT_MAX)), reason)
+    symbols.unify(symbols.symbol(spec.name), expr, reason)
 
 
 def _check_duplicate_names(dims: Sequence[DimSpec]) -> None:
