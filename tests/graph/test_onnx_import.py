@@ -65,7 +65,8 @@ def test_a_derived_dim_spec_rewrites_the_dim_into_its_expression_with_the_range_
 
 @pytest.mark.parametrize("spec, error", [("total=p+q", "'q' is not a dimension of the model other than 'total'"),
                                          ("total=total+1", "'total' is not a dimension"),
-                                         ("total=p-s", "p-s can be negative \\(as low as -8\\)")])
+                                         ("total=p-s", "p-s can be negative \\(as low as -8\\)"),
+                                         ("total=(p+s", "'\\(p\\+s' is not an expression of dims")])
 def test_a_derived_dim_over_unknown_dims_or_that_can_be_negative_is_rejected(spec, error):
     with pytest.raises(DimSpecError, match=f"--dim {re.escape(spec)}: {error}"):
         import_model(cache_model(), [DimSpec.parse("p=0:40"), DimSpec.parse("s=1:8"), DimSpec.parse(spec)])

@@ -239,7 +239,11 @@ def _derive(spec: DimSpec, symbols: SymbolTable) -> None:
         raise DimSpecError(f"--dim {spec.text}: {', '.join(map(repr, unknown))} "
                            f"{'is not a dimension' if len(unknown) == 1 else 'are not dimensions'} "
                            f"of the model other than {spec.name!r} (dims: {', '.join(sorted(symbols.infos))})")
-    expr = sympy.sympify(spec.expr, locals={n: symbols.symbol(n) for n in names})  # names checked above
+    try:        # names checked above; the grammar allows only + - * and parentheses besides them
+        expr = sympy.sympify(spec.expr, locals={n: symbols.symbol(n) for n in names})
+    except (sympy.SympifyError, SyntaxError, TypeError) as e:
+        raise DimSpecError(f"--dim {spec.text}: {spec.expr!r} is not an expression of dims "
+                           f"({type(e).__name__})") from None
     lo, hi = symbols.bounds(expr)
     if lo < 0:
         raise DimSpecError(f"--dim {spec.text}: {spec.expr} can be negative (as low as {int(lo)}), "
