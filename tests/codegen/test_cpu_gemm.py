@@ -447,3 +447,36 @@ def test_small_m_cuts_n_finer_so_every_thread_has_a_task():
     assert g.tasks(100, 2) == 2          # two row blocks already
     assert g.tasks(100, 5) == 2 * 3      # ceil(5 / 2) N blocks per row block
     assert _Geometry.of(TileConfig(mr=8, nr=32, mc=64, nc=32, kc=256), 768, 64, "fp32").tasks(1, 16) == 2
+
+
+def test_a_weight_larger_than_the_l3_runs_short_m_as_one_tall_block_and_stays_exact(monkeypatch):
+    """Where the weight exceeds half the L3 (here a 16 KiB L3 stands in for an LLM's 65 MB vocabulary
+    head), rows up to what the L2 holds as partial sums run as one block -- no second stream of the
+    weight from memory -- and the task count the wave model reads says so; above that bound, and for
+    a weight that fits, MC-row blocks as before. Numerics at M across the bound, partial sums on
+    (several K blocks), on 1 and 2 threads."""
+    from tscomp.codegen import cpu_gemm
+    from tscomp.codegen.build import get_num_threads, set_num_threads
+    from tscomp.codegen.cpu_gemm import _Geometry, row_block_classes
+    small = CacheSizes(l1=32 * 1024, l2=64 * 1024, l3=16 * 1024)
+    monkeypatch.setattr(cpu_gemm, "host_caches", lambda: small)
+    nr = VECTOR_WIDTH[host_isa()]
+    K, N = 40, 8 * nr
+    cfg = TileConfig(mr=4, nr=nr, mc=8, nc=4 * nr, kc=16)          # 2 N blocks, 3 K blocks
+    g = _Geometry.of(cfg, K, N, "fp32")
+    assert g.tall_rows == 64 * 1024 // (4 * 4 * nr) // 4 * 4 and g.tall_rows > cfg.mc
+    assert g.tasks(g.tall_rows, 2) == 2 and g.tasks(g.tall_rows + 1, 2) > 2
+    assert [(c, w) for c, w in row_block_classes(17, 8, 4, 2, 2, granule=1, tall_rows=g.tall_rows) if c] == [(1, 17)]
+    assert f"#define TALL_ROWS {g.tall_rows}" in generate_gemm(cfg, K, N, host_isa())
+    assert _Geometry.of(TileConfig(mr=4, nr=nr, mc=8, nc=nr, kc=4), 4, nr, "fp32").tall_rows == 0   # fits the L3
+    rng = np.random.default_rng(11)
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    kernel = GemmKernel(W, cfg, epilogue=Epilogue.bias_residual())
+    before = get_num_threads()
+    try:
+        for threads in (1, 2):
+            set_num_threads(threads)
+            check_all_m(kernel, W, rng, ms=[1, 5, 8, 9, 17, g.tall_rows - 1, g.tall_rows, g.tall_rows + 1, 3 * g.tall_rows],
+                        epilogue=Epilogue.bias_residual())
+    finally:
+        set_num_threads(before)

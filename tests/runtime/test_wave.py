@@ -107,7 +107,7 @@ class FakeGemm(KernelBase):
         from tscomp.codegen.tile_config import TileConfig
         self.M = sympy.Symbol("M")
         self.cfg = TileConfig(mr=mr, nr=16, mc=mc, nc=64, kc=64)
-        self.geometry = SimpleNamespace(n_nblocks=n_nblocks)
+        self.geometry = SimpleNamespace(n_nblocks=n_nblocks, tall_rows=0)
         self.row_granule = mr if row_granule is None else row_granule
 
     def tasks(self, binding):

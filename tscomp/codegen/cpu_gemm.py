@@ -114,7 +114,7 @@ _RESERVED = {
     "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock", "pull", "stream_log2",
     "kb", "k0", "jp", "wpanel", "wnext", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks", "mc",
     "nc", "nth", "n_nblocks", "panels", "parts", "omp_get_max_threads", "row_tiles", "want", "tiles_per",
-    "tiles_extra", "BALANCE_TASKS_PER_THREAD",
+    "tiles_extra", "BALANCE_TASKS_PER_THREAD", "block_tiles", "TALL_ROWS",
     "min_i64", "pack_x", "ts_bf16_row", "micro_kernel", "micro_kernel_tail", "rows", "row_pass", "a_prologue", "Xa", "tscomp_erff",
     "int", "float", "double", "char", "void", "const", "restrict", "return", "if", "else", "for",
     "while", "do", "static", "inline", "sizeof", "int64_t", "int32_t",
@@ -254,32 +254,47 @@ def bf16_round(a: np.ndarray) -> np.ndarray:
     return (to_bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
 
 
-def row_blocks(M, MC: int, MR: int, n_nblocks: int, threads: int):
+def row_blocks(M, MC: int, MR: int, n_nblocks: int, threads: int, tall_rows: int = 0):
     """The macro-kernel's row-block count at M rows (an int, or an array for an array of M; its C
     computes the same): ceil(M / MC), or -- where that many blocks times the ``n_nblocks`` N blocks
     are a few tasks (under :data:`BALANCE_TASKS_PER_THREAD` per thread) that do not divide among
     the threads -- the next count that does, at most one block per register tile. 139 rows under
     64-row blocks on 2 threads are 4 blocks, not 3: a third block would run alone in a second wave
-    (measured: BERT-size 3072x768 GEMMs at 161 instead of 212 GFLOP/s)."""
+    (measured: BERT-size 3072x768 GEMMs at 161 instead of 212 GFLOP/s). Up to ``tall_rows`` rows
+    (:attr:`_Geometry.tall_rows`: a weight too large for the L3) one block takes all of M."""
     M = np.maximum(M, 1)
     n = -(-M // MC)
     tasks = n * n_nblocks
     uneven = (tasks >= threads) & (tasks < BALANCE_TASKS_PER_THREAD * threads) & (tasks % threads != 0)
-    out = np.where(uneven, evened_count(n, n_nblocks, threads, -(-M // MR)), n)
+    out = np.where(M <= tall_rows, 1, np.where(uneven, evened_count(n, n_nblocks, threads, -(-M // MR)), n))
     return int(out) if out.ndim == 0 else out
 
 
-def row_block_classes(M, MC: int, MR: int, n_nblocks: int, threads: int, granule: int) -> list[tuple]:
+def row_block_classes(M, MC: int, MR: int, n_nblocks: int, threads: int, granule: int,
+                      tall_rows: int = 0) -> list[tuple]:
     """``[(count, rows)]`` of the macro-kernel's row blocks at M rows (ints or arrays): the register
     tiles dealt evenly over :func:`row_blocks` blocks, the first ones a tile more; the last block
     holds the partial tile, its rows rounded up to ``granule`` (1 where row tails compute exact rows,
     MR where a partial tile costs a whole one)."""
     M = np.maximum(M, 1)
-    n = row_blocks(M, MC, MR, n_nblocks, threads)
+    n = row_blocks(M, MC, MR, n_nblocks, threads, tall_rows)
     tiles = -(-M // MR)
     q, extra = tiles // n, tiles % n       # the last block is never among the first `extra`
     last = M - (tiles - q) * MR
     return [(extra, (q + 1) * MR), (n - extra - 1, q * MR), (n * 0 + 1, -(-last // granule) * granule)]
+
+
+def tall_rows(K: int, NP: int, MR: int, MC: int, NC: int, precision: str, caches) -> int:
+    """Rows up to which one row block takes all of M, for a weight that does not fit half the L3
+    (an LLM's 512 x 32000 vocabulary head is 65 MB): every further row block of a task streams its
+    weight columns from memory again, so 17 rows under 16-row blocks read the whole weight twice
+    (measured: 6.0 ms at M = 17 vs 4.6 at M = 16 on a Zen 3, where one block costs a partial-sum
+    buffer instead). The bound keeps that buffer (rows x NC floats per thread) within the L2; 0
+    where it would not exceed MC, the weight fits, or the precision is not fp32."""
+    if precision != "fp32" or K * NP * 4 <= caches.l3 // 2:
+        return 0
+    rows = caches.l2 // (4 * NC) // MR * MR
+    return rows if rows > MC else 0
 
 
 @dataclass(frozen=True)
@@ -297,6 +312,7 @@ class _Geometry:
     precision: str = "fp32"
     l1: int = 32 * 1024   # the core's L1 data cache (bytes): whether a weight panel stays there between row passes
     x_in_place: bool = False   # the micro-kernel reads X itself (fp32 SIMD), not packed X panels
+    tall_rows: int = 0    # up to this many rows one block takes all of M (0: MC-row blocks always)
 
     @staticmethod
     def of(cfg: TileConfig, K: int, N: int, precision: str = "fp32", l1: int | None = None) -> "_Geometry":
@@ -307,8 +323,11 @@ class _Geometry:
         KC = min(cfg.kc, K)
         if precision == "bf16":
             KC = min(_round_up(KC, BF16_K_BLOCK), K)   # whole AMX tile depths: only the last block is short
-        return _Geometry(K=K, N=N, NP=NP, MR=cfg.mr, NR=cfg.nr, MC=cfg.mc, NC=min(cfg.nc, NP), KC=KC,
-                         precision=precision, l1=l1 or host_caches().l1)
+        caches = host_caches()
+        NC = min(cfg.nc, NP)
+        return _Geometry(K=K, N=N, NP=NP, MR=cfg.mr, NR=cfg.nr, MC=cfg.mc, NC=NC, KC=KC,
+                         precision=precision, l1=l1 or caches.l1,
+                         tall_rows=tall_rows(K, NP, cfg.mr, cfg.mc, NC, precision, caches))
 
     @property
     def KP(self) -> int:
@@ -337,7 +356,7 @@ class _Geometry:
         """The macro-kernel's task count at M rows on ``threads`` threads (its C computes the same):
         :func:`row_blocks` x N blocks, N cut finer, in whole panels, when that is fewer than the
         threads."""
-        n_mblocks = row_blocks(M, self.MC, self.MR, self.n_nblocks, threads)
+        n_mblocks = row_blocks(M, self.MC, self.MR, self.n_nblocks, threads, self.tall_rows)
         nc = self.NC
         if n_mblocks * self.n_nblocks < threads:
             panels = self.NP // self.NR
@@ -513,6 +532,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
 #define N_NBLOCKS {g.n_nblocks}
 #define N_KBLOCKS {g.n_kblocks}
 #define BALANCE_TASKS_PER_THREAD {BALANCE_TASKS_PER_THREAD}
+#define TALL_ROWS {g.tall_rows}   /* rows up to which one block takes all of M (0: never) */
 
 static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
 {AFFINITY_C}""")
@@ -1174,10 +1194,13 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     x_block = "KCP" if amx else "KQ" if bf16 else "KC"
     in_place = g.x_in_place   # the micro-kernel reads X where it lies: no per-thread X panels
     x_tile = "X + (m0 + ip * MR) * (int64_t)K + k0" if in_place else f"xpack + ip * ({x_panel})"
-    xpack_alloc = "" if in_place else (f"\n        {x_op}* xpack = ({x_op}*)aligned_alloc(64, (sizeof({x_op}) * MC * "
+    xpack_alloc = "" if in_place else (f"\n        {x_op}* xpack = ({x_op}*)aligned_alloc(64, (sizeof({x_op}) * block_tiles * MR * "
                                        f"{x_block} + 63) / 64 * 64);")
     pack_step = "" if in_place else "\n                pack_x(X, m0, mv, k0, kl, xpack);"
     xpack_free = "" if in_place else "\n        free(xpack);"
+    tall = (f"\n    /* the weight ({g.K} x {g.NP} floats) exceeds half the L3: up to TALL_ROWS rows run as one block, so\n"
+            f"     * each weight column streams from memory once (tall_rows in Python) */\n"
+            f"    if (M <= TALL_ROWS) n_mblocks = 1;") if g.tall_rows else ""
     tiles_on = "\n        amx_configure();   /* this thread's tile registers: 16 rows x 64 bytes each */" if amx else ""
     tiles_off = "\n        _tile_release();" if amx else ""
     emit(f"""/* Macro-kernel: tasks = ceil(M / MC) balanced row blocks (evened over the threads) x N_NBLOCKS block tiles (more where that is fewer than the threads), shared among the OpenMP
@@ -1187,15 +1210,16 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
     if (M <= 0) return;{before}
     const int64_t nth = omp_get_max_threads();
     const int64_t row_tiles = (M + MR - 1) / MR;
-    int64_t n_mblocks = (M + MC - 1) / MC;
+    int64_t n_mblocks = (M + MC - 1) / MC;{tall}
     /* a few tasks that do not divide among the threads: the next block count that does (whole
      * register tiles), or the last wave runs one block on one thread (row_blocks in Python) */
-    if (n_mblocks * N_NBLOCKS >= nth && n_mblocks * N_NBLOCKS < BALANCE_TASKS_PER_THREAD * nth && (n_mblocks * N_NBLOCKS) % nth)
+    {'else ' if g.tall_rows else ''}if (n_mblocks * N_NBLOCKS >= nth && n_mblocks * N_NBLOCKS < BALANCE_TASKS_PER_THREAD * nth && (n_mblocks * N_NBLOCKS) % nth)
         for (int64_t want = n_mblocks + 1; want <= row_tiles; ++want)
             if ((want * N_NBLOCKS) % nth == 0) {{ n_mblocks = want; break; }}
     /* balanced row blocks: the register tiles dealt evenly (the first blocks one more), not MC-row
      * blocks and a thin remainder that streams every weight panel again for a few rows */
     const int64_t tiles_per = row_tiles / n_mblocks, tiles_extra = row_tiles % n_mblocks;
+    const int64_t block_tiles = tiles_per + (tiles_extra > 0);   /* the tallest block's register tiles */
     /* too few tasks for the threads (small M): N cut finer at run time, in whole NR panels (W is
      * packed panel by panel over all of K, so any panel starts a block); _Geometry.tasks in Python
      * computes the same */
@@ -1212,7 +1236,7 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
     #pragma omp parallel if (n_tasks > 1)
     {{{tiles_on}
         /* per-thread workspaces (sizes rounded up to the 64-byte alignment, as C11 asks) */{xpack_alloc}
-        float* cbuf = {'NULL' if single else '(float*)aligned_alloc(64, (sizeof(float) * MC * NC + 63) / 64 * 64)'};
+        float* cbuf = {'NULL' if single else '(float*)aligned_alloc(64, (sizeof(float) * block_tiles * MR * NC + 63) / 64 * 64)'};
 {claim_loop('t', 'n_tasks', 'nth', '        ')}
             const int64_t mb = t / n_nblocks, nb = t % n_nblocks;
             const int64_t m0 = (mb * tiles_per + min_i64(mb, tiles_extra)) * MR;
@@ -1229,7 +1253,7 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
                     /* the next panel: of this K block, or the next K block's first */
                     const {op}* wnext = {w_next};
                     for (int64_t ip = 0; ip * MR < mv; ++ip) {{
-                        float* ct = {'NULL' if single else 'cbuf + (jp * (MC / MR) + ip) * (MR * NR)'};
+                        float* ct = {'NULL' if single else 'cbuf + (jp * block_tiles + ip) * (MR * NR)'};
                         const int64_t rows = min_i64(MR, mv - ip * MR);
                         /* row pass ip pulls the ip-th stretch of the next panel into L2, one line per k step:
                          * the weight stream spread over the panel's row passes, well ahead of its use */

@@ -79,7 +79,8 @@ def _gemm_classes(k, ev, threads: int):
     # the CPU GEMM's row blocks (evened over the threads) x its N blocks; rows count exactly where
     # the last row panel has a micro-kernel of its own height
     nnb = k.geometry.n_nblocks
-    return [(c * nnb, w) for c, w in row_block_classes(ev(k.M), k.cfg.mc, k.cfg.mr, nnb, threads, k.row_granule)]
+    return [(c * nnb, w) for c, w in row_block_classes(ev(k.M), k.cfg.mc, k.cfg.mr, nnb, threads, k.row_granule,
+                                                       k.geometry.tall_rows)]
 
 
 def _conv_classes(k, ev, threads: int):
