@@ -26,14 +26,12 @@ import argparse
 import dataclasses
 import os
 import pathlib
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from models.export import _lock, _quiet
+from models.export import _quiet, cached_export
 
 EXPORTERS = ("dynamo", "torchscript")
 OPSETS = {"dynamo": 20, "torchscript": 17}
@@ -192,19 +190,7 @@ def export_decoder(name: str, exporter: str, out_dir: str | os.PathLike, size: s
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / model_filename(name, exporter, size)
-    if path.exists():
-        return path
-    with _lock(path):
-        if path.exists():
-            return path
-        tmp_dir = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=out_dir))
-        try:
-            _export_into(name, exporter, size, tmp_dir / path.name)
-            for produced in sorted(tmp_dir.iterdir(), key=lambda p: p.name == path.name):
-                os.replace(produced, out_dir / produced.name)
-        finally:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-    return path
+    return cached_export(path, lambda tmp_path: _export_into(name, exporter, size, tmp_path))
 
 
 def _export_into(name: str, exporter: str, size: str, path: pathlib.Path) -> None:

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -290,16 +290,23 @@ def export_model(family: str, size: str, exporter: str, out_dir: str | os.PathLi
     out_dir.mkdir(parents=True, exist_ok=True)
     opset = opset or OPSETS[exporter]
     path = out_dir / model_filename(spec.name, size, exporter, opset)
+    return cached_export(path, lambda tmp_path: _export_into(spec, size, exporter, tmp_path, opset))
+
+
+def cached_export(path: pathlib.Path, write: Callable[[pathlib.Path], None]) -> pathlib.Path:
+    """``path`` if it exists; else ``write(tmp_path)`` exports into a private temporary folder next
+    to it, under a file lock, and the files it made are moved into place (external data first, the
+    .onnx last), so a concurrent reader never sees a partial export."""
     if path.exists():
         return path
     with _lock(path):
         if path.exists():
             return path
-        tmp_dir = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=out_dir))
+        tmp_dir = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=path.parent))
         try:
-            _export_into(spec, size, exporter, tmp_dir / path.name, opset)
+            write(tmp_dir / path.name)
             for produced in sorted(tmp_dir.iterdir(), key=lambda p: p.name == path.name):
-                os.replace(produced, out_dir / produced.name)
+                os.replace(produced, path.parent / produced.name)
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
     return path
