@@ -7,8 +7,9 @@ A decoder with an explicit cache (:mod:`models.decoder_cache`) is called once fo
 = 0) and once per new token (sequence = 1, past = prompt, prompt + 1, ...): every step is a shape
 neither system saw before, which is the case tscomp compiles for. Per model and exporter:
 
-1. export, and compile with ``sequence`` in 1..prompt, ``past`` in 0..prompt+new (empty cache
-   included) and the mask's length ``total`` = past + sequence (a derived dim);
+1. export, and compile for one request (``batch`` = 1) with ``sequence`` in 1..prompt, ``past`` in
+   0..prompt+new (empty cache included) and the mask's length ``total`` = past + sequence (a
+   derived dim);
 2. check logits and presents against onnxruntime (rtol = atol = 1e-4) at steps with random caches:
    past 0, 1, primes and the range end, one- and multi-token steps;
 3. generate: onnxruntime runs the greedy loop (each step's argmax is the next token, its presents
@@ -42,7 +43,7 @@ RTOL = ATOL = 1e-4
 def compile_decoder(path: pathlib.Path, art: pathlib.Path, prompt: int, longest: int, budget: str,
                     records: pathlib.Path) -> None:
     cmd = [sys.executable, "-m", "tscomp.cli", "compile", str(path), "-o", str(art), "--budget", budget,
-           "--records", str(records), "--dim", f"sequence=1:{prompt}", "--dim", f"past=0:{longest}",
+           "--records", str(records), "--dim", "batch=1", "--dim", f"sequence=1:{prompt}", "--dim", f"past=0:{longest}",
            "--dim", "total=past+sequence"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:

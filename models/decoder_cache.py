@@ -5,13 +5,15 @@ A generation server calls a decoder once per step: the prompt first, with nothin
 prompt, prompt + 1, ...). Every step is a new shape, which is what tscomp compiles for. The export
 has three dynamic dims:
 
-* ``sequence``: the tokens of this step (``input_ids`` ``[1, sequence]``);
-* ``past``: the tokens cached (``past.<layer>.key`` / ``.value`` ``[1, kv_heads, past, head_dim]``);
-* ``total`` = past + sequence: the attention mask ``[1, total]`` and the presents
-  ``present.<layer>.key`` / ``.value`` ``[1, kv_heads, total, head_dim]`` (dynamo names them
+* ``batch``: the requests served together (1..8; a shorter one is left-padded: its mask starts
+  with zeros);
+* ``sequence``: the tokens of this step (``input_ids`` ``[batch, sequence]``);
+* ``past``: the tokens cached (``past.<layer>.key`` / ``.value`` ``[batch, kv_heads, past, head_dim]``);
+* ``total`` = past + sequence: the attention mask ``[batch, total]`` and the presents
+  ``present.<layer>.key`` / ``.value`` ``[batch, kv_heads, total, head_dim]`` (dynamo names them
   ``past + sequence``).
 
-Outputs: ``logits`` ``[1, sequence, vocab]`` and the presents, which the next step feeds back as its
+Outputs: ``logits`` ``[batch, sequence, vocab]`` and the presents, which the next step feeds back as its
 past. Models are built from ``transformers`` config classes with seeded random weights (fp32, eval,
 sdpa attention), as in :mod:`models.families`, at one of :data:`SIZES`; the cache travels through transformers'
 ``DynamicCache`` inside the wrapper, so the ONNX graph sees plain tensors.
@@ -38,7 +40,7 @@ OPSETS = {"dynamo": 20, "torchscript": 17}
 SEED = 0
 VOCAB = 1000
 #: the longest cache and step the exports are traced to allow (dynamo's Dim bounds)
-MAX_PAST, MAX_SEQUENCE = 1024, 512
+MAX_PAST, MAX_SEQUENCE, MAX_BATCH = 1024, 512, 8
 #: the shape exports are traced at: a step of 3 tokens after 5 cached (TorchScript keeps the
 #: branches of that trace: a multi-token step with a cache, the general case)
 EXAMPLE_SEQUENCE, EXAMPLE_PAST = 3, 5
@@ -164,14 +166,18 @@ def _wrapper(model, layers: int):
 
 
 def step_inputs(geometry: CacheGeometry, sequence: int, past: int, rng: np.random.Generator,
-                past_values: Sequence[np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """One step's inputs: random token ids, an all-ones mask, and the cache (random, or
-    ``past_values`` -- the previous step's presents)."""
-    feed = {"input_ids": rng.integers(3, VOCAB, (1, sequence)).astype(np.int64),
-            "attention_mask": np.ones((1, past + sequence), np.int64)}
+                past_values: Sequence[np.ndarray] | None = None, batch: int = 1,
+                padding: Sequence[int] = ()) -> dict[str, np.ndarray]:
+    """One step's inputs: random token ids, a mask, and the cache (random, or ``past_values`` --
+    the previous step's presents). ``padding[b]``: request b's leading positions that are padding
+    (mask 0: a shorter request left-padded to the batch's length; at least one real token stays)."""
+    feed = {"input_ids": rng.integers(3, VOCAB, (batch, sequence)).astype(np.int64),
+            "attention_mask": np.ones((batch, past + sequence), np.int64)}
+    for b, pad in enumerate(padding):
+        feed["attention_mask"][b, :min(pad, past + sequence - 1)] = 0
     names = input_names(geometry.layers)[2:]
     if past_values is None:
-        shape = (1, geometry.kv_heads, past, geometry.head_dim)
+        shape = (batch, geometry.kv_heads, past, geometry.head_dim)
         past_values = [rng.standard_normal(shape).astype(np.float32) for _ in names]
     feed.update(zip(names, past_values))
     return feed
@@ -200,21 +206,22 @@ def _export_into(name: str, exporter: str, size: str, path: pathlib.Path) -> Non
         model = build_model(name, size)
         geometry = CacheGeometry.of(model)
         wrapped = _wrapper(model, geometry.layers)
-        feed = step_inputs(geometry, EXAMPLE_SEQUENCE, EXAMPLE_PAST, np.random.default_rng(SEED))
+        feed = step_inputs(geometry, EXAMPLE_SEQUENCE, EXAMPLE_PAST, np.random.default_rng(SEED), batch=2)
         args = tuple(torch.from_numpy(v) for v in feed.values())
         ins, outs = input_names(geometry.layers), output_names(geometry.layers)
         if exporter == "torchscript":
-            axes = {"input_ids": {1: "sequence"}, "attention_mask": {1: "total"}, "logits": {1: "sequence"}}
-            axes.update({n: {2: "past"} for n in ins[2:]})
-            axes.update({n: {2: "total"} for n in outs[1:]})
+            axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total"},
+                    "logits": {0: "batch", 1: "sequence"}}
+            axes.update({n: {0: "batch", 2: "past"} for n in ins[2:]})
+            axes.update({n: {0: "batch", 2: "total"} for n in outs[1:]})
             torch.onnx.export(wrapped, args, str(path), input_names=ins, output_names=outs, dynamic_axes=axes,
                               opset_version=OPSETS[exporter], dynamo=False)
         else:
             Dim = torch.export.Dim
             sequence, past = Dim("sequence", min=1, max=MAX_SEQUENCE), Dim("past", min=1, max=MAX_PAST)
-            total = Dim("total", min=2, max=MAX_PAST + MAX_SEQUENCE)
-            shapes = {"input_ids": {1: sequence}, "attention_mask": {1: total},
-                      "past": tuple({2: past} for _ in ins[2:])}
+            total, batch = Dim("total", min=2, max=MAX_PAST + MAX_SEQUENCE), Dim("batch", min=1, max=MAX_BATCH)
+            shapes = {"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: total},
+                      "past": tuple({0: batch, 2: past} for _ in ins[2:])}
             torch.onnx.export(wrapped, args, str(path), input_names=ins, output_names=outs,
                               dynamic_shapes=shapes, opset_version=OPSETS[exporter], dynamo=True)
 

@@ -15,7 +15,7 @@ from tests.conftest import REPO_ROOT, _require_export_extra, model_cache_dir
 pytestmark = pytest.mark.models
 
 PROMPT, LONGEST = 8, 40
-DIMS = [f"sequence=1:{PROMPT}", f"past=0:{LONGEST}", "total=past+sequence"]     # the mask's length: derived
+DIMS = ["batch=1:4", f"sequence=1:{PROMPT}", f"past=0:{LONGEST}", "total=past+sequence"]   # the mask's length: derived
 RTOL = ATOL = 1e-4
 
 
@@ -62,6 +62,18 @@ def test_a_step_with_any_cache_length_matches_onnxruntime_from_an_empty_cache_to
     got = rt.run(feed)
     assert got["present.0.key"].shape == (1, geometry.kv_heads, past + sequence, geometry.head_dim)
     _assert_outputs_match(got, session.run(None, feed), session, f"sequence={sequence} past={past}")
+
+
+@pytest.mark.parametrize("sequence, past, padding", [(PROMPT, 0, (0, 3)), (5, 0, (4, 0, 2)), (1, 7, (0, 5)),
+                                                     (1, 13, (0, 1, 2, 12)), (3, 37, (30, 0, 0, 1))])
+def test_a_batch_of_left_padded_requests_matches_onnxruntime(decoder, sequence, past, padding):
+    """Requests of different lengths served together: the shorter ones left-padded (their mask
+    starts with zeros, a padded query row attends to nothing at the prompt step)."""
+    from models.decoder_cache import step_inputs
+    session, rt, geometry = decoder
+    feed = step_inputs(geometry, sequence, past, np.random.default_rng(past), batch=len(padding), padding=padding)
+    _assert_outputs_match(rt.run(feed), session.run(None, feed), session,
+                          f"batch={len(padding)} sequence={sequence} past={past} padding={padding}")
 
 
 def test_a_generation_loop_feeding_back_its_own_presents_matches_onnxruntime_at_every_step(decoder):
