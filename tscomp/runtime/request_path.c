@@ -26,6 +26,7 @@
 #include <time.h>
 
 #define TS_MAX_RANK 32
+#define TS_MAX_TERMS 8   /* symbols in one derived axis's expression (total = past + sequence: 2) */
 
 typedef int (*ts_host_run)(int segment, const ts_call *call);
 typedef int (*ts_output_dims)(int k, const int64_t *sym, int64_t *dims);
@@ -37,7 +38,12 @@ typedef struct {
     PyObject *name;                 /* the graph input's name (a str) */
     int type_num, ndim, slot;       /* numpy type, rank, pointer-table slot */
     int axis_sym[TS_MAX_RANK];      /* the symbol an axis binds, or -1: a fixed size ... */
-    int64_t axis_size[TS_MAX_RANK]; /* ... of this many */
+    int64_t axis_size[TS_MAX_RANK]; /* ... of this many (-2: derived, checked once all are bound) */
+    int n_derived;                  /* axes that must equal an affine expression of the symbols: */
+    int derived_axis[TS_MAX_RANK], n_terms[TS_MAX_RANK];
+    int64_t derived_const[TS_MAX_RANK];                       /* c0 + sum c_k * sym[s_k] */
+    int term_sym[TS_MAX_RANK][TS_MAX_TERMS];
+    int64_t term_coef[TS_MAX_RANK][TS_MAX_TERMS];
 } ts_input;
 
 typedef struct {
@@ -78,7 +84,8 @@ static void *address(PyObject *obj)
 
 /* model(inputs, outputs, lo, hi, threads, run, output_dims, use_threads, team_enter, relations) -> capsule
  *   inputs:  [(name, type_num, slot, (axis code, ...)), ...]; an axis code >= 0 is the symbol it
- *            binds, -1 - n a fixed size n
+ *            binds, -1 - n a fixed size n, a tuple (c0, (symbol, coefficient), ...) an affine
+ *            expression of symbols other axes bind (a derived dim: total = past + sequence)
  *   outputs: [(name, type_num, slot, graph output index), ...]
  *   lo, hi:  each symbol's range; run, output_dims, use_threads, team_enter, relations: function addresses
  *            (relations 0: none to check) */
@@ -114,7 +121,25 @@ static PyObject *model(PyObject *self, PyObject *args)
         in->ndim = (int)PyTuple_GET_SIZE(axes);
         if (in->ndim > TS_MAX_RANK) goto bad;
         for (int a = 0; a < in->ndim; ++a) {
-            long long code = PyLong_AsLongLong(PyTuple_GET_ITEM(axes, a));
+            PyObject *item = PyTuple_GET_ITEM(axes, a);
+            if (PyTuple_Check(item)) {       /* derived: (c0, (symbol, coefficient), ...) */
+                const int d = in->n_derived++, n = (int)PyTuple_GET_SIZE(item) - 1;
+                if (n < 0 || n > TS_MAX_TERMS) goto bad;
+                in->axis_sym[a] = -1;
+                in->axis_size[a] = -2;
+                in->derived_axis[d] = a;
+                in->n_terms[d] = n;
+                in->derived_const[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0));
+                for (int k = 0; k < n; ++k) {
+                    long long sk, ck;
+                    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(item, k + 1), "LL", &sk, &ck)) goto fail;
+                    if (sk < 0 || sk >= m->n_symbols) goto bad;
+                    in->term_sym[d][k] = (int)sk;
+                    in->term_coef[d][k] = ck;
+                }
+                continue;
+            }
+            long long code = PyLong_AsLongLong(item);
             if (code >= m->n_symbols) goto bad;
             in->axis_sym[a] = code >= 0 ? (int)code : -1;
             in->axis_size[a] = code >= 0 ? 0 : -1 - code;
@@ -162,7 +187,7 @@ static int bind_inputs(const ts_model *m, PyObject *inputs, int64_t *sym, void *
         for (int a = 0; a < in->ndim; ++a) {
             int s = in->axis_sym[a];
             if (s < 0) {
-                if (shape[a] != in->axis_size[a]) return -1;
+                if (in->axis_size[a] != -2 && shape[a] != in->axis_size[a]) return -1;
             } else if (seen[s]) {
                 if (sym[s] != shape[a]) return -1;
             } else {
@@ -175,6 +200,14 @@ static int bind_inputs(const ts_model *m, PyObject *inputs, int64_t *sym, void *
     }
     for (int s = 0; s < m->n_symbols; ++s)
         if (!seen[s] || sym[s] < m->lo[s] || sym[s] > m->hi[s]) return -1;
+    for (int i = 0; i < m->n_inputs; ++i) {       /* derived axes, now that every symbol is bound */
+        const ts_input *in = &m->inputs[i];
+        for (int d = 0; d < in->n_derived; ++d) {
+            int64_t want = in->derived_const[d];
+            for (int k = 0; k < in->n_terms[d]; ++k) want += in->term_coef[d][k] * sym[in->term_sym[d][k]];
+            if (PyArray_DIMS((PyArrayObject *)held[i])[in->derived_axis[d]] != want) return -1;
+        }
+    }
     return 0;
 }
 

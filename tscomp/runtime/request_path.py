@@ -13,10 +13,11 @@ kernels). It decides nothing the Python path does not: every check is the Python
 request it does not handle -- a wrong dtype, an out-of-range length, an arena to grow, an index
 error -- is handed back (``None``) for the Python path to serve or to refuse with its specific
 error (a relation between the symbols that fails, checked by the host program's
-``tscomp_host_relations``, included). A model the C path cannot describe (a step run from Python, a
-symbol bound by an expression of an axis, a relation the host program cannot print, an output
-shape it cannot print, a dtype numpy has no built-in type for) keeps the Python path;
-:func:`request_path_for` says why.
+``tscomp_host_relations``, included). A model the C path cannot describe (a step run from Python,
+an axis that must equal a non-affine expression of the symbols, a relation the host program cannot
+print, an output shape it cannot print, a dtype numpy has no built-in type for) keeps the Python
+path; :func:`request_path_for` says why. An axis that equals an affine expression of symbols other
+axes bind (a derived dim, ``total = past + sequence``) is checked in C once they are bound.
 """
 from __future__ import annotations
 
@@ -58,6 +59,24 @@ def _extension():
     return module
 
 
+def _affine_code(d, index: dict, where: str) -> tuple:
+    """An axis that must equal an expression of symbols (a derived dim: ``past + sequence``) as
+    ``(c0, (symbol index, coefficient), ...)``, which the C path checks once every symbol is
+    bound; only integer affine expressions (anything else keeps the Python path)."""
+    syms = sorted(d.free_symbols, key=lambda x: x.name)
+    if not syms or any(x.name not in index for x in syms):
+        raise RequestPathUnavailable(f"{where} must equal {d}, over symbols the host program does not read")
+    try:
+        poly = sympy.Poly(d, *syms)
+    except sympy.PolynomialError:
+        raise RequestPathUnavailable(f"{where} must equal {d}, which is not a polynomial") from None
+    coeffs = [poly.coeff_monomial(x) for x in syms]
+    c0 = poly.coeff_monomial(1)
+    if poly.total_degree() > 1 or not all(c.is_Integer for c in [c0, *coeffs]):
+        raise RequestPathUnavailable(f"{where} must equal {d}, not an integer affine expression")
+    return (int(c0), *((index[x.name], int(c)) for x, c in zip(syms, coeffs)))
+
+
 def _builtin_type(dtype, what: str) -> int:
     num = np.dtype(dtype).num
     if num >= 256:        # NPY_USERDEF and above: bfloat16 and other extension types
@@ -87,11 +106,11 @@ class RequestPath:
                 elif isinstance(d, (int, sympy.Integer)):
                     codes.append(-1 - int(d))
                 else:
-                    raise RequestPathUnavailable(f"input {name} axis {axis} must equal {d}")
+                    codes.append(_affine_code(d, index, f"input {name} axis {axis}"))
             if name not in slot_of:
                 raise RequestPathUnavailable(f"input {name} has no pointer-table slot")
             inputs.append((name, _builtin_type(v.dtype, f"input {name}"), slot_of[name], tuple(codes)))
-        bound = {c for *_, codes in inputs for c in codes if c >= 0}
+        bound = {c for *_, codes in inputs for c in codes if isinstance(c, int) and c >= 0}
         if bound != set(range(len(symbols))):
             missing = [symbols[k] for k in range(len(symbols)) if k not in bound]
             raise RequestPathUnavailable(f"no input axis binds {', '.join(missing)}")
