@@ -35,7 +35,8 @@ import warnings
 
 import numpy as np
 
-from models.decoder_cache import FAMILIES, CacheGeometry, export_decoder, input_names, output_names, step_inputs
+from models.decoder_cache import (FAMILIES, CacheGeometry, export_decoder, next_step_inputs, output_names,
+                                  step_inputs)
 
 RTOL = ATOL = 1e-4
 
@@ -48,11 +49,6 @@ def compile_decoder(path: pathlib.Path, art: pathlib.Path, prompt: int, longest:
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"tscomp compile failed:\n{(p.stderr or p.stdout)[-1500:]}")
-
-
-def geometry_of(session) -> CacheGeometry:
-    past = [i for i in session.get_inputs() if i.name.startswith("past.")]
-    return CacheGeometry(len(past) // 2, past[0].shape[1], past[0].shape[3])
 
 
 def check_steps(rt, session, geometry: CacheGeometry, prompt: int, longest: int) -> list[str]:
@@ -75,7 +71,6 @@ def check_steps(rt, session, geometry: CacheGeometry, prompt: int, longest: int)
 
 def reference_loop(session, geometry: CacheGeometry, prompt_ids: np.ndarray, new: int):
     """onnxruntime's greedy loop: the token fed at each step and the logits it produced."""
-    names = input_names(geometry.layers)
     feed = step_inputs(geometry, prompt_ids.shape[1], 0, np.random.default_rng(0))
     feed["input_ids"] = prompt_ids
     tokens, logits = [prompt_ids], []
@@ -83,8 +78,7 @@ def reference_loop(session, geometry: CacheGeometry, prompt_ids: np.ndarray, new
         out = session.run(None, feed)
         logits.append(out[0][:, -1])
         nxt = out[0][:, -1].argmax(-1).reshape(1, 1).astype(np.int64)
-        total = feed["attention_mask"].shape[1] + 1
-        feed = dict(zip(names[2:], out[1:]), input_ids=nxt, attention_mask=np.ones((1, total), np.int64))
+        feed = next_step_inputs(feed, out[1:], nxt)
         tokens.append(nxt)
     return tokens[:-1], logits
 
@@ -92,7 +86,6 @@ def reference_loop(session, geometry: CacheGeometry, prompt_ids: np.ndarray, new
 def serve_loop(call, geometry: CacheGeometry, tokens) -> tuple[list[float], list[np.ndarray]]:
     """Serve the given tokens step by step, feeding back the system's own presents: per-step
     seconds and last-position logits."""
-    names, outs = input_names(geometry.layers), output_names(geometry.layers)
     feed = step_inputs(geometry, tokens[0].shape[1], 0, np.random.default_rng(0))
     feed["input_ids"] = tokens[0]
     times, logits = [], []
@@ -102,9 +95,7 @@ def serve_loop(call, geometry: CacheGeometry, tokens) -> tuple[list[float], list
         times.append(time.perf_counter() - t)
         logits.append(out[0][:, -1])
         if i + 1 < len(tokens):
-            total = feed["attention_mask"].shape[1] + tokens[i + 1].shape[1]
-            feed = dict(zip(names[2:], out[1:]), input_ids=tokens[i + 1],
-                        attention_mask=np.ones((1, total), np.int64))
+            feed = next_step_inputs(feed, out[1:], tokens[i + 1])
     return times, logits
 
 
@@ -132,7 +123,7 @@ def run_model(name: str, exporter: str, args) -> dict:
     so.intra_op_num_threads = 2
     session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     rt = Runtime(str(art), num_threads=2)
-    geometry = geometry_of(session)
+    geometry = CacheGeometry.of_inputs(session.get_inputs())
     row["fails"] = check_steps(rt, session, geometry, args.prompt, longest)
 
     prompt_ids = np.random.default_rng(1).integers(3, 1000, (1, args.prompt)).astype(np.int64)

@@ -133,6 +133,22 @@ class CacheGeometry:
         layer = out.past_key_values.layers[0]
         return CacheGeometry(len(out.past_key_values.layers), layer.keys.shape[1], layer.keys.shape[3])
 
+    @staticmethod
+    def of_inputs(inputs) -> "CacheGeometry":
+        """From an export's graph inputs (onnxruntime's ``session.get_inputs()``: ``.name``, ``.shape``)."""
+        past = [i for i in inputs if i.name.startswith("past.")]
+        return CacheGeometry(len(past) // 2, past[0].shape[1], past[0].shape[3])
+
+
+def next_step_inputs(feed: dict[str, np.ndarray], presents: Sequence[np.ndarray],
+                     token_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """The step after ``feed``: ``token_ids`` ``[batch, n]`` with the step's ``presents`` (in
+    :func:`output_names` order, logits excluded) as the cache and the mask grown by n ones."""
+    batch, n = token_ids.shape
+    mask = np.concatenate([feed["attention_mask"], np.ones((batch, n), np.int64)], axis=1)
+    names = input_names(len(presents) // 2)[2:]
+    return dict(zip(names, presents), input_ids=token_ids, attention_mask=mask)
+
 
 def input_names(layers: int) -> list[str]:
     return ["input_ids", "attention_mask"] + [f"past.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]

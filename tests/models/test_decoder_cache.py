@@ -42,8 +42,7 @@ def decoder(request):
 
     path = _export(request.param)
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    past = [i for i in session.get_inputs() if i.name.startswith("past.")]
-    geometry = CacheGeometry(len(past) // 2, past[0].shape[1], past[0].shape[3])
+    geometry = CacheGeometry.of_inputs(session.get_inputs())
     return session, Runtime.from_compiled(compile_model(path, DIMS)), geometry
 
 
@@ -77,9 +76,9 @@ def test_a_batch_of_left_padded_requests_matches_onnxruntime(decoder, sequence, 
 
 
 def test_a_generation_loop_feeding_back_its_own_presents_matches_onnxruntime_at_every_step(decoder):
-    from models.decoder_cache import input_names, step_inputs
+    from models.decoder_cache import next_step_inputs, output_names, step_inputs
     session, rt, geometry = decoder
-    names = input_names(geometry.layers)[2:]
+    presents = output_names(geometry.layers)[1:]
     rng = np.random.default_rng(5)
     ours = theirs = step_inputs(geometry, PROMPT, 0, rng)
     for step in range(LONGEST - PROMPT + 1):     # the prompt, then one token at a time to the range end
@@ -87,9 +86,8 @@ def test_a_generation_loop_feeding_back_its_own_presents_matches_onnxruntime_at_
         got = rt.run(ours)
         _assert_outputs_match(got, want, session, f"step {step} (past {theirs['attention_mask'].shape[1] - 1})")
         token = want[0][:, -1].argmax(-1).reshape(1, 1).astype(np.int64)   # onnxruntime's greedy choice
-        mask = np.ones((1, theirs["attention_mask"].shape[1] + 1), np.int64)
-        theirs = dict(zip(names, want[1:]), input_ids=token, attention_mask=mask)
-        ours = dict(zip(names, (got[f"present.{n[5:]}"] for n in names)), input_ids=token, attention_mask=mask)
+        theirs = next_step_inputs(theirs, want[1:], token)
+        ours = next_step_inputs(ours, [got[n] for n in presents], token)
     assert ours["attention_mask"].shape[1] == LONGEST + 1
 
 
