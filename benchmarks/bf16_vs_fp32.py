@@ -18,20 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
 
-from tscomp.bench import _timed as median_time, ort_session, sample_bindings
+from benchmarks.side_by_side import accuracy, geomean, plot_latency, run_and_time
+from tscomp.bench import ort_session, sample_bindings
 from tscomp.runtime import Runtime
 from tscomp.sample_inputs import random_inputs
-
-
-def _accuracy(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
-    g, w = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
-    cos = float(g @ w / max(np.linalg.norm(g) * np.linalg.norm(w), 1e-300))
-    return cos, float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-300))
 
 
 def openvino_model(onnx_path: str, threads: int, precision: str | None = None):
@@ -92,19 +86,9 @@ def main() -> None:
     rng = np.random.default_rng(args.seed + 1)
     rows = []
     for n, binding in enumerate(bindings):
-        inputs = random_inputs(rt32.graph, binding, rng)
-        outs, times = {}, {}
-        for name, fn in systems.items():
-            outs[name] = fn(inputs)
-            fn(inputs)
-        for rnd in range(2):                         # two rounds, the order reversed: fair under drift
-            order = list(systems) if rnd == 0 else list(reversed(systems))
-            for name in order:
-                time.sleep(0.1)
-                t = median_time(lambda: systems[name](inputs), args.repeats)
-                times[name] = min(times.get(name, math.inf), t)
+        outs, times = run_and_time(systems, random_inputs(rt32.graph, binding, rng), args.repeats)
         ref = outs["onnxruntime fp32"]
-        acc = {name: _accuracy(outs[name][names[0]], ref[names[0]]) for name in systems if name != "onnxruntime fp32"}
+        acc = {name: accuracy(outs[name][names[0]], ref[names[0]]) for name in systems if name != "onnxruntime fp32"}
         rows.append({"binding": binding, "ms": {k: v * 1e3 for k, v in times.items()},
                      "cosine": {k: a[0] for k, a in acc.items()}, "rel_l2": {k: a[1] for k, a in acc.items()}})
         print(f"[{n + 1}/{len(bindings)}] {binding} " + "  ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items()),
@@ -118,7 +102,7 @@ def main() -> None:
         print(f"{r['binding'].get('sequence', 0):>6}  " + "  ".join(f"{ms[c]:18.2f}" for c in cols)
               + f"  {ms['tscomp bf16'] / ms['tscomp fp32']:9.3f}  {r['cosine']['tscomp bf16']:9.6f}"
               f"  {r['rel_l2']['tscomp bf16']:10.2e}")
-    geo = {c: math.exp(sum(math.log(r["ms"][c]) for r in rows) / len(rows)) for c in cols}
+    geo = {c: geomean(r["ms"][c] for r in rows) for c in cols}
     print("\ngeomean ms: " + ", ".join(f"{c} {v:.2f}" for c, v in geo.items()))
     for c in cols:
         if c != "tscomp bf16":
@@ -132,24 +116,11 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": args.model, "threads": args.threads, "openvino_precisions": ov_precisions,
                                "geomean_ms": geo, "rows": rows}, indent=1))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        xs = [r["binding"].get("sequence", k) for k, r in enumerate(rows)]
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for c in cols:
-            ax.plot(xs, [r["ms"][c] for r in rows], marker="o", ms=3, label=c)
-        ax.set_xlabel("sequence length")
-        ax.set_ylabel(f"latency ms ({args.threads} threads)")
-        ax.legend()
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out.with_suffix(".png"), dpi=110)
-        print(f"plot: {out.with_suffix('.png')}")
-    except ImportError:
-        pass
+    png = plot_latency([r["binding"].get("sequence", k) for k, r in enumerate(rows)],
+                       {c: [r["ms"][c] for r in rows] for c in cols}, out, "sequence length",
+                       f"latency ms ({args.threads} threads)")
+    if png:
+        print(f"plot: {png}")
     print(f"results: {out}")
 
 

@@ -38,6 +38,9 @@
   ``tscomp.Recurrence`` op over those projections and R (packed here, once, in panels of gate rows)
   (:mod:`tscomp.graph.ops.recurrent`): the GEMM family computes the projections of all steps at
   once, the recurrence kernel only what must run step by step.
+* **Quantized operators as arithmetic**: per-tensor Q/DQ, DynamicQuantizeLinear, and
+  MatMulInteger / ConvInteger with a constant weight whose result is cast to float become the
+  float arithmetic that reproduces them (:mod:`tscomp.graph.quantized_arithmetic`).
 * **Dead-node elimination**.
 
 Compound operators: LayerNormalization, Softmax and Gelu are *kept* as
@@ -55,6 +58,7 @@ import sympy
 
 from tscomp.graph.einsum import lower_einsums
 from tscomp.graph.ir import Graph, Node
+from tscomp.graph.quantized_arithmetic import quantized_ops_as_arithmetic
 
 PASS_THROUGH_OPS = {"Identity", "Dropout"}
 
@@ -63,6 +67,7 @@ PASS_THROUGH_OPS = {"Identity", "Dropout"}
 class SimplifyReport:
     folded: int = 0
     pass_through_removed: int = 0
+    quantized_as_arithmetic: int = 0
     pads_folded: int = 0
     batch_norms_as_affine: int = 0
     einsums_lowered: int = 0
@@ -75,7 +80,8 @@ class SimplifyReport:
     def __str__(self) -> str:
         return (f"folded {self.folded} constant/shape nodes, removed {self.pass_through_removed} "
                 f"Identity/Dropout, folded {self.pads_folded} Pads into Convs, rewrote {self.batch_norms_as_affine} "
-                f"BatchNormalizations as Mul + Add, {self.einsums_lowered} Einsums as MatMuls and "
+                f"BatchNormalizations as Mul + Add, {self.einsums_lowered} Einsums as MatMuls, "
+                f"{self.quantized_as_arithmetic} quantized operators as float arithmetic and "
                 f"{self.unit_softmaxes} one-element Softmaxes as x * 0 + 1, split {self.recurrences_split} "
                 f"recurrences into projections + recurrence, merged {self.convs_merged} parallel Convs, "
                 f"kept the channel axis in "
@@ -86,6 +92,7 @@ class SimplifyReport:
 def simplify(graph: Graph) -> SimplifyReport:
     report = SimplifyReport()
     report.folded = remove_folded_nodes(graph)
+    report.quantized_as_arithmetic = quantized_ops_as_arithmetic(graph)     # its Identities go next
     report.pass_through_removed = remove_pass_through(graph)
     report.pads_folded = fold_pads_into_convs(graph)
     report.convs_merged = merge_parallel_convs(graph)

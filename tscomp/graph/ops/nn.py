@@ -233,12 +233,13 @@ def _conv_operands(ctx: ShapeContext):
     return x, w, win, int(ctx.attr("group", 1))
 
 
-def conv_shape(ctx: ShapeContext) -> None:
+def conv_shape(ctx: ShapeContext, bias: bool = True) -> None:
+    """``bias``: input 2 is the bias (ConvInteger's input 2 is a zero point instead)."""
     x, w, win, group = _conv_operands(ctx)
     ctx.unify(x[1], w[1] * group, f"Conv input channels (group={group})")
     if w[0].is_Integer and int(w[0]) % group:
         ctx.fail(f"{int(w[0])} output channels are not divisible by group={group}")
-    if ctx.has_input(2):
+    if bias and ctx.has_input(2):
         ctx.unify(_vector_len(ctx, 2, "bias"), w[0], "Conv bias length")
     ctx.set_output(0, ctx.dtype(0), (x[0], w[0], *_spatial_dims(ctx, win, x[2:])))
 

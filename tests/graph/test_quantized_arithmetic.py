@@ -1,0 +1,147 @@
+"""Quantized operators as float arithmetic (tscomp/graph/quantized_arithmetic.py): what
+onnxruntime's ``quantize_dynamic`` writes (DynamicQuantizeLinear -> MatMulInteger / ConvInteger ->
+Cast -> Mul -> Add) compiles with no numpy group, the quantized activations are bit-identical to
+onnxruntime's, and the float results match it; an integer result used as an integer stays exact."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+from tscomp.compiler import compile_model
+from tscomp.runtime import Runtime
+
+
+def _save(tmp_path, nodes, inputs, outputs, inits, name="quantized.onnx"):
+    graph = helper.make_graph(nodes, "quantized", inputs, outputs, inits)
+    path = tmp_path / name
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9), path)
+    return path
+
+
+def _plain(path):
+    """onnxruntime running each operator as specified (its fusions change the fp32 rounding)."""
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _dynamic_linear(tmp_path, k=300, n=24, per_column=False):
+    """x -> DynamicQuantizeLinear -> MatMulInteger(int8 weight) -> Cast -> Mul(scales) -> Add(bias),
+    the quantized tensor, its scale and zero point also graph outputs."""
+    rng = np.random.default_rng(0)
+    w_zp = rng.integers(-3, 4, n if per_column else ()).astype(np.int8)
+    inits = [numpy_helper.from_array(rng.integers(-128, 128, (k, n)).astype(np.int8), "wq"),
+             numpy_helper.from_array(w_zp, "w_zp"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "w_scale"),
+             numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "bias")]
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zp"]),
+             helper.make_node("MatMulInteger", ["xq", "wq", "x_zp", "w_zp"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["acc_f"], to=TP.FLOAT),
+             helper.make_node("Mul", ["x_scale", "w_scale"], ["scale"]),
+             helper.make_node("Mul", ["acc_f", "scale"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "bias"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TP.FLOAT, None),
+               helper.make_tensor_value_info("xq", TP.UINT8, None),
+               helper.make_tensor_value_info("x_scale", TP.FLOAT, None),
+               helper.make_tensor_value_info("x_zp", TP.UINT8, None)]
+    return _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TP.FLOAT, ["B", "L", k])], outputs, inits)
+
+
+@pytest.mark.parametrize("per_column", [False, True], ids=["per-tensor", "per-column"])
+def test_a_dynamically_quantized_linear_layer_is_native_and_quantizes_bit_identically(tmp_path, per_column):
+    path = _dynamic_linear(tmp_path, per_column=per_column)
+    model = compile_model(str(path), ["B=1:3", "L=1:61"], max_variants=1)
+    assert model.fallback_groups() == []
+    ops = {n.op_type for n in model.plan.graph.nodes}
+    assert not ops & {"DynamicQuantizeLinear", "MatMulInteger"}, ops
+    rt, sess = Runtime.from_compiled(model), _plain(path)
+    names = [o.name for o in sess.get_outputs()]
+    rng = np.random.default_rng(1)
+    for b, l, kind in [(1, 1, "normal"), (2, 13, "normal"), (3, 61, "normal"), (1, 7, "positive"),
+                       (1, 5, "negative"), (2, 3, "zeros"), (1, 37, "ties")]:
+        x = (rng.standard_normal((b, l, 300)) * 3).astype(np.float32)
+        x = {"normal": x, "positive": np.abs(x), "negative": -np.abs(x), "zeros": 0 * x,
+             "ties": np.round(x * 8) / 8}[kind]
+        want, got = dict(zip(names, sess.run(None, {"x": x}))), rt.run({"x": x})
+        for name in ("xq", "x_scale", "x_zp"):
+            assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), (name, b, l, kind)
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-4, err_msg=f"{b}x{l} {kind}")
+
+
+def test_a_dynamically_quantized_conv_is_native_and_matches_onnxruntime(tmp_path):
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.integers(-128, 128, (8, 2, 3, 3)).astype(np.int8), "wq"),
+             numpy_helper.from_array(np.array(-2, np.int8), "w_zp"),     # onnxruntime refuses a per-channel one
+             numpy_helper.from_array(np.array(0.02, np.float32), "w_scale")]
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zp"]),
+             helper.make_node("ConvInteger", ["xq", "wq", "x_zp", "w_zp"], ["acc"], pads=[1, 1, 1, 1], group=2),
+             helper.make_node("Cast", ["acc"], ["acc_f"], to=TP.FLOAT),
+             helper.make_node("Mul", ["x_scale", "w_scale"], ["scale"]),
+             helper.make_node("Mul", ["acc_f", "scale"], ["y"])]
+    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 4, "H", "W"])],
+                 [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = compile_model(str(path), ["N=1:2", "H=1:33", "W=1:33"], max_variants=1)
+    assert model.fallback_groups() == []
+    rt, sess = Runtime.from_compiled(model), _plain(path)
+    for n, h, w in [(1, 1, 1), (2, 7, 13), (1, 33, 33), (2, 31, 2)]:
+        x = rng.standard_normal((n, 4, h, w)).astype(np.float32)          # the padded taps add nothing
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_an_integer_product_used_as_an_integer_stays_exact_on_its_reference(tmp_path):
+    """The float form is only taken for a result cast to float: an int32 graph output keeps the
+    exact reference (a float32 accumulation of 300 products of up to 255 * 128 could round)."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.integers(-128, 128, (300, 16)).astype(np.int8), "wq")]
+    nodes = [helper.make_node("MatMulInteger", ["xq", "wq"], ["acc"])]
+    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("xq", TP.UINT8, ["L", 300])],
+                 [helper.make_tensor_value_info("acc", TP.INT32, None)], inits)
+    model = compile_model(str(path), ["L=1:9"], max_variants=1)
+    assert "MatMulInteger" in {n.op_type for n in model.plan.graph.nodes}
+    rt, sess = Runtime.from_compiled(model), _plain(path)
+    xq = np.full((9, 300), 255, np.uint8)                                 # the largest sums
+    got, want = rt.run({"xq": xq})["acc"], sess.run(None, {"xq": xq})[0]
+    assert got.dtype == np.int32 and np.array_equal(got, want)
+
+
+def test_per_tensor_activation_qdq_pairs_fuse_into_native_kernels(tmp_path):
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(7, np.int8), "zp"),
+             numpy_helper.from_array(rng.standard_normal((20, 12)).astype(np.float32), "w")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["d"]),
+             helper.make_node("MatMul", ["d", "w"], ["y"])]
+    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TP.FLOAT, ["L", 20])],
+                 [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = compile_model(str(path), ["L=1:50"], max_variants=1)
+    assert model.fallback_groups() == []
+    rt, sess = Runtime.from_compiled(model), _plain(path)
+    for l in (1, 2, 29, 50):
+        x = (rng.standard_normal((l, 20)) * 8).astype(np.float32)        # some saturate at -128 / 127
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_dynamically_quantized_bert_compiles_natively_and_matches_onnxruntime(tmp_path, exported_model):
+    """onnxruntime's ``quantize_dynamic`` of tiny BERT. A quantized model amplifies fp32 rounding: where
+    an activation lands within an ulp of a rounding tie, one quantized element may differ by 1 between
+    two correct implementations (onnxruntime's own optimized session differs from its plain one so),
+    shifting a few outputs by ~1e-3. So: the relative L2 error below 1e-4, and at most 1% of the
+    elements outside rtol = atol = 1e-4 (a wrong scale, zero point or weight fails both by far)."""
+    quantization = pytest.importorskip("onnxruntime.quantization")
+    path = tmp_path / "bert-tiny-dq.onnx"
+    quantization.quantize_dynamic(str(exported_model("bert")), str(path), weight_type=quantization.QuantType.QInt8)
+    model = compile_model(str(path), ["batch=1:2", "sequence=1:64"], max_variants=1)
+    assert model.fallback_groups() == []
+    rt, sess = Runtime.from_compiled(model), _plain(path)
+    rng = np.random.default_rng(5)
+    for b, l in [(1, 1), (2, 2), (1, 17), (2, 31), (1, 64)]:
+        feed = {"input_ids": rng.integers(0, 1000, (b, l)).astype(np.int64),
+                "attention_mask": np.ones((b, l), np.int64), "token_type_ids": np.zeros((b, l), np.int64)}
+        want, got = sess.run(None, feed)[0], rt.run(feed)["last_hidden_state"]
+        assert np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want), (b, l)
+        assert np.mean(np.abs(got - want) > 1e-4 + 1e-4 * np.abs(want)) <= 0.01, (b, l)

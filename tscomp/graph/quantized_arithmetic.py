@@ -1,0 +1,223 @@
+"""Quantized operators as the arithmetic the kernel families compile (a graph-stage rewrite).
+
+A quantized model's integer operators have no kernel family of their own; each is rewritten into
+float arithmetic that reproduces its reference (:mod:`tscomp.graph.ops.quantization`), so the
+GEMM, Conv, row and elementwise families compile the model like any other and nothing runs on
+the numpy fallback:
+
+* **per-tensor QuantizeLinear** (a scalar scale and zero point, constants or computed at run
+  time): ``Cast(Min(Max(Round(x / scale) + zero_point, qmin), qmax))``; **per-tensor
+  DequantizeLinear** of an 8- or 16-bit tensor: ``(Cast(x) - zero_point) * scale`` -- the
+  activation Q/DQ pairs of a QDQ model fuse into their neighbours' kernels;
+* **DynamicQuantizeLinear**: a ReduceMin and a ReduceMax over the whole tensor, the scale and
+  zero point from them in fp32 (scale 1 for an all-zero tensor, as onnxruntime), then the
+  per-tensor quantization above -- the same fp32 operations in the same order as onnxruntime, so
+  the quantized tensor is bit-identical;
+* **MatMulInteger / ConvInteger** with a constant B (W) whose int32 result is only cast to float
+  (every quantizer's pattern: ``Cast -> Mul(scale) -> Add(bias)``): a float MatMul / Conv of
+  ``Cast(A) - a_zero_point`` and the constant ``B - b_zero_point`` in float32. Every operand is an
+  integer below 2^8 in magnitude, so every partial sum below 2^24 is exact in fp32 (and in bf16
+  operands); a sum beyond that rounds as an fp32 accumulation does, where onnxruntime rounds the
+  exact int32 once in the Cast. A MatMulInteger whose int32 result is used as an integer stays as
+  it is (the exact numpy reference runs it).
+
+Every other form (per-axis or blocked scales, 32-bit quantized types, an integer product of two
+activations) is left to the operators' references, which the compile summary names.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from tscomp.graph.ir import Graph, Node
+from tscomp.graph.ops.quantization import _output_dtype
+
+F32 = np.dtype(np.float32)
+#: quantized element types whose values a float32 holds exactly
+NARROW_TYPES = frozenset(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))
+
+
+class _Emitter:
+    """Appends the nodes of one rewrite, naming each new value after the node it replaces.
+
+    ``twins`` maps a quantized value this pass computed to the float32 value it was cast from
+    (integral and inside the type's range, so casting it back is exact): a contraction that reads
+    the quantized value as float reads the twin, and the integer tensor is never stored."""
+
+    def __init__(self, graph: Graph, stem: str, twins: dict[str, str]):
+        self.graph, self.stem, self.nodes, self.twins = graph, stem, [], twins
+
+    def const(self, tag: str, value) -> str:
+        arr = np.asarray(value)
+        return self.graph.add_value(f"{self.stem}/{tag}", arr.dtype, arr.shape, arr)
+
+    def op(self, op_type: str, inputs: list[str], dtype, shape, out: str | None = None, **attrs) -> str:
+        tag = f"{self.stem}/{op_type.lower()}{len(self.nodes)}"
+        if not out:
+            out = self.graph.add_value(tag, dtype, shape)
+        self.nodes.append(Node(tag, op_type, inputs, [out], attrs))
+        return out
+
+    def as_float(self, name: str) -> str:
+        """``name`` as float32: a constant converted here, a run-time value through a Cast."""
+        v = self.graph.values[name]
+        if name in self.twins:
+            return self.twins[name]
+        if v.const is not None:
+            return self.const(f"{name}_f32", np.asarray(v.const, F32))
+        return self.op("Cast", [name], F32, v.shape, to=TensorProto.FLOAT)
+
+    def quantize(self, x: str, scale: str, zero_point: str | None, qtype: np.dtype, out: str) -> str:
+        """``saturate(round(x / scale) + zero_point)`` as ``qtype`` (every rounding half to even)."""
+        shape = self.graph.values[x].shape
+        info = np.iinfo(qtype)
+        q = self.op("Round", [self.op("Div", [x, scale], F32, shape)], F32, shape)
+        if zero_point is not None:
+            q = self.op("Add", [q, zero_point], F32, shape)
+        q = self.op("Max", [q, self.const("qmin", F32.type(info.min))], F32, shape)
+        q = self.op("Min", [q, self.const("qmax", F32.type(info.max))], F32, shape)
+        self.twins[out] = q
+        return self.op("Cast", [q], qtype, shape, out=out, to=helper.np_dtype_to_tensor_dtype(qtype))
+
+
+def _scalar(graph: Graph, name: str) -> bool:
+    v = graph.values[name]
+    return v.shape is not None and all(d == 1 for d in v.shape)
+
+
+def _input(node: Node, i: int) -> str:
+    return node.inputs[i] if len(node.inputs) > i else ""
+
+
+# ---------------------------------------------------------------------------- Q / DQ, per tensor
+def _quantize(graph: Graph, node: Node, twins: dict) -> list[Node] | None:
+    x, scale, zp = node.inputs[0], node.inputs[1], _input(node, 2)
+    xv = graph.values[x]
+    qtype = np.dtype(graph.values[node.outputs[0]].dtype)
+    if xv.dtype != F32 or graph.values[scale].dtype != F32 or qtype not in NARROW_TYPES \
+            or not _scalar(graph, scale) or (zp and not _scalar(graph, zp)) or not xv.shape:
+        return None
+    e = _Emitter(graph, node.name, twins)
+    e.quantize(x, _reshaped_scalar(e, scale), _reshaped_scalar(e, e.as_float(zp)) if zp else None, qtype,
+               out=node.outputs[0])
+    return e.nodes
+
+
+def _dequantize(graph: Graph, node: Node, twins: dict) -> list[Node] | None:
+    x, scale, zp = node.inputs[0], node.inputs[1], _input(node, 2)
+    xv = graph.values[x]
+    out_type = _output_dtype(node.attrs.get("output_dtype", 0), graph.values[scale].dtype)
+    if np.dtype(xv.dtype) not in NARROW_TYPES or out_type != F32 or graph.values[scale].dtype != F32 \
+            or not _scalar(graph, scale) or (zp and not _scalar(graph, zp)) or not xv.shape:
+        return None
+    e = _Emitter(graph, node.name, twins)
+    v = e.as_float(x)
+    if zp:
+        v = e.op("Sub", [v, _reshaped_scalar(e, e.as_float(zp))], F32, xv.shape)
+    e.op("Mul", [v, _reshaped_scalar(e, scale)], F32, xv.shape, out=node.outputs[0])
+    return e.nodes
+
+
+def _reshaped_scalar(e: _Emitter, name: str) -> str:
+    """A one-element tensor as a rank-0 one, so broadcasting it never changes the result's rank."""
+    v = e.graph.values[name]
+    if not v.shape:
+        return name
+    if v.const is not None:
+        return e.const(f"{name}_scalar", np.asarray(v.const).reshape(()))
+    return e.op("Reshape", [name, e.const("scalar_shape", np.zeros(0, np.int64))], v.dtype, ())
+
+
+# ---------------------------------------------------------------------------- DynamicQuantizeLinear
+def _dynamic_quantize(graph: Graph, node: Node, twins: dict) -> list[Node] | None:
+    """onnxruntime's order of fp32 operations (:func:`~tscomp.graph.ops.quantization.dynamic_quantize_parameters`)."""
+    x = node.inputs[0]
+    if not graph.values[x].shape:
+        return None
+    e = _Emitter(graph, node.name, twins)
+    zero, outs = e.const("zero", F32.type(0)), list(node.outputs) + [""] * (3 - len(node.outputs))
+    lo = e.op("Min", [e.op("ReduceMin", [x], F32, (), keepdims=0), zero], F32, ())
+    hi = e.op("Max", [e.op("ReduceMax", [x], F32, (), keepdims=0), zero], F32, ())
+    span = e.op("Sub", [hi, lo], F32, ())
+    flat = e.op("Equal", [span, zero], np.bool_, ())
+    scale = e.op("Where", [flat, e.const("one", F32.type(1)), e.op("Div", [span, e.const("qrange", F32.type(255))],
+                                                                    F32, ())], F32, (), out=outs[1])
+    start = e.op("Sub", [zero, e.op("Div", [lo, scale], F32, ())], F32, ())
+    start = e.op("Min", [e.op("Max", [start, zero], F32, ()), e.const("qmax", F32.type(255))], F32, ())
+    zp = e.op("Round", [start], F32, ())
+    if outs[2]:
+        e.op("Cast", [zp], np.uint8, (), out=outs[2], to=TensorProto.UINT8)
+        e.twins[outs[2]] = zp
+    e.quantize(x, scale, zp, np.dtype(np.uint8), out=outs[0])
+    return e.nodes
+
+
+# ---------------------------------------------------------------------------- MatMulInteger, ConvInteger
+def _float_contraction(op_type: str, weight_axis: Callable[[np.ndarray], int]):
+    """The rewrite of ``op_type``Integer into ``op_type`` when its second operand is a constant and
+    its result is only cast to float: returns (nodes, the Casts it replaces) or None."""
+    def rewrite(graph: Graph, node: Node, twins: dict, consumers: dict) -> tuple[list[Node], list[Node]] | None:
+        a, b, a_zp, b_zp = (node.inputs + ["", ""])[:4]
+        users = consumers.get(node.outputs[0], [])
+        weight = graph.values[b].const
+        if weight is None or (b_zp and graph.values[b_zp].const is None) or (a_zp and not _scalar(graph, a_zp)) \
+                or not users or node.outputs[0] in graph.outputs \
+                or any(u.op_type != "Cast" or u.attrs.get("to") != TensorProto.FLOAT for u in users):
+            return None
+        shifted = np.asarray(weight, np.int64)
+        if b_zp:
+            zp = np.asarray(graph.values[b_zp].const, np.int64)
+            if zp.size > 1:
+                shape = [1] * shifted.ndim
+                shape[weight_axis(shifted)] = zp.size
+                zp = zp.reshape(shape)
+            shifted = shifted - zp.reshape(zp.shape if zp.size > 1 else ())
+        e = _Emitter(graph, node.name, twins)
+        av = graph.values[a]
+        lhs = e.as_float(a)
+        if a_zp:
+            lhs = e.op("Sub", [lhs, _reshaped_scalar(e, e.as_float(a_zp))], F32, av.shape)
+        out = users[0].outputs[0]
+        e.op(op_type, [lhs, e.const("weight_f32", shifted.astype(F32))], F32, graph.values[out].shape, out=out,
+             **node.attrs)
+        for other in users[1:]:          # every further Cast reads the same float result
+            e.nodes.append(Node(other.name, "Identity", [out], list(other.outputs)))
+        return e.nodes, users
+    return rewrite
+
+
+#: per column of a MatMul's B, per output channel of a Conv's W
+CONTRACTIONS = {"MatMulInteger": _float_contraction("MatMul", lambda w: w.ndim - 1),
+                "ConvInteger": _float_contraction("Conv", lambda w: 0)}
+ELEMENTWISE = {"QuantizeLinear": _quantize, "DequantizeLinear": _dequantize,
+               "DynamicQuantizeLinear": _dynamic_quantize}
+
+
+def quantized_ops_as_arithmetic(graph: Graph) -> int:
+    """Rewrite every quantized operator this module has a form for; returns how many."""
+    consumers = graph.consumers()
+    rewritten, replaced, twins = 0, set(), {}
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        if id(node) in replaced:
+            continue
+        new = None
+        if not node.domain and node.op_type in ELEMENTWISE:
+            new = ELEMENTWISE[node.op_type](graph, node, twins)
+        elif not node.domain and node.op_type in CONTRACTIONS:
+            done = CONTRACTIONS[node.op_type](graph, node, twins, consumers)
+            if done is not None:
+                new, casts = done
+                replaced.update(id(c) for c in casts)
+        if new is None:
+            nodes.append(node)
+            continue
+        nodes += new
+        rewritten += 1
+    graph.nodes = nodes      # a contraction's Casts came after it: its float result still precedes their readers
+    return rewritten
+
+
+__all__ = ["quantized_ops_as_arithmetic"]
