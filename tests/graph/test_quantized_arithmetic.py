@@ -145,3 +145,23 @@ def test_a_dynamically_quantized_bert_compiles_natively_and_matches_onnxruntime(
         want, got = sess.run(None, feed)[0], rt.run(feed)["last_hidden_state"]
         assert np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want), (b, l)
         assert np.mean(np.abs(got - want) > 1e-4 + 1e-4 * np.abs(want)) <= 0.01, (b, l)
+
+
+def test_integer_operand_gemms_take_bf16_where_the_cpu_has_it_and_float_ones_stay_fp32(tmp_path):
+    """bf16 holds every integer up to 256 exactly, so a quantized GEMM's bf16 inner products are its
+    fp32 ones (tscomp.codegen.families.gemm_target); a float GEMM of the same model stays fp32."""
+    from tscomp.schedule.target import host_cpu
+    rng = np.random.default_rng(6)
+    path = _dynamic_linear(tmp_path)
+    model = onnx.load(path)
+    model.graph.initializer.append(numpy_helper.from_array(rng.standard_normal((24, 8)).astype(np.float32), "wf"))
+    model.graph.node.append(helper.make_node("MatMul", ["y", "wf"], ["z"]))
+    model.graph.output.append(helper.make_tensor_value_info("z", TP.FLOAT, None))
+    onnx.save(model, path)
+    compiled = compile_model(str(path), ["B=1:3", "L=1:61"], max_variants=1)
+    precisions = sorted(ks[0].precision for ks in compiled.kernels.values() if ks[0].family == "gemm")
+    assert precisions == sorted(["bf16" if host_cpu().spec.bf16 else "fp32", "fp32"]), precisions
+    rt, sess = Runtime.from_compiled(compiled), _plain(path)
+    x = (rng.standard_normal((2, 29, 300)) * 3).astype(np.float32)
+    for name, want in zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})):
+        np.testing.assert_allclose(rt.run({"x": x})[name], want, rtol=1e-4, atol=1e-4, err_msg=name)

@@ -77,3 +77,38 @@ def test_unknown_sympy_node_and_bad_assumptions_are_refused():
     for doc in bad:
         with pytest.raises(PlainDataError):
             plain_data.load(doc, BlobReader(np.zeros(0, np.uint8), {}))
+
+
+def _blob_roundtrip(arr, tmp_path):
+    blobs = BlobWriter()
+    key = blobs.add(arr)
+    blobs.write(tmp_path / "w.bin")
+    buf, _ = plain_data.read_aligned(tmp_path / "w.bin")
+    return blobs.index[key], BlobReader(buf, blobs.index).get(key)
+
+
+@pytest.mark.parametrize("lo, hi, stored", [(-128, 127, "int8"), (0, 255, "uint8"), (-300, 300, "int16")])
+def test_a_float_blob_of_small_integers_is_stored_narrow_and_read_back_bit_identical(tmp_path, lo, hi, stored):
+    arr = np.random.default_rng(0).integers(lo, hi + 1, (96, 80)).astype(np.float32)   # a quantized weight in float
+    entry, back = _blob_roundtrip(arr, tmp_path)
+    assert np.dtype(entry["stored"]) == np.dtype(stored) and entry["nbytes"] == arr.size * np.dtype(stored).itemsize
+    assert back.dtype == np.float32 and np.array_equal(back.view(np.uint32), arr.view(np.uint32))
+
+
+@pytest.mark.parametrize("spoil", ["fraction", "negative zero", "nan", "too wide"])
+def test_a_float_blob_that_is_not_exactly_small_integers_is_stored_as_is(tmp_path, spoil):
+    arr = np.random.default_rng(1).integers(-100, 100, (64, 64)).astype(np.float32)
+    arr[40, 7] = {"fraction": 0.5, "negative zero": -0.0, "nan": np.nan, "too wide": 70000.0}[spoil]
+    entry, back = _blob_roundtrip(arr, tmp_path)
+    assert "stored" not in entry and entry["nbytes"] == arr.nbytes
+    assert np.array_equal(back.view(np.uint32), arr.view(np.uint32))
+
+
+def test_a_stored_form_the_reader_does_not_widen_is_refused(tmp_path):
+    blobs = BlobWriter()
+    key = blobs.add(np.arange(64, dtype=np.float32))
+    blobs.index[key]["stored"] = "<f8"                       # an edited index
+    blobs.write(tmp_path / "w.bin")
+    buf, _ = plain_data.read_aligned(tmp_path / "w.bin")
+    with pytest.raises(PlainDataError, match="not a form this reader widens"):
+        BlobReader(buf, blobs.index).get(key)

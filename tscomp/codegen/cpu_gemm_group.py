@@ -92,6 +92,9 @@ from tscomp.graph.views import apply_view
 
 #: longest row (N) a fused row pass accepts: one task then holds an MC x N block of Y in cache
 MAX_ROW_N = 4096
+#: the integers a bfloat16 holds exactly (its 8 significant bits): a GEMM whose operands are all
+#: integers within this bound gives the same sums on bf16 operands as on fp32 ones
+BF16_EXACT_INTEGER = 256
 
 
 class _EpilogueGenerator(GroupGenerator):
@@ -366,6 +369,7 @@ class GemmGroupAnalysis:
             self._fail(f"shapes A {ashape} / result {hshape} do not match the weight [{self.K}, {self.N}]")
         self.heavy = h
         self.M = numel(hshape[:-1])
+        self.exact_in_bf16 = self._integer_operands_within(BF16_EXACT_INTEGER)
         if self.a_prologue:
             self.a_input, self.a_chain, self.a_identity = None, [], False
         else:
@@ -375,6 +379,15 @@ class GemmGroupAnalysis:
         if self.T is not None and self.N > MAX_ROW_N:
             self._fail(f"row reduction over N={self.N} > {MAX_ROW_N} columns (a task would hold too long rows)")
         self._gen_epilogue()
+
+    def _integer_operands_within(self, bound: int) -> bool:
+        """Whether every element of A and W is an integer of magnitude <= ``bound``: W by its values,
+        A by the range the graph stage recorded for it (a quantized activation's shifted float form)."""
+        graph = self.plan.graph
+        node = next((n for n in graph.nodes if n.name == self.heavy.node), None)
+        span = graph.values[node.inputs[0]].integer_range if node is not None else None
+        return span is not None and max(-span[0], span[1]) <= bound and bool(np.all(np.trunc(self.W) == self.W)) \
+            and float(np.abs(self.W).max(initial=0.0)) <= bound
 
     def _constant_through_views(self, W: np.ndarray, chain: list, h: Op) -> np.ndarray:
         """A constant weight read through views (a transposed or reshaped initializer) is evaluated
@@ -688,7 +701,8 @@ class GemmGroupAnalysis:
         """Identity for tuning records and for tuning identical groups once: the group's structure
         (:func:`~tscomp.codegen.native.structural_signature`: ops, shapes, dtypes; not names or
         weight values) and the GEMM extents (BERT's 12 FFN-up groups share one signature)."""
-        return sha256_text(f"gemm K={self.K} N={self.N} M={self.M} {structural_signature(self.group)}")[:16]
+        exact = " integer operands exact in bf16" if self.exact_in_bf16 else ""
+        return sha256_text(f"gemm K={self.K} N={self.N} M={self.M}{exact} {structural_signature(self.group)}")[:16]
 
     def extents(self) -> dict:
         return {"M": str(self.M), "K": self.K, "N": self.N}

@@ -10,7 +10,11 @@ A :class:`Value` carries what shape propagation learned about a tensor:
 * ``symdata`` — for small integer tensors that *hold shapes* (outputs of Shape
   and everything computed from them), the element values as a numpy object
   array of SymPy expressions. This is what lets
-  ``Reshape(x, Concat(Shape(x)[0], 12, 64))`` get a symbolic output shape.
+  ``Reshape(x, Concat(Shape(x)[0], 12, 64))`` get a symbolic output shape;
+* ``integer_range`` — for a float tensor a rewrite built to hold only integers (a quantized
+  tensor's zero-point-shifted float form: :mod:`tscomp.graph.quantized_arithmetic`), the
+  inclusive ``(lo, hi)`` every element lies in; a kernel family may compute with it in a narrower
+  type that holds those integers exactly.
 
 Nodes keep ONNX's operator vocabulary and attributes (already converted to
 Python/numpy values). The graph owns the :class:`SymbolTable`.
@@ -33,6 +37,7 @@ class Value:
     shape: tuple[sympy.Expr, ...] | None = None
     const: np.ndarray | None = None
     symdata: np.ndarray | None = None
+    integer_range: tuple[int, int] | None = None
 
     @property
     def rank(self) -> int | None:

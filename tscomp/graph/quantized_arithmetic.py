@@ -61,13 +61,26 @@ class _Emitter:
         return out
 
     def as_float(self, name: str) -> str:
-        """``name`` as float32: a constant converted here, a run-time value through a Cast."""
+        """``name`` as float32 (its :attr:`~tscomp.graph.ir.Value.integer_range` recorded): a
+        constant converted here, a run-time value through a Cast."""
         v = self.graph.values[name]
         if name in self.twins:
             return self.twins[name]
         if v.const is not None:
-            return self.const(f"{name}_f32", np.asarray(v.const, F32))
-        return self.op("Cast", [name], F32, v.shape, to=TensorProto.FLOAT)
+            out = self.const(f"{name}_f32", np.asarray(v.const, F32))
+            self.graph.values[out].integer_range = (int(np.min(v.const)), int(np.max(v.const)))
+            return out
+        out = self.op("Cast", [name], F32, v.shape, to=TensorProto.FLOAT)
+        info = np.iinfo(v.dtype)
+        self.graph.values[out].integer_range = (int(info.min), int(info.max))
+        return out
+
+    def shifted(self, x: str, zero_point: str) -> str:
+        """``x - zero_point`` for two float forms of integers, its range from theirs."""
+        (a_lo, a_hi), (z_lo, z_hi) = (self.graph.values[n].integer_range for n in (x, zero_point))
+        out = self.op("Sub", [x, zero_point], F32, self.graph.values[x].shape)
+        self.graph.values[out].integer_range = (a_lo - z_hi, a_hi - z_lo)
+        return out
 
     def quantize(self, x: str, scale: str, zero_point: str | None, qtype: np.dtype, out: str) -> str:
         """``saturate(round(x / scale) + zero_point)`` as ``qtype`` (every rounding half to even)."""
@@ -79,6 +92,7 @@ class _Emitter:
         q = self.op("Max", [q, self.const("qmin", F32.type(info.min))], F32, shape)
         q = self.op("Min", [q, self.const("qmax", F32.type(info.max))], F32, shape)
         self.twins[out] = q
+        self.graph.values[q].integer_range = (int(info.min), int(info.max))
         return self.op("Cast", [q], qtype, shape, out=out, to=helper.np_dtype_to_tensor_dtype(qtype))
 
 
@@ -126,8 +140,11 @@ def _reshaped_scalar(e: _Emitter, name: str) -> str:
     if not v.shape:
         return name
     if v.const is not None:
-        return e.const(f"{name}_scalar", np.asarray(v.const).reshape(()))
-    return e.op("Reshape", [name, e.const("scalar_shape", np.zeros(0, np.int64))], v.dtype, ())
+        out = e.const(f"{name}_scalar", np.asarray(v.const).reshape(()))
+    else:
+        out = e.op("Reshape", [name, e.const("scalar_shape", np.zeros(0, np.int64))], v.dtype, ())
+    e.graph.values[out].integer_range = v.integer_range
+    return out
 
 
 # ---------------------------------------------------------------------------- DynamicQuantizeLinear
@@ -147,6 +164,7 @@ def _dynamic_quantize(graph: Graph, node: Node, twins: dict) -> list[Node] | Non
     start = e.op("Sub", [zero, e.op("Div", [lo, scale], F32, ())], F32, ())
     start = e.op("Min", [e.op("Max", [start, zero], F32, ()), e.const("qmax", F32.type(255))], F32, ())
     zp = e.op("Round", [start], F32, ())
+    graph.values[zp].integer_range = (0, 255)
     if outs[2]:
         e.op("Cast", [zp], np.uint8, (), out=outs[2], to=TensorProto.UINT8)
         e.twins[outs[2]] = zp
@@ -175,10 +193,10 @@ def _float_contraction(op_type: str, weight_axis: Callable[[np.ndarray], int]):
                 zp = zp.reshape(shape)
             shifted = shifted - zp.reshape(zp.shape if zp.size > 1 else ())
         e = _Emitter(graph, node.name, twins)
-        av = graph.values[a]
         lhs = e.as_float(a)
         if a_zp:
-            lhs = e.op("Sub", [lhs, _reshaped_scalar(e, e.as_float(a_zp))], F32, av.shape)
+            zp = e.as_float(a_zp)
+            lhs = e.shifted(lhs, _reshaped_scalar(e, zp))
         out = users[0].outputs[0]
         e.op(op_type, [lhs, e.const("weight_f32", shifted.astype(F32))], F32, graph.values[out].shape, out=out,
              **node.attrs)

@@ -118,7 +118,7 @@ def manifest_of(model: CompiledModel) -> dict:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "source_model": model.source_model, "dims": list(model.dims), "target": model.target.to_json(),
         "isa": model.isa, "threads_measured": model.threads, "configs": model.config_source,
-        "precision": model.target.precision, "precision_scope": _precision_scope(model.target),
+        "precision": model.target.precision, "precision_scope": _precision_scope(model),
         "schedule": model.schedules.to_json() if model.schedules is not None else None,
         "compile_seconds": round(model.compile_seconds, 2),
         "symbols": [{"name": i.name, "min": i.min, "max": i.max, "origin": i.origin}
@@ -136,10 +136,14 @@ def manifest_of(model: CompiledModel) -> dict:
     }
 
 
-def _precision_scope(target) -> str:
+def _precision_scope(model: CompiledModel) -> str:
+    target = model.target
     precision = target.precision
+    exact = sum(getattr(k, "precision", "fp32") != precision for ks in model.kernels.values() for k in ks)
     if precision == "fp32":
-        return "every kernel computes in fp32"
+        return "every kernel computes in fp32" + (
+            f", {exact} GEMM kernel(s) of integer operands (a quantized model's) on bf16 operands, which hold "
+            "those integers exactly: the same sums" if exact else "")
     from tscomp.codegen.families import bf16_families
     gemm = f"{precision} inner products (fp32 accumulation) in the gemm family (constant weights packed as {precision})"
     if "attention" in bf16_families(target):
@@ -160,6 +164,16 @@ def check_host_precision(path, manifest: dict) -> None:
     except TargetError as exc:
         raise ArtifactError(f"{path}: compiled with --precision {precision}, which this CPU cannot run: {exc}") \
             from None
+    # an fp32 artifact's integer-operand GEMMs (a quantized model's) run in bf16 where the compiling CPU could
+    exact = sorted({v["func"] for g in manifest.get("groups", ()) for v in g.get("variants", ())
+                    if v.get("precision", "fp32") != precision})
+    if exact:
+        try:
+            check_precision("bf16", host)
+        except TargetError as exc:
+            raise ArtifactError(f"{path}: {len(exact)} GEMM kernel(s) (e.g. {exact[0]}) compute their integer "
+                                f"operands in bf16, which this CPU cannot run: {exc}; recompile the model on this "
+                                f"machine") from None
     amx = sorted({v["func"] for g in manifest.get("groups", ()) for v in g.get("variants", ())
                   if v.get("isa") == "amx"})
     if amx and not host.amx:

@@ -18,7 +18,10 @@ these are rebuilt:
 Objects reached twice (an expression DAG's shared nodes, the symbol table every kernel points
 at) are written once and referenced, so sharing survives the round trip. Blobs are content
 addressed: a weight read by several groups, or identical in several layers (ALBERT), is stored
-once.
+once. A float32 array whose every element is, bit for bit, a small integer (a quantized model's
+weight that the compiler computes in float: :mod:`tscomp.graph.quantized_arithmetic`) is stored as
+int8, uint8 or int16 and widened when read (``stored`` in its index entry): the artifact of an int8
+model stays the size of the int8 weights.
 """
 from __future__ import annotations
 
@@ -36,6 +39,25 @@ import sympy
 from tscomp.errors import TscompError
 
 ALIGN = 64      # every blob starts on a cache line (the kernels stream weights in whole lines)
+#: the integer types a float32 blob may be stored as, narrowest first
+NARROW_STORAGE = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
+
+
+def narrow_storage(arr: np.ndarray) -> np.ndarray | None:
+    """``arr`` as the narrowest integer type that widens back to the same float32 bits (so no -0.0,
+    no fraction), or None. A sample decides first, so a plain float weight costs one small check."""
+    if arr.dtype != np.float32 or arr.size < 64:
+        return None
+    flat = arr.reshape(-1)
+    for sample in (flat[:64], flat):
+        if not np.array_equal(np.trunc(sample), sample) or np.signbit(sample[sample == 0]).any():
+            return None
+    lo, hi = float(flat.min()), float(flat.max())
+    for dtype in NARROW_STORAGE:
+        info = np.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return flat.astype(dtype).reshape(arr.shape)
+    return None
 
 
 class PlainDataError(TscompError):
@@ -56,8 +78,11 @@ class BlobWriter:
         key = hashlib.sha256(data).hexdigest()[:32] + f"-{arr.dtype.str}-{'x'.join(map(str, arr.shape))}"
         if key not in self.index:
             offset = -(-self.size // ALIGN) * ALIGN
-            self.index[key] = {"offset": offset, "nbytes": int(data.nbytes), "dtype": arr.dtype.str,
-                               "shape": list(arr.shape)}
+            entry = {"offset": offset, "dtype": arr.dtype.str, "shape": list(arr.shape)}
+            narrow = narrow_storage(arr)
+            if narrow is not None:
+                data, entry["stored"] = narrow.view(np.uint8).reshape(-1), narrow.dtype.str
+            self.index[key] = {**entry, "nbytes": int(data.nbytes)}
             self.chunks.append((offset, data))
             self.size = offset + data.nbytes
         return key
@@ -103,16 +128,21 @@ class BlobReader:
         self._copies: dict[str, np.ndarray] = {}
 
     def view(self, key: str) -> np.ndarray:
-        """The blob in place (read-only): valid while ``buf`` lives."""
+        """The blob in place (read-only): valid while ``buf`` lives (a widened blob: a new array)."""
         try:
             e = self.index[key]
         except KeyError:
             raise PlainDataError(f"blob {key!r} is not in the blob index") from None
         off, n = int(e["offset"]), int(e["nbytes"])
         dtype = np.dtype(e["dtype"])
-        if off < 0 or off + n > self.buf.size or n != int(np.prod(e["shape"], dtype=np.int64)) * dtype.itemsize:
+        stored = np.dtype(e.get("stored", dtype))
+        if stored != dtype and (dtype != np.float32 or stored not in NARROW_STORAGE):
+            raise PlainDataError(f"blob {key!r}: {dtype} stored as {stored} is not a form this reader widens")
+        if off < 0 or off + n > self.buf.size or n != int(np.prod(e["shape"], dtype=np.int64)) * stored.itemsize:
             raise PlainDataError(f"blob {key!r}: offset/size outside the weights file")
-        arr = self.buf[off:off + n].view(dtype).reshape(e["shape"])
+        arr = self.buf[off:off + n].view(stored).reshape(e["shape"])
+        if stored != dtype:                  # widened once per read: a packed weight is read once
+            arr = arr.astype(dtype)
         arr.flags.writeable = False
         return arr
 
