@@ -16,13 +16,12 @@ one line per system) next to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.side_by_side import accuracy, geomean, plot_latency, run_and_time
+from benchmarks.side_by_side import accuracy, geomean, run_and_time, save_results
 from tscomp.bench import ort_session, sample_bindings
 from tscomp.runtime import Runtime
 from tscomp.sample_inputs import random_inputs
@@ -112,16 +111,7 @@ def main() -> None:
         if c != "onnxruntime fp32":
             print(f"{c} vs onnxruntime fp32: min cosine {min(r['cosine'][c] for r in rows):.6f}, "
                   f"max relative L2 error {max(r['rel_l2'][c] for r in rows):.2e}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "threads": args.threads, "openvino_precisions": ov_precisions,
-                               "geomean_ms": geo, "rows": rows}, indent=1))
-    png = plot_latency([r["binding"].get("sequence", k) for k, r in enumerate(rows)],
-                       {c: [r["ms"][c] for r in rows] for c in cols}, out, "sequence length",
-                       f"latency ms ({args.threads} threads)")
-    if png:
-        print(f"plot: {png}")
-    print(f"results: {out}")
+    save_results(Path(args.out), {"model": args.model, "openvino_precisions": ov_precisions, "geomean_ms": geo}, rows, cols, args.threads)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,11 @@ Writes a JSON record and a plot (latency vs length) next to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.side_by_side import accuracy, geomean, plot_latency, run_and_time
+from benchmarks.side_by_side import accuracy, geomean, run_and_time, save_results
 from tscomp.bench import ort_session, sample_bindings
 from tscomp.runtime import Runtime
 from tscomp.sample_inputs import random_inputs
@@ -79,16 +78,7 @@ def main() -> None:
           "against the fp32 model: tscomp max "
           f"{max(r['rel_l2_vs_fp32'][TSCOMP] for r in rows):.1e}, onnxruntime int8 max "
           f"{max(r['rel_l2_vs_fp32'][ORT_INT8] for r in rows):.1e}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"models": [args.float_model, args.quantized_model], "threads": args.threads,
-                               "geomean_ms": geo, "rows": rows}, indent=1))
-    png = plot_latency([r["binding"].get("sequence", k) for k, r in enumerate(rows)],
-                       {c: [r["ms"][c] for r in rows] for c in cols}, out, "sequence length",
-                       f"latency ms ({args.threads} threads)")
-    if png:
-        print(f"plot: {png}")
-    print(f"results: {out}")
+    save_results(Path(args.out), {"models": [args.float_model, args.quantized_model], "geomean_ms": geo}, rows, cols, args.threads)
 
 
 if __name__ == "__main__":

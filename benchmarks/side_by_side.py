@@ -46,6 +46,19 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def save_results(out: Path, record: dict, rows: list[dict], systems: list[str], threads: int) -> None:
+    """``record`` (with ``rows``) as JSON at ``out``, the latency plot beside it; says where."""
+    import json
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**record, "threads": threads, "rows": rows}, indent=1))
+    png = plot_latency([r["binding"].get("sequence", k) for k, r in enumerate(rows)],
+                       {c: [r["ms"][c] for r in rows] for c in systems}, out, "sequence length",
+                       f"latency ms ({threads} threads)")
+    if png:
+        print(f"plot: {png}")
+    print(f"results: {out}")
+
+
 def plot_latency(xs: list, series: dict[str, list[float]], out: Path, xlabel: str, ylabel: str) -> Path | None:
     """One line per system; the PNG next to ``out`` (None where matplotlib is missing)."""
     try:
