@@ -165,3 +165,32 @@ def test_integer_operand_gemms_take_bf16_where_the_cpu_has_it_and_float_ones_sta
     x = (rng.standard_normal((2, 29, 300)) * 3).astype(np.float32)
     for name, want in zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})):
         np.testing.assert_allclose(rt.run({"x": x})[name], want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_a_qdq_matmul_multiplies_the_integer_parts_and_scales_the_sums(tmp_path):
+    """QDQ format: a per-tensor dequantized activation times a per-column dequantized int8 weight is
+    the MatMul of their integer parts (integer-operand: bf16 where the CPU has it) times both scales."""
+    from tscomp.schedule.target import host_cpu
+    rng = np.random.default_rng(7)
+    k, n = 40, 24
+    inits = [numpy_helper.from_array(rng.integers(-127, 128, (k, n)).astype(np.int8), "wq"),
+             numpy_helper.from_array(rng.uniform(0.001, 0.01, n).astype(np.float32), "w_scale"),
+             numpy_helper.from_array(rng.integers(-3, 4, n).astype(np.int8), "w_zp"),
+             numpy_helper.from_array(np.array(0.03, np.float32), "x_scale"),
+             numpy_helper.from_array(np.array(131, np.uint8), "x_zp")]
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["w"], axis=1),
+             helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xd"]),
+             helper.make_node("MatMul", ["xd", "w"], ["y"])]
+    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TP.FLOAT, ["B", "L", k])],
+                 [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = compile_model(str(path), ["B=1:2", "L=1:40"], max_variants=1)
+    assert model.fallback_groups() == []
+    weights = [model.plan.graph.values[nd.inputs[1]].const for nd in model.plan.graph.nodes if nd.op_type == "MatMul"]
+    assert len(weights) == 1 and np.array_equal(weights[0], np.trunc(weights[0]))       # the integer part
+    gemm = [ks[0] for ks in model.kernels.values() if ks[0].family == "gemm"]
+    assert [g.precision for g in gemm] == ["bf16" if host_cpu().spec.bf16 else "fp32"]
+    rt, sess = Runtime.from_compiled(model), _plain(path)
+    for b, l in [(1, 1), (2, 13), (1, 40)]:
+        x = rng.uniform(-4, 4, (b, l, k)).astype(np.float32)                # some saturate
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -19,7 +19,13 @@ the numpy fallback:
   integer below 2^8 in magnitude, so every partial sum below 2^24 is exact in fp32 (and in bf16
   operands); a sum beyond that rounds as an fp32 accumulation does, where onnxruntime rounds the
   exact int32 once in the Cast. A MatMulInteger whose int32 result is used as an integer stays as
-  it is (the exact numpy reference runs it).
+  it is (the exact numpy reference runs it);
+* **a MatMul of two dequantized operands** (a QDQ model's: an activation's per-tensor
+  DequantizeLinear, a constant int8 weight's per-tensor or per-column one): the MatMul of their
+  integer parts, times the product of their scales -- the form the kernel families run in bf16
+  (:func:`tscomp.codegen.families.gemm_target`), where onnxruntime's optimizer fuses the same
+  pattern into an integer GEMM. The sums are exact, rounded once by the scale, where a float
+  MatMul of the dequantized values rounds every product: the two differ by fp32 rounding.
 
 Every other form (per-axis or blocked scales, 32-bit quantized types, an integer product of two
 activations) is left to the operators' references, which the compile summary names.
@@ -106,31 +112,35 @@ def _input(node: Node, i: int) -> str:
 
 
 # ---------------------------------------------------------------------------- Q / DQ, per tensor
-def _quantize(graph: Graph, node: Node, twins: dict) -> list[Node] | None:
+def _quantize(p: "_Pass", node: Node) -> list[Node] | None:
+    graph = p.graph
     x, scale, zp = node.inputs[0], node.inputs[1], _input(node, 2)
     xv = graph.values[x]
     qtype = np.dtype(graph.values[node.outputs[0]].dtype)
     if xv.dtype != F32 or graph.values[scale].dtype != F32 or qtype not in NARROW_TYPES \
             or not _scalar(graph, scale) or (zp and not _scalar(graph, zp)) or not xv.shape:
         return None
-    e = _Emitter(graph, node.name, twins)
+    e = p.emitter(node)
     e.quantize(x, _reshaped_scalar(e, scale), _reshaped_scalar(e, e.as_float(zp)) if zp else None, qtype,
                out=node.outputs[0])
     return e.nodes
 
 
-def _dequantize(graph: Graph, node: Node, twins: dict) -> list[Node] | None:
+def _dequantize(p: "_Pass", node: Node) -> list[Node] | None:
+    graph = p.graph
     x, scale, zp = node.inputs[0], node.inputs[1], _input(node, 2)
     xv = graph.values[x]
     out_type = _output_dtype(node.attrs.get("output_dtype", 0), graph.values[scale].dtype)
     if np.dtype(xv.dtype) not in NARROW_TYPES or out_type != F32 or graph.values[scale].dtype != F32 \
             or not _scalar(graph, scale) or (zp and not _scalar(graph, zp)) or not xv.shape:
         return None
-    e = _Emitter(graph, node.name, twins)
+    e = p.emitter(node)
     v = e.as_float(x)
     if zp:
-        v = e.op("Sub", [v, _reshaped_scalar(e, e.as_float(zp))], F32, xv.shape)
-    e.op("Mul", [v, _reshaped_scalar(e, scale)], F32, xv.shape, out=node.outputs[0])
+        v = e.shifted(v, _reshaped_scalar(e, e.as_float(zp)))
+    scale = _reshaped_scalar(e, scale)
+    e.op("Mul", [v, scale], F32, xv.shape, out=node.outputs[0])
+    p.dequantized[node.outputs[0]] = (v, scale)
     return e.nodes
 
 
@@ -148,12 +158,12 @@ def _reshaped_scalar(e: _Emitter, name: str) -> str:
 
 
 # ---------------------------------------------------------------------------- DynamicQuantizeLinear
-def _dynamic_quantize(graph: Graph, node: Node, twins: dict) -> list[Node] | None:
+def _dynamic_quantize(p: "_Pass", node: Node) -> list[Node] | None:
     """onnxruntime's order of fp32 operations (:func:`~tscomp.graph.ops.quantization.dynamic_quantize_parameters`)."""
-    x = node.inputs[0]
+    graph, x = p.graph, node.inputs[0]
     if not graph.values[x].shape:
         return None
-    e = _Emitter(graph, node.name, twins)
+    e = p.emitter(node)
     zero, outs = e.const("zero", F32.type(0)), list(node.outputs) + [""] * (3 - len(node.outputs))
     lo = e.op("Min", [e.op("ReduceMin", [x], F32, (), keepdims=0), zero], F32, ())
     hi = e.op("Max", [e.op("ReduceMax", [x], F32, (), keepdims=0), zero], F32, ())
@@ -175,10 +185,11 @@ def _dynamic_quantize(graph: Graph, node: Node, twins: dict) -> list[Node] | Non
 # ---------------------------------------------------------------------------- MatMulInteger, ConvInteger
 def _float_contraction(op_type: str, weight_axis: Callable[[np.ndarray], int]):
     """The rewrite of ``op_type``Integer into ``op_type`` when its second operand is a constant and
-    its result is only cast to float: returns (nodes, the Casts it replaces) or None."""
-    def rewrite(graph: Graph, node: Node, twins: dict, consumers: dict) -> tuple[list[Node], list[Node]] | None:
+    its result is only cast to float (the Casts it replaces join ``p.replaced``)."""
+    def rewrite(p: "_Pass", node: Node) -> list[Node] | None:
+        graph = p.graph
         a, b, a_zp, b_zp = (node.inputs + ["", ""])[:4]
-        users = consumers.get(node.outputs[0], [])
+        users = p.consumers.get(node.outputs[0], [])
         weight = graph.values[b].const
         if weight is None or (b_zp and graph.values[b_zp].const is None) or (a_zp and not _scalar(graph, a_zp)) \
                 or not users or node.outputs[0] in graph.outputs \
@@ -192,7 +203,7 @@ def _float_contraction(op_type: str, weight_axis: Callable[[np.ndarray], int]):
                 shape[weight_axis(shifted)] = zp.size
                 zp = zp.reshape(shape)
             shifted = shifted - zp.reshape(zp.shape if zp.size > 1 else ())
-        e = _Emitter(graph, node.name, twins)
+        e = p.emitter(node)
         lhs = e.as_float(a)
         if a_zp:
             zp = e.as_float(a_zp)
@@ -202,33 +213,83 @@ def _float_contraction(op_type: str, weight_axis: Callable[[np.ndarray], int]):
              **node.attrs)
         for other in users[1:]:          # every further Cast reads the same float result
             e.nodes.append(Node(other.name, "Identity", [out], list(other.outputs)))
-        return e.nodes, users
+        p.replaced.update(id(u) for u in users)
+        return e.nodes
     return rewrite
 
 
+# ---------------------------------------------------------------------------- MatMul of dequantized operands
+def _constant_dequantization(p: "_Pass", node: Node) -> None:
+    """Record the integer part and scale of a constant 2-D weight's DequantizeLinear (folded at
+    compile time): per tensor, or per column (``axis`` 1)."""
+    graph = p.graph
+    x, scale, zp = (graph.values[i].const if i else None for i in (node.inputs + ["", ""])[:3])
+    out = graph.values[node.outputs[0]]
+    if x is None or scale is None or (_input(node, 2) and zp is None) or x.ndim != 2 \
+            or np.dtype(x.dtype) not in NARROW_TYPES or out.dtype != F32 or scale.dtype != F32 \
+            or node.attrs.get("block_size", 0):
+        return
+    per_column = scale.size > 1
+    if per_column and not (int(node.attrs.get("axis", 1)) % 2 == 1 and scale.size == x.shape[1]):
+        return
+    e = p.emitter(node)
+    ints = np.asarray(x, np.int64) - (0 if zp is None else np.asarray(zp, np.int64).reshape(-1 if per_column else ()))
+    weight = e.const("integer_part", ints.astype(F32))
+    graph.values[weight].integer_range = (int(ints.min()), int(ints.max()))
+    p.dequantized[node.outputs[0]] = (weight, e.const("scale", scale.reshape(-1) if per_column else scale.reshape(())))
+
+
+def _dequantized_matmul(p: "_Pass", node: Node) -> list[Node] | None:
+    graph = p.graph
+    (a, a_scale), (b, b_scale) = (p.dequantized.get(i, (None, None)) for i in node.inputs[:2])
+    if a is None or b is None or graph.values[a].const is not None or graph.values[b].const is None:
+        return None
+    e = p.emitter(node)
+    out = graph.values[node.outputs[0]]
+    acc = e.op("MatMul", [a, b], F32, out.shape)
+    # two epilogue multiplies (no group of its own for the product of the scales)
+    e.op("Mul", [e.op("Mul", [acc, a_scale], F32, out.shape), b_scale], F32, out.shape, out=node.outputs[0])
+    return e.nodes
+
+
 #: per column of a MatMul's B, per output channel of a Conv's W
-CONTRACTIONS = {"MatMulInteger": _float_contraction("MatMul", lambda w: w.ndim - 1),
-                "ConvInteger": _float_contraction("Conv", lambda w: 0)}
-ELEMENTWISE = {"QuantizeLinear": _quantize, "DequantizeLinear": _dequantize,
-               "DynamicQuantizeLinear": _dynamic_quantize}
+REWRITES = {"QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "DynamicQuantizeLinear": _dynamic_quantize,
+            "MatMulInteger": _float_contraction("MatMul", lambda w: w.ndim - 1),
+            "ConvInteger": _float_contraction("Conv", lambda w: 0),
+            "MatMul": _dequantized_matmul}
+
+
+class _Pass:
+    """What one pass over the graph shares between rewrites: the consumers of every value, the float
+    twins of the quantized values it computed, the (integer part, scale) of every dequantized value
+    it has seen, and the nodes a rewrite replaced besides its own."""
+
+    def __init__(self, graph: Graph):
+        self.graph, self.consumers = graph, graph.consumers()
+        self.twins: dict[str, str] = {}
+        self.dequantized: dict[str, tuple[str, str]] = {}
+        self.replaced: set[int] = set()
+
+    def emitter(self, node: Node) -> _Emitter:
+        return _Emitter(self.graph, node.name, self.twins)
 
 
 def quantized_ops_as_arithmetic(graph: Graph) -> int:
-    """Rewrite every quantized operator this module has a form for; returns how many."""
-    consumers = graph.consumers()
-    rewritten, replaced, twins = 0, set(), {}
+    """Rewrite every quantized operator this module has a form for; returns how many. Runs before
+    the folded nodes leave the graph: a constant weight's DequantizeLinear is still there to say
+    what integers and scales the folded weight came from."""
+    p = _Pass(graph)
+    rewritten = 0
     nodes: list[Node] = []
     for node in graph.nodes:
-        if id(node) in replaced:
+        if id(node) in p.replaced:
             continue
-        new = None
-        if not node.domain and node.op_type in ELEMENTWISE:
-            new = ELEMENTWISE[node.op_type](graph, node, twins)
-        elif not node.domain and node.op_type in CONTRACTIONS:
-            done = CONTRACTIONS[node.op_type](graph, node, twins, consumers)
-            if done is not None:
-                new, casts = done
-                replaced.update(id(c) for c in casts)
+        rewrite = None if node.domain else REWRITES.get(node.op_type)
+        if rewrite is not None and all(graph.values[o].const is not None for o in node.outputs if o):
+            if node.op_type == "DequantizeLinear":
+                _constant_dequantization(p, node)
+            rewrite = None                  # folded at compile time: nothing runs
+        new = rewrite(p, node) if rewrite is not None else None
         if new is None:
             nodes.append(node)
             continue

@@ -91,8 +91,8 @@ class SimplifyReport:
 
 def simplify(graph: Graph) -> SimplifyReport:
     report = SimplifyReport()
+    report.quantized_as_arithmetic = quantized_ops_as_arithmetic(graph)     # sees the folded weights' DQ
     report.folded = remove_folded_nodes(graph)
-    report.quantized_as_arithmetic = quantized_ops_as_arithmetic(graph)     # its Identities go next
     report.pass_through_removed = remove_pass_through(graph)
     report.pads_folded = fold_pads_into_convs(graph)
     report.convs_merged = merge_parallel_convs(graph)
