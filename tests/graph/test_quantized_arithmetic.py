@@ -194,3 +194,31 @@ def test_a_qdq_matmul_multiplies_the_integer_parts_and_scales_the_sums(tmp_path)
     for b, l in [(1, 1), (2, 13), (1, 40)]:
         x = rng.uniform(-4, 4, (b, l, k)).astype(np.float32)                # some saturate
         np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("foldable", [True, False], ids=["folded", "too-large-to-fold"])
+def test_a_dequantized_embedding_table_is_gathered_as_integers_then_scaled(tmp_path, monkeypatch, foldable):
+    """QDQ embedding: Gather(DQ(table), ids) runs as DQ(Gather(table, ids)), so no kernel dequantizes
+    the whole table per call (BERT-base's word table is over the fold limit) and it stays int8."""
+    from tscomp.graph import shape_propagation
+    if not foldable:
+        monkeypatch.setattr(shape_propagation, "MAX_FOLD_ELEMENTS", 100)     # stands in for a 23M-element table
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array(rng.integers(0, 256, (50, 16)).astype(np.uint8), "table_q"),
+             numpy_helper.from_array(np.array(0.02, np.float32), "scale"),
+             numpy_helper.from_array(np.array(128, np.uint8), "zp")]
+    nodes = [helper.make_node("DequantizeLinear", ["table_q", "scale", "zp"], ["table"]),
+             helper.make_node("Gather", ["table", "ids"], ["rows"]),
+             helper.make_node("Relu", ["rows"], ["y"])]
+    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("ids", TP.INT64, ["B", "L"])],
+                 [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = compile_model(str(path), ["B=1:2", "L=1:30"], max_variants=1)
+    graph = model.plan.graph
+    assert model.fallback_groups() == []
+    assert not [n.name for n in graph.nodes if graph.values[n.outputs[0]].shape == (50, 16)]
+    table = [graph.values[n.inputs[0]].const for n in graph.nodes if n.op_type == "Gather"]
+    assert len(table) == 1 and np.array_equal(table[0], np.trunc(table[0]))        # the integer part
+    rt, sess = Runtime.from_compiled(model), _plain(path)
+    for b, l in [(1, 1), (2, 17), (1, 30)]:
+        ids = rng.integers(0, 50, (b, l)).astype(np.int64)
+        np.testing.assert_allclose(rt.run({"ids": ids})["y"], sess.run(None, {"ids": ids})[0], rtol=1e-4, atol=1e-4)

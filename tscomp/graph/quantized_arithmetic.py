@@ -25,7 +25,10 @@ the numpy fallback:
   integer parts, times the product of their scales -- the form the kernel families run in bf16
   (:func:`tscomp.codegen.families.gemm_target`), where onnxruntime's optimizer fuses the same
   pattern into an integer GEMM. The sums are exact, rounded once by the scale, where a float
-  MatMul of the dequantized values rounds every product: the two differ by fp32 rounding.
+  MatMul of the dequantized values rounds every product: the two differ by fp32 rounding;
+* **a Gather of a dequantized constant** (a QDQ embedding table): the Gather of its integer part,
+  then the scale -- the table stays int8 in the artifact, and one too large to fold at compile
+  time (BERT-base's 23M-element word table) is no longer dequantized whole on every call.
 
 Every other form (per-axis or blocked scales, 32-bit quantized types, an integer product of two
 activations) is left to the operators' references, which the compile summary names.
@@ -102,6 +105,11 @@ class _Emitter:
         return self.op("Cast", [q], qtype, shape, out=out, to=helper.np_dtype_to_tensor_dtype(qtype))
 
 
+def _compile_time(graph: Graph, name: str) -> bool:
+    v = graph.values[name]
+    return v.const is not None or v.symdata is not None
+
+
 def _scalar(graph: Graph, name: str) -> bool:
     v = graph.values[name]
     return v.shape is not None and all(d == 1 for d in v.shape)
@@ -130,6 +138,11 @@ def _dequantize(p: "_Pass", node: Node) -> list[Node] | None:
     graph = p.graph
     x, scale, zp = node.inputs[0], node.inputs[1], _input(node, 2)
     xv = graph.values[x]
+    if xv.const is not None and (constant := _constant_dequantization(p, node)) is not None:
+        # too large to fold: a MatMul or Gather reads the integer part; anything else this product
+        e = p.emitter(node)
+        e.op("Mul", list(constant), F32, xv.shape, out=node.outputs[0])
+        return e.nodes
     out_type = _output_dtype(node.attrs.get("output_dtype", 0), graph.values[scale].dtype)
     if np.dtype(xv.dtype) not in NARROW_TYPES or out_type != F32 or graph.values[scale].dtype != F32 \
             or not _scalar(graph, scale) or (zp and not _scalar(graph, zp)) or not xv.shape:
@@ -219,24 +232,42 @@ def _float_contraction(op_type: str, weight_axis: Callable[[np.ndarray], int]):
 
 
 # ---------------------------------------------------------------------------- MatMul of dequantized operands
-def _constant_dequantization(p: "_Pass", node: Node) -> None:
-    """Record the integer part and scale of a constant 2-D weight's DequantizeLinear (folded at
-    compile time): per tensor, or per column (``axis`` 1)."""
+def _constant_dequantization(p: "_Pass", node: Node) -> tuple[str, str] | None:
+    """Record (and return) the integer part and scale of a constant's DequantizeLinear: per tensor,
+    or along the last axis (a weight's columns, an embedding table's features)."""
     graph = p.graph
     x, scale, zp = (graph.values[i].const if i else None for i in (node.inputs + ["", ""])[:3])
     out = graph.values[node.outputs[0]]
-    if x is None or scale is None or (_input(node, 2) and zp is None) or x.ndim != 2 \
+    if x is None or scale is None or (_input(node, 2) and zp is None) or not x.ndim \
             or np.dtype(x.dtype) not in NARROW_TYPES or out.dtype != F32 or scale.dtype != F32 \
             or node.attrs.get("block_size", 0):
-        return
+        return None
     per_column = scale.size > 1
-    if per_column and not (int(node.attrs.get("axis", 1)) % 2 == 1 and scale.size == x.shape[1]):
-        return
+    if per_column and not (int(node.attrs.get("axis", 1)) % x.ndim == x.ndim - 1 and scale.size == x.shape[-1]):
+        return None
     e = p.emitter(node)
     ints = np.asarray(x, np.int64) - (0 if zp is None else np.asarray(zp, np.int64).reshape(-1 if per_column else ()))
-    weight = e.const("integer_part", ints.astype(F32))
-    graph.values[weight].integer_range = (int(ints.min()), int(ints.max()))
-    p.dequantized[node.outputs[0]] = (weight, e.const("scale", scale.reshape(-1) if per_column else scale.reshape(())))
+    part = e.const("integer_part", ints.astype(F32))
+    graph.values[part].integer_range = (int(ints.min()), int(ints.max()))
+    p.dequantized[node.outputs[0]] = part, e.const("scale", scale.reshape(-1) if per_column else scale.reshape(()))
+    return p.dequantized[node.outputs[0]]
+
+
+def _dequantized_gather(p: "_Pass", node: Node) -> list[Node] | None:
+    """``Gather(DQ(table), ids)`` as ``DQ(Gather(table, ids))``: the rows of the integer table, then
+    their scale (an embedding table stays int8, and only the gathered rows are dequantized)."""
+    graph = p.graph
+    part, scale = p.dequantized.get(node.inputs[0], (None, None))
+    axis = int(node.attrs.get("axis", 0)) % max(len(graph.values[node.inputs[0]].shape), 1)
+    if part is None or graph.values[part].const is None or \
+            (graph.values[scale].shape and axis == len(graph.values[part].shape) - 1):
+        return None                     # a per-column scale must not move with the gathered axis
+    e = p.emitter(node)
+    out = graph.values[node.outputs[0]]
+    rows = e.op("Gather", [part, node.inputs[1]], F32, out.shape, **node.attrs)
+    graph.values[rows].integer_range = graph.values[part].integer_range
+    e.op("Mul", [rows, scale], F32, out.shape, out=node.outputs[0])
+    return e.nodes
 
 
 def _dequantized_matmul(p: "_Pass", node: Node) -> list[Node] | None:
@@ -256,7 +287,7 @@ def _dequantized_matmul(p: "_Pass", node: Node) -> list[Node] | None:
 REWRITES = {"QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "DynamicQuantizeLinear": _dynamic_quantize,
             "MatMulInteger": _float_contraction("MatMul", lambda w: w.ndim - 1),
             "ConvInteger": _float_contraction("Conv", lambda w: 0),
-            "MatMul": _dequantized_matmul}
+            "MatMul": _dequantized_matmul, "Gather": _dequantized_gather}
 
 
 class _Pass:
@@ -285,7 +316,7 @@ def quantized_ops_as_arithmetic(graph: Graph) -> int:
         if id(node) in p.replaced:
             continue
         rewrite = None if node.domain else REWRITES.get(node.op_type)
-        if rewrite is not None and all(graph.values[o].const is not None for o in node.outputs if o):
+        if rewrite is not None and all(_compile_time(graph, o) for o in node.outputs if o):
             if node.op_type == "DequantizeLinear":
                 _constant_dequantization(p, node)
             rewrite = None                  # folded at compile time: nothing runs
