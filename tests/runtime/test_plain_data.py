@@ -112,3 +112,11 @@ def test_a_stored_form_the_reader_does_not_widen_is_refused(tmp_path):
     buf, _ = plain_data.read_aligned(tmp_path / "w.bin")
     with pytest.raises(PlainDataError, match="not a form this reader widens"):
         BlobReader(buf, blobs.index).get(key)
+
+
+def test_256_consecutive_integers_anywhere_are_stored_as_uint8_with_a_bias(tmp_path):
+    arr = np.random.default_rng(2).integers(-200, 56, (64, 64)).astype(np.float32)   # an int8 table minus its zero point
+    arr[0, 0], arr[0, 1] = -200, 55
+    entry, back = _blob_roundtrip(arr, tmp_path)
+    assert np.dtype(entry["stored"]) == np.uint8 and entry["bias"] == -200
+    assert np.array_equal(back.view(np.uint32), arr.view(np.uint32))

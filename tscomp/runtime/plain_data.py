@@ -18,9 +18,10 @@ these are rebuilt:
 Objects reached twice (an expression DAG's shared nodes, the symbol table every kernel points
 at) are written once and referenced, so sharing survives the round trip. Blobs are content
 addressed: a weight read by several groups, or identical in several layers (ALBERT), is stored
-once. A float32 array whose every element is, bit for bit, a small integer (a quantized model's
-weight that the compiler computes in float: :mod:`tscomp.graph.quantized_arithmetic`) is stored as
-int8, uint8 or int16 and widened when read (``stored`` in its index entry): the artifact of an int8
+once. A float32 array whose every element is, bit for bit, an integer (a quantized model's weight
+that the compiler computes in float: :mod:`tscomp.graph.quantized_arithmetic`) is stored as int8,
+uint8 (with a ``bias`` added back where its 256 values lie elsewhere: a weight shifted by its zero
+point) or int16, and widened when read (``stored`` in its index entry): the artifact of an int8
 model stays the size of the int8 weights.
 """
 from __future__ import annotations
@@ -41,11 +42,15 @@ from tscomp.errors import TscompError
 ALIGN = 64      # every blob starts on a cache line (the kernels stream weights in whole lines)
 #: the integer types a float32 blob may be stored as, narrowest first
 NARROW_STORAGE = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
+#: the largest float32 integer magnitude stored narrow (every integer below it is exact in float32)
+NARROW_LIMIT = 1 << 24
 
 
-def narrow_storage(arr: np.ndarray) -> np.ndarray | None:
-    """``arr`` as the narrowest integer type that widens back to the same float32 bits (so no -0.0,
-    no fraction), or None. A sample decides first, so a plain float weight costs one small check."""
+def narrow_storage(arr: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """``(stored, bias)`` with ``stored + bias`` giving back ``arr``'s float32 bits (so no -0.0, no
+    fraction), ``stored`` of the narrowest integer type that holds ``arr - bias`` -- uint8 with a bias
+    for 256 consecutive integers anywhere (a weight shifted by its zero point) -- or None. A sample
+    decides first, so a plain float weight costs one small check."""
     if arr.dtype != np.float32 or arr.size < 64:
         return None
     flat = arr.reshape(-1)
@@ -53,10 +58,13 @@ def narrow_storage(arr: np.ndarray) -> np.ndarray | None:
         if not np.array_equal(np.trunc(sample), sample) or np.signbit(sample[sample == 0]).any():
             return None
     lo, hi = float(flat.min()), float(flat.max())
-    for dtype in NARROW_STORAGE:
+    if max(-lo, hi) >= NARROW_LIMIT:
+        return None
+    int8, uint8, int16 = NARROW_STORAGE
+    for dtype, bias in ((int8, 0), (uint8, 0), (uint8, int(lo)), (int16, 0)):       # fewest bytes first
         info = np.iinfo(dtype)
-        if info.min <= lo and hi <= info.max:
-            return flat.astype(dtype).reshape(arr.shape)
+        if info.min <= lo - bias and hi - bias <= info.max:
+            return (flat - np.float32(bias)).astype(dtype).reshape(arr.shape), bias
     return None
 
 
@@ -81,7 +89,10 @@ class BlobWriter:
             entry = {"offset": offset, "dtype": arr.dtype.str, "shape": list(arr.shape)}
             narrow = narrow_storage(arr)
             if narrow is not None:
-                data, entry["stored"] = narrow.view(np.uint8).reshape(-1), narrow.dtype.str
+                stored, bias = narrow
+                data, entry["stored"] = stored.view(np.uint8).reshape(-1), stored.dtype.str
+                if bias:
+                    entry["bias"] = bias
             self.index[key] = {**entry, "nbytes": int(data.nbytes)}
             self.chunks.append((offset, data))
             self.size = offset + data.nbytes
@@ -142,7 +153,12 @@ class BlobReader:
             raise PlainDataError(f"blob {key!r}: offset/size outside the weights file")
         arr = self.buf[off:off + n].view(stored).reshape(e["shape"])
         if stored != dtype:                  # widened once per read: a packed weight is read once
+            bias = e.get("bias", 0)
+            if not isinstance(bias, int) or abs(bias) >= NARROW_LIMIT:
+                raise PlainDataError(f"blob {key!r}: bias {bias!r} is not a float32 integer")
             arr = arr.astype(dtype)
+            if bias:
+                arr += np.float32(bias)
         arr.flags.writeable = False
         return arr
 
