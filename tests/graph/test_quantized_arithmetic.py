@@ -222,3 +222,27 @@ def test_a_dequantized_embedding_table_is_gathered_as_integers_then_scaled(tmp_p
     for b, l in [(1, 1), (2, 17), (1, 30)]:
         ids = rng.integers(0, 50, (b, l)).astype(np.int64)
         np.testing.assert_allclose(rt.run({"ids": ids})["y"], sess.run(None, {"ids": ids})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_requantizing_a_view_with_the_same_scale_moves_the_integers_without_rounding(tmp_path):
+    """Q(Transpose(DQ(q))) with DQ's scale and zero point is Transpose(q) bit for bit: no Div or Round
+    is generated for it, the requantized tensor equals onnxruntime's, and a different scale still
+    quantizes."""
+    rng = np.random.default_rng(9)
+    inits = [numpy_helper.from_array(np.array(0.037, np.float32), "s"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "s2"),
+             numpy_helper.from_array(np.array(121, np.uint8), "zp")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["d"]),
+             helper.make_node("Transpose", ["d"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("QuantizeLinear", ["t", "s", "zp"], ["q2"]),            # same scale: a view of q
+             helper.make_node("QuantizeLinear", ["t", "s2", "zp"], ["q3"])]           # another scale: rounds
+    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TP.FLOAT, ["B", "L", 12])],
+                 [helper.make_tensor_value_info(n, TP.UINT8, None) for n in ("q2", "q3")], inits)
+    model = compile_model(str(path), ["B=1:2", "L=1:40"], max_variants=1)
+    assert sum(n.op_type == "Round" for n in model.plan.graph.nodes) == 2        # x's and q3's, not q2's
+    rt, sess = Runtime.from_compiled(model), _plain(path)
+    for b, l in [(1, 1), (2, 23), (1, 40)]:
+        x = (rng.standard_normal((b, l, 12)) * 5).astype(np.float32)
+        want, got = sess.run(None, {"x": x}), rt.run({"x": x})
+        assert np.array_equal(got["q2"], want[0]) and np.array_equal(got["q3"], want[1]), (b, l)

@@ -6,7 +6,9 @@ GEMM, Conv, row and elementwise families compile the model like any other and no
 the numpy fallback:
 
 * **per-tensor QuantizeLinear** (a scalar scale and zero point, constants or computed at run
-  time): ``Cast(Min(Max(Round(x / scale) + zero_point, qmin), qmax))``; **per-tensor
+  time): ``Cast(Min(Max(Round(x / scale) + zero_point, qmin), qmax))`` -- or, for a view
+  (Reshape, Transpose, ...) of a DequantizeLinear with the same scale and zero point, the view of
+  its quantized input, which is what that arithmetic gives bit for bit; **per-tensor
   DequantizeLinear** of an 8- or 16-bit tensor: ``(Cast(x) - zero_point) * scale`` -- the
   activation Q/DQ pairs of a QDQ model fuse into their neighbours' kernels;
 * **DynamicQuantizeLinear**: a ReduceMin and a ReduceMax over the whole tensor, the scale and
@@ -129,9 +131,39 @@ def _quantize(p: "_Pass", node: Node) -> list[Node] | None:
             or not _scalar(graph, scale) or (zp and not _scalar(graph, zp)) or not xv.shape:
         return None
     e = p.emitter(node)
+    source = _requantized_view(p, node)
+    if source is not None:           # Q(view(DQ(q))) with DQ's scale and zero point: view(q), exactly
+        view, q = source
+        moved = e.op(view.op_type, [e.as_float(q), *view.inputs[1:]], F32, xv.shape, **view.attrs)
+        graph.values[moved].integer_range = graph.values[e.as_float(q)].integer_range
+        e.twins[node.outputs[0]] = moved
+        e.op("Cast", [moved], qtype, xv.shape, out=node.outputs[0], to=helper.np_dtype_to_tensor_dtype(qtype))
+        return e.nodes
     e.quantize(x, _reshaped_scalar(e, scale), _reshaped_scalar(e, e.as_float(zp)) if zp else None, qtype,
                out=node.outputs[0])
     return e.nodes
+
+
+def _requantized_view(p: "_Pass", node: Node) -> tuple[Node, str] | None:
+    """(the view, the quantized tensor q) when ``node`` quantizes a view (Reshape, Transpose, ...) of
+    ``DequantizeLinear(q)`` with the same constant scale and zero point: QDQ graphs requantize after
+    every view, and ``round((q - z) * s / s) + z`` is ``q`` for a normal scale (the two roundings
+    move ``q - z``, at most 255, by far less than 1/2)."""
+    from tscomp.graph.ops.registry import REGISTRY
+    graph = p.graph
+    view = p.producers.get(node.inputs[0])
+    opdef = REGISTRY.get(("", view.op_type)) if view is not None and not view.domain else None
+    source = p.requantizable.get(view.inputs[0]) if opdef is not None and opdef.view_rule is not None else None
+    if source is None or len(view.outputs) != 1 or graph.values[view.outputs[0]].dtype != F32:
+        return None
+    q, dq_scale, dq_zp = source
+    same = [(dq_scale, node.inputs[1]), (dq_zp, _input(node, 2))]
+    values = [[graph.values[n].const if n else np.zeros((), graph.values[q].dtype) for n in pair] for pair in same]
+    if any(a is None or b is None or not np.array_equal(a.reshape(-1), b.reshape(-1)) for a, b in values) \
+            or graph.values[node.outputs[0]].dtype != graph.values[q].dtype:
+        return None
+    s = float(np.asarray(values[0][0]).reshape(-1)[0])
+    return (view, q) if np.isfinite(s) and s >= np.finfo(np.float32).tiny else None
 
 
 def _dequantize(p: "_Pass", node: Node) -> list[Node] | None:
@@ -151,6 +183,7 @@ def _dequantize(p: "_Pass", node: Node) -> list[Node] | None:
     v = e.as_float(x)
     if zp:
         v = e.shifted(v, _reshaped_scalar(e, e.as_float(zp)))
+    p.requantizable[node.outputs[0]] = (x, node.inputs[1], zp)
     scale = _reshaped_scalar(e, scale)
     e.op("Mul", [v, scale], F32, xv.shape, out=node.outputs[0])
     p.dequantized[node.outputs[0]] = (v, scale)
@@ -291,14 +324,17 @@ REWRITES = {"QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "Dynam
 
 
 class _Pass:
-    """What one pass over the graph shares between rewrites: the consumers of every value, the float
-    twins of the quantized values it computed, the (integer part, scale) of every dequantized value
-    it has seen, and the nodes a rewrite replaced besides its own."""
+    """What one pass over the graph shares between rewrites: the consumers and producers of every
+    value, the float twins of the quantized values it computed, the (integer part, scale) of every
+    dequantized value it has seen (and the operands of the run-time ones), and the nodes a rewrite
+    replaced besides its own."""
 
     def __init__(self, graph: Graph):
-        self.graph, self.consumers = graph, graph.consumers()
+        self.graph, self.consumers, self.producers = graph, graph.consumers(), graph.producers()
         self.twins: dict[str, str] = {}
         self.dequantized: dict[str, tuple[str, str]] = {}
+        #: a run-time DequantizeLinear's output -> (its quantized input, scale, zero point names)
+        self.requantizable: dict[str, tuple[str, str, str]] = {}
         self.replaced: set[int] = set()
 
     def emitter(self, node: Node) -> _Emitter:
