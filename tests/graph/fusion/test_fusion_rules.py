@@ -592,3 +592,35 @@ def test_elementwise_node_between_two_groups_via_an_opaque_op_stays_acyclic():
     assert group_of(plan, "c").kind == "opaque"
     assert_topological(plan)
     check_numerics(model, plan)
+
+
+def test_a_refused_reduction_epilogue_splits_again_instead_of_running_on_numpy(tmp_path):
+    """GEMM -> residual -> LayerNorm -> requantized through a [B*L, H] view (GPT-2's QDQ export): no
+    family takes the group whole, nor its epilogue (the row family cannot store through the merged
+    view's index); the epilogue's own split -- the LayerNorm with what feeds it, then the rest --
+    compiles, and the model matches onnxruntime."""
+    from onnx import save
+
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+    h = 16
+    inits = [numpy_helper.from_array(rand(h, h), "w"), numpy_helper.from_array(rand(h), "g"),
+             numpy_helper.from_array(rand(h), "b"), numpy_helper.from_array(np.array([-1, h], np.int64), "flat"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "s"), numpy_helper.from_array(np.array(3, np.uint8), "zp")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "x"], ["r"]),
+             helper.make_node("LayerNormalization", ["r", "g", "b"], ["ln"], axis=-1),
+             helper.make_node("Reshape", ["ln", "flat"], ["v"]),
+             helper.make_node("QuantizeLinear", ["v", "s", "zp"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"])]
+    graph = helper.make_graph(nodes, "requantized_layernorm", [helper.make_tensor_value_info("x", F, ["B", "L", h])],
+                              [helper.make_tensor_value_info("y", F, None)], inits)
+    path = tmp_path / "m.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9), path)
+    model = compile_model(str(path), ["B=1:2", "L=1:20"], max_variants=1)
+    assert model.fallback_groups() == []
+    assert sorted(ks[0].family for ks in model.kernels.values()) == ["gemm", "row-or-elementwise", "row-or-elementwise"]
+    rt = Runtime.from_compiled(model)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for b, l in [(1, 1), (2, 7), (2, 20)]:
+        x = rand(b, l, h)
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

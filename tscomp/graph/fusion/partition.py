@@ -376,7 +376,10 @@ def unfused_parts(cg: ComputeGraph, g: GroupState) -> list[GroupState]:
     made a group the batched GEMM family refuses, and BiT's last GroupNorm, whose affine epilogue
     writes [N, C, H, W] back from rows [N, G, C/G, H*W] with H and W nested ceilings, one the row
     family refuses; each then ran whole on the numpy fallback. Split, the heavy part compiles and
-    the epilogue goes to the row or elementwise family. Empty when there is nothing to split."""
+    the epilogue goes to the row or elementwise family. An epilogue holding a reduction keeps a split
+    of its own (the reduction with what feeds it, then the rest): GPT-2's QDQ export requantizes a
+    LayerNorm's output through the [B*L, H] view its Gemm reads, an output index the row family
+    cannot store through. Empty when there is nothing to split."""
     if g.kind not in ("gemm", "reduce") or g.parts:
         return []
     epilogue = [m for m in g.members if m not in g.feeders]
@@ -386,7 +389,17 @@ def unfused_parts(cg: ComputeGraph, g: GroupState) -> list[GroupState]:
     core = GroupState(g.gid, g.kind, [m for m in g.members if m in g.feeders], g.space,
                       operand_spaces=list(g.operand_spaces), feeders=set(g.feeders),
                       rules=[r for r in g.rules if r == "gemm-prologue"])
-    return [core, GroupState(g.gid, kind, epilogue, g.space, rules=["split-epilogue"])]
+    rest = GroupState(g.gid, kind, epilogue, g.space, rules=["split-epilogue"])
+    if kind == "reduce":
+        rest.feeders = _first_reduction_and_feeders(cg, epilogue)
+        rest.unfused = unfused_parts(cg, rest)
+    return [core, rest]
+
+
+def _first_reduction_and_feeders(cg: ComputeGraph, members: list[str]) -> set[str]:
+    """The first reduction among ``members`` (in graph order) and the members it depends on."""
+    first = min((m for m in members if cg.fusion_class(m) is R), key=cg.index.__getitem__)
+    return {first} | (nx.ancestors(cg.dg, first) & set(members))
 
 
 def partition(graph: Graph) -> tuple[ComputeGraph, list[GroupState]]:
