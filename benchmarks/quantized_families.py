@@ -1,0 +1,102 @@
+"""Every family of ``models/`` quantized the two ways onnxruntime's quantizers offer -- ``quantize_dynamic``
+(int8 weights, DynamicQuantizeLinear -> MatMulInteger / ConvInteger) and ``quantize_static`` in the QDQ
+format (per-channel int8 weights, uint8 activations calibrated on three random batches) -- compiled
+by tscomp and compared with onnxruntime's plain session (each operator as specified) at random shapes.
+
+    .venv/bin/python -m benchmarks.quantized_families [--families bert,gpt2,...] [--exporters dynamo,torchscript]
+
+Prints per export and format: the numpy groups left (0 wanted) and the worst relative L2 error over
+the checked shapes. A quantized model amplifies fp32 rounding: where an activation lands within an
+ulp of a rounding tie, one quantized element differs by one step between two correct implementations
+(onnxruntime's optimized session differs from its plain one so), so errors of 1e-4..1e-2 are such
+flips, not a wrong scale (which gives 1e-1 and more).
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from models import families as F
+from models.export import export_model
+from tscomp.compiler import compile_model
+from tscomp.runtime import Runtime
+
+#: the longest sequence / image side compiled and checked (tiny models, short compiles)
+MAX_EXTENT = 64
+
+
+def quantize(src: str, dst: str, fmt: str, family: str) -> None:
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
+                                          quantize_static)
+    if fmt == "dynamic":
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+        return
+    ranges = F.symbol_ranges(family, "tiny")
+    rng = np.random.default_rng(0)
+    batches = [F.make_inputs(family, {k: min(hi, max(lo, 7 + 5 * i)) for k, (lo, hi) in ranges.items()}, rng, "tiny")
+               for i in range(3)]
+
+    class Batches(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(batches)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(src, dst, Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)
+
+
+def check(path: str, family: str, shapes: int, seed: int) -> tuple[int, float]:
+    """(numpy groups, worst relative L2 error against onnxruntime's plain session)."""
+    import onnxruntime as ort
+    ranges = {k: (lo, min(hi, MAX_EXTENT)) for k, (lo, hi) in F.symbol_ranges(family, "tiny").items()}
+    model = compile_model(path, [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()], max_variants=1)
+    rt = Runtime.from_compiled(model)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    for k in range(shapes):     # the range ends first, then random shapes
+        binding = {s: (lo if k == 0 else hi if k == 1 else int(rng.integers(lo, hi + 1))) for s, (lo, hi) in ranges.items()}
+        feed = F.make_inputs(family, binding, rng, "tiny")
+        got = rt.run(feed)
+        for out, want in zip(sess.get_outputs(), sess.run(None, feed)):
+            err = np.linalg.norm(got[out.name] - want) / max(float(np.linalg.norm(want)), 1e-30)
+            worst = max(worst, float(err))
+    return len(model.fallback_groups()), worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default=",".join(F.FAMILIES))
+    ap.add_argument("--exporters", default="dynamo,torchscript")
+    ap.add_argument("--shapes", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cache", default=".cache/models")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in args.families.split(","):
+            for exporter in args.exporters.split(","):
+                src = str(export_model(family, "tiny", exporter, args.cache))
+                for fmt in ("dynamic", "qdq"):
+                    dst = str(Path(tmp) / f"{family}-{exporter}-{fmt}.onnx")
+                    try:
+                        quantize(src, dst, fmt, family)
+                        numpy_groups, worst = check(dst, family, args.shapes, args.seed)
+                        row = f"{family:10s} {exporter:11s} {fmt:7s} numpy groups {numpy_groups}  worst relative L2 {worst:.1e}"
+                    except Exception as exc:       # a failure is a row of the table, not the end of the sweep
+                        row = f"{family:10s} {exporter:11s} {fmt:7s} FAILED {type(exc).__name__}: {str(exc)[:200]}"
+                    rows.append(row)
+                    print(row, flush=True)
+    print(f"\n{sum('FAILED' not in r for r in rows)} of {len(rows)} quantized exports compile; "
+          f"{sum('numpy groups 0 ' in r for r in rows)} with no numpy group")
+
+
+if __name__ == "__main__":
+    main()
