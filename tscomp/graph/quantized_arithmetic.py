@@ -43,7 +43,8 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from tscomp.graph.ir import Graph, Node
-from tscomp.graph.ops.quantization import _output_dtype
+from tscomp.graph.ops.quantization import _output_dtype, minus_zero_point
+from tscomp.graph.ops.registry import REGISTRY
 
 F32 = np.dtype(np.float32)
 #: quantized element types whose values a float32 holds exactly
@@ -149,7 +150,6 @@ def _requantized_view(p: "_Pass", node: Node) -> tuple[Node, str] | None:
     ``DequantizeLinear(q)`` with the same constant scale and zero point: QDQ graphs requantize after
     every view, and ``round((q - z) * s / s) + z`` is ``q`` for a normal scale (the two roundings
     move ``q - z``, at most 255, by far less than 1/2)."""
-    from tscomp.graph.ops.registry import REGISTRY
     graph = p.graph
     view = p.producers.get(node.inputs[0])
     opdef = REGISTRY.get(("", view.op_type)) if view is not None and not view.domain else None
@@ -241,14 +241,7 @@ def _float_contraction(op_type: str, weight_axis: Callable[[np.ndarray], int]):
                 or not users or node.outputs[0] in graph.outputs \
                 or any(u.op_type != "Cast" or u.attrs.get("to") != TensorProto.FLOAT for u in users):
             return None
-        shifted = np.asarray(weight, np.int64)
-        if b_zp:
-            zp = np.asarray(graph.values[b_zp].const, np.int64)
-            if zp.size > 1:
-                shape = [1] * shifted.ndim
-                shape[weight_axis(shifted)] = zp.size
-                zp = zp.reshape(shape)
-            shifted = shifted - zp.reshape(zp.shape if zp.size > 1 else ())
+        shifted = minus_zero_point(weight, graph.values[b_zp].const if b_zp else None, weight_axis(weight))
         e = p.emitter(node)
         lhs = e.as_float(a)
         if a_zp:
@@ -279,7 +272,7 @@ def _constant_dequantization(p: "_Pass", node: Node) -> tuple[str, str] | None:
     if per_column and not (int(node.attrs.get("axis", 1)) % x.ndim == x.ndim - 1 and scale.size == x.shape[-1]):
         return None
     e = p.emitter(node)
-    ints = np.asarray(x, np.int64) - (0 if zp is None else np.asarray(zp, np.int64).reshape(-1 if per_column else ()))
+    ints = minus_zero_point(x, zp, x.ndim - 1)
     part = e.const("integer_part", ints.astype(F32))
     graph.values[part].integer_range = (int(ints.min()), int(ints.max()))
     p.dequantized[node.outputs[0]] = part, e.const("scale", scale.reshape(-1) if per_column else scale.reshape(()))

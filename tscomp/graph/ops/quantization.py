@@ -126,7 +126,7 @@ def matmul_integer_shape(ctx: ShapeContext) -> None:
     ctx.set_output(0, np.int32, ctx.out_shapes[0])
 
 
-def _shifted(values, zero_point, axis: int = 0) -> np.ndarray:
+def minus_zero_point(values, zero_point, axis: int = 0) -> np.ndarray:
     """``values - zero_point`` in int64; a zero point of several elements lies along ``axis``."""
     shifted = np.asarray(values).astype(np.int64)
     if zero_point is None:
@@ -141,8 +141,8 @@ def _shifted(values, zero_point, axis: int = 0) -> np.ndarray:
 
 def matmul_integer_ref(call: OpCall, a, b, a_zero_point=None, b_zero_point=None):
     # A's zero point may be per row, B's per column
-    return np.matmul(_shifted(a, a_zero_point, max(a.ndim - 2, 0)),
-                     _shifted(b, b_zero_point, b.ndim - 1)).astype(np.int32)
+    return np.matmul(minus_zero_point(a, a_zero_point, max(a.ndim - 2, 0)),
+                     minus_zero_point(b, b_zero_point, b.ndim - 1)).astype(np.int32)
 
 
 def conv_integer_shape(ctx: ShapeContext) -> None:
@@ -153,8 +153,8 @@ def conv_integer_shape(ctx: ShapeContext) -> None:
 
 def conv_integer_ref(call: OpCall, x, w, x_zero_point=None, w_zero_point=None):
     # float64 holds every partial sum exactly (|products| < 2^16, far fewer than 2^37 taps)
-    y = conv_ref(call, _shifted(x, x_zero_point).astype(np.float64),
-                 _shifted(w, w_zero_point).astype(np.float64))   # per output channel
+    y = conv_ref(call, minus_zero_point(x, x_zero_point).astype(np.float64),
+                 minus_zero_point(w, w_zero_point).astype(np.float64))   # per output channel
     return y.astype(np.int32)
 
 
@@ -169,4 +169,4 @@ register(OpDef("MatMulInteger", FusionClass.OPAQUE, matmul_integer_shape, matmul
 register(OpDef("ConvInteger", FusionClass.OPAQUE, conv_integer_shape, conv_integer_ref, arity=(2, 4),
                opsets=(10, _LATEST)))
 
-__all__ = ["INTEGER_TYPES", "dequantize_ref", "dynamic_quantize_parameters", "quantize_ref"]
+__all__ = ["INTEGER_TYPES", "dequantize_ref", "dynamic_quantize_parameters", "minus_zero_point", "quantize_ref"]
