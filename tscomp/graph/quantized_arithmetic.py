@@ -87,6 +87,10 @@ class _Emitter:
         self.graph.values[out].integer_range = (int(info.min), int(info.max))
         return out
 
+    def scalar_float(self, name: str) -> str:
+        """A one-element integer tensor (a zero point) as a rank-0 float32."""
+        return _reshaped_scalar(self, self.as_float(name))
+
     def shifted(self, x: str, zero_point: str) -> str:
         """``x - zero_point`` for two float forms of integers, its range from theirs."""
         (a_lo, a_hi), (z_lo, z_hi) = (self.graph.values[n].integer_range for n in (x, zero_point))
@@ -135,13 +139,13 @@ def _quantize(p: "_Pass", node: Node) -> list[Node] | None:
     source = _requantized_view(p, node)
     if source is not None:           # Q(view(DQ(q))) with DQ's scale and zero point: view(q), exactly
         view, q = source
-        moved = e.op(view.op_type, [e.as_float(q), *view.inputs[1:]], F32, xv.shape, **view.attrs)
-        graph.values[moved].integer_range = graph.values[e.as_float(q)].integer_range
+        integers = e.as_float(q)
+        moved = e.op(view.op_type, [integers, *view.inputs[1:]], F32, xv.shape, **view.attrs)
+        graph.values[moved].integer_range = graph.values[integers].integer_range
         e.twins[node.outputs[0]] = moved
         e.op("Cast", [moved], qtype, xv.shape, out=node.outputs[0], to=helper.np_dtype_to_tensor_dtype(qtype))
         return e.nodes
-    e.quantize(x, _reshaped_scalar(e, scale), _reshaped_scalar(e, e.as_float(zp)) if zp else None, qtype,
-               out=node.outputs[0])
+    e.quantize(x, _reshaped_scalar(e, scale), e.scalar_float(zp) if zp else None, qtype, out=node.outputs[0])
     return e.nodes
 
 
@@ -182,7 +186,7 @@ def _dequantize(p: "_Pass", node: Node) -> list[Node] | None:
     e = p.emitter(node)
     v = e.as_float(x)
     if zp:
-        v = e.shifted(v, _reshaped_scalar(e, e.as_float(zp)))
+        v = e.shifted(v, e.scalar_float(zp))
     p.requantizable[node.outputs[0]] = (x, node.inputs[1], zp)
     scale = _reshaped_scalar(e, scale)
     e.op("Mul", [v, scale], F32, xv.shape, out=node.outputs[0])
@@ -245,8 +249,7 @@ def _float_contraction(op_type: str, weight_axis: Callable[[np.ndarray], int]):
         e = p.emitter(node)
         lhs = e.as_float(a)
         if a_zp:
-            zp = e.as_float(a_zp)
-            lhs = e.shifted(lhs, _reshaped_scalar(e, zp))
+            lhs = e.shifted(lhs, e.scalar_float(a_zp))
         out = users[0].outputs[0]
         e.op(op_type, [lhs, e.const("weight_f32", shifted.astype(F32))], F32, graph.values[out].shape, out=out,
              **node.attrs)
@@ -309,7 +312,8 @@ def _dequantized_matmul(p: "_Pass", node: Node) -> list[Node] | None:
     return e.nodes
 
 
-#: per column of a MatMul's B, per output channel of a Conv's W
+#: op type -> its rewrite (a weight's zero points lie per column of a MatMul's B, per output
+#: channel of a Conv's W)
 REWRITES = {"QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "DynamicQuantizeLinear": _dynamic_quantize,
             "MatMulInteger": _float_contraction("MatMul", lambda w: w.ndim - 1),
             "ConvInteger": _float_contraction("Conv", lambda w: 0),
