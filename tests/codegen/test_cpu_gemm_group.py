@@ -354,3 +354,63 @@ def test_a_row_statistic_alone_is_not_stored_in_place_of_the_gemm_result(tmp_pat
         x = rng.standard_normal((M, 6)).astype(np.float32)
         got = kernel.run({"x": x}, bind_symbols(plan.graph, {"x": x}))
         close(got["s"], sess.run(None, {"x": x})[0], f"M={M}")
+
+
+def _flatten_matmul(tmp_path, x_shape, prologue: bool):
+    """[Sub ->] Reshape to [1, -1] -> MatMul -> Mul: a CNN head with a static batch of one."""
+    rng = np.random.default_rng(3)
+    k = int(np.prod([d for d in x_shape if isinstance(d, int)]))
+    nodes = ([helper.make_node("Sub", ["x", "z"], ["xs"])] if prologue else
+             [helper.make_node("Identity", ["x"], ["xs"])]) + [
+        helper.make_node("Reshape", ["xs", "shape"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["m"]),
+        helper.make_node("Mul", ["m", "z"], ["y"])]
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((k, 5)).astype(np.float32), "w"),
+             onnx.numpy_helper.from_array(np.array([1, -1], np.int64), "shape"),
+             onnx.numpy_helper.from_array(np.float32(0.5), "z")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    path = tmp_path / "flatten_matmul.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("prologue", [False, True], ids=["plain", "with-prologue"])
+def test_a_static_batch_of_one_flattened_into_a_gemm_compiles_natively(tmp_path, prologue):
+    """M = 1 by a Reshape of a [1, C, H, W] tensor: the epilogue names the GEMM's only row 0, which
+    is row i (it was refused as a read 'at (0, j)', and the head ran on numpy)."""
+    import onnxruntime as ort
+
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+
+    path = _flatten_matmul(tmp_path, [1, 4, 4, 4], prologue)
+    model = compile_model(str(path), [])
+    assert model.fallback_groups() == []
+    x = np.random.default_rng(4).standard_normal((1, 4, 4, 4)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(Runtime.from_compiled(model).run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("symbol", ["M", "N", "K", "tile"])
+def test_a_shape_symbol_named_like_a_gemm_kernel_identifier_compiles_natively(tmp_path, symbol):
+    """A dim named M (or N, K, tile, ...) is renamed in the generated C instead of colliding with the
+    kernel's own identifiers (it was refused as 'not a free C identifier', the GEMM on numpy)."""
+    import onnxruntime as ort
+
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "x2"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", TP.FLOAT, [symbol, 8]),
+              helper.make_tensor_value_info("x2", TP.FLOAT, [symbol, 8])]
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+                          [onnx.numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")])
+    path = tmp_path / "symbol_named_m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    model = compile_model(str(path), [f"{symbol}=1:20"])
+    assert model.fallback_groups() == []
+    rt, sess = Runtime.from_compiled(model), ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for m in (1, 7, 20):
+        feed = {"x": rng.standard_normal((m, 8)).astype(np.float32), "x2": rng.standard_normal((m, 8)).astype(np.float32)}
+        np.testing.assert_allclose(rt.run(feed)["y"], sess.run(None, feed)[0], rtol=1e-4, atol=1e-4)

@@ -128,3 +128,27 @@ def test_maxpool_indices_output_is_refused_with_the_reason(tmp_path):
     (group,) = plan.groups
     with pytest.raises(UnsupportedOperatorError, match=r"group .*: MaxPool .* with the Indices output"):
         PoolAnalysis(plan, group)
+
+
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.UINT8], ids=["float", "uint8-cast"])
+def test_a_global_pool_over_a_static_batch_of_one_compiles_natively(tmp_path, dtype):
+    """x [1, C, H, W] (-> Cast) -> Sub -> GlobalAveragePool -> Mul: with a batch of one the epilogue's
+    composed index names the row (0, c + C*n) -- the same row, once compared whole (the group ran on
+    numpy) -- and a uint8 input (a quantized model's) is read by the pool kernel as uint8."""
+    prologue = [helper.make_node("Cast", ["x"], ["xf"], to=TP.FLOAT)] if dtype == TP.UINT8 else \
+        [helper.make_node("Identity", ["x"], ["xf"])]
+    nodes = prologue + [helper.make_node("Sub", ["xf", "z"], ["s"]), helper.make_node("GlobalAveragePool", ["s"], ["p"]),
+                        helper.make_node("Mul", ["p", "z"], ["y"])]
+    g = helper.make_graph(nodes, "pools", [helper.make_tensor_value_info("x", dtype, [1, C, "H", "W"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+                          [onnx.numpy_helper.from_array(np.float32(0.75), "z")])
+    path = tmp_path / "gap1.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)], ir_version=9), path)
+    model = compile_model(str(path), ["H=1:30", "W=1:30"], max_variants=1)
+    assert model.fallback_groups() == [], {g: model.kernels[g][0].reasons for g in model.fallback_groups()}
+    rng = np.random.default_rng(1)
+    feeds = []
+    for h, w in ((1, 1), (7, 30), (29, 2)):
+        x = rng.integers(0, 256, (1, C, h, w)) if dtype == TP.UINT8 else rng.standard_normal((1, C, h, w))
+        feeds.append((f"{h}x{w}", {"x": x.astype(np.uint8 if dtype == TP.UINT8 else np.float32)}))
+    assert_matches_onnxruntime(Runtime.from_compiled(model), path, feeds)

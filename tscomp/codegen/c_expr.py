@@ -189,10 +189,27 @@ def index_var(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
+#: names the GEMM macro-kernel declares where its epilogue expressions (shape symbols among them)
+#: are evaluated -- kernel and micro-kernel parameters, locals, macros -- and C keywords
+GEMM_KERNEL_NAMES = frozenset({
+    "X", "Wp", "Y", "M", "N", "K", "NP", "MR", "NR", "MC", "NC", "KC", "N_NBLOCKS", "N_KBLOCKS",
+    "acc", "i", "j", "r", "c", "k", "x", "tile", "yrow", "acc_t", "xp", "wp", "wn", "ct", "first", "last",
+    "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock", "pull", "stream_log2",
+    "kb", "k0", "jp", "wpanel", "wnext", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks", "mc",
+    "nc", "nth", "n_nblocks", "panels", "parts", "omp_get_max_threads", "row_tiles", "want", "tiles_per",
+    "tiles_extra", "BALANCE_TASKS_PER_THREAD", "block_tiles", "TALL_ROWS",
+    "min_i64", "pack_x", "ts_bf16_row", "micro_kernel", "micro_kernel_tail", "rows", "row_pass", "a_prologue", "Xa", "tscomp_erff",
+    "int", "float", "double", "char", "void", "const", "restrict", "return", "if", "else", "for",
+    "while", "do", "static", "inline", "sizeof", "int64_t", "int32_t",
+})
+
+
 def c_symbol_name(name: str) -> str:
     """C name of a shape symbol: its own name unless that could clash with C or with the generated
-    locals and parameters (short letters + digits such as ``i0``, ``t12``, ``mean0``, ``in3``)."""
-    if name in _C_KEYWORDS or re.fullmatch(r"[a-z]{1,5}\d+", name) or name.startswith(("ts_", "sym_")):
+    locals and parameters (short letters + digits such as ``i0``, ``t12``, ``mean0``, ``in3``; the
+    GEMM kernel's ``M``, ``N``, ``K``, ``tile``, ...)."""
+    if name in _C_KEYWORDS or name in GEMM_KERNEL_NAMES or re.fullmatch(r"[a-z]{1,5}\d+", name) \
+            or name.startswith(("ts_", "sym_")):
         return "sym_" + name
     return name
 

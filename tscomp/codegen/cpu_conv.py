@@ -82,8 +82,9 @@ from tscomp.graph.ops.nn import Window
 from tscomp.graph.symbols import numel, same
 from tscomp.graph.views import apply_view
 
-_C_TYPES = {np.float32: "float", np.int64: "int64_t", np.int32: "int32_t", np.bool_: "uint8_t",
-            np.uint8: "uint8_t", np.int8: "int8_t"}
+#: element types a Conv or pool kernel reads its inputs as (a quantized tensor its prologue converts)
+INPUT_C_TYPES = {np.float32: "float", np.int64: "int64_t", np.int32: "int32_t", np.bool_: "uint8_t",
+                 np.uint8: "uint8_t", np.int8: "int8_t", np.uint16: "uint16_t", np.int16: "int16_t"}
 
 
 class _Attrs:
@@ -432,7 +433,7 @@ class TileEpilogue(GroupGenerator):
         for iname, cname in self.in_c.items():
             if re.search(rf"\b{cname}\[", body + "\n".join(self.statics)):
                 dt = np.dtype(self._input_dtype(iname))
-                if dt.type not in _C_TYPES:
+                if dt.type not in INPUT_C_TYPES:
                     self.fail(f"epilogue input {iname} of type {dt}")
                 args.append(("input", iname, cname, dt))
         syms = sorted((s for s in self.pr.used if s not in self.ctx.upper_bounds), key=lambda s: s.name)
@@ -455,7 +456,7 @@ def param_of(arg: tuple) -> str:
     if role == "output":
         return f"float* restrict {cname}"
     if role == "input":
-        return f"const {_C_TYPES[np.dtype(info).type]}* restrict {cname}"
+        return f"const {INPUT_C_TYPES[np.dtype(info).type]}* restrict {cname}"
     return f"int64_t {cname}"
 
 
@@ -811,7 +812,7 @@ def x_prologue_function(plan: Plan, group: Group, x: Expr, xshape: tuple, counte
     for iname, cname in gen.in_c.items():
         if re.search(rf"\b{cname}\[", body + "\n".join(gen.statics)):
             dt = np.dtype(plan.graph.values[iname].dtype)
-            if dt.type not in _C_TYPES:
+            if dt.type not in INPUT_C_TYPES:
                 gen.fail(f"prologue input {iname} of type {dt}")
             args.append(("input", iname, cname, dt))
     for sym in sorted((s for s in gen.pr.used if s not in gen.ctx.upper_bounds), key=lambda s: s.name):

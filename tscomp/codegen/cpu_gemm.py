@@ -86,7 +86,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tscomp.codegen.build import build_library, host_isa, load_library
-from tscomp.codegen.c_expr import math_helpers
+from tscomp.codegen.c_expr import GEMM_KERNEL_NAMES, math_helpers
 from tscomp.codegen.task_affinity import AFFINITY_C, claim_loop, shares_declaration
 from tscomp.codegen.tile_config import (AMX_K, AMX_ROWS, AMX_TILE_REGISTERS, BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS,
                                        VECTOR_WIDTH, TileConfig, TileConfigError, default_config, evened_count,
@@ -106,19 +106,9 @@ class GemmError(TscompError, ValueError):
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# names the generated code uses where an epilogue expression is evaluated (kernel and
-# micro-kernel parameters, locals, macros) and a few C keywords: an argument may not shadow them
-_RESERVED = {
-    "X", "Wp", "Y", "M", "N", "K", "NP", "MR", "NR", "MC", "NC", "KC", "N_NBLOCKS", "N_KBLOCKS",
-    "acc", "i", "j", "r", "c", "k", "x", "tile", "yrow", "acc_t", "xp", "wp", "wn", "ct", "first", "last",
-    "i0", "j0", "mv", "nv", "kl", "wk", "xk", "y", "lane", "t", "nb", "mb", "m0", "nw", "wblock", "pull", "stream_log2",
-    "kb", "k0", "jp", "wpanel", "wnext", "jj", "ip", "xpack", "cbuf", "n_mblocks", "n_tasks", "mc",
-    "nc", "nth", "n_nblocks", "panels", "parts", "omp_get_max_threads", "row_tiles", "want", "tiles_per",
-    "tiles_extra", "BALANCE_TASKS_PER_THREAD", "block_tiles", "TALL_ROWS",
-    "min_i64", "pack_x", "ts_bf16_row", "micro_kernel", "micro_kernel_tail", "rows", "row_pass", "a_prologue", "Xa", "tscomp_erff",
-    "int", "float", "double", "char", "void", "const", "restrict", "return", "if", "else", "for",
-    "while", "do", "static", "inline", "sizeof", "int64_t", "int32_t",
-}
+# names the generated code uses where an epilogue expression is evaluated: an argument may not shadow
+# them (shape symbols so named are renamed by c_expr.c_symbol_name)
+_RESERVED = GEMM_KERNEL_NAMES
 _RESERVED_PATTERN = re.compile(r"(c\d+_\d+(_s\d+)?|w\d+|m\d+|micro_kernel_\d+)\Z")  # accumulators, weight vectors, masks, row tails
 #: C types an epilogue argument may have, with their ctypes and (for pointers) numpy dtype.
 ARG_TYPES = {
@@ -126,6 +116,10 @@ ARG_TYPES = {
     "float*": (ctypes.c_void_p, np.float32),          # an extra output the epilogue stores to
     "const int64_t*": (ctypes.c_void_p, np.int64),
     "const int32_t*": (ctypes.c_void_p, np.int32),
+    "const int16_t*": (ctypes.c_void_p, np.int16),      # quantized tensors a prologue or epilogue converts
+    "const uint16_t*": (ctypes.c_void_p, np.uint16),
+    "const int8_t*": (ctypes.c_void_p, np.int8),
+    "const uint8_t*": (ctypes.c_void_p, np.uint8),
     "float": (ctypes.c_float, None),
     "int64_t": (ctypes.c_int64, None),
 }

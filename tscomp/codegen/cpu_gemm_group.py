@@ -87,6 +87,7 @@ from tscomp.codegen.tile_config import TileConfig, candidate_configs, default_co
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
+from tscomp.graph.ops.registry import c_type
 from tscomp.graph.symbols import numel, same, shape_str
 from tscomp.graph.views import apply_view
 
@@ -122,6 +123,8 @@ class _EpilogueGenerator(GroupGenerator):
         col = self.ctx.simplify(idx[-1])
         if same(hshape[-1], 1) and same(col, 0):
             col = self.j           # N = 1: column 0 is the only column j takes (a broadcast read names it 0)
+        if same(self.M, 1) and same(lead, 0):
+            lead = self.i          # M = 1 (a static batch of one flattened): row 0 is the only row i takes
         if not (same(lead, self.i) and same(col, self.j)):
             self.fail(f"the epilogue reads the GEMM result at ({lead}, {col}), not at the element it "
                       f"computes (i, j)", e)
@@ -646,8 +649,8 @@ class GemmGroupAnalysis:
         for name, cname in gen.in_c.items():
             if re.search(rf"\b{cname}\[", all_text):
                 dt = np.dtype(self._input_dtype(name))
-                ctype = {np.float32: "const float*", np.int64: "const int64_t*", np.int32: "const int32_t*"}.get(dt.type)
-                if ctype is None:
+                ctype = f"const {c_type(dt)}*" if c_type(dt) is not None and dt != np.bool_ else None
+                if ctype not in ARG_TYPES:
                     self._fail(f"epilogue input {name} of type {dt} cannot be passed to the GEMM kernel")
                 args.append(EpilogueArg(cname, ctype))
                 self.arg_roles.append(("input", name, dt))

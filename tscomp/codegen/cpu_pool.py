@@ -31,20 +31,19 @@ import sympy
 
 from tscomp.codegen.build import build_library, load_library
 from tscomp.codegen.c_expr import PRELUDE, c_symbol_name, delinearize, math_helpers
-from tscomp.codegen.cpu_conv import (WORKSPACE_C, Geometry2D, c_defines, output_buffers, param_of, strip_views,
-                                     ts_macros, window_of)
+from tscomp.codegen.cpu_conv import (INPUT_C_TYPES, WORKSPACE_C, Geometry2D, c_defines, output_buffers, param_of,
+                                     strip_views, ts_macros, window_of)
 from tscomp.codegen.cpu_groups import PARALLEL_MIN_ELEMENTS, GroupGenerator, _Block
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Input, Op, walk
 from tscomp.graph.fusion.plan import Group, Plan
-from tscomp.graph.symbols import numel
+from tscomp.graph.symbols import numel, same
 from tscomp.graph.views import apply_view
 
 WINDOWED = ("MaxPool", "AveragePool")
 GLOBAL = ("GlobalAveragePool", "GlobalMaxPool")
-_C_TYPES = {np.float32: "float", np.int64: "int64_t", np.int32: "int32_t", np.bool_: "uint8_t"}
 
 
 class _GlobalPoolGenerator(GroupGenerator):
@@ -68,7 +67,9 @@ class _GlobalPoolGenerator(GroupGenerator):
             self.fail("a second reduction in a global pooling group", e)
         if not self.in_rows:
             self.fail(f"the {e.op_type} result is read inside its own reduction", e)
-        if not all(i == 0 for i in idx[2:]) or idx[0] != self.n or idx[1] != self.ch:
+        # the row compared whole: with a batch of one, composed views may name it (0, c + C*n)
+        row = self.ctx.simplify(idx[0] * self.C + idx[1])
+        if not all(i == 0 for i in idx[2:]) or not same(row, self.ctx.simplify(self.n * self.C + self.ch)):
             self.fail(f"the epilogue reads the {e.op_type} result at {idx}, not at its own row", e)
         return "ts_res"
 
@@ -111,7 +112,7 @@ class _GlobalPoolGenerator(GroupGenerator):
         for iname, cname in self.in_c.items():
             if re.search(rf"\b{cname}\[", body + "\n".join(self.statics)):
                 dt = np.dtype(self._input_dtype(iname))
-                if dt.type not in _C_TYPES:
+                if dt.type not in INPUT_C_TYPES:
                     self.fail(f"input {iname} of type {dt}")
                 args.append(("input", iname, cname, dt))
         for name in g.outputs:
