@@ -6,7 +6,9 @@ from the node's attributes and input types (*context-dependent*: ``RMSNormalizat
 ``RotaryEmbedding``, ``Attention``, ``GroupNormalization``, ``CenterCropPad``). An operator
 tscomp's registry does not implement, whose schema at the model's opset has such a body, is
 replaced by that body before anything else sees the graph -- the way onnxruntime runs the ones
-it has no kernel for. The body's operators are then imported, shape-propagated, fused and
+it has no kernel for. The QOperator format's quantized operators (QLinearMatMul, onnxruntime's
+QLinearAdd, ...), which have no body in the standard, take theirs from
+:mod:`tscomp.graph.quantized_operators`. The body's operators are then imported, shape-propagated, fused and
 compiled like any exported primitives (an RMSNormalization becomes the Mul / ReduceMean / Sqrt /
 Div chain the row family fuses into one kernel).
 
@@ -25,6 +27,7 @@ import onnx
 import onnx.defs
 
 from tscomp.errors import UnsupportedOperatorError
+from tscomp.graph import quantized_operators
 
 #: nested expansions before giving up (a body that, expanded, contains itself)
 MAX_DEPTH = 8
@@ -54,7 +57,7 @@ def expand_functions(nodes: list, opset: dict[str, int], types: dict[str, onnx.T
         version = opset.get(domain)
         body = None
         if version is not None and not implemented(node.op_type, domain, version):
-            body = function_body(node, version, types)
+            body = function_body(node, version, types) or quantized_operators.body(node, opset, types)
         if body is None:
             out.append((node, default))
             continue

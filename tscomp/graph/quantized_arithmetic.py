@@ -312,7 +312,31 @@ def _dequantized_matmul(p: "_Pass", node: Node) -> list[Node] | None:
     return e.nodes
 
 
-#: op type -> its rewrite (a weight's zero points lie per column of a MatMul's B, per output
+def _selection_of_quantized(p: "_Pass", node: Node) -> list[Node] | None:
+    """A view (Reshape, Transpose, ...) or an element-selecting operator (MaxPool, ReduceMax, ...)
+    of a quantized value this pass computed runs on the value's float twin: each picks elements by
+    position or by order, which the integer-to-float cast preserves, so the twin's result holds the
+    same integers and becomes the result's twin (a QOperator model max-pools and reshapes uint8
+    tensors between its quantized operators)."""
+    graph = p.graph
+    x = node.inputs[0] if node.inputs else ""
+    opdef = REGISTRY.get(("", node.op_type))
+    if x not in p.twins or opdef is None or not (opdef.selects_elements or opdef.view_rule is not None) \
+            or len(node.outputs) != 1 or any(i in p.twins for i in node.inputs[1:]):
+        return None
+    out = graph.values[node.outputs[0]]
+    if out.dtype != graph.values[x].dtype:
+        return None
+    e = p.emitter(node)
+    twin = p.twins[x]
+    moved = e.op(node.op_type, [twin, *node.inputs[1:]], F32, out.shape, **node.attrs)
+    graph.values[moved].integer_range = graph.values[twin].integer_range
+    e.twins[node.outputs[0]] = moved
+    e.op("Cast", [moved], out.dtype, out.shape, out=node.outputs[0], to=helper.np_dtype_to_tensor_dtype(out.dtype))
+    return e.nodes
+
+
+#: op type -> its rewrite (any other op: :func:`_selection_of_quantized`) (a weight's zero points lie per column of a MatMul's B, per output
 #: channel of a Conv's W)
 REWRITES = {"QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "DynamicQuantizeLinear": _dynamic_quantize,
             "MatMulInteger": _float_contraction("MatMul", lambda w: w.ndim - 1),
@@ -348,7 +372,7 @@ def quantized_ops_as_arithmetic(graph: Graph) -> int:
     for node in graph.nodes:
         if id(node) in p.replaced:
             continue
-        rewrite = None if node.domain else REWRITES.get(node.op_type)
+        rewrite = None if node.domain else REWRITES.get(node.op_type, _selection_of_quantized)
         if rewrite is not None and all(_compile_time(graph, o) for o in node.outputs if o):
             if node.op_type == "DequantizeLinear":
                 _constant_dequantization(p, node)

@@ -1146,7 +1146,7 @@ register(OpDef("BatchNormalization", FusionClass.ELEMENTWISE, batch_norm_shape, 
 for _op, _spec in REDUCTIONS.items():
     register(OpDef(_op, REDUCTION, reduce_shape, _reduce_ref(_spec),
                    data_rule=_reduce_data(_spec) if _spec.symbolic else None, arity=(1, 2),
-                   reduced_axes=lambda ctx: _reduce_axes(ctx, ctx.rank(0))))
+                   reduced_axes=lambda ctx: _reduce_axes(ctx, ctx.rank(0)), selects_elements=_op in ("ReduceMax", "ReduceMin")))
 
 ARG_REDUCTIONS = {"ArgMax": np.argmax, "ArgMin": np.argmin}
 for _op, _fn in ARG_REDUCTIONS.items():
@@ -1161,8 +1161,9 @@ register(OpDef("Det", OPAQUE, det_shape, lambda call, x: np.linalg.det(x).astype
 
 GLOBAL_POOLS = {"GlobalAveragePool": np.mean, "GlobalMaxPool": np.max}
 for _op, _fn in GLOBAL_POOLS.items():
-    register(OpDef(_op, REDUCTION, global_pool_shape, _global(_fn), arity=(1, 1), reduced_axes=_spatial_rows))
+    register(OpDef(_op, REDUCTION, global_pool_shape, _global(_fn), arity=(1, 1), reduced_axes=_spatial_rows,
+                   selects_elements=_op == "GlobalMaxPool"))
 
-register(OpDef("MaxPool", OPAQUE, pool_shape, maxpool_ref, arity=(1, 1)))
+register(OpDef("MaxPool", OPAQUE, pool_shape, maxpool_ref, arity=(1, 1), selects_elements=True))
 register(OpDef("AveragePool", OPAQUE, pool_shape, avgpool_ref, arity=(1, 1)))
 register(OpDef("Resize", OPAQUE, resize_shape, resize_ref, arity=(1, 4), opsets=(11, onnx.defs.onnx_opset_version())))

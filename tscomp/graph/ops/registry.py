@@ -91,6 +91,10 @@ class OpDef:
     #: :mod:`tscomp.codegen.cpu_index` (operands, flat loads, shape printing, checked indices);
     #: attached in :mod:`tscomp.graph.ops.c_kernels`. None: no native kernel (numpy fallback).
     c_kernel: Callable[[Any], None] | None = None
+    #: ops each of whose output elements is one of input 0's elements, chosen by position or by
+    #: order (MaxPool, ReduceMax, ...): they commute with every non-decreasing elementwise map, so
+    #: they give the same integers on a quantized tensor's float form (as views do: ``view_rule``)
+    selects_elements: bool = False
 
 
 class CTypes(NamedTuple):
