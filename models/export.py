@@ -45,10 +45,11 @@ OPSETS = {"dynamo": 20, "torchscript": 17}
 OUTPUT_NAME = "last_hidden_state"
 
 
-def model_filename(family: str, size: str, exporter: str, opset: int | None = None) -> str:
-    """``bert-tiny-dynamo.onnx``; a non-default opset is part of the name (``...-opset14.onnx``)."""
+def model_filename(family: str, size: str, exporter: str, opset: int | None = None, half: bool = False) -> str:
+    """``bert-tiny-dynamo.onnx``; a non-default opset is part of the name (``...-opset14.onnx``), a
+    float16 export ends in ``-fp16``."""
     suffix = "" if opset in (None, OPSETS[exporter]) else f"-opset{opset}"
-    return f"{family}-{size}-{exporter}{suffix}.onnx"
+    return f"{family}-{size}-{exporter}{suffix}{'-fp16' if half else ''}.onnx"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -273,10 +274,12 @@ def _lock(path: pathlib.Path) -> Iterator[None]:
 
 
 def export_model(family: str, size: str, exporter: str, out_dir: str | os.PathLike,
-                 opset: int | None = None) -> pathlib.Path:
+                 opset: int | None = None, half: bool = False) -> pathlib.Path:
     """Export ``family`` at ``size`` with ``exporter`` into ``out_dir``; return the .onnx path.
 
-    ``opset`` defaults to the exporter's own (``OPSETS``); TorchScript takes 14..20.
+    ``opset`` defaults to the exporter's own (``OPSETS``); TorchScript takes 14..20. ``half``: the
+    model in float16 (``model.half()``, float inputs and outputs float16; the TorchScript exporter
+    writes a LayerNormalization with mixed types that onnxruntime refuses, the dynamo one does not).
 
     An existing file is reused. The model is exported into a private temporary folder in ``out_dir``,
     its dim names normalized, then moved into place (external data first, the .onnx last).
@@ -289,8 +292,8 @@ def export_model(family: str, size: str, exporter: str, out_dir: str | os.PathLi
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     opset = opset or OPSETS[exporter]
-    path = out_dir / model_filename(spec.name, size, exporter, opset)
-    return cached_export(path, lambda tmp_path: _export_into(spec, size, exporter, tmp_path, opset))
+    path = out_dir / model_filename(spec.name, size, exporter, opset, half)
+    return cached_export(path, lambda tmp_path: _export_into(spec, size, exporter, tmp_path, opset, half))
 
 
 def cached_export(path: pathlib.Path, write: Callable[[pathlib.Path], None]) -> pathlib.Path:
@@ -312,12 +315,17 @@ def cached_export(path: pathlib.Path, write: Callable[[pathlib.Path], None]) -> 
     return path
 
 
-def _export_into(spec: FamilySpec, size: str, exporter: str, path: pathlib.Path, opset: int) -> None:
+def _export_into(spec: FamilySpec, size: str, exporter: str, path: pathlib.Path, opset: int,
+                 half: bool = False) -> None:
     import torch
 
     with _quiet(), torch.no_grad():
         model = wrap_model(spec, size)
-        args = tuple(torch.from_numpy(v) for v in example_inputs(spec, size).values())
+        inputs = example_inputs(spec, size).values()
+        if half:
+            model = model.half()
+            inputs = [v.astype(np.float16) if v.dtype == np.float32 else v for v in inputs]
+        args = tuple(torch.from_numpy(v) for v in inputs)
         _EXPORT_FUNCTIONS[exporter](model, spec, size, args, path, opset)
     finalize_export(path, spec, size, exporter)
 
@@ -383,13 +391,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--verify", action="store_true",
                         help="compare each file with the torch model at two shapes (onnxruntime)")
     parser.add_argument("--time", action="store_true", help="print the time each export took to stderr")
+    parser.add_argument("--half", action="store_true", help="export the model in float16 (model.half())")
     args = parser.parse_args(argv)
+    if args.half and args.verify:
+        parser.error("--verify compares with the float32 torch model; it does not apply to --half")
 
     for family in _expand(args.family, FAMILIES):
         for size in _expand(args.size, SIZES):
             for exporter in _expand(args.exporter, EXPORTERS):
                 start = time.perf_counter()
-                path = export_model(family, size, exporter, args.out_dir)
+                path = export_model(family, size, exporter, args.out_dir, half=args.half)
                 if args.time:
                     print(f"{path.name}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
                 if args.verify:

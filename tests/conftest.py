@@ -43,7 +43,7 @@ def _require_export_extra() -> None:
         pytest.importorskip(module, reason=f"{module} missing: install the 'export' extra")
 
 
-def _export_in_a_clean_process(family, size, exporter, opset) -> pathlib.Path:
+def _export_in_a_clean_process(family, size, exporter, opset, half=False) -> pathlib.Path:
     """Under ``make test-asan`` libasan is preloaded into Python, and torch's exporter aborts in
     it: the export runs in a child without the sanitizer (the ONNX file is all the tests need)."""
     import subprocess
@@ -51,25 +51,28 @@ def _export_in_a_clean_process(family, size, exporter, opset) -> pathlib.Path:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TSCOMP_SANITIZE")}
     code = ("import sys; from models.export import export_model; "
             "print(export_model(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], "
-            "opset=None if sys.argv[5] == 'None' else int(sys.argv[5])))")
-    out = subprocess.run([sys.executable, "-c", code, family, size, exporter, str(model_cache_dir()), str(opset)],
+            "opset=None if sys.argv[5] == 'None' else int(sys.argv[5]), half=sys.argv[6] == 'True'))")
+    out = subprocess.run([sys.executable, "-c", code, family, size, exporter, str(model_cache_dir()), str(opset),
+                          str(half)],
                          env=env, capture_output=True, text=True, check=True, cwd=pathlib.Path(__file__).parents[1])
     return pathlib.Path(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="session")
 def exported_model():
-    """Callable (family, size="tiny", exporter="dynamo") -> Path of the cached ONNX export."""
+    """Callable (family, size="tiny", exporter="dynamo", opset=None, half=False) -> Path of the cached
+    ONNX export (``half``: the model in float16)."""
 
-    def export(family: str, size: str = "tiny", exporter: str = "dynamo", opset: int | None = None) -> pathlib.Path:
+    def export(family: str, size: str = "tiny", exporter: str = "dynamo", opset: int | None = None,
+               half: bool = False) -> pathlib.Path:
         if size == "base" and not base_models_enabled():
             pytest.skip(SKIP_BASE_REASON)
         _require_export_extra()
         if os.environ.get("TSCOMP_SANITIZE"):
-            return _export_in_a_clean_process(family, size, exporter, opset)
+            return _export_in_a_clean_process(family, size, exporter, opset, half)
         from models.export import export_model
 
-        return export_model(family, size, exporter, model_cache_dir(), opset=opset)
+        return export_model(family, size, exporter, model_cache_dir(), opset=opset, half=half)
 
     return export
 

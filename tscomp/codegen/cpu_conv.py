@@ -82,9 +82,11 @@ from tscomp.graph.ops.nn import Window
 from tscomp.graph.symbols import numel, same
 from tscomp.graph.views import apply_view
 
-#: element types a Conv or pool kernel reads its inputs as (a quantized tensor its prologue converts)
+#: element types a Conv or pool kernel reads its inputs as (a quantized or float16 tensor its
+#: prologue converts)
 INPUT_C_TYPES = {np.float32: "float", np.int64: "int64_t", np.int32: "int32_t", np.bool_: "uint8_t",
-                 np.uint8: "uint8_t", np.int8: "int8_t", np.uint16: "uint16_t", np.int16: "int16_t"}
+                 np.uint8: "uint8_t", np.int8: "int8_t", np.uint16: "uint16_t", np.int16: "int16_t",
+                 np.float16: "_Float16"}
 
 
 class _Attrs:

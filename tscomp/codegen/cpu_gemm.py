@@ -120,6 +120,7 @@ ARG_TYPES = {
     "const uint16_t*": (ctypes.c_void_p, np.uint16),
     "const int8_t*": (ctypes.c_void_p, np.int8),
     "const uint8_t*": (ctypes.c_void_p, np.uint8),
+    "const _Float16*": (ctypes.c_void_p, np.float16),  # a float16 model's input, cast in the prologue
     "float": (ctypes.c_float, None),
     "int64_t": (ctypes.c_int64, None),
 }

@@ -41,6 +41,9 @@
 * **Quantized operators as arithmetic**: per-tensor Q/DQ, DynamicQuantizeLinear, and
   MatMulInteger / ConvInteger with a constant weight whose result is cast to float become the
   float arithmetic that reproduces them (:mod:`tscomp.graph.quantized_arithmetic`).
+* **float16 computed in float32**: every operator with float16 operands computes in float32 and
+  rounds its float16 results to float16 (:mod:`tscomp.graph.half_precision`); float16 stays at the
+  graph's inputs and outputs.
 * **Dead-node elimination**.
 
 Compound operators: LayerNormalization, Softmax and Gelu are *kept* as
@@ -57,6 +60,7 @@ import numpy as np
 import sympy
 
 from tscomp.graph.einsum import lower_einsums
+from tscomp.graph.half_precision import float16_as_float32
 from tscomp.graph.ir import Graph, Node
 from tscomp.graph.quantized_arithmetic import quantized_ops_as_arithmetic
 
@@ -68,6 +72,7 @@ class SimplifyReport:
     folded: int = 0
     pass_through_removed: int = 0
     quantized_as_arithmetic: int = 0
+    half_as_float32: int = 0
     pads_folded: int = 0
     batch_norms_as_affine: int = 0
     einsums_lowered: int = 0
@@ -81,7 +86,8 @@ class SimplifyReport:
         return (f"folded {self.folded} constant/shape nodes, removed {self.pass_through_removed} "
                 f"Identity/Dropout, folded {self.pads_folded} Pads into Convs, rewrote {self.batch_norms_as_affine} "
                 f"BatchNormalizations as Mul + Add, {self.einsums_lowered} Einsums as MatMuls, "
-                f"{self.quantized_as_arithmetic} quantized operators as float arithmetic and "
+                f"{self.quantized_as_arithmetic} quantized operators as float arithmetic, "
+                f"{self.half_as_float32} float16 operators in float32 and "
                 f"{self.unit_softmaxes} one-element Softmaxes as x * 0 + 1, split {self.recurrences_split} "
                 f"recurrences into projections + recurrence, merged {self.convs_merged} parallel Convs, "
                 f"kept the channel axis in "
@@ -93,6 +99,7 @@ def simplify(graph: Graph) -> SimplifyReport:
     report = SimplifyReport()
     report.quantized_as_arithmetic = quantized_ops_as_arithmetic(graph)     # sees the folded weights' DQ
     report.folded = remove_folded_nodes(graph)
+    report.half_as_float32 = float16_as_float32(graph)
     report.pass_through_removed = remove_pass_through(graph)
     report.pads_folded = fold_pads_into_convs(graph)
     report.convs_merged = merge_parallel_convs(graph)

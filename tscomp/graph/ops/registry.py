@@ -107,11 +107,14 @@ class CTypes(NamedTuple):
 C_TYPES = {np.dtype(k): v for k, v in (
     ("float32", "float"), ("float64", "double"), ("int64", "int64_t"), ("int32", "int32_t"),
     ("int16", "int16_t"), ("int8", "int8_t"), ("uint64", "uint64_t"), ("uint32", "uint32_t"),
-    ("uint16", "uint16_t"), ("uint8", "uint8_t"), ("bool", "uint8_t"))}
+    ("uint16", "uint16_t"), ("uint8", "uint8_t"), ("bool", "uint8_t"),
+    # GCC's _Float16: a float16 model's inputs and outputs, read and written by Casts (the graph stage
+    # computes every operator in float32: tscomp.graph.half_precision)
+    ("float16", "_Float16"))}
 
 
 def c_type(dtype) -> str | None:
-    """The C type of one element of ``dtype``, or None when generated C cannot hold it (float16, strings)."""
+    """The C type of one element of ``dtype``, or None when generated C cannot hold it (bfloat16, strings)."""
     try:
         return C_TYPES.get(np.dtype(dtype))
     except TypeError:

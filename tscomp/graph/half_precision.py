@@ -1,0 +1,110 @@
+"""float16 models computed in float32 (a graph-stage rewrite).
+
+The kernel families generate float32 arithmetic; a float16 model (an export of ``model.half()``)
+had every group on the numpy fallback. This rewrite keeps float16 where the model's user sees it --
+its inputs and outputs -- and computes in float32 in between:
+
+* a float16 constant becomes the float32 constant of the same values (exact);
+* a float16 graph input is read through a ``Cast`` to float32;
+* every operator with float16 operands reads their float32 forms and computes in float32; its
+  float16 results become float32 values (``to`` / ``dtype`` / ``output_dtype`` attributes that name
+  float16 name float32, a ``ConstantOfShape`` value is widened), read as they are by the next
+  operator -- rounded to float16 only where the model says so: an explicit ``Cast`` to float16
+  stays, and a float16 graph output is the float32 result cast to float16.
+
+Why not round every operator's result to float16, as the types say: onnxruntime's CPU provider
+does not either. It runs a float16 node with no float16 kernel as the float32 kernel between Casts
+and removes the Cast pairs between consecutive such nodes, so its intermediate values are float32
+too. Measured on tiny BERT (dynamo export of ``model.half()``), against the same model evaluated
+in float32: this rewrite 2.1e-4 relative L2, onnxruntime 2.9e-4, rounding every result 6.6e-4.
+
+The Casts are elementwise and fuse into their neighbours' kernels; the generated C reads and
+writes float16 as ``_Float16`` (:data:`tscomp.graph.ops.registry.C_TYPES`). Nodes computed at
+compile time are left alone (their float16 results are constants, widened where read).
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from tscomp.graph.ir import Graph, Node
+
+F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
+
+#: attributes that give an operator's result type (ONNX type codes): float16 becomes float32
+TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")
+
+
+class _Rewrite:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.wide: dict[str, str] = {}        # float16 value -> its float32 form
+        self.outputs = set(graph.outputs)
+        self.nodes: list[Node] = []
+
+    def is_half(self, name: str) -> bool:
+        return bool(name) and self.graph.values[name].dtype == F16
+
+    def widened(self, name: str) -> str:
+        """The float32 form of a float16 value: a constant converted, a run-time value cast."""
+        if name in self.wide:
+            return self.wide[name]
+        v = self.graph.values[name]
+        if v.const is not None:
+            out = self.graph.add_value(f"{name}/f32", F32, v.shape, np.asarray(v.const, F32))
+        else:
+            out = self.graph.add_value(f"{name}/f32", F32, v.shape)
+            self.nodes.append(Node(f"{name}/to_float32", "Cast", [name], [out], {"to": TensorProto.FLOAT}))
+        self.wide[name] = out
+        return out
+
+    def float16_result(self, computed: str, name: str) -> None:
+        """``name``, a float16 result the rewritten node computes as the float32 ``computed``: its
+        readers read ``computed``; a graph output is ``computed`` cast to float16."""
+        self.wide[name] = computed
+        if name in self.outputs:
+            self.nodes.append(Node(f"{name}/to_float16", "Cast", [computed], [name], {"to": TensorProto.FLOAT16}))
+
+    def node(self, node: Node) -> bool:
+        """Append ``node``, rewritten to float32 when it touches float16; returns whether it did."""
+        if not any(self.is_half(n) for n in node.inputs + node.outputs) or self._compile_time(node):
+            self.nodes.append(node)
+            return False
+        node.inputs = [self.widened(i) if self.is_half(i) else i for i in node.inputs]
+        if node.op_type == "Cast" and not node.domain and node.attrs.get("to") == TensorProto.FLOAT16:
+            self.nodes.append(node)     # the model's own rounding: kept, its readers widen the result
+            return True
+        node.attrs = {k: _float32_attribute(k, v) for k, v in node.attrs.items()}
+        computed = {o: self.graph.add_value(f"{o}/f32", F32, self.graph.values[o].shape)
+                    for o in node.outputs if self.is_half(o)}
+        node.outputs = [computed.get(o, o) for o in node.outputs]
+        self.nodes.append(node)
+        for name, result in computed.items():
+            self.float16_result(result, name)
+        return True
+
+    def _compile_time(self, node: Node) -> bool:
+        return all(self.graph.values[o].const is not None or self.graph.values[o].symdata is not None
+                   for o in node.outputs if o)
+
+
+def _float32_attribute(key: str, value):
+    if key in TYPE_ATTRIBUTES and value == TensorProto.FLOAT16:
+        return TensorProto.FLOAT
+    if key == "value" and isinstance(value, np.ndarray) and value.dtype == F16:    # ConstantOfShape
+        return value.astype(F32)
+    return value
+
+
+def float16_as_float32(graph: Graph) -> int:
+    """Rewrite every operator with float16 operands or results to compute in float32 (see the
+    module docstring); returns how many were rewritten."""
+    if not any(v.dtype == F16 for v in graph.values.values()):
+        return 0
+    r = _Rewrite(graph)
+    rewritten = sum(r.node(node) for node in list(graph.nodes))
+    graph.nodes = r.nodes
+    return rewritten
+
+
+__all__ = ["float16_as_float32"]
