@@ -12,7 +12,6 @@ float16 and float32 operands, which onnxruntime refuses to load.
 """
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
@@ -20,14 +19,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from benchmarks.family_sweep import arguments, checked_bindings, relative_l2, tiny_ranges
 from models import families as F
 from models.export import export_model
 from tscomp.compiler import compile_model
 from tscomp.runtime import Runtime
-
-#: the longest sequence / image side compiled and checked (tiny models, short compiles)
-MAX_EXTENT = 64
-
 
 def float32_twin(path: str, out: str) -> None:
     """The model with every float16 initializer, attribute tensor and type made float32 (exact)."""
@@ -53,7 +49,7 @@ def float32_twin(path: str, out: str) -> None:
 
 def check(path: str, family: str, shapes: int, seed: int, tmp: str) -> dict:
     import onnxruntime as ort
-    ranges = {k: (lo, min(hi, MAX_EXTENT)) for k, (lo, hi) in F.symbol_ranges(family, "tiny").items()}
+    ranges = tiny_ranges(family)
     model = compile_model(path, [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()], max_variants=1)
     rt = Runtime.from_compiled(model)
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
@@ -63,27 +59,20 @@ def check(path: str, family: str, shapes: int, seed: int, tmp: str) -> dict:
     out = sess.get_outputs()[0].name
     rng = np.random.default_rng(seed)
     worst = {"vs onnxruntime": 0.0, "tscomp vs float32": 0.0, "onnxruntime vs float32": 0.0}
-    for k in range(shapes):     # the range ends first, then random shapes
-        binding = {s: (lo if k == 0 else hi if k == 1 else int(rng.integers(lo, hi + 1))) for s, (lo, hi) in ranges.items()}
+    for binding in checked_bindings(ranges, shapes, rng):
         feed = {n: (v.astype(np.float16) if v.dtype == np.float32 else v)
                 for n, v in F.make_inputs(family, binding, rng, "tiny").items()}
         got = rt.run(feed)[out].astype(np.float32)
         want = sess.run([out], feed)[0].astype(np.float32)
         exact = twin.run([out], {n: v.astype(np.float32) if v.dtype == np.float16 else v for n, v in feed.items()})[0]
-        rel = lambda a, b: float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-30))
-        for key, err in (("vs onnxruntime", rel(got, want)), ("tscomp vs float32", rel(got, exact)),
-                         ("onnxruntime vs float32", rel(want, exact))):
+        for key, err in (("vs onnxruntime", relative_l2(got, want)), ("tscomp vs float32", relative_l2(got, exact)),
+                         ("onnxruntime vs float32", relative_l2(want, exact))):
             worst[key] = max(worst[key], err)
     return {"numpy groups": len(model.fallback_groups()), **worst}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", default=",".join(F.FAMILIES))
-    ap.add_argument("--shapes", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--cache", default=".cache/models")
-    args = ap.parse_args()
+    args = arguments(__doc__.splitlines()[0]).parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family in args.families.split(","):

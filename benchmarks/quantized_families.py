@@ -19,21 +19,17 @@ row length; times 1/y_scale the one entry exceeds FLT_MAX and the output is 0, n
 """
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from benchmarks.family_sweep import arguments, checked_bindings, relative_l2, tiny_ranges
 from models import families as F
 from models.export import export_model
 from tscomp.compiler import compile_model
 from tscomp.runtime import Runtime
-
-#: the longest sequence / image side compiled and checked (tiny models, short compiles)
-MAX_EXTENT = 64
-
 
 def quantize(src: str, dst: str, fmt: str, family: str) -> None:
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
@@ -61,7 +57,7 @@ def quantize(src: str, dst: str, fmt: str, family: str) -> None:
 def check(path: str, family: str, shapes: int, seed: int) -> tuple[int, float]:
     """(numpy groups, worst relative L2 error against onnxruntime's plain session)."""
     import onnxruntime as ort
-    ranges = {k: (lo, min(hi, MAX_EXTENT)) for k, (lo, hi) in F.symbol_ranges(family, "tiny").items()}
+    ranges = tiny_ranges(family)
     model = compile_model(path, [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()], max_variants=1)
     if "sequence" in ranges and any(n.op_type == "QLinearSoftmax" for n in onnx.load(path).graph.node):
         ranges["sequence"] = (max(2, ranges["sequence"][0]), ranges["sequence"][1])   # see the docstring
@@ -71,23 +67,17 @@ def check(path: str, family: str, shapes: int, seed: int) -> tuple[int, float]:
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(seed)
     worst = 0.0
-    for k in range(shapes):     # the range ends first, then random shapes
-        binding = {s: (lo if k == 0 else hi if k == 1 else int(rng.integers(lo, hi + 1))) for s, (lo, hi) in ranges.items()}
+    for binding in checked_bindings(ranges, shapes, rng):
         feed = F.make_inputs(family, binding, rng, "tiny")
         got = rt.run(feed)
         for out, want in zip(sess.get_outputs(), sess.run(None, feed)):
-            err = np.linalg.norm(got[out.name] - want) / max(float(np.linalg.norm(want)), 1e-30)
-            worst = max(worst, float(err))
+            worst = max(worst, relative_l2(got[out.name], want))
     return len(model.fallback_groups()), worst
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", default=",".join(F.FAMILIES))
+    ap = arguments(__doc__.splitlines()[0])
     ap.add_argument("--exporters", default="dynamo,torchscript")
-    ap.add_argument("--shapes", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--cache", default=".cache/models")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -271,3 +271,12 @@ def test_a_qoperator_bert_compiles_natively_and_matches_onnxruntime(tmp_path, ex
         want, got = sess.run(None, x)[0], rt.run(x)["last_hidden_state"]
         rows_off = np.any(np.abs(got - want) > 1e-4 + 1e-4 * np.abs(want), axis=-1)
         assert rows_off.sum() <= 1, (b, l, int(rows_off.sum()))
+
+
+def test_a_quantized_operator_missing_a_required_attribute_is_refused_by_name(tmp_path):
+    node = helper.make_node("QLinearSoftmax", ["x", "x_s", "x_z", "y_s", "y_z"], ["y"], domain=MS, axis=-1)
+    path = _model(tmp_path, [node], [helper.make_tensor_value_info("x", TP.UINT8, ["L", 8])],
+                  [helper.make_tensor_value_info("y", TP.UINT8, None)],
+                  _inits(**_scalars("x", 0.05, 128), **_scalars("y", 1 / 256, 0)))
+    with pytest.raises(UnsupportedOperatorError, match="QLinearSoftmax.*required attribute 'opset'"):
+        compile_model(str(path), ["L=1:4"], max_variants=1)

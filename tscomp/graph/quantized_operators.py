@@ -62,6 +62,13 @@ class _Body:
     def attr(self, name: str, default=None):
         return self.attrs.get(name, default)
 
+    def required(self, name: str):
+        """An attribute the operator's definition requires (a clear error where it is missing)."""
+        if name not in self.attrs:
+            raise UnsupportedOperatorError(f"node {self.node.name!r} ({self.node.op_type}) lacks its required "
+                                           f"attribute {name!r}")
+        return self.attrs[name]
+
     def elem_type(self, k: int) -> int | None:
         """ONNX element type of input ``k`` where type inference (or an initializer) tells it."""
         t = self.types.get(self.node.input[k]) if self.present(k) else None
@@ -165,7 +172,7 @@ def _unary(op: str, **attr_defaults) -> Callable[[_Body], None]:
 
 def _qlinear_softmax(b: _Body) -> None:
     x, axis = b.dequantize(0), int(b.attr("axis", -1))
-    if int(b.attr("opset")) < 13 <= b.onnx_opset:
+    if int(b.required("opset")) < 13 <= b.onnx_opset:
         # Softmax before opset 13 normalizes the input flattened to 2-D at ``axis``
         flat = b.emit("Flatten", [x], axis=axis)
         y = b.emit("Reshape", [b.emit("Softmax", [flat], axis=1), b.emit("Shape", [x])])
@@ -176,7 +183,7 @@ def _qlinear_softmax(b: _Body) -> None:
 
 def _qlinear_concat(b: _Body) -> None:
     parts = [b.dequantize(k) for k in range(2, len(b.node.input), 3)]
-    b.quantize(b.emit("Concat", parts, axis=int(b.attr("axis"))), 0, 1, like=2)
+    b.quantize(b.emit("Concat", parts, axis=int(b.required("axis"))), 0, 1, like=2)
 
 
 def _qlinear_where(b: _Body) -> None:

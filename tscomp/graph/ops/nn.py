@@ -1146,7 +1146,8 @@ register(OpDef("BatchNormalization", FusionClass.ELEMENTWISE, batch_norm_shape, 
 for _op, _spec in REDUCTIONS.items():
     register(OpDef(_op, REDUCTION, reduce_shape, _reduce_ref(_spec),
                    data_rule=_reduce_data(_spec) if _spec.symbolic else None, arity=(1, 2),
-                   reduced_axes=lambda ctx: _reduce_axes(ctx, ctx.rank(0)), selects_elements=_op in ("ReduceMax", "ReduceMin")))
+                   reduced_axes=lambda ctx: _reduce_axes(ctx, ctx.rank(0)),
+                   selects_elements=_op in ("ReduceMax", "ReduceMin")))
 
 ARG_REDUCTIONS = {"ArgMax": np.argmax, "ArgMin": np.argmin}
 for _op, _fn in ARG_REDUCTIONS.items():
