@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.unseen_families                       # every family, both exporters
     .venv/bin/python -m benchmarks.unseen_families --models qwen3,swin --exporters torchscript
     .venv/bin/python -m benchmarks.unseen_families --models electra,deit --exporters torchscript11,torchscript13   # older opsets
+    .venv/bin/python -m benchmarks.unseen_families --models t5enc,swin --exporters dynamo --half   # float16 exports
 
 Every entry of ``MODELS`` is a ``transformers`` config class (tiny geometry unless ``_full``: the
 class's default, a real model size) with random weights, exported with the dynamo and/or the
@@ -20,6 +21,10 @@ latency per shape and its geometric mean. The weights are exercised first
 (:func:`exercise_weights`). Each model runs in its own
 process (an exporter or compiler crash is a row, not the end of the sweep). A sweep of both
 exporters over every entry takes ~25 minutes here; nothing else may run meanwhile.
+
+``--half`` exports each model after ``model.half()`` (its weights exercised first, in float32) with
+float16 inputs, and compares at float16's precision instead of 1e-4 (:func:`_matches`: relative L2
+within :data:`HALF_REL_L2`, no element more than :data:`HALF_STEPS` float16 steps apart).
 
 Export failures are the exporters' (some families need the TorchScript path); they are reported,
 not hidden. The families of ``models/`` are deliberately absent.
@@ -239,7 +244,12 @@ def dims_of(spec):
     if spec["kind"] == "vision": return {"batch": (1, 2), "height": spec["side"], "width": spec["side"]}
     return {"batch": (1, 2), "samples": (400, 16000)}
 
-def make_inputs(spec, b, rng):
+def make_inputs(spec, b, rng, half=False):
+    """Random inputs at binding ``b``; ``half``: float inputs in float16 (a ``model.half()`` export)."""
+    inputs = _make_inputs(spec, b, rng)
+    return {k: v.astype(np.float16) if half and v.dtype == np.float32 else v for k, v in inputs.items()}
+
+def _make_inputs(spec, b, rng):
     if spec["kind"] == "text":
         ids = rng.integers(1, 1000, (b["batch"], b["sequence"])).astype(np.int64)
         mask = np.ones_like(ids); 
@@ -291,7 +301,7 @@ def exporter_opset(exporter: str) -> tuple[str, int]:
     return kind, int(digits) if digits else DEFAULT_OPSET[kind]
 
 
-def export(name, exporter, out_dir):
+def export(name, exporter, out_dir, half=False):
     import torch
     kind, opset = exporter_opset(exporter)
     spec, cfg, m = build(name, "sdpa" if opset >= SDPA_OPSET else "eager")
@@ -310,7 +320,10 @@ def export(name, exporter, out_dir):
     inp = make_inputs(spec, ex, rng)
     args = tuple(torch.from_numpy(inp[n]) for n in names)
     exercise_weights(w, args)
-    path = out_dir / f"{name}-{exporter}.onnx"
+    if half:      # the exercised weights, then the whole model in float16
+        w = w.half()
+        args = tuple(a.half() if a.is_floating_point() else a for a in args)
+    path = out_dir / f"{name}-{exporter}{'-fp16' if half else ''}.onnx"
     axes = {"text": {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"]},
             "vision": {"pixel_values": ["batch", None, "height", "width"]},
             "audio": {"input_values": ["batch", "samples"]}}[spec["kind"]]
@@ -360,14 +373,15 @@ def check_shapes(spec):
 
 
 
-def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path) -> dict:
-    """One model: export, compile, compare and time; a JSON-able row."""
+def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path, half: bool = False) -> dict:
+    """One model: export, compile, compare and time; a JSON-able row. ``half``: the model in float16,
+    compared at float16's precision (:func:`_matches`)."""
     warnings.simplefilter("ignore")
-    res = {"model": name, "exporter": exporter}
+    res = {"model": name, "exporter": exporter + ("-fp16" if half else "")}
     t = time.time()
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            path, spec = export(name, exporter, out_dir)
+            path, spec = export(name, exporter, out_dir, half)
     except Exception as e:      # noqa: BLE001 - the exporter's failure is this row's result
         return res | {"stage": "export", "error": f"{type(e).__name__}: {str(e)[:300]}"}
     res["export_s"] = round(time.time() - t, 1)
@@ -382,13 +396,13 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path) -> dict:
     rng = np.random.default_rng(7)
     cases = []        # (binding, inputs, reference output); before compiling: an export onnxruntime
     for b in check_shapes(spec):      # cannot run is the exporter's failure, not tscomp's
-        inp = make_inputs(spec, b, rng)
+        inp = make_inputs(spec, b, rng, half)
         try:
             cases.append((b, inp, reference.run(None, inp)[0]))
         except Exception as e:      # noqa: BLE001 - the export itself does not run at this shape
             return res | {"stage": "export", "error": f"onnxruntime cannot run the export at {b}: "
                                                       f"{type(e).__name__}: {str(e)[-300:]}"}
-    art = out_dir / f"{name}-{exporter}.tsc"
+    art = out_dir / f"{name}-{exporter}{'-fp16' if half else ''}.tsc"
     cmd = [sys.executable, "-m", "tscomp.cli", "compile", str(path), "-o", str(art), "--budget", budget,
            "--records", str(out_dir / "tuning-records.json")]
     for k, (lo, hi) in dims_of(spec).items():
@@ -413,9 +427,10 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path) -> dict:
         if got.shape != ref.shape:
             fails.append(f"{b}: shape {got.shape} vs {ref.shape}")
             continue
+        got, ref = got.astype(np.float32), ref.astype(np.float32)
         rel = max(rel, float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)))
         scale = max(scale, float(np.abs(ref).max()))
-        if not np.allclose(got, ref, rtol=1e-4, atol=1e-4):
+        if not _matches(got, ref, half):
             fails.append(f"{b}: max abs diff {float(np.abs(got - ref).max()):.2e}")
         ratios.append(_median_time(lambda: rt.run(inp)) / _median_time(lambda: sess.run(None, inp)))
     if ratios and scale < MIN_REFERENCE_SCALE:
@@ -429,6 +444,18 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path) -> dict:
 
 #: the smallest largest-magnitude of a reference output that a comparison at atol 1e-4 can test
 MIN_REFERENCE_SCALE = 1e-2
+#: a float16 model's output against onnxruntime's: relative L2 within a few of float16's unit
+#: roundoff (4.9e-4), no element further apart than this many float16 steps at the output's
+#: largest magnitude (both systems compute in float32 between float16 tensors, in other orders)
+HALF_REL_L2, HALF_STEPS = 2e-3, 4
+
+
+def _matches(got: np.ndarray, ref: np.ndarray, half: bool) -> bool:
+    if not half:
+        return bool(np.allclose(got, ref, rtol=1e-4, atol=1e-4))
+    step = float(np.spacing(np.float16(np.abs(ref).max())))
+    rel = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+    return rel <= HALF_REL_L2 and float(np.abs(got - ref).max()) <= HALF_STEPS * step
 
 
 def _median_time(call, runs: int = 7, settle_s: float = 0.1) -> float:
@@ -456,18 +483,19 @@ def main() -> None:
     ap.add_argument("--budget", default="4,90s", help="tscomp compile --budget")
     ap.add_argument("--cache", default=".cache/unseen", help="exports, artifacts and tuning records")
     ap.add_argument("--out", default="", help="write the rows as JSON")
+    ap.add_argument("--half", action="store_true", help="export each model in float16 (model.half())")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     out_dir = pathlib.Path(args.cache)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.child:
-        print(json.dumps(check(args.child[0], args.child[1], args.budget, out_dir)))
+        print(json.dumps(check(args.child[0], args.child[1], args.budget, out_dir, args.half)))
         return
     rows = []
     for exporter in args.exporters.split(","):
         for name in args.models.split(","):
             cmd = [sys.executable, "-m", "benchmarks.unseen_families", "--child", name, exporter,
-                   "--budget", args.budget, "--cache", args.cache]
+                   "--budget", args.budget, "--cache", args.cache] + (["--half"] if args.half else [])
             p = subprocess.run(cmd, capture_output=True, text=True)
             line = p.stdout.strip().splitlines()[-1] if p.returncode == 0 and p.stdout.strip() else None
             row = json.loads(line) if line else {"model": name, "exporter": exporter, "stage": "crash",
