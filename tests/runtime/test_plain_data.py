@@ -95,13 +95,24 @@ def test_a_float_blob_of_small_integers_is_stored_narrow_and_read_back_bit_ident
     assert back.dtype == np.float32 and np.array_equal(back.view(np.uint32), arr.view(np.uint32))
 
 
-@pytest.mark.parametrize("spoil", ["fraction", "negative zero", "nan", "too wide"])
-def test_a_float_blob_that_is_not_exactly_small_integers_is_stored_as_is(tmp_path, spoil):
+@pytest.mark.parametrize("spoil, stored", [(0.5, "float16"), (-0.0, "float16"), (np.nan, "float16"),
+                                           (70000.0, None), (0.1, None)],
+                         ids=["fraction", "negative zero", "nan", "beyond float16", "not a float16"])
+def test_a_float_blob_that_is_not_exactly_small_integers_is_stored_as_float16_or_as_is(tmp_path, spoil, stored):
+    """Not integers: stored as float16 where every element is exactly one, else as float32."""
     arr = np.random.default_rng(1).integers(-100, 100, (64, 64)).astype(np.float32)
-    arr[40, 7] = {"fraction": 0.5, "negative zero": -0.0, "nan": np.nan, "too wide": 70000.0}[spoil]
+    arr[40, 7] = spoil
     entry, back = _blob_roundtrip(arr, tmp_path)
-    assert "stored" not in entry and entry["nbytes"] == arr.nbytes
-    assert np.array_equal(back.view(np.uint32), arr.view(np.uint32))
+    assert entry.get("stored") == (np.dtype(stored).str if stored else None)
+    assert entry["nbytes"] == arr.size * (2 if stored else 4)
+    assert back.dtype == np.float32 and np.array_equal(back.view(np.uint32), arr.view(np.uint32))
+
+
+def test_a_float16_models_weight_is_stored_as_float16_and_read_back_bit_identical(tmp_path):
+    arr = np.random.default_rng(3).standard_normal((96, 80)).astype(np.float16).astype(np.float32)
+    entry, back = _blob_roundtrip(arr, tmp_path)
+    assert np.dtype(entry["stored"]) == np.float16 and entry["nbytes"] == arr.size * 2
+    assert back.dtype == np.float32 and np.array_equal(back.view(np.uint32), arr.view(np.uint32))
 
 
 def test_a_stored_form_the_reader_does_not_widen_is_refused(tmp_path):

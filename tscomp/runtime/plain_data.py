@@ -21,8 +21,10 @@ addressed: a weight read by several groups, or identical in several layers (ALBE
 once. A float32 array whose every element is, bit for bit, an integer (a quantized model's weight
 that the compiler computes in float: :mod:`tscomp.graph.quantized_arithmetic`) is stored as int8,
 uint8 (with a ``bias`` added back where its 256 values lie elsewhere: a weight shifted by its zero
-point) or int16, and widened when read (``stored`` in its index entry): the artifact of an int8
-model stays the size of the int8 weights.
+point) or int16, and one whose every element is exactly a float16 (a float16 model's weight, which
+the compiler computes in float32: :mod:`tscomp.graph.half_precision`) as float16; each is widened
+when read (``stored`` in its index entry): the artifact of an int8 or float16 model stays the size of
+its weights.
 """
 from __future__ import annotations
 
@@ -40,19 +42,34 @@ import sympy
 from tscomp.errors import TscompError
 
 ALIGN = 64      # every blob starts on a cache line (the kernels stream weights in whole lines)
-#: the integer types a float32 blob may be stored as, narrowest first
-NARROW_STORAGE = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
+#: the types a float32 blob may be stored as: integers (narrowest first), float16
+NARROW_STORAGE = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16), np.dtype(np.float16))
 #: the largest float32 integer magnitude stored narrow (every integer below it is exact in float32)
 NARROW_LIMIT = 1 << 24
 
 
 def narrow_storage(arr: np.ndarray) -> tuple[np.ndarray, int] | None:
-    """``(stored, bias)`` with ``stored + bias`` giving back ``arr``'s float32 bits (so no -0.0, no
-    fraction), ``stored`` of the narrowest integer type that holds ``arr - bias`` -- uint8 with a bias
-    for 256 consecutive integers anywhere (a weight shifted by its zero point) -- or None. A sample
-    decides first, so a plain float weight costs one small check."""
+    """``(stored, bias)`` with ``stored + bias`` giving back ``arr``'s float32 bits, ``stored`` of
+    the narrowest integer type that holds ``arr - bias`` (no -0.0, no fraction) -- uint8 with a bias
+    for 256 consecutive integers anywhere (a weight shifted by its zero point) -- else float16 where
+    every element is one; or None. A sample decides first, so a plain float weight costs one small
+    check."""
     if arr.dtype != np.float32 or arr.size < 64:
         return None
+    return _narrow_integers(arr) or _narrow_half(arr)
+
+
+def _narrow_half(arr: np.ndarray) -> tuple[np.ndarray, int] | None:
+    flat = arr.reshape(-1)
+    for sample in (flat[:64], flat):
+        with np.errstate(over="ignore"):       # beyond float16's range: inf, which the test refuses
+            half = sample.astype(np.float16)
+        if not np.array_equal(half.astype(np.float32).view(np.uint32), sample.view(np.uint32)):
+            return None       # (bit for bit: NaN payloads and -0.0 included)
+    return half.reshape(arr.shape), 0
+
+
+def _narrow_integers(arr: np.ndarray) -> tuple[np.ndarray, int] | None:
     flat = arr.reshape(-1)
     for sample in (flat[:64], flat):
         if not np.array_equal(np.trunc(sample), sample) or np.signbit(sample[sample == 0]).any():
@@ -60,7 +77,7 @@ def narrow_storage(arr: np.ndarray) -> tuple[np.ndarray, int] | None:
     lo, hi = float(flat.min()), float(flat.max())
     if max(-lo, hi) >= NARROW_LIMIT:
         return None
-    int8, uint8, int16 = NARROW_STORAGE
+    int8, uint8, int16, _ = NARROW_STORAGE
     for dtype, bias in ((int8, 0), (uint8, 0), (uint8, int(lo)), (int16, 0)):       # fewest bytes first
         info = np.iinfo(dtype)
         if info.min <= lo - bias and hi - bias <= info.max:
