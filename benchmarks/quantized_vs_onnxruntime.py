@@ -1,11 +1,15 @@
-"""A dynamically quantized model (onnxruntime's ``quantize_dynamic``: int8 weights, activations
-quantized per call) on tscomp and on onnxruntime, beside the float model on onnxruntime, side by side
-in one process, same inputs, same thread count.
+"""A quantized model (onnxruntime's ``quantize_dynamic``: int8 weights, activations quantized per
+call; or ``quantize_static``'s QDQ or QOperator format) on tscomp and on onnxruntime, beside the
+float model on onnxruntime, side by side in one process, same inputs, same thread count.
 
     .venv/bin/python -c "from onnxruntime.quantization import quantize_dynamic, QuantType; \
         quantize_dynamic('M.onnx', 'M-int8.onnx', weight_type=QuantType.QInt8)"
     .venv/bin/tscomp compile M-int8.onnx --dim batch=1:1 --dim sequence=1:512 -o M-int8.tsc
     .venv/bin/python -m benchmarks.quantized_vs_onnxruntime M.onnx M-int8.onnx M-int8.tsc [--samples 12]
+
+(The static formats: ``quantize_static(M, M-int8, reader, quant_format=QuantFormat.QDQ or
+QuantFormat.QOperator, per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)``
+with a :class:`CalibrationDataReader` over a few ``models.families.make_inputs`` batches.)
 
 tscomp computes the integer products in fp32 from the same int8 weights
 (:mod:`tscomp.graph.quantized_arithmetic`); onnxruntime runs them as int8 GEMMs (VNNI where the CPU

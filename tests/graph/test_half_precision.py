@@ -95,3 +95,28 @@ def test_a_float16_bert_compiles_natively_and_matches_onnxruntime(exported_model
         assert np.linalg.norm(g - w) <= 1e-3 * np.linalg.norm(w), (b, l)
         step = float(np.spacing(np.float16(np.abs(w).max())))
         assert np.abs(g - w).max() <= 2 * step, (b, l)
+
+
+def test_a_folded_float16_subgraph_is_computed_in_float32(tmp_path, monkeypatch):
+    """x @ (W / ReduceL2(W)), W a float16 constant (wav2vec2's weight norm): constant folding ran the
+    ReduceL2 in float16; the rewrite computes it again from float32 operands, as the run-time
+    operators compute. The result matches the float32 evaluation; without the refold it does not."""
+    from tscomp.graph import half_precision
+
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((256, 16)) * 8).astype(np.float16)
+    nodes = [helper.make_node("ReduceL2", ["w"], ["n"], keepdims=1), helper.make_node("Div", ["w", "n"], ["wn"]),
+             helper.make_node("MatMul", ["x", "wn"], ["y"])]
+    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TP.FLOAT16, ["L", 256])],
+                 [helper.make_tensor_value_info("y", TP.FLOAT16, None)], [numpy_helper.from_array(w, "w")])
+    x = rng.standard_normal((5, 256)).astype(np.float16)
+    w32 = w.astype(np.float32)
+    exact = x.astype(np.float32) @ (w32 / np.sqrt((w32 * w32).sum()))
+
+    def error() -> float:
+        got = Runtime.from_compiled(compile_model(str(path), ["L=1:8"], max_variants=1)).run({"x": x})["y"]
+        return float(np.linalg.norm(got.astype(np.float32) - exact) / np.linalg.norm(exact))
+
+    assert error() <= 5e-4                  # float16's unit roundoff is 4.9e-4: the output's rounding
+    monkeypatch.setattr(half_precision._Rewrite, "refold", lambda self, node: None)
+    assert error() > 2e-3                   # the float16 fold, kept

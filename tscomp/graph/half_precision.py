@@ -20,7 +20,9 @@ in float32: this rewrite 2.1e-4 relative L2, onnxruntime 2.9e-4, rounding every 
 
 The Casts are elementwise and fuse into their neighbours' kernels; the generated C reads and
 writes float16 as ``_Float16`` (:data:`tscomp.graph.ops.registry.C_TYPES`). Nodes computed at
-compile time are left alone (their float16 results are constants, widened where read).
+compile time are computed again from float32 operands (constant folding ran them in float16), so
+a folded subgraph is not evaluated in float16 arithmetic either. The pass runs before the quantized
+rewrite and before the folded nodes leave the graph.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import numpy as np
 from onnx import TensorProto
 
 from tscomp.graph.ir import Graph, Node
+from tscomp.graph.ops.registry import REGISTRY, OpCall, run_reference
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
@@ -67,11 +70,15 @@ class _Rewrite:
 
     def node(self, node: Node) -> bool:
         """Append ``node``, rewritten to float32 when it touches float16; returns whether it did."""
-        if not any(self.is_half(n) for n in node.inputs + node.outputs) or self._compile_time(node):
+        if not any(self.is_half(n) for n in node.inputs + node.outputs):
             self.nodes.append(node)
             return False
+        if self._compile_time(node):
+            self.nodes.append(node)     # folded: it leaves the graph with the other folded nodes
+            self.refold(node)
+            return False
         node.inputs = [self.widened(i) if self.is_half(i) else i for i in node.inputs]
-        if node.op_type == "Cast" and not node.domain and node.attrs.get("to") == TensorProto.FLOAT16:
+        if _rounds_to_half(node):
             self.nodes.append(node)     # the model's own rounding: kept, its readers widen the result
             return True
         node.attrs = {k: _float32_attribute(k, v) for k, v in node.attrs.items()}
@@ -83,9 +90,37 @@ class _Rewrite:
             self.float16_result(result, name)
         return True
 
+    def refold(self, node: Node) -> None:
+        """A node computed at compile time (in float16, by constant folding): its float16 results
+        computed again from float32 operands, as the run-time operators compute -- a weight-norm's
+        ReduceL2 over a float16 weight summed in float16 put wav2vec2's output 8e-3 off. Where the
+        reference cannot run on float32 operands the float16 constants stay (widened where read)."""
+        values = self.graph.values
+        halves = [o for o in node.outputs if self.is_half(o)]
+        if not halves or any(i and values[i].const is None for i in node.inputs):
+            return
+        opdef = REGISTRY.get((node.domain or "", node.op_type))
+        if opdef is None:
+            return
+        attrs = node.attrs if _rounds_to_half(node) else {k: _float32_attribute(k, v) for k, v in node.attrs.items()}
+        args = [values[self.widened(i) if self.is_half(i) else i].const if i else None for i in node.inputs]
+        try:
+            outs = run_reference(opdef, OpCall(node.name, node.op_type, attrs, self.graph.opset_of(node),
+                                               len(node.outputs)), args)
+        except Exception:  # noqa: BLE001 - the float16 constants folding computed stay
+            return
+        for name, arr in zip(node.outputs, outs):
+            if name in halves and arr.dtype in (F16, F32) and arr.shape == values[name].const.shape:
+                self.wide[name] = self.graph.add_value(f"{name}/f32", F32, values[name].shape, np.asarray(arr, F32))
+
     def _compile_time(self, node: Node) -> bool:
         return all(self.graph.values[o].const is not None or self.graph.values[o].symdata is not None
                    for o in node.outputs if o)
+
+
+def _rounds_to_half(node: Node) -> bool:
+    """An explicit Cast to float16: the model's own rounding, which the rewrite keeps."""
+    return node.op_type == "Cast" and not node.domain and node.attrs.get("to") == TensorProto.FLOAT16
 
 
 def _float32_attribute(key: str, value):

@@ -97,9 +97,9 @@ class SimplifyReport:
 
 def simplify(graph: Graph) -> SimplifyReport:
     report = SimplifyReport()
+    report.half_as_float32 = float16_as_float32(graph)      # refolds folded float16 nodes in float32
     report.quantized_as_arithmetic = quantized_ops_as_arithmetic(graph)     # sees the folded weights' DQ
     report.folded = remove_folded_nodes(graph)
-    report.half_as_float32 = float16_as_float32(graph)
     report.pass_through_removed = remove_pass_through(graph)
     report.pads_folded = fold_pads_into_convs(graph)
     report.convs_merged = merge_parallel_convs(graph)
