@@ -142,3 +142,27 @@ def test_every_tiny_model_compiles_for_cuda_and_matches_onnxruntime_on_the_simt_
         want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
         for name, w in want.items():
             np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"{name} at {b} ({names})")
+
+
+def test_a_float16_model_builds_for_cuda_with_its_casts_in_simt_kernels(nvcc, tmp_path):
+    """x (float16) -> Relu -> Softmax -> MatMul -> Tanh -> float16: the graph stage computes it in
+    float32; the kernel that reads the float16 input is a SIMT kernel whose _Float16 is CUDA's __half
+    (nvcc rejected _Float16 with an internal compiler error). Built, not run: no GPU here, and this
+    machine's OpenCL device has no cl_khr_fp16."""
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper, numpy_helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Softmax", ["r"], ["s"], axis=-1),
+             helper.make_node("MatMul", ["s", "w"], ["m"]), helper.make_node("Tanh", ["m"], ["y"])]
+    w = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float16)
+    g = helper.make_graph(nodes, "half", [helper.make_tensor_value_info("x", TP.FLOAT16, ["L", 16])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT16, None)], [numpy_helper.from_array(w, "w")])
+    path, out = tmp_path / "half.onnx", tmp_path / "half.tsc"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    proc = subprocess.run([sys.executable, "-m", "tscomp.cli", "compile", str(path), "--dim", "L=1:20", "-o", str(out),
+                           "--target", "cuda"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    source = (out / "kernels/model.cu").read_text()
+    assert "const _Float16*" in source and "#define _Float16 __half" in source
+    assert (out / "kernels/model.sm_80.cubin").is_file()

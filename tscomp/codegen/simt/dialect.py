@@ -76,6 +76,10 @@ TS_DEVICE int64_t ts_index(int64_t v, int64_t extent, int64_t check, int64_t pos
 CUDA_PRELUDE = r"""/* ---- CUDA prelude ---- */
 #include <stdint.h>
 #include <math.h>
+#include <cuda_fp16.h>
+/* float16 tensors (a float16 model's inputs and outputs, only ever cast to and from float): the CPU
+   kernels' element type _Float16, which nvcc does not take, is CUDA's __half */
+#define _Float16 __half
 #define TS_KERNEL extern "C" __global__
 #define TS_LAUNCH_BOUNDS(n) __launch_bounds__(n)
 #define TS_ALIGN16 __align__(16)
@@ -124,6 +128,12 @@ CUDA_PRELUDE = r"""/* ---- CUDA prelude ---- */
 
 OPENCL_PRELUDE = r"""/* ---- OpenCL C prelude ---- */
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
+/* float16 tensors (only ever cast to and from float): the CPU kernels' _Float16 is OpenCL's half,
+   which a device without cl_khr_fp16 cannot load or store this way (its kernels then fail to build) */
+#ifdef cl_khr_fp16
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#endif
+#define _Float16 half
 #pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable
 typedef long int64_t;
 typedef ulong uint64_t;
