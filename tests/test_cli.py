@@ -296,3 +296,17 @@ def test_measure_gpu_is_refused_clearly_for_the_cpu_target_and_without_a_gpu(mlp
                      "--measure-gpu")
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and len(lines) == 1 and "device='cuda'" in lines[0], result.stderr
+
+
+def test_compiling_a_float16_model_says_it_computes_in_float32(tmp_path):
+    w = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float16)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "half",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["L", 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)], [numpy_helper.from_array(w, "w")])
+    path = tmp_path / "half.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    result = run_cli("compile", path, "--dim", "L=1:8", "-o", tmp_path / "half.tsc", "--no-tune")
+    assert result.returncode == 0, result.stderr
+    assert "float16 model: every operator computed in float32" in result.stdout
+    result = run_cli("run", tmp_path / "half.tsc", "--shape", "L=3", "--repeat", "1")
+    assert result.returncode == 0 and "output y: float16[3, 8]" in result.stdout, result.stdout + result.stderr
