@@ -10,10 +10,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
 from tscomp.codegen.families import DEFAULT_VARIANTS
 from tscomp.errors import TscompError
+from tscomp.graph.half_precision import has_float16
 from tscomp.runtime.artifact import file_sha256
 
 
@@ -103,12 +102,6 @@ def compile_to(model: str, dims: list[str], output: str, *, variants: int, threa
     return path, compiled
 
 
-def _has_float16(graph) -> bool:
-    """Whether the model has float16 tensors (its interface keeps them; the graph stage computes the
-    operators in float32)."""
-    return any(v.dtype == np.float16 for v in graph.values.values())
-
-
 def _summary(compiled, path: Path) -> list[str]:
     fams = Counter(ks[0].family for ks in compiled.kernels.values())
     n_var = sum(len(ks) for ks in compiled.kernels.values())
@@ -120,7 +113,7 @@ def _summary(compiled, path: Path) -> list[str]:
              + (" (constant-weight GEMMs in bf16 with fp32 accumulation; attention GEMMs, Conv and every other "
                 "op in fp32)" if compiled.target.precision == "bf16" else ""),
              *(["float16 model: every operator computed in float32, float16 at its inputs and outputs "
-                "(tscomp/graph/half_precision.py)"] if _has_float16(compiled.plan.graph) else []),
+                "(tscomp/graph/half_precision.py)"] if has_float16(compiled.plan.graph) else []),
              f"schedules ({compiled.target.describe()}): {compiled.config_source}"
              + (f", {compiled.schedules.seconds:.0f}s" if compiled.schedules is not None else "")]
     lines += [n for n in compiled.notes if n.startswith("packed weights:")]

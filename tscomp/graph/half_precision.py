@@ -73,7 +73,7 @@ class _Rewrite:
         if not any(self.is_half(n) for n in node.inputs + node.outputs):
             self.nodes.append(node)
             return False
-        if self._compile_time(node):
+        if self.graph.folded(node):
             self.nodes.append(node)     # folded: it leaves the graph with the other folded nodes
             self.refold(node)
             return False
@@ -81,7 +81,7 @@ class _Rewrite:
         if _rounds_to_half(node):
             self.nodes.append(node)     # the model's own rounding: kept, its readers widen the result
             return True
-        node.attrs = {k: _float32_attribute(k, v) for k, v in node.attrs.items()}
+        node.attrs = _float32_attributes(node.attrs)
         computed = {o: self.graph.add_value(f"{o}/f32", F32, self.graph.values[o].shape)
                     for o in node.outputs if self.is_half(o)}
         node.outputs = [computed.get(o, o) for o in node.outputs]
@@ -102,7 +102,7 @@ class _Rewrite:
         opdef = REGISTRY.get((node.domain or "", node.op_type))
         if opdef is None:
             return
-        attrs = node.attrs if _rounds_to_half(node) else {k: _float32_attribute(k, v) for k, v in node.attrs.items()}
+        attrs = node.attrs if _rounds_to_half(node) else _float32_attributes(node.attrs)
         args = [values[self.widened(i) if self.is_half(i) else i].const if i else None for i in node.inputs]
         try:
             outs = run_reference(opdef, OpCall(node.name, node.op_type, attrs, self.graph.opset_of(node),
@@ -113,14 +113,14 @@ class _Rewrite:
             if name in halves and arr.dtype in (F16, F32) and arr.shape == values[name].const.shape:
                 self.wide[name] = self.graph.add_value(f"{name}/f32", F32, values[name].shape, np.asarray(arr, F32))
 
-    def _compile_time(self, node: Node) -> bool:
-        return all(self.graph.values[o].const is not None or self.graph.values[o].symdata is not None
-                   for o in node.outputs if o)
-
-
 def _rounds_to_half(node: Node) -> bool:
     """An explicit Cast to float16: the model's own rounding, which the rewrite keeps."""
     return node.op_type == "Cast" and not node.domain and node.attrs.get("to") == TensorProto.FLOAT16
+
+
+def _float32_attributes(attrs: dict) -> dict:
+    """``attrs`` with float16 named as float32: result types, a ConstantOfShape value."""
+    return {k: _float32_attribute(k, v) for k, v in attrs.items()}
 
 
 def _float32_attribute(key: str, value):
@@ -131,10 +131,15 @@ def _float32_attribute(key: str, value):
     return value
 
 
+def has_float16(graph: Graph) -> bool:
+    """Whether the model has float16 tensors (this rewrite's work; its interface keeps them)."""
+    return any(v.dtype == F16 for v in graph.values.values())
+
+
 def float16_as_float32(graph: Graph) -> int:
     """Rewrite every operator with float16 operands or results to compute in float32 (see the
     module docstring); returns how many were rewritten."""
-    if not any(v.dtype == F16 for v in graph.values.values()):
+    if not has_float16(graph):
         return 0
     r = _Rewrite(graph)
     rewritten = sum(r.node(node) for node in list(graph.nodes))
@@ -142,4 +147,4 @@ def float16_as_float32(graph: Graph) -> int:
     return rewritten
 
 
-__all__ = ["float16_as_float32"]
+__all__ = ["float16_as_float32", "has_float16"]

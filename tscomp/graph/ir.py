@@ -47,6 +47,11 @@ class Value:
     def is_const(self) -> bool:
         return self.const is not None
 
+    @property
+    def known_at_compile_time(self) -> bool:
+        """A constant, or a shape-valued tensor whose elements are expressions of the symbols."""
+        return self.const is not None or self.symdata is not None
+
     def describe(self) -> str:
         dt = "?" if self.dtype is None else np.dtype(self.dtype).name
         sh = "?" if self.shape is None else shape_str(self.shape)
@@ -96,6 +101,11 @@ class Graph:
                 if i:
                     users.setdefault(i, []).append(n)
         return users
+
+    def folded(self, node: Node) -> bool:
+        """Whether constant / shape folding computed every output of ``node`` (it leaves the compute
+        graph with :func:`tscomp.graph.simplify.remove_folded_nodes`)."""
+        return all(self.values[o].known_at_compile_time for o in node.outputs if o)
 
     def opset_of(self, node: Node) -> int:
         return self.opset.get(node.domain or "", self.opset.get("", 0))

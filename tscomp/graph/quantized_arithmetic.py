@@ -111,10 +111,15 @@ class _Emitter:
         self.graph.values[q].integer_range = (int(info.min), int(info.max))
         return self.op("Cast", [q], qtype, shape, out=out, to=helper.np_dtype_to_tensor_dtype(qtype))
 
-
-def _compile_time(graph: Graph, name: str) -> bool:
-    v = graph.values[name]
-    return v.const is not None or v.symdata is not None
+    def integers_through(self, op: Node, integers: str, out: str, qtype: np.dtype) -> None:
+        """``out`` (of ``qtype``) as ``op`` -- a view or an element-selecting op, which moves values
+        without changing them -- applied to ``integers``, the float form of a quantized tensor: the
+        float result is ``out``'s twin (same integer range), the integer tensor its Cast."""
+        shape = self.graph.values[out].shape
+        moved = self.op(op.op_type, [integers, *op.inputs[1:]], F32, shape, **op.attrs)
+        self.graph.values[moved].integer_range = self.graph.values[integers].integer_range
+        self.twins[out] = moved
+        self.op("Cast", [moved], qtype, shape, out=out, to=helper.np_dtype_to_tensor_dtype(qtype))
 
 
 def _scalar(graph: Graph, name: str) -> bool:
@@ -139,11 +144,7 @@ def _quantize(p: "_Pass", node: Node) -> list[Node] | None:
     source = _requantized_view(p, node)
     if source is not None:           # Q(view(DQ(q))) with DQ's scale and zero point: view(q), exactly
         view, q = source
-        integers = e.as_float(q)
-        moved = e.op(view.op_type, [integers, *view.inputs[1:]], F32, xv.shape, **view.attrs)
-        graph.values[moved].integer_range = graph.values[integers].integer_range
-        e.twins[node.outputs[0]] = moved
-        e.op("Cast", [moved], qtype, xv.shape, out=node.outputs[0], to=helper.np_dtype_to_tensor_dtype(qtype))
+        e.integers_through(view, e.as_float(q), node.outputs[0], qtype)
         return e.nodes
     e.quantize(x, _reshaped_scalar(e, scale), e.scalar_float(zp) if zp else None, qtype, out=node.outputs[0])
     return e.nodes
@@ -324,20 +325,16 @@ def _selection_of_quantized(p: "_Pass", node: Node) -> list[Node] | None:
     if x not in p.twins or opdef is None or not (opdef.selects_elements or opdef.view_rule is not None) \
             or len(node.outputs) != 1 or any(i in p.twins for i in node.inputs[1:]):
         return None
-    out = graph.values[node.outputs[0]]
-    if out.dtype != graph.values[x].dtype:
+    qtype = graph.values[node.outputs[0]].dtype
+    if qtype != graph.values[x].dtype:
         return None
     e = p.emitter(node)
-    twin = p.twins[x]
-    moved = e.op(node.op_type, [twin, *node.inputs[1:]], F32, out.shape, **node.attrs)
-    graph.values[moved].integer_range = graph.values[twin].integer_range
-    e.twins[node.outputs[0]] = moved
-    e.op("Cast", [moved], out.dtype, out.shape, out=node.outputs[0], to=helper.np_dtype_to_tensor_dtype(out.dtype))
+    e.integers_through(node, p.twins[x], node.outputs[0], qtype)
     return e.nodes
 
 
-#: op type -> its rewrite (any other op: :func:`_selection_of_quantized`) (a weight's zero points lie per column of a MatMul's B, per output
-#: channel of a Conv's W)
+#: op type -> its rewrite, any other op :func:`_selection_of_quantized` (a weight's zero points lie
+#: per column of a MatMul's B, per output channel of a Conv's W)
 REWRITES = {"QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "DynamicQuantizeLinear": _dynamic_quantize,
             "MatMulInteger": _float_contraction("MatMul", lambda w: w.ndim - 1),
             "ConvInteger": _float_contraction("Conv", lambda w: 0),
@@ -373,7 +370,7 @@ def quantized_ops_as_arithmetic(graph: Graph) -> int:
         if id(node) in p.replaced:
             continue
         rewrite = None if node.domain else REWRITES.get(node.op_type, _selection_of_quantized)
-        if rewrite is not None and all(_compile_time(graph, o) for o in node.outputs if o):
+        if rewrite is not None and graph.folded(node):
             if node.op_type == "DequantizeLinear":
                 _constant_dequantization(p, node)
             rewrite = None                  # folded at compile time: nothing runs

@@ -113,13 +113,8 @@ def simplify(graph: Graph) -> SimplifyReport:
     return report
 
 
-def _compile_time(graph: Graph, name: str) -> bool:
-    v = graph.values[name]
-    return v.const is not None or v.symdata is not None
-
-
 def remove_folded_nodes(graph: Graph) -> int:
-    keep = [n for n in graph.nodes if not all(_compile_time(graph, o) for o in n.outputs if o)]
+    keep = [n for n in graph.nodes if not graph.folded(n)]
     removed = len(graph.nodes) - len(keep)
     graph.nodes = keep
     return removed
