@@ -95,7 +95,7 @@ class ReferenceExecutor:
         env: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in inputs.items()}
         produced = {o for n in self.order for o in n.outputs if o}
         for name, v in graph.values.items():
-            if name not in produced and name not in env and (v.const is not None or v.symdata is not None):
+            if name not in produced and name not in env and v.known_at_compile_time:
                 env[name] = materialize(graph, v, binding)
         for idx, (node, opdef) in enumerate(zip(self.order, self.opdefs)):
             args = [env[i] if i else None for i in node.inputs]

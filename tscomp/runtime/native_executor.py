@@ -81,7 +81,7 @@ class NativeExecutor:
         self._local = threading.local()
         self.last_kernel_seconds = 0.0
         self._computed_outputs = [n for n in self.graph.outputs if n in self.graph.inputs
-                                  or self.graph.values[n].const is not None or self.graph.values[n].symdata is not None]
+                                  or self.graph.values[n].known_at_compile_time]
 
     def _dispatch(self, tables):
         """Per group: its table (uint8 over its key extents, the host program indexes it) or a

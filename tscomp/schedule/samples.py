@@ -147,9 +147,9 @@ def group_inputs_at(plan: Plan, group: Group, binding: dict[str, int], rng: np.r
     env = {}
     for name in group.inputs:
         v = graph.values[name]
-        if v.const is None and v.symdata is None and name not in produced:
+        if not v.known_at_compile_time and name not in produced:
             continue  # a weight stripped from a loaded plan: its kernels hold it prepacked
-        if v.const is not None or v.symdata is not None:
+        if v.known_at_compile_time:
             env[name] = materialize(graph, v, binding)
             continue
         shape = tuple(int(graph.symbols.evaluate(d, binding)) for d in v.shape)
