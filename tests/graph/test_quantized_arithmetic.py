@@ -196,6 +196,37 @@ def test_a_qdq_matmul_multiplies_the_integer_parts_and_scales_the_sums(tmp_path)
         np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
+def test_a_qdq_matmul_of_a_symmetric_int8_weight_runs_on_int8_instructions_where_the_cpu_has_them(tmp_path):
+    """An activation quantized to uint8 with a constant zero point spans 256 integers once shifted,
+    and a symmetric int8 weight fits a signed byte: the GEMM runs on VPDPBUSD (exact int32 sums) where
+    the CPU has avx512_vnni, else bf16 or fp32 -- and matches onnxruntime either way."""
+    from tscomp.schedule.target import host_cpu
+    rng = np.random.default_rng(8)
+    k, n = 300, 40
+    inits = [numpy_helper.from_array(rng.integers(-127, 128, (k, n)).astype(np.int8), "wq"),
+             numpy_helper.from_array(rng.uniform(0.001, 0.01, n).astype(np.float32), "w_scale"),
+             numpy_helper.from_array(np.zeros(n, np.int8), "w_zp"),
+             numpy_helper.from_array(np.array(0.03, np.float32), "x_scale"),
+             numpy_helper.from_array(np.array(131, np.uint8), "x_zp")]
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["w"], axis=1),
+             helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xd"]),
+             helper.make_node("MatMul", ["xd", "w"], ["y"])]
+    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TP.FLOAT, ["B", "L", k])],
+                 [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = compile_model(str(path), ["B=1:2", "L=1:40"], max_variants=1)
+    spec = host_cpu().spec
+    gemm = [ks[0] for ks in model.kernels.values() if ks[0].family == "gemm"]
+    want = "int8" if spec.isa == "avx512" and spec.vnni else "bf16" if spec.bf16 else "fp32"
+    assert [g.precision for g in gemm] == [want]
+    if want == "int8":
+        assert gemm[0].x_offset == -131                  # the bytes packed are the quantized activation itself
+    rt, sess = Runtime.from_compiled(model), _plain(path)
+    for b, l in [(1, 1), (2, 13), (1, 40)]:
+        x = rng.uniform(-4, 4, (b, l, k)).astype(np.float32)                # some saturate
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("foldable", [True, False], ids=["folded", "too-large-to-fold"])
 def test_a_dequantized_embedding_table_is_gathered_as_integers_then_scaled(tmp_path, monkeypatch, foldable):
     """QDQ embedding: Gather(DQ(table), ids) runs as DQ(Gather(table, ids)), so no kernel dequantizes

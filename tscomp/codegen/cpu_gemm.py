@@ -75,6 +75,19 @@ bf16-pair rows x 16 columns of the very weight panel above, row stride NR lanes)
 tile buffer into the unchanged epilogue. A tile multiply costs the same for 1 row as for 16, so the
 last row panel is computed padded (rows past M are zero in the packed X). Each thread configures its
 tile registers in the parallel region; the kernel's library asks Linux for the tile state when loaded.
+
+``precision="int8"`` (AVX-512 with AVX512_VNNI; never a model-wide precision:
+:func:`tscomp.codegen.families.gemm_target` chooses it for a GEMM whose operands are integers held
+in float32 -- a quantized model's -- with W in [-128, 127] and X spanning at most 256 values from
+``x_offset``): the bf16 layout with *quads* for pairs. W is packed as int8 quads along K (one 32-bit
+lane holds ``W[k..k+3, j]``, K padded to a multiple of 4), X is packed as unsigned bytes
+``X - x_offset`` in [0, 255], and the k loop issues one ``_mm512_dpbusd_epi32(acc, broadcast x quad,
+w quad vector)`` per four k: 64 multiply-adds per instruction, where VDPBF16PS does 32 and an FMA 16.
+Accumulators and the partial sums between K blocks are int32 (exact: |sum| < 2^31 for K <= 65536);
+since ``X = U + x_offset``, ``X . W = U . W + x_offset * colsum(W)``, and that correction (int32,
+stored after the weight panels) is what the accumulators start from. The finished tile is
+converted to float32 once -- one rounding of the exact integer sum, as onnxruntime's
+MatMulInteger then Cast -- and goes through the unchanged epilogue.
 """
 from __future__ import annotations
 
@@ -89,10 +102,10 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import GEMM_KERNEL_NAMES, math_helpers
 from tscomp.codegen.task_affinity import AFFINITY_C, claim_loop, shares_declaration
 from tscomp.codegen.tile_config import (AMX_K, AMX_ROWS, AMX_TILE_REGISTERS, BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS,
-                                       VECTOR_WIDTH, TileConfig, TileConfigError, default_config, evened_count,
+                                       VECTOR_WIDTH, OPERAND_BYTES, TileConfig, TileConfigError, default_config, evened_count,
                                        host_caches)
 from tscomp.errors import TscompError
-from tscomp.schedule.target import PRECISIONS     # the target's precisions: one list
+from tscomp.schedule.target import GEMM_PRECISIONS     # the target's precisions: one list
 
 ISA_RANK = {"scalar": 0, "avx2": 1, "avx512": 2, "amx": 3}
 
@@ -220,14 +233,21 @@ def _round_up(x: int, m: int) -> int:
 #: bf16 weights are packed in K blocks of whole multiples of this depth (zero-padded): one AMX tile's
 #: 32 bf16 of K, so one packed layout serves the VDPBF16PS kernels (which skip the padding) and AMX
 BF16_K_BLOCK = AMX_K
+#: int8 weights are packed in quads along K (VPDPBUSD's four bytes per 32-bit lane): K blocks are
+#: whole multiples of this (only the last may be shorter), K is zero-padded to it
+INT8_K_QUAD = 4
+#: K at most this deep for an int8 GEMM: 255 x 128 x K stays inside an int32 accumulator
+INT8_MAX_K = 65536
 
 
 def check_precision(precision: str, isa: str | None = None) -> str:
     """``precision`` if the GEMM generator supports it on ``isa``; else :class:`GemmError`."""
-    if precision not in PRECISIONS:
-        raise GemmError(f"unknown GEMM precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    if precision not in GEMM_PRECISIONS:
+        raise GemmError(f"unknown GEMM precision {precision!r}; expected one of {', '.join(GEMM_PRECISIONS)}")
     if precision == "bf16" and isa is not None and isa not in ("avx512", "amx"):
         raise GemmError(f"bf16 GEMM kernels need AVX-512 with AVX512_BF16 (VDPBF16PS) or AMX; not implemented for {isa}")
+    if precision == "int8" and isa is not None and isa != "avx512":
+        raise GemmError(f"int8 GEMM kernels need AVX-512 with AVX512_VNNI (VPDPBUSD); not implemented for {isa}")
     if isa == "amx" and precision != "bf16":
         raise GemmError(f"AMX GEMM kernels are bf16 only (TDPBF16PS); {precision} GEMMs run on the SIMD ISA")
     return precision
@@ -318,6 +338,8 @@ class _Geometry:
         KC = min(cfg.kc, K)
         if precision == "bf16":
             KC = min(_round_up(KC, BF16_K_BLOCK), K)   # whole AMX tile depths: only the last block is short
+        elif precision == "int8":
+            KC = min(_round_up(KC, INT8_K_QUAD), K)    # whole quads: only the last block is short
         caches = host_caches()
         NC = min(cfg.nc, NP)
         return _Geometry(K=K, N=N, NP=NP, MR=cfg.mr, NR=cfg.nr, MC=cfg.mc, NC=NC, KC=KC,
@@ -326,13 +348,24 @@ class _Geometry:
 
     @property
     def KP(self) -> int:
-        """K as packed: fp32 K; bf16 K rounded up to BF16_K_BLOCK (each K block zero-padded to it)."""
-        return self.K if self.precision == "fp32" else _round_up(self.K, BF16_K_BLOCK)
+        """K as packed: fp32 K; bf16 K rounded up to BF16_K_BLOCK (each K block zero-padded to it);
+        int8 K rounded up to a quad."""
+        return _round_up(self.K, self.k_granule)
+
+    @property
+    def k_granule(self) -> int:
+        """The packed K step K blocks are whole multiples of: 1 (fp32), a bf16 tile depth, an int8 quad."""
+        return {"fp32": 1, "bf16": BF16_K_BLOCK, "int8": INT8_K_QUAD}[self.precision]
+
+    @property
+    def k_lane(self) -> int:
+        """k values per 32-bit lane of a packed panel: 1 (fp32), 2 (a bf16 pair), 4 (an int8 quad)."""
+        return 4 // OPERAND_BYTES[self.precision]
 
     @property
     def KCP(self) -> int:
-        """A K block's packed depth: KC, bf16 rounded up to BF16_K_BLOCK."""
-        return self.KC if self.precision == "fp32" else _round_up(self.KC, BF16_K_BLOCK)
+        """A K block's packed depth: KC rounded up to :attr:`k_granule`."""
+        return _round_up(self.KC, self.k_granule)
 
     @property
     def panel_stays_in_l1(self) -> bool:
@@ -340,7 +373,7 @@ class _Geometry:
         GotoBLAS sizing of ``kc``), so the row passes after the first find the weight panel there.
         Small-M configurations size ``kc`` for the X panel alone; their weight panel streams from L2
         on every pass."""
-        per_k = 4 if self.precision == "fp32" else 2      # bytes per k of each operand
+        per_k = OPERAND_BYTES[self.precision]             # bytes per k of each operand
         return (self.NR + self.MR) * self.KCP * per_k <= self.l1 * 3 // 4
 
     @property
@@ -365,24 +398,29 @@ class _Geometry:
 
 
 def packed_size(cfg: TileConfig, K: int, N: int, precision: str = "fp32") -> int:
-    """Number of elements (floats; bf16: uint16) :func:`prepack_weights` produces."""
+    """Number of elements (floats; bf16: uint16; int8: int32 lanes) :func:`prepack_weights` produces."""
     g = _Geometry.of(cfg, K, N, precision)
-    return g.KP * g.NP
+    return g.KP // 4 * g.NP + g.NP if precision == "int8" else g.KP * g.NP
 
 
-def prepack_weights(W: np.ndarray, cfg: TileConfig, precision: str = "fp32") -> np.ndarray:
+def prepack_weights(W: np.ndarray, cfg: TileConfig, precision: str = "fp32", x_offset: int = 0) -> np.ndarray:
     """W[K, N] → the flat, 64-byte-aligned float32 panel layout the kernel streams.
 
     Columns are zero-padded up to a multiple of ``nr`` here, once (local padding: the
     micro-kernel then never tests column bounds). ``precision="bf16"``: uint16 bfloat16 bit
     patterns in the pair layout of the module docstring (per panel, per pair of rows, ``nr``
     lanes of ``(W[k, j], W[k+1, j])``; K zero-padded to a multiple of ``BF16_K_BLOCK``).
+    ``precision="int8"``: W's integers (in [-128, 127]) as int8 quads (per panel, per quad of rows,
+    ``nr`` lanes of ``W[k..k+3, j]``; K zero-padded to a multiple of 4), followed by the NP int32
+    column corrections ``x_offset * sum_k W[k, j]`` (the kernel packs X as ``X - x_offset``).
     """
     W = np.asarray(W)
     if W.ndim != 2:
         raise GemmError(f"weight must be 2-D [K, N], got shape {W.shape}")
     K, N = W.shape
     g = _Geometry.of(cfg, int(K), int(N), precision)
+    if precision == "int8":
+        return _prepack_int8(W, g, x_offset)
     if precision == "bf16":
         bits = np.zeros((g.KP, g.NP), np.uint16)
         bits[:g.K, :g.N] = to_bf16_bits(W)
@@ -398,6 +436,26 @@ def prepack_weights(W: np.ndarray, cfg: TileConfig, precision: str = "fp32") -> 
     if rest:                                             # the last panel: its columns past N are zeros
         panels[full] = 0.0
         panels[full, :, :rest] = W[:, full * g.NR:]
+    return out
+
+
+def int8_weight_fits(W: np.ndarray) -> bool:
+    """Whether every element of ``W`` is an integer in [-128, 127] (an int8 GEMM's weight)."""
+    return bool(np.all(np.trunc(W) == W)) and float(W.min(initial=0.0)) >= -128 and float(W.max(initial=0.0)) <= 127
+
+
+def _prepack_int8(W: np.ndarray, g: _Geometry, x_offset: int) -> np.ndarray:
+    if not int8_weight_fits(W):
+        raise GemmError("an int8 GEMM's weight must hold integers in [-128, 127]")
+    if g.K > INT8_MAX_K:
+        raise GemmError(f"an int8 GEMM sums K <= {INT8_MAX_K} products in int32; K = {g.K}")
+    q = np.zeros((g.KP, g.NP), np.int8)
+    q[:g.K, :g.N] = W.astype(np.int8)
+    panels = g.KP // 4 * g.NP
+    out = _aligned_empty(panels + g.NP, dtype=np.int32)
+    np.copyto(out[:panels].view(np.int8).reshape(g.NP // g.NR, g.KP // 4, g.NR, 4),   # [panel, quad, nr, 4]
+              q.reshape(g.KP // 4, 4, g.NP // g.NR, g.NR).transpose(2, 0, 3, 1))
+    out[panels:] = int(x_offset) * q.sum(axis=0, dtype=np.int64)
     return out
 
 
@@ -421,6 +479,26 @@ def aligned_copy(a: np.ndarray, align: int = 64) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------
 # C generation
+
+
+class _Int8Vec:
+    """The int8 micro-kernel's int32 lanes (AVX-512): accumulators, W quads and broadcast X quads."""
+    isa, width, type = "avx512", 16, "__m512i"
+
+    def zero(self):
+        return "_mm512_setzero_si512()"
+
+    def load(self, ptr):
+        return f"_mm512_loadu_si512((const void*)({ptr}))"
+
+    def store(self, ptr, v):
+        return f"_mm512_storeu_si512((void*)({ptr}), {v});"
+
+    def set1(self, x):
+        return f"_mm512_set1_epi32((int){x})"
+
+    def add(self, a, b):
+        return f"_mm512_add_epi32({a}, {b})"
 
 
 class _Vec:
@@ -470,19 +548,23 @@ def _c_name(name: str) -> str:
 
 
 def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue | None = None,
-                  name: str = "tscomp_gemm", precision: str = "fp32", l1: int | None = None) -> str:
+                  name: str = "tscomp_gemm", precision: str = "fp32", l1: int | None = None,
+                  x_offset: int = 0) -> str:
     """C source of the macro-kernel ``void name(const float* X, const float* Wpacked, float* Y,
     int64_t M, <epilogue args>)`` for ``Y[M, N] = epilogue(X[M, K] · W[K, N])``; with
     ``precision="bf16"`` Wpacked holds :func:`prepack_weights`'s bf16 pairs (the pointer type stays
     ``const float*`` so every caller's prototype is the same) and the inner product is VDPBF16PS.
     ``l1``: the target core's L1 data cache in bytes (default: this host's), which decides whether
-    the row passes after a panel's first re-read it from L1 without prefetching it."""
+    the row passes after a panel's first re-read it from L1 without prefetching it. ``precision="int8"``:
+    Wpacked holds :func:`prepack_weights`'s int8 quads and column corrections for ``x_offset``, X's
+    elements are integers in [x_offset, x_offset + 255]."""
     cfg.validate(isa)
     check_precision(precision, isa)
-    bf16 = precision == "bf16"
+    bf16, int8 = precision == "bf16", precision == "int8"
     amx = isa == "amx"
-    # fp32 SIMD kernels broadcast X's elements where X lies; bf16, AMX and scalar kernels pack it
-    g = dataclasses.replace(_Geometry.of(cfg, K, N, precision, l1), x_in_place=not bf16 and isa in ("avx2", "avx512"))
+    # fp32 SIMD kernels broadcast X's elements where X lies; bf16, int8, AMX and scalar kernels pack it
+    g = dataclasses.replace(_Geometry.of(cfg, K, N, precision, l1),
+                            x_in_place=precision == "fp32" and isa in ("avx2", "avx512"))
     name = _c_name(name)
     epi_params = "".join(f", {a.c_param()}" for a in epilogue.args) if epilogue else ""
     epi_names = "".join(f", {a.name}" for a in epilogue.args) if epilogue else ""
@@ -523,7 +605,7 @@ def generate_gemm(cfg: TileConfig, K: int, N: int, isa: str, epilogue: Epilogue 
 #define NR  {g.NR}
 #define MC  {g.MC}
 #define NC  {g.NC}
-#define KC  {g.KC}{_bf16_defines(g) if bf16 else ''}{_amx_defines(g) if amx else ''}
+#define KC  {g.KC}{_bf16_defines(g) if bf16 else ''}{_int8_defines(g, x_offset) if int8 else ''}{_amx_defines(g) if amx else ''}
 #define N_NBLOCKS {g.n_nblocks}
 #define N_KBLOCKS {g.n_kblocks}
 #define BALANCE_TASKS_PER_THREAD {BALANCE_TASKS_PER_THREAD}
@@ -540,6 +622,8 @@ static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
         _emit_pack_amx(emit, g)
     elif bf16:
         _emit_pack_bf16(emit, g)
+    elif int8:
+        _emit_pack_int8(emit)
     elif not g.x_in_place:
         _emit_pack(emit, g)
     _emit_micro_kernel(emit, g, isa, epilogue, epi_params, epi_names)
@@ -599,6 +683,10 @@ def _isa_text(isa: str, g: _Geometry) -> str:
 
 
 def _precision_text(g: _Geometry) -> str:
+    if g.precision == "int8":
+        return ("int8 operands, int32 accumulation: W packed as s8 quads along K (VPDPBUSD layout, K padded to 4), "
+                "X packed as u8 X - XLO; accumulators start from XLO x colsum(W); converted to fp32 once, "
+                "epilogue in fp32")
     if g.precision == "bf16":
         return ("bf16 operands, fp32 accumulation: W packed as bf16 pairs along K (VDPBF16PS / AMX B-tile layout, "
                 f"K blocks padded to multiples of {BF16_K_BLOCK}), X rounded to bf16 (nearest even) while packed; "
@@ -652,6 +740,59 @@ static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, 
                 continue;
             }
             ts_bf16_row(X + (m0 + p * MR + r) * (int64_t)K + k0, (uint16_t*)row, kl, (kl + 15) / 16 * 16);
+            for (int64_t q = 0; q < kq; ++q)
+                dst[q * MR + r] = row[q];
+        }
+    }
+}
+""")
+
+
+def _int8_defines(g: _Geometry, x_offset: int) -> str:
+    return f"""
+#define KP  {g.KP}   /* K as packed: rounded up to a whole quad */
+#define KQ  {(g.KC + 3) // 4}   /* int8 quads per K block */
+#define KROW {_round_up(g.KC, 16) + 16}   /* byte row buffer of the X packing: whole 16-lane conversions */
+#define XLO {int(x_offset)}   /* X's smallest value: X is packed as the byte X - XLO */"""
+
+
+def _emit_pack_int8(emit):
+    emit("""/* acc += the four u8 x s8 products of each 32-bit lane of x and w (VPDPBUSD). Written in assembly:
+ * GCC 12 allocates _mm512_dpbusd_epi32's result apart from its accumulator and copies every
+ * accumulator back on every k step (an 8x48 tile ran at half the rate of an 8x32 one). */
+static inline __attribute__((always_inline)) __m512i ts_dpbusd(__m512i acc, __m512i x, __m512i w)
+{
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
+    return acc;
+}
+""")
+    emit("""/* Pack rows [m0, m0 + mv) x columns [k0, k0 + kl) of X into MR-row panels of byte quads:
+ * panel p holds xp[p*MR*KQ + q*MR + r] = the bytes X[m0 + p*MR + r, k0 + 4q .. 4q + 3] - XLO as one
+ * 32-bit lane (lowest byte the first k). X holds integers in [XLO, XLO + 255] (the graph stage's
+ * integer range), so each converts exactly; the bytes of a short last quad multiply the zero
+ * padding of W, rows past M are zero (their results are never stored). */
+static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, int64_t kl,
+                   uint32_t* restrict xp)
+{
+    uint32_t row[KROW / 4] __attribute__((aligned(64)));   /* one row of the block as byte quads */
+    const int64_t kq = (kl + 3) / 4;
+    const __m512i lo = _mm512_set1_epi32(XLO);
+    for (int64_t p = 0; p * MR < mv; ++p) {
+        uint32_t* restrict dst = xp + p * (MR * KQ);
+        const int64_t rows = min_i64(MR, mv - p * MR);
+        for (int r = 0; r < MR; ++r) {
+            if (r >= rows) {
+                for (int64_t q = 0; q < kq; ++q)
+                    dst[q * MR + r] = 0u;
+                continue;
+            }
+            const float* restrict src = X + (m0 + p * MR + r) * (int64_t)K + k0;
+            for (int64_t c = 0; c < kl; c += 16) {
+                const int64_t left = kl - c;
+                const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+                const __m512i u = _mm512_maskz_sub_epi32(m, _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(m, src + c)), lo);
+                _mm_storeu_si128((__m128i*)((uint8_t*)row + c), _mm512_cvtepi32_epi8(u));
+            }
             for (int64_t q = 0; q < kq; ++q)
                 dst[q * MR + r] = row[q];
         }
@@ -804,16 +945,17 @@ def _emit_micro_kernel(emit, g: _Geometry, isa: str, epilogue: Epilogue | None, 
     the MR-row kernel and one of a t-row kernel, so a short or awkward M (9 rows under a 6-row tile)
     computes exactly its rows instead of a zero-padded second panel (12). The panel layout is the
     same (a partial panel is still packed MR wide); only the rows the kernel reads differ."""
+    corr_param, corr_arg = _corrections(g)
     params = f"""int64_t kl, const {_x_operand(g, isa == 'amx')}* restrict xp, const {_operand(g)}* restrict wp,
     const {_operand(g)}* restrict wn, int pull, int stream_log2, float* restrict ct,
-    int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{epi_params}"""
+    int first, int last, float* restrict Y, int64_t i0, int64_t j0, int64_t mv, int64_t nv{corr_param}{epi_params}"""
     emit(f"""/* Micro-kernel: an MR x NR tile of accumulators over kl steps of k.
  *   xp: {_xp_text(g)}; wp: packed W panel (k-major, NR per k);
  *   wn: a stretch of weights to pull into L2 meanwhile (one cache line per streaming k step), or NULL;
  *   pull: prefetch wp's panel into L1 ahead of use (SIMD kernels; the panel's first row pass);
  *   stream_log2: the stream pulls its line on every (1 << stream_log2)-th k step (SIMD kernels);
- *   ct: this tile's slot in the per-thread partial-sum buffer (MR*NR floats);
- *   first: start from zero (else from ct); last: apply the epilogue and store to Y
+ *   ct: this tile's slot in the per-thread partial-sum buffer (MR*NR floats{'; int8: int32 sums' if g.precision == 'int8' else ''});
+ *   first: start from {'the column corrections corr[j0..]' if g.precision == 'int8' else 'zero'} (else from ct); last: apply the epilogue and store to Y
  *   (else save the partial sums to ct). (i0, j0): tile origin in Y; mv x nv: its valid
  *   part (< MR x NR only on the last row/column tiles: guarded store, nothing else). */
 static inline __attribute__((always_inline)) void micro_kernel(
@@ -833,17 +975,18 @@ static inline void micro_kernel_tail(int64_t rows, {params})
 }}
 """)
         return
-    _emit_simd_body(emit, g, _Vec(isa), epilogue, g.MR)
+    vec = _Int8Vec() if g.precision == "int8" else _Vec(isa)
+    _emit_simd_body(emit, g, vec, epilogue, g.MR)
     emit("}\n")
     for rows in range(1, g.MR):
         emit(f"""/* Row-tail micro-kernel: the last row panel holds {rows} of MR = {g.MR} rows. */
 static __attribute__((noinline)) void micro_kernel_{rows}(
     {params})
 {{""")
-        _emit_simd_body(emit, g, _Vec(isa), epilogue, rows)
+        _emit_simd_body(emit, g, vec, epilogue, rows)
         emit("}\n")
     cases = "\n".join(f"        case {r}: micro_kernel_{r}(kl, xp, wp, wn, pull, stream_log2, ct, first, last, Y, i0, j0, mv, nv"
-                      f"{epi_names}); return;" for r in range(1, g.MR))
+                      f"{corr_arg}{epi_names}); return;" for r in range(1, g.MR))
     emit(f"""/* The last row panel (0 < rows < MR valid): the micro-kernel of exactly that height. Kept out of
  * line, like the kernels it calls, so that the full-height kernel's loop is compiled as before. */
 static __attribute__((noinline)) void micro_kernel_tail(int64_t rows, {params})
@@ -856,14 +999,21 @@ static __attribute__((noinline)) void micro_kernel_tail(int64_t rows, {params})
 """)
 
 
+def _corrections(g: _Geometry) -> tuple[str, str]:
+    """The micro-kernels' extra parameter and argument: an int8 kernel's column corrections (the int32
+    ``XLO x colsum(W)`` after the weight panels), where its accumulators start; nothing otherwise."""
+    return (", const int32_t* restrict corr", ", corr") if g.precision == "int8" else ("", "")
+
+
 def _xp_text(g: _Geometry) -> str:
     return "X at the tile's first row, column k0 (its MR rows K floats apart)" if g.x_in_place else \
         "packed X panel (k-major, MR per k)"
 
 
 def _operand(g: _Geometry) -> str:
-    """C element type of the packed X and W panels: float, or a 32-bit lane holding a bf16 pair."""
-    return "uint32_t" if g.precision == "bf16" else "float"
+    """C element type of the packed X and W panels: float, or a 32-bit lane holding a bf16 pair or
+    an int8 quad."""
+    return "float" if g.precision == "fp32" else "uint32_t"
 
 
 def _x_operand(g: _Geometry, amx: bool) -> str:
@@ -871,15 +1021,15 @@ def _x_operand(g: _Geometry, amx: bool) -> str:
     return "uint16_t" if amx else _operand(g)
 
 
-def emit_accumulators(emit, v: "_Vec", MR: int, NR: int) -> list[list[str]]:
-    """Declare the MR x (NR / width) vector accumulators ``c<r>_<c>``: zero on the first K step,
-    else reloaded from the partial-sum tile ``ct``."""
+def emit_accumulators(emit, v: "_Vec", MR: int, NR: int, start=None) -> list[list[str]]:
+    """Declare the MR x (NR / width) vector accumulators ``c<r>_<c>``: on the first K step zero, or
+    ``start(c)`` for column vector c, else reloaded from the partial-sum tile ``ct``."""
     W = v.width
     accs = [[f"c{r}_{c}" for c in range(NR // W)] for r in range(MR)]
     emit(f"    {v.type} " + ", ".join(a for row in accs for a in row) + ";")
     emit("    if (first) {")
     for row in accs:
-        emit("        " + " ".join(f"{a} = {v.zero()};" for a in row))
+        emit("        " + " ".join(f"{a} = {start(c) if start else v.zero()};" for c, a in enumerate(row)))
     emit("    } else {")
     for r, row in enumerate(accs):
         emit("        " + " ".join(f"{a} = {v.load(f'ct + {r * NR + c * W}')};" for c, a in enumerate(row)))
@@ -1028,12 +1178,19 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None, rows
     """The body of a micro-kernel computing ``rows`` (<= MR) rows of the register tile."""
     NR, W = g.NR, v.width
     nvec = NR // W
-    accs = emit_accumulators(emit, v, rows, NR)
+    int8 = g.precision == "int8"
+    start = (lambda c: v.load(f"corr + j0 + {c * W}")) if int8 else None
+    accs = emit_accumulators(emit, v, rows, NR, start)
     latency = dict(sets=accumulator_sets(rows, nvec, MAX_ACCUMULATORS[v.isa]), add=v.add, zero=v.zero(),
                    acc_type=v.type)
 
     def k_loop(prefetch: int, stream_lines: int) -> None:
-        if g.precision == "bf16":
+        if int8:
+            _emit_k_loop(emit, accs, nvec, W, "q", "kq", "VPDPBUSD loop", "uint32_t", v.type,
+                         load=v.load, broadcast=v.set1,
+                         madd=lambda x, w, acc: f"ts_dpbusd({acc}, {x}, {w})",
+                         prefetch=prefetch, stream_lines=stream_lines, indent="    ", **latency)
+        elif g.precision == "bf16":
             _emit_k_loop(emit, accs, nvec, W, "q", "kq", "VDPBF16PS loop", "uint32_t", "__m512bh",
                          load=lambda p: f"(__m512bh)_mm512_loadu_si512({p})",
                          broadcast=lambda x: f"(__m512bh)_mm512_set1_epi32((int){x})",
@@ -1046,6 +1203,8 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None, rows
 
     if g.precision == "bf16":
         emit("    const int64_t kq = (kl + 1) / 2;   /* bf16 pairs: the K step is 2 */")
+    elif int8:
+        emit("    const int64_t kq = (kl + 3) / 4;   /* int8 quads: the K step is 4 */")
     # Prefetches are instructions too (4 of an 8x48 tile's ~40 per k step, issued on a core whose
     # other hyperthread may be a neighbour's): one loop per (pull, wn) case the macro-kernel passes,
     # each issuing only the prefetches its row pass needs
@@ -1070,6 +1229,11 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None, rows
         emit("    }")
 
     store_tile("ct", "NR", "if (!last) {  /* partial sums to the per-thread buffer */")
+    if int8:     # the exact int32 sums, converted to float once: the rest is the fp32 kernel's
+        floats = [[f"f{a[1:]}" for a in row] for row in accs]
+        for row, frow in zip(accs, floats):
+            emit("    const __m512 " + ", ".join(f"{f} = _mm512_cvtepi32_ps({a})" for a, f in zip(row, frow)) + ";")
+        accs, v = floats, _Vec("avx512")
     if epilogue is None:
         emit("    float* restrict y = Y + i0 * N + j0;")
         store_tile("y", "N", f"if (mv == {rows} && nv == NR) {{  /* interior tile: plain vector stores */")
@@ -1157,12 +1321,14 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
             for (int64_t r0 = 0; r0 < M; r0 += MR)
                 row_pass(Y, r0, min_i64(MR, M - r0){epi_names});
         }}""" if row_pass else ""
-    bf16 = g.precision == "bf16"
+    bf16, int8 = g.precision == "bf16", g.precision == "int8"
     op = _operand(g)
-    # fp32: W offsets in floats; bf16: in 32-bit lanes of bf16 pairs (K padded to BF16_K_BLOCK, halved)
-    panel = "(KP / 2) * NR" if bf16 else "K * NR"          # one NR-column panel over all of K
-    k_rows = (lambda k: f"({k}) / 2 * NR") if bf16 else (lambda k: f"({k}) * NR")   # K row k's offset in a panel
-    w_base = "(const uint32_t*)Wp + j0 * (int64_t)(KP / 2)" if bf16 else "Wp + j0 * (int64_t)K"
+    # fp32: W offsets in floats; bf16 / int8: in 32-bit lanes of bf16 pairs / int8 quads (K padded to
+    # BF16_K_BLOCK / INT8_K_QUAD, divided by the k values per lane)
+    lane = g.k_lane
+    panel = f"(KP / {lane}) * NR" if lane > 1 else "K * NR"          # one NR-column panel over all of K
+    k_rows = (lambda k: f"({k}) / {lane} * NR") if lane > 1 else (lambda k: f"({k}) * NR")   # K row k's offset in a panel
+    w_base = f"(const uint32_t*)Wp + j0 * (int64_t)(KP / {lane})" if lane > 1 else "Wp + j0 * (int64_t)K"
     w_kblock = f"wblock + {k_rows('k0')}"
     w_panel = f"wk + jp * (int64_t)({panel})"
     w_next = f"(jp + 1) * NR < nw ? wpanel + (int64_t)({panel}) : wblock + {k_rows('k0 + kl')}"
@@ -1171,7 +1337,8 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     # step); L2_STREAM_K_STRIDE x NR / 16 passes cover it all (AMX: NR / 16, and a panel's later passes
     # start over; the SIMD kernels get NULL there and skip the prefetches)
     per_pass = 16 * L2_PREFETCH_LINES
-    steps = f"((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2})" if bf16 else "kl"
+    steps = f"((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2})" if bf16 else \
+        f"((kl + {INT8_K_QUAD - 1}) / {INT8_K_QUAD})" if int8 else "kl"
     window = max(1, g.NR // per_pass) if per_pass else 0
     if not per_pass:
         w_stream = "NULL"
@@ -1184,9 +1351,9 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     stride_rule = "0" if amx or not per_pass else f"(mv + MR - 1) / MR >= {window * L2_STREAM_K_STRIDE} ? {stride_shift} : 0"
     # the panel into L1 on its first row pass; the later passes find it there unless it is larger than L1
     pull = "ip == 0" if g.panel_stays_in_l1 else "1"
-    x_panel = "MR * KCP" if amx else "MR * KQ" if bf16 else "MR * KC"
+    x_panel = "MR * KCP" if amx else "MR * KQ" if lane > 1 else "MR * KC"
     x_op = _x_operand(g, amx)
-    x_block = "KCP" if amx else "KQ" if bf16 else "KC"
+    x_block = "KCP" if amx else "KQ" if lane > 1 else "KC"
     in_place = g.x_in_place   # the micro-kernel reads X where it lies: no per-thread X panels
     x_tile = "X + (m0 + ip * MR) * (int64_t)K + k0" if in_place else f"xpack + ip * ({x_panel})"
     xpack_alloc = "" if in_place else (f"\n        {x_op}* xpack = ({x_op}*)aligned_alloc(64, (sizeof({x_op}) * block_tiles * MR * "
@@ -1196,13 +1363,16 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     tall = (f"\n    /* the weight ({g.K} x {g.NP} floats) exceeds half the L3: up to TALL_ROWS rows run as one block, so\n"
             f"     * each weight column streams from memory once (tall_rows in Python) */\n"
             f"    if (M <= TALL_ROWS) n_mblocks = 1;") if g.tall_rows else ""
+    corr_arg = _corrections(g)[1]
+    corr_decl = ("\n    /* the int32 column corrections XLO x colsum(W), after the weight panels */\n"
+                 "    const int32_t* restrict corr = (const int32_t*)Wp + (int64_t)(KP / 4) * NP;") if int8 else ""
     tiles_on = "\n        amx_configure();   /* this thread's tile registers: 16 rows x 64 bytes each */" if amx else ""
     tiles_off = "\n        _tile_release();" if amx else ""
     emit(f"""/* Macro-kernel: tasks = ceil(M / MC) balanced row blocks (evened over the threads) x N_NBLOCKS block tiles (more where that is fewer than the threads), shared among the OpenMP
  * threads; each task walks K in N_KBLOCKS steps of KC{' (here one step: no partial sums)' if single else ''}. */
 void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y, int64_t M{epi_params})
 {{
-    if (M <= 0) return;{before}
+    if (M <= 0) return;{before}{corr_decl}
     const int64_t nth = omp_get_max_threads();
     const int64_t row_tiles = (M + MR - 1) / MR;
     int64_t n_mblocks = (M + MC - 1) / MC;{tall}
@@ -1256,10 +1426,10 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
                         const int pull = {pull};
                         if (rows == MR)
                             micro_kernel(kl, {x_tile}, wpanel, wn, pull, stream_log2, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
-                                         Y, m0 + ip * MR, jj, MR, nv{epi_names});
+                                         Y, m0 + ip * MR, jj, MR, nv{corr_arg}{epi_names});
                         else  /* the last row panel: a kernel of exactly its height (no padded rows computed) */
                             micro_kernel_tail(rows, kl, {x_tile}, wpanel, wn, pull, stream_log2, ct, {'1, 1' if single else 'kb == 0, kb == N_KBLOCKS - 1'},
-                                              Y, m0 + ip * MR, jj, rows, nv{epi_names});
+                                              Y, m0 + ip * MR, jj, rows, nv{corr_arg}{epi_names});
                     }}
                 }}
             }}{after}
@@ -1282,7 +1452,8 @@ class GemmKernel:
     """
 
     def __init__(self, W: np.ndarray, cfg: TileConfig | None = None, *, isa: str | None = None,
-                 epilogue: Epilogue | None = None, name: str = "tscomp_gemm", precision: str = "fp32"):
+                 epilogue: Epilogue | None = None, name: str = "tscomp_gemm", precision: str = "fp32",
+                 x_offset: int = 0):
         W = np.asarray(W)
         if W.ndim != 2 or W.dtype != np.float32:
             raise GemmError(f"weight must be a 2-D float32 array [K, N], got {W.dtype} {W.shape}")
@@ -1293,14 +1464,14 @@ class GemmKernel:
             raise TileConfigError(f"unknown ISA {self.isa!r}; expected one of {sorted(ISA_RANK)}")
         check_host_isa(self.isa)
         self.precision = check_precision(precision, self.isa)
-        if precision == "bf16":
+        if precision != "fp32":
             from tscomp.schedule.target import host_cpu
-            host_cpu(precision="bf16")       # TargetError naming what this CPU lacks
+            host_cpu(precision=precision)    # TargetError naming what this CPU lacks
         self.cfg = (cfg or default_config(self.isa, self.K, self.N)).validate(self.isa)
         self.epilogue = epilogue
-        self.name = f"{_c_name(name)}_{self.isa}_{self.cfg.slug()}" + ("_bf16" if precision == "bf16" else "")
+        self.name = f"{_c_name(name)}_{self.isa}_{self.cfg.slug()}" + ("" if precision == "fp32" else f"_{precision}")
         self.source = generate_gemm(self.cfg, self.K, self.N, self.isa, epilogue, name=self.name,
-                                    precision=precision)
+                                    precision=precision, x_offset=x_offset)
         self.library_path = build_library(self.source, self.name)
         self._lib = load_library(self.library_path)
         fn = getattr(self._lib, self.name)
@@ -1308,7 +1479,7 @@ class GemmKernel:
         extra = [ARG_TYPES[a.ctype][0] for a in (epilogue.args if epilogue else ())]
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, *extra]
         self._fn = fn
-        self.packed = prepack_weights(W, self.cfg, precision)
+        self.packed = prepack_weights(W, self.cfg, precision, x_offset)
 
     def set_num_threads(self, n: int) -> None:
         """Set the OpenMP thread count of this thread's kernels (one place sets it:

@@ -51,7 +51,8 @@ Tiling is TSCompiler §5.1 (block tiles ⟨T_Mb, T_Nb, T_Kb⟩ = one OpenMP task
 model, ``cost = T_single_wave × ceil(tasks(binding) / threads)``.
 
 Precision (issue 13): every step takes ``precision`` (``fp32`` default, or ``bf16``: the weight packed
-as bf16 pairs along K and the inner product on AMX tiles (``isa="amx"``) or VDPBF16PS, see
+as bf16 pairs along K and the inner product on AMX tiles (``isa="amx"``) or VDPBF16PS, or ``int8``
+for integer operands that fit u8 x s8 (:attr:`GemmGroupAnalysis.int8_x_offset`): VPDPBUSD, see
 :mod:`tscomp.codegen.cpu_gemm`); the
 fused prologue, epilogue and row pass are unchanged fp32 C. The kernel's entry point carries a
 ``_bf16`` suffix and its header names the precision, so fp32 and bf16 kernels never share a symbol or
@@ -77,8 +78,8 @@ import sympy
 from tscomp.codegen.build import build_library, get_num_threads, host_isa, load_library
 from tscomp.codegen.c_expr import (PRELUDE, broadcast_index, c_literal, c_symbol_name, delinearize, landing_index,
                                    linearize)
-from tscomp.codegen.cpu_gemm import (ARG_TYPES, Epilogue, EpilogueArg, GemmError, _Geometry, check_precision,
-                                     generate_gemm, prepack_weights)
+from tscomp.codegen.cpu_gemm import (ARG_TYPES, INT8_MAX_K, Epilogue, EpilogueArg, GemmError, _Geometry,
+                                     check_precision, generate_gemm, int8_weight_fits, prepack_weights)
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
 from tscomp.codegen.native import (PicklableKernel, backbone_op, binding_key, gemm_parts, refusals_name_group, sha256_text,
                                    structural_signature)
@@ -373,6 +374,7 @@ class GemmGroupAnalysis:
         self.heavy = h
         self.M = numel(hshape[:-1])
         self.exact_in_bf16 = self._integer_operands_within(BF16_EXACT_INTEGER)
+        self.int8_x_offset = self._int8_x_offset()
         if self.a_prologue:
             self.a_input, self.a_chain, self.a_identity = None, [], False
         else:
@@ -391,6 +393,17 @@ class GemmGroupAnalysis:
         span = graph.values[node.inputs[0]].integer_range if node is not None else None
         return span is not None and max(-span[0], span[1]) <= bound and bool(np.all(np.trunc(self.W) == self.W)) \
             and float(np.abs(self.W).max(initial=0.0)) <= bound
+
+    def _int8_x_offset(self) -> int | None:
+        """Where the operands fit an int8 GEMM (VPDPBUSD's unsigned x signed bytes): A's smallest
+        value, when A spans at most 256 integers (a quantized activation's float form, shifted by its
+        zero point or not) and W holds integers in [-128, 127] (a symmetric int8 weight); else None."""
+        graph = self.plan.graph
+        node = next((n for n in graph.nodes if n.name == self.heavy.node), None)
+        span = graph.values[node.inputs[0]].integer_range if node is not None else None
+        if span is None or span[1] - span[0] > 255 or self.K > INT8_MAX_K or not int8_weight_fits(self.W):
+            return None
+        return int(span[0])
 
     def _constant_through_views(self, W: np.ndarray, chain: list, h: Op) -> np.ndarray:
         """A constant weight read through views (a transposed or reshaped initializer) is evaluated
@@ -730,13 +743,21 @@ class GemmGroupAnalysis:
                     else "the normalized output (in place)" if self.y_inplace else "a scratch")
                  if self.T is not None else "row pass: none",
                  f"tile config: {cfg.describe()}",
-                 "precision: " + ("bf16 GEMM operands (weights prepacked as bf16 pairs, A rounded while packed), "
-                                  "fp32 accumulation, prologue/epilogue/row pass in fp32" if precision == "bf16"
-                                  else "fp32")]
+                 "precision: " + PRECISION_HEADERS[precision].format(x_offset=self.int8_x_offset)]
         for role, name, _ in self.arg_roles:
             if role != "symbol":
                 lines.append(f"{role} {name}")
         return "/*\n" + "\n".join(" * " + line.replace("*/", "* /") for line in lines) + "\n */\n"
+
+
+#: the header's precision line, per GEMM precision
+PRECISION_HEADERS = {
+    "fp32": "fp32",
+    "bf16": "bf16 GEMM operands (weights prepacked as bf16 pairs, A rounded while packed), fp32 accumulation, "
+            "prologue/epilogue/row pass in fp32",
+    "int8": "int8 GEMM operands (integer weights prepacked as s8 quads, A packed as the bytes A - ({x_offset})), "
+            "exact int32 accumulation converted to fp32 once, prologue/epilogue/row pass in fp32",
+}
 
 
 def gemm_func_name(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str, precision: str = "fp32") -> str:
@@ -754,7 +775,17 @@ def gemm_group_source(analysis: GemmGroupAnalysis, cfg: TileConfig, isa: str, pr
         check_precision(precision, isa)
         return analysis.header(cfg, precision) + generate_gemm(
             cfg, analysis.K, analysis.N, isa, analysis.epilogue, name=gemm_func_name(analysis, cfg, isa, precision),
-            precision=precision, l1=l1)
+            precision=precision, l1=l1, x_offset=_x_offset(analysis, precision))
+
+
+def _x_offset(analysis: GemmGroupAnalysis, precision: str) -> int:
+    """The byte offset of A an int8 kernel packs with (0 at other precisions)."""
+    if precision != "int8":
+        return 0
+    if analysis.int8_x_offset is None:
+        raise GemmError(f"group {analysis.group.name}: int8 needs integer operands that fit u8 x s8 (A spanning "
+                        f"at most 256 values, W in [-128, 127])")
+    return analysis.int8_x_offset
 
 
 
@@ -790,19 +821,20 @@ class CompiledGemmGroup(PicklableKernel):
         self.y_output, self.out_shapes, self.arg_roles = analysis.y_output, analysis.out_shapes, analysis.arg_roles
         self.epilogue_args = tuple(analysis.epilogue.args) if analysis.epilogue else ()
         self.has_row_pass = analysis.has_row_pass
+        self.x_offset = _x_offset(analysis, self.precision)
         self.packed = self.pack_weight(analysis.W)
         self._memo: dict[tuple, tuple] = {}
         self.fn = None
 
     def weight_layout(self) -> tuple:
         """What the packed panels depend on besides the raw weight: the register tile's width and
-        the precision (not the block tile), so variants that agree share one copy
-        (:mod:`tscomp.runtime.packing` packs the stored raw weight at load)."""
-        return self.cfg.nr, self.precision
+        the precision (not the block tile; int8: the column corrections' A offset), so variants that
+        agree share one copy (:mod:`tscomp.runtime.packing` packs the stored raw weight at load)."""
+        return (self.cfg.nr, self.precision) + ((self.x_offset,) if self.precision == "int8" else ())
 
     def pack_weight(self, W: np.ndarray) -> np.ndarray:
         """The raw weight W[K, N] in this kernel's panel layout (:meth:`weight_layout`)."""
-        return prepack_weights(W, self.cfg, self.precision)
+        return prepack_weights(W, self.cfg, self.precision, self.x_offset)
 
     def resources(self) -> dict[str, int]:
         return {"vector_accumulators": self.cfg.accumulators(self.isa), "packed_weight_bytes": int(self.packed.nbytes)}

@@ -53,6 +53,8 @@ def evened_count(n, per: int, threads: int, cap):
 #: 16-float rows of its 16x16 fp32 accumulator tiles: 4 tiles (64 rows) of the 8 tile
 #: registers, leaving one or two for the A tiles and at least one for a B tile.
 MAX_ACCUMULATORS = {"avx512": 28, "avx2": 14, "scalar": 64, "amx": 64}
+#: bytes of one packed GEMM operand element per k, per GEMM precision (X and W alike)
+OPERAND_BYTES = {"fp32": 4, "bf16": 2, "int8": 1}
 #: AMX tile geometry: 16 rows per tile, 32 bf16 of K per A row (64 bytes), 8 tile registers
 AMX_ROWS, AMX_K, AMX_TILE_REGISTERS = 16, 32, 8
 

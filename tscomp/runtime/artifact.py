@@ -42,6 +42,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -136,14 +137,19 @@ def manifest_of(model: CompiledModel) -> dict:
     }
 
 
+#: how a GEMM kernel of integer operands computes, per precision (an fp32 model's quantized GEMMs)
+INTEGER_GEMMS = {"bf16": "on bf16 operands, which hold those integers exactly: the same sums",
+                 "int8": "on int8 operands (VPDPBUSD), exact int32 sums converted to fp32 once"}
+
+
 def _precision_scope(model: CompiledModel) -> str:
     target = model.target
     precision = target.precision
-    exact = sum(getattr(k, "precision", "fp32") != precision for ks in model.kernels.values() for k in ks)
     if precision == "fp32":
-        return "every kernel computes in fp32" + (
-            f", {exact} GEMM kernel(s) of integer operands (a quantized model's) on bf16 operands, which hold "
-            "those integers exactly: the same sums" if exact else "")
+        exact = Counter(getattr(k, "precision", "fp32") for ks in model.kernels.values() for k in ks)
+        return "every kernel computes in fp32" + "".join(f", {n} GEMM kernel(s) of integer operands (a quantized "
+                                                         f"model's) {INTEGER_GEMMS[p]}"
+                                                         for p, n in sorted(exact.items()) if p != "fp32")
     from tscomp.codegen.families import bf16_families
     gemm = f"{precision} inner products (fp32 accumulation) in the gemm family (constant weights packed as {precision})"
     if "attention" in bf16_families(target):
@@ -164,15 +170,19 @@ def check_host_precision(path, manifest: dict) -> None:
     except TargetError as exc:
         raise ArtifactError(f"{path}: compiled with --precision {precision}, which this CPU cannot run: {exc}") \
             from None
-    # an fp32 artifact's integer-operand GEMMs (a quantized model's) run in bf16 where the compiling CPU could
-    exact = sorted({v["func"] for g in manifest.get("groups", ()) for v in g.get("variants", ())
-                    if v.get("precision", "fp32") != precision})
-    if exact:
+    # an fp32 artifact's integer-operand GEMMs (a quantized model's) run in int8 or bf16 where the
+    # compiling CPU could
+    exact: dict[str, list] = {}
+    for g in manifest.get("groups", ()):
+        for v in g.get("variants", ()):
+            if v.get("precision", "fp32") != precision:
+                exact.setdefault(v["precision"], []).append(v["func"])
+    for kind, funcs in sorted(exact.items()):
         try:
-            check_precision("bf16", host)
+            check_precision(kind, host)
         except TargetError as exc:
-            raise ArtifactError(f"{path}: {len(exact)} GEMM kernel(s) (e.g. {exact[0]}) compute their integer "
-                                f"operands in bf16, which this CPU cannot run: {exc}; recompile the model on this "
+            raise ArtifactError(f"{path}: {len(funcs)} GEMM kernel(s) (e.g. {funcs[0]}) compute their integer "
+                                f"operands in {kind}, which this CPU cannot run: {exc}; recompile the model on this "
                                 f"machine") from None
     amx = sorted({v["func"] for g in manifest.get("groups", ()) for v in g.get("variants", ())
                   if v.get("isa") == "amx"})

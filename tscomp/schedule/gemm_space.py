@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Mapping
 
-from tscomp.codegen.tile_config import AMX_K, MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError
+from tscomp.codegen.tile_config import AMX_K, MAX_ACCUMULATORS, OPERAND_BYTES, VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError
 from tscomp.schedule.space import Axis, Constraint, DiscreteSpace
 from tscomp.schedule.target import CpuSpec, Target, TargetError
 
@@ -90,7 +90,7 @@ class GemmSpace(DiscreteSpace):
                 Axis("mc_tiles", MC_TILES), Axis("n_parts", N_PARTS), Axis("k_steps", K_STEPS))
         max_acc = MAX_ACCUMULATORS[isa]
         l2 = spec.l2
-        a_bytes = 2 if target.precision == "bf16" else 4      # X is packed as bf16 pairs at bf16
+        a_bytes = OPERAND_BYTES[target.precision]        # X is packed as bf16 pairs at bf16, bytes at int8
         constraints = [
             Constraint("registers", lambda p: p["mr"] * p["nr_vec"] <= max_acc,
                        f"the mr x nr accumulator tile fits the register file ({max_acc} {isa} accumulators)"),

@@ -40,13 +40,24 @@ class TargetError(TscompError):
 #: stay float32 (TSCompiler §5.4 reaches its GPU results with reduced-precision TensorCore GEMMs;
 #: this is the CPU's counterpart).
 PRECISIONS = ("fp32", "bf16")
+#: the precisions one GEMM kernel is generated at: :data:`PRECISIONS`, and ``int8``, which is never a
+#: model-wide choice: :func:`tscomp.codegen.families.gemm_target` picks it for a constant-weight GEMM
+#: whose operands are integers that fit unsigned x signed bytes (a quantized model's MatMulInteger
+#: or QDQ MatMul), on a CPU with AVX512_VNNI (VPDPBUSD: four u8 x s8 products summed into an int32
+#: lane). Its sums are exact int32, converted to float32 once.
+GEMM_PRECISIONS = PRECISIONS + ("int8",)
 
 
 def check_precision(precision: str, spec=None) -> str:
     """``precision`` if it is one of :data:`PRECISIONS` and ``spec`` (a :class:`CpuSpec`, or None to
     skip the hardware check) can run it; else :class:`TargetError` naming what is missing."""
-    if precision not in PRECISIONS:
+    if precision not in GEMM_PRECISIONS:
         raise TargetError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    if precision == "int8" and spec is not None:
+        if not isinstance(spec, CpuSpec) or spec.isa != "avx512" or not spec.vnni:
+            raise TargetError("int8 GEMM kernels need a CPU with AVX-512 and the avx512_vnni instructions "
+                              f"(VPDPBUSD); this one has {getattr(spec, 'isa', 'no CPU')}"
+                              f"{' without avx512_vnni' if isinstance(spec, CpuSpec) and not spec.vnni else ''}")
     if precision == "bf16" and spec is not None:
         if not isinstance(spec, CpuSpec):
             raise TargetError("precision bf16 is implemented for the cpu target only")
@@ -70,6 +81,7 @@ class CpuSpec:
     l3: int
     bf16: bool = False
     amx: bool = False       # AMX tiles with bf16 (TDPBF16PS), and the OS lets this process use them
+    vnni: bool = False      # AVX512_VNNI: u8 x s8 dot products into int32 lanes (VPDPBUSD)
 
     def blocks_per_wave(self, resources: Mapping[str, int] | None = None) -> int:
         return max(1, self.cores)
@@ -315,7 +327,7 @@ def _host_spec() -> CpuSpec:
     return CpuSpec(cores=host_threads(), isa=isa, vector_width=VECTOR_WIDTH[isa],
                    vector_registers=VECTOR_REGISTERS[isa], l1=caches.get(1, 32 * 1024),
                    l2=caches.get(2, 1024 * 1024), l3=caches.get(3, 16 * 1024 * 1024), bf16="avx512_bf16" in flags,
-                   amx=_has_amx(flags))
+                   amx=_has_amx(flags), vnni="avx512_vnni" in flags)
 
 
 def host_cpu(threads: int | None = None, *, isa: str | None = None, precision: str = "fp32") -> Target:
@@ -339,5 +351,5 @@ def cuda(arch: str = "sm_80") -> Target:
     return Target("cuda", "cuda", spec, measurable=False)
 
 
-__all__ = ["CUDA_SPECS", "CpuSpec", "GpuSpec", "PRECISIONS", "Target", "TargetError", "VECTOR_REGISTERS",
+__all__ = ["CUDA_SPECS", "CpuSpec", "GEMM_PRECISIONS", "GpuSpec", "PRECISIONS", "Target", "TargetError", "VECTOR_REGISTERS",
            "VECTOR_WIDTH", "check_precision", "cuda", "host_cpu", "host_memory", "host_threads"]
