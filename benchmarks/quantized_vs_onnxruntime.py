@@ -11,10 +11,11 @@ float model on onnxruntime, side by side in one process, same inputs, same threa
 QuantFormat.QOperator, per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)``
 with a :class:`CalibrationDataReader` over a few ``models.families.make_inputs`` batches.)
 
-tscomp computes the integer products in fp32 from the same int8 weights
-(:mod:`tscomp.graph.quantized_arithmetic`); onnxruntime runs them as int8 GEMMs (VNNI where the CPU
-has it). Lengths: :func:`tscomp.bench.sample_bindings` (random sequence lengths, seed 0, batch fixed
-at 1). Timing: :func:`benchmarks.side_by_side.run_and_time`. Accuracy: each system's output against
+Both run the quantized GEMMs as int8 GEMMs on a CPU with avx512_vnni (tscomp: VPDPBUSD kernels for
+every constant-weight GEMM whose integer operands fit u8 x s8, see
+:mod:`tscomp.graph.quantized_arithmetic` and :func:`tscomp.codegen.families.gemm_target`; bf16 or
+fp32 operands elsewhere); tscomp's GEMMs of two activations (attention) stay float. Lengths:
+:func:`tscomp.bench.sample_bindings` (random sequence lengths, seed 0, batch fixed at 1). Timing: :func:`benchmarks.side_by_side.run_and_time`. Accuracy: each system's output against
 onnxruntime's on the quantized model, and both against the float model (what quantization costs).
 Writes a JSON record and a plot (latency vs length) next to ``--out``.
 """

@@ -29,11 +29,12 @@ def _plain(path):
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def _dynamic_linear(tmp_path, k=300, n=24, per_column=False):
+def _dynamic_linear(tmp_path, k=300, n=24, per_column=False, symmetric=False):
     """x -> DynamicQuantizeLinear -> MatMulInteger(int8 weight) -> Cast -> Mul(scales) -> Add(bias),
-    the quantized tensor, its scale and zero point also graph outputs."""
+    the quantized tensor, its scale and zero point also graph outputs (the weight's zero point 0 if
+    ``symmetric``)."""
     rng = np.random.default_rng(0)
-    w_zp = rng.integers(-3, 4, n if per_column else ()).astype(np.int8)
+    w_zp = rng.integers(-3, 4, n if per_column else ()).astype(np.int8) * (not symmetric)
     inits = [numpy_helper.from_array(rng.integers(-128, 128, (k, n)).astype(np.int8), "wq"),
              numpy_helper.from_array(w_zp, "w_zp"),
              numpy_helper.from_array(np.array(0.01, np.float32), "w_scale"),
@@ -145,6 +146,31 @@ def test_a_dynamically_quantized_bert_compiles_natively_and_matches_onnxruntime(
         want, got = sess.run(None, feed)[0], rt.run(feed)["last_hidden_state"]
         assert np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want), (b, l)
         assert np.mean(np.abs(got - want) > 1e-4 + 1e-4 * np.abs(want)) <= 0.01, (b, l)
+
+
+def test_a_run_time_zero_point_is_applied_after_a_centred_matmul_so_the_gemm_can_run_on_int8(tmp_path):
+    """DynamicQuantizeLinear's zero point is known only at run time: MatMulInteger becomes
+    ``(Cast(A) - 128) . W + (128 - zp) * colsum(W)``, whose A spans [-128, 127] whatever the zero
+    point -- an int8 GEMM where the CPU has avx512_vnni -- and equals onnxruntime at every zero point
+    (all-positive inputs: 0; all-negative: 255)."""
+    from tscomp.schedule.target import host_cpu
+    path = _dynamic_linear(tmp_path, symmetric=True)
+    model = compile_model(str(path), ["B=1:3", "L=1:61"], max_variants=1)
+    assert model.fallback_groups() == []
+    graph = model.plan.graph
+    matmul = [nd for nd in graph.nodes if nd.op_type == "MatMul"]
+    assert len(matmul) == 1 and graph.values[matmul[0].inputs[0]].integer_range == (-128, 127)
+    spec = host_cpu().spec
+    want = "int8" if spec.isa == "avx512" and spec.vnni else "bf16" if spec.bf16 else "fp32"
+    assert [ks[0].precision for ks in model.kernels.values() if ks[0].family == "gemm"] == [want]
+    rt, sess = Runtime.from_compiled(model), _plain(path)
+    rng = np.random.default_rng(9)
+    for x in (rng.uniform(0.1, 3, (1, 7, 300)), -rng.uniform(0.1, 3, (2, 1, 300)), rng.standard_normal((3, 61, 300)),
+              np.zeros((1, 2, 300))):
+        x = x.astype(np.float32)
+        got, want_out = rt.run({"x": x}), dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+        assert np.array_equal(got["x_zp"], want_out["x_zp"])
+        np.testing.assert_allclose(got["y"], want_out["y"], rtol=1e-4, atol=1e-4)
 
 
 def test_integer_operand_gemms_take_bf16_where_the_cpu_has_it_and_float_ones_stay_fp32(tmp_path):

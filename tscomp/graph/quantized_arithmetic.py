@@ -17,7 +17,10 @@ the numpy fallback:
   the quantized tensor is bit-identical;
 * **MatMulInteger / ConvInteger** with a constant B (W) whose int32 result is only cast to float
   (every quantizer's pattern: ``Cast -> Mul(scale) -> Add(bias)``): a float MatMul / Conv of
-  ``Cast(A) - a_zero_point`` and the constant ``B - b_zero_point`` in float32. Every operand is an
+  ``Cast(A) - a_zero_point`` and the constant ``B - b_zero_point`` in float32 -- for a MatMul whose
+  A zero point is computed at run time (DynamicQuantizeLinear's), ``(Cast(A) - c) . W + (c -
+  a_zero_point) * colsum(W)`` with c the middle of A's range, so that A spans 256 values from a
+  constant (:func:`_centred_matmul`: what an int8 GEMM packs). Every operand is an
   integer below 2^8 in magnitude, so every partial sum below 2^24 is exact in fp32 (and in bf16
   operands); a sum beyond that rounds as an fp32 accumulation does, where onnxruntime rounds the
   exact int32 once in the Cast. A MatMulInteger whose int32 result is used as an integer stays as
@@ -249,16 +252,37 @@ def _float_contraction(op_type: str, weight_axis: Callable[[np.ndarray], int]):
         shifted = minus_zero_point(weight, graph.values[b_zp].const if b_zp else None, weight_axis(weight))
         e = p.emitter(node)
         lhs = e.as_float(a)
-        if a_zp:
-            lhs = e.shifted(lhs, e.scalar_float(a_zp))
         out = users[0].outputs[0]
-        e.op(op_type, [lhs, e.const("weight_f32", shifted.astype(F32))], F32, graph.values[out].shape, out=out,
-             **node.attrs)
+        weight_f32 = e.const("weight_f32", shifted.astype(F32))
+        if a_zp and graph.values[a_zp].const is None and op_type == "MatMul" and shifted.ndim == 2:
+            _centred_matmul(e, lhs, e.scalar_float(a_zp), weight_f32, shifted, out)
+        else:
+            if a_zp:
+                lhs = e.shifted(lhs, e.scalar_float(a_zp))
+            e.op(op_type, [lhs, weight_f32], F32, graph.values[out].shape, out=out, **node.attrs)
         for other in users[1:]:          # every further Cast reads the same float result
             e.nodes.append(Node(other.name, "Identity", [out], list(other.outputs)))
         p.replaced.update(id(u) for u in users)
         return e.nodes
     return rewrite
+
+
+def _centred_matmul(e: _Emitter, a: str, zero_point: str, weight: str, w: np.ndarray, out: str) -> None:
+    """``(a - zero_point) . W`` for a zero point known only at run time (DynamicQuantizeLinear's) as
+    ``(a - c) . W + (c - zero_point) * colsum(W)`` with ``c`` the middle of a's range: the GEMM's A
+    then spans a's 256 values from a constant offset -- what an int8 GEMM packs as bytes -- and the
+    run-time zero point only scales a constant vector in the epilogue. Subtracting the zero point
+    first would leave A anywhere in [-255, 255]. Every term is an integer: the sums are exact
+    while below 2^24, as before."""
+    graph = e.graph
+    lo, hi = graph.values[a].integer_range
+    centre = e.const("centre", F32.type((lo + hi + 1) // 2))
+    graph.values[centre].integer_range = ((lo + hi + 1) // 2,) * 2
+    shape = graph.values[out].shape
+    product = e.op("MatMul", [e.shifted(a, centre), weight], F32, shape)
+    colsum = e.const("weight_colsum", w.sum(axis=0, dtype=np.int64).astype(F32))
+    offset = e.op("Sub", [centre, zero_point], F32, ())
+    e.op("Add", [product, e.op("Mul", [offset, colsum], F32, (w.shape[1],))], F32, shape, out=out)
 
 
 # ---------------------------------------------------------------------------- MatMul of dequantized operands
