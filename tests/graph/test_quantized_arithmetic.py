@@ -153,16 +153,13 @@ def test_a_run_time_zero_point_is_applied_after_a_centred_matmul_so_the_gemm_can
     ``(Cast(A) - 128) . W + (128 - zp) * colsum(W)``, whose A spans [-128, 127] whatever the zero
     point -- an int8 GEMM where the CPU has avx512_vnni -- and equals onnxruntime at every zero point
     (all-positive inputs: 0; all-negative: 255)."""
-    from tscomp.schedule.target import host_cpu
     path = _dynamic_linear(tmp_path, symmetric=True)
     model = compile_model(str(path), ["B=1:3", "L=1:61"], max_variants=1)
     assert model.fallback_groups() == []
     graph = model.plan.graph
     matmul = [nd for nd in graph.nodes if nd.op_type == "MatMul"]
     assert len(matmul) == 1 and graph.values[matmul[0].inputs[0]].integer_range == (-128, 127)
-    spec = host_cpu().spec
-    want = "int8" if spec.isa == "avx512" and spec.vnni else "bf16" if spec.bf16 else "fp32"
-    assert [ks[0].precision for ks in model.kernels.values() if ks[0].family == "gemm"] == [want]
+    assert [ks[0].precision for ks in model.kernels.values() if ks[0].family == "gemm"] == [_gemm_precision_for(True)]
     rt, sess = Runtime.from_compiled(model), _plain(path)
     rng = np.random.default_rng(9)
     for x in (rng.uniform(0.1, 3, (1, 7, 300)), -rng.uniform(0.1, 3, (2, 1, 300)), rng.standard_normal((3, 61, 300)),
@@ -193,15 +190,27 @@ def test_integer_operand_gemms_take_bf16_where_the_cpu_has_it_and_float_ones_sta
         np.testing.assert_allclose(rt.run({"x": x})[name], want, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
-def test_a_qdq_matmul_multiplies_the_integer_parts_and_scales_the_sums(tmp_path):
-    """QDQ format: a per-tensor dequantized activation times a per-column dequantized int8 weight is
-    the MatMul of their integer parts (integer-operand: bf16 where the CPU has it) times both scales."""
+def _gemm_precision_for(weight_fits_a_signed_byte: bool) -> str:
+    """The precision tscomp.codegen.families.gemm_target gives a GEMM of integer operands here."""
     from tscomp.schedule.target import host_cpu
+    spec = host_cpu().spec
+    if weight_fits_a_signed_byte and spec.isa == "avx512" and spec.vnni:
+        return "int8"
+    return "bf16" if spec.bf16 else "fp32"
+
+
+@pytest.mark.parametrize("symmetric", [False, True], ids=["weight-zero-points", "symmetric-weight"])
+def test_a_qdq_matmul_multiplies_the_integer_parts_and_scales_the_sums(tmp_path, symmetric):
+    """QDQ format: a per-tensor dequantized activation times a per-column dequantized int8 weight is
+    the MatMul of their integer parts times both scales. The activation's integers span 256 values
+    (a constant zero point): with a symmetric weight the GEMM runs on int8 instructions (VPDPBUSD)
+    where the CPU has avx512_vnni, with the weight's zero points (its integer part past a signed
+    byte) on bf16 where the CPU has it; onnxruntime's results either way."""
     rng = np.random.default_rng(7)
     k, n = 40, 24
     inits = [numpy_helper.from_array(rng.integers(-127, 128, (k, n)).astype(np.int8), "wq"),
              numpy_helper.from_array(rng.uniform(0.001, 0.01, n).astype(np.float32), "w_scale"),
-             numpy_helper.from_array(rng.integers(-3, 4, n).astype(np.int8), "w_zp"),
+             numpy_helper.from_array(rng.integers(-3, 4, n).astype(np.int8) * (not symmetric), "w_zp"),
              numpy_helper.from_array(np.array(0.03, np.float32), "x_scale"),
              numpy_helper.from_array(np.array(131, np.uint8), "x_zp")]
     nodes = [helper.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["w"], axis=1),
@@ -215,38 +224,9 @@ def test_a_qdq_matmul_multiplies_the_integer_parts_and_scales_the_sums(tmp_path)
     weights = [model.plan.graph.values[nd.inputs[1]].const for nd in model.plan.graph.nodes if nd.op_type == "MatMul"]
     assert len(weights) == 1 and np.array_equal(weights[0], np.trunc(weights[0]))       # the integer part
     gemm = [ks[0] for ks in model.kernels.values() if ks[0].family == "gemm"]
-    assert [g.precision for g in gemm] == ["bf16" if host_cpu().spec.bf16 else "fp32"]
-    rt, sess = Runtime.from_compiled(model), _plain(path)
-    for b, l in [(1, 1), (2, 13), (1, 40)]:
-        x = rng.uniform(-4, 4, (b, l, k)).astype(np.float32)                # some saturate
-        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
-
-
-def test_a_qdq_matmul_of_a_symmetric_int8_weight_runs_on_int8_instructions_where_the_cpu_has_them(tmp_path):
-    """An activation quantized to uint8 with a constant zero point spans 256 integers once shifted,
-    and a symmetric int8 weight fits a signed byte: the GEMM runs on VPDPBUSD (exact int32 sums) where
-    the CPU has avx512_vnni, else bf16 or fp32 -- and matches onnxruntime either way."""
-    from tscomp.schedule.target import host_cpu
-    rng = np.random.default_rng(8)
-    k, n = 300, 40
-    inits = [numpy_helper.from_array(rng.integers(-127, 128, (k, n)).astype(np.int8), "wq"),
-             numpy_helper.from_array(rng.uniform(0.001, 0.01, n).astype(np.float32), "w_scale"),
-             numpy_helper.from_array(np.zeros(n, np.int8), "w_zp"),
-             numpy_helper.from_array(np.array(0.03, np.float32), "x_scale"),
-             numpy_helper.from_array(np.array(131, np.uint8), "x_zp")]
-    nodes = [helper.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["w"], axis=1),
-             helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"]),
-             helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xd"]),
-             helper.make_node("MatMul", ["xd", "w"], ["y"])]
-    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TP.FLOAT, ["B", "L", k])],
-                 [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
-    model = compile_model(str(path), ["B=1:2", "L=1:40"], max_variants=1)
-    spec = host_cpu().spec
-    gemm = [ks[0] for ks in model.kernels.values() if ks[0].family == "gemm"]
-    want = "int8" if spec.isa == "avx512" and spec.vnni else "bf16" if spec.bf16 else "fp32"
-    assert [g.precision for g in gemm] == [want]
-    if want == "int8":
-        assert gemm[0].x_offset == -131                  # the bytes packed are the quantized activation itself
+    assert [g.precision for g in gemm] == [_gemm_precision_for(symmetric)]
+    if gemm[0].precision == "int8":
+        assert gemm[0].x_offset == -131          # the bytes packed are the quantized activation itself
     rt, sess = Runtime.from_compiled(model), _plain(path)
     for b, l in [(1, 1), (2, 13), (1, 40)]:
         x = rng.uniform(-4, 4, (b, l, k)).astype(np.float32)                # some saturate

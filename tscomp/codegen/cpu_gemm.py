@@ -481,52 +481,48 @@ def aligned_copy(a: np.ndarray, align: int = 64) -> np.ndarray:
 # C generation
 
 
-class _Int8Vec:
-    """The int8 micro-kernel's int32 lanes (AVX-512): accumulators, W quads and broadcast X quads."""
-    isa, width, type = "avx512", 16, "__m512i"
-
-    def zero(self):
-        return "_mm512_setzero_si512()"
-
-    def load(self, ptr):
-        return f"_mm512_loadu_si512((const void*)({ptr}))"
-
-    def store(self, ptr, v):
-        return f"_mm512_storeu_si512((void*)({ptr}), {v});"
-
-    def set1(self, x):
-        return f"_mm512_set1_epi32((int){x})"
-
-    def add(self, a, b):
-        return f"_mm512_add_epi32({a}, {b})"
+#: per (ISA, lane type): the vector type and the spelling of each operation the micro-kernels use
+_VECTOR_OPS = {
+    ("avx512", "float"): dict(type="__m512", zero="_mm512_setzero_ps()", load="_mm512_loadu_ps({p})",
+                              store="_mm512_storeu_ps({p}, {v});", set1="_mm512_set1_ps({x})",
+                              add="_mm512_add_ps({a}, {b})", fma="_mm512_fmadd_ps({a}, {b}, {c})"),
+    ("avx2", "float"): dict(type="__m256", zero="_mm256_setzero_ps()", load="_mm256_loadu_ps({p})",
+                            store="_mm256_storeu_ps({p}, {v});", set1="_mm256_set1_ps({x})",
+                            add="_mm256_add_ps({a}, {b})", fma="_mm256_fmadd_ps({a}, {b}, {c})"),
+    # the int8 kernels' int32 lanes: accumulators, W quads and broadcast X quads
+    ("avx512", "int32"): dict(type="__m512i", zero="_mm512_setzero_si512()",
+                              load="_mm512_loadu_si512((const void*)({p}))",
+                              store="_mm512_storeu_si512((void*)({p}), {v});", set1="_mm512_set1_epi32((int){x})",
+                              add="_mm512_add_epi32({a}, {b})"),
+}
 
 
 class _Vec:
-    """The handful of SIMD operations the micro-kernel needs, per ISA."""
+    """The handful of SIMD operations the micro-kernel needs, per ISA and lane type (float, or the
+    int8 kernels' int32)."""
 
-    def __init__(self, isa: str):
+    def __init__(self, isa: str, lanes: str = "float"):
         self.isa, self.width = isa, VECTOR_WIDTH[isa]
-        p = {"avx512": "_mm512", "avx2": "_mm256"}.get(isa)
-        self.prefix = p
-        self.type = {"avx512": "__m512", "avx2": "__m256"}.get(isa, "float")
+        self._ops = _VECTOR_OPS.get((isa, lanes), {})
+        self.type = self._ops.get("type", "float")
 
     def zero(self):
-        return f"{self.prefix}_setzero_ps()"
+        return self._ops["zero"]
 
     def load(self, ptr):
-        return f"{self.prefix}_loadu_ps({ptr})"
+        return self._ops["load"].format(p=ptr)
 
     def store(self, ptr, v):
-        return f"{self.prefix}_storeu_ps({ptr}, {v});"
+        return self._ops["store"].format(p=ptr, v=v)
 
     def set1(self, x):
-        return f"{self.prefix}_set1_ps({x})"
+        return self._ops["set1"].format(x=x)
 
     def fma(self, a, b, c):
-        return f"{self.prefix}_fmadd_ps({a}, {b}, {c})"
+        return self._ops["fma"].format(a=a, b=b, c=c)
 
     def add(self, a, b):
-        return f"{self.prefix}_add_ps({a}, {b})"
+        return self._ops["add"].format(a=a, b=b)
 
 
 def check_host_isa(isa: str) -> str:
@@ -975,7 +971,7 @@ static inline void micro_kernel_tail(int64_t rows, {params})
 }}
 """)
         return
-    vec = _Int8Vec() if g.precision == "int8" else _Vec(isa)
+    vec = _Vec(isa, "int32" if g.precision == "int8" else "float")
     _emit_simd_body(emit, g, vec, epilogue, g.MR)
     emit("}\n")
     for rows in range(1, g.MR):
