@@ -170,6 +170,23 @@ def test_a_run_time_zero_point_is_applied_after_a_centred_matmul_so_the_gemm_can
         np.testing.assert_allclose(got["y"], want_out["y"], rtol=1e-4, atol=1e-4)
 
 
+def test_an_artifact_with_int8_gemms_is_refused_by_name_on_a_cpu_without_vnni(tmp_path, monkeypatch):
+    """Compiled where the CPU has avx512_vnni, loaded where it has not: a clear error naming the
+    kernels' precision and the instructions, before any kernel runs (not an illegal instruction)."""
+    import dataclasses
+    import tscomp.schedule.target as target_mod
+    from tscomp.runtime.artifact import ArtifactError, write_artifact
+    if _gemm_precision_for(True) != "int8":
+        pytest.skip("this CPU has no avx512_vnni: nothing compiles to int8 here")
+    model = compile_model(str(_dynamic_linear(tmp_path, symmetric=True)), ["B=1:3", "L=1:61"], max_variants=1)
+    path = write_artifact(model, tmp_path / "m.tsc")
+    Runtime(path)                                          # loads here
+    spec = target_mod._host_spec()
+    monkeypatch.setattr(target_mod, "_host_spec", lambda: dataclasses.replace(spec, vnni=False))
+    with pytest.raises(ArtifactError, match=r"integer operands in int8.*avx512_vnni"):
+        Runtime(path)
+
+
 def test_integer_operand_gemms_take_bf16_where_the_cpu_has_it_and_float_ones_stay_fp32(tmp_path):
     """bf16 holds every integer up to 256 exactly, so a quantized GEMM's bf16 inner products are its
     fp32 ones (tscomp.codegen.families.gemm_target); a float GEMM of the same model stays fp32."""
