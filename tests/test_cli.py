@@ -283,6 +283,24 @@ def test_bench_within_samples_inside_the_sub_range_and_refuses_one_outside_the_d
         parse_ranges(["sequence=39:9"])
 
 
+def test_bench_refuses_to_draw_shapes_from_a_dimension_without_an_upper_bound():
+    """A model compiled without --dim for an axis has it at 1:2^31-1; drawing from that allocated
+    petabytes (an internal MemoryError). Now a clear error saying how to bound it; held or sampled
+    within a sub-range, it is drawn as before."""
+    from types import SimpleNamespace
+
+    from tscomp.bench import sample_bindings
+    from tscomp.errors import TscompError
+    from tscomp.graph.symbols import DEFAULT_MAX
+
+    infos = [SimpleNamespace(name="batch", min=1, max=DEFAULT_MAX), SimpleNamespace(name="height", min=1, max=DEFAULT_MAX)]
+    rt = SimpleNamespace(graph=SimpleNamespace(symbols=SimpleNamespace(live_symbols=lambda: infos)))
+    with pytest.raises(TscompError, match=r"'height' has no upper bound .*--fix height=N.*--within height=LO:HI"):
+        sample_bindings(rt, 3, 0, {"batch": 1})
+    got = sample_bindings(rt, 3, 0, {"batch": 1}, {"height": (8, 32)})
+    assert all(b["batch"] == 1 and 8 <= b["height"] <= 32 for b in got)
+
+
 def test_measure_gpu_is_refused_clearly_for_the_cpu_target_and_without_a_gpu(mlp_file, tmp_path):
     result = run_cli("compile", mlp_file, "--dim", "batch=1:8", "-o", tmp_path / "m.tsc", "--measure-gpu")
     assert result.returncode != 0 and "--measure-gpu times CUDA kernels: it needs --target cuda" in result.stderr

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tscomp.errors import TscompError
+from tscomp.graph.symbols import DEFAULT_MAX
 from tscomp.runtime import Runtime
 from tscomp.sample_inputs import random_inputs
 
@@ -72,6 +73,11 @@ def sample_bindings(runtime: Runtime, samples: int, seed: int, fixed: dict[str, 
         if info is None or not info.min <= lo <= hi <= info.max:
             declared = f"{info.min}:{info.max}" if info else "not a symbol of this model"
             raise TscompError(f"--within {name}={lo}:{hi} is not inside the declared range ({declared})")
+    for i in infos:
+        if i.name not in fixed and i.name not in within and i.max >= DEFAULT_MAX:
+            raise TscompError(f"dimension {i.name!r} has no upper bound ({i.min}:{i.max}, the default where no --dim "
+                              f"bounds it), so random shapes cannot be drawn from it: hold it with --fix {i.name}=N, "
+                              f"sample it with --within {i.name}=LO:HI, or compile with --dim {i.name}=MIN:MAX")
     out = []
     for _ in range(samples):
         binding = {}
