@@ -1,0 +1,37 @@
+"""The kernel families' target decisions (tscomp.codegen.families)."""
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from tscomp.codegen.families import gemm_target
+from tscomp.schedule.target import CpuSpec, Target, cuda
+
+SPEC = CpuSpec(cores=2, isa="avx512", vector_width=16, vector_registers=32, l1=32 << 10, l2=1 << 20, l3=32 << 20)
+
+
+def cpu(**features) -> Target:
+    return Target("cpu", "c", dataclasses.replace(SPEC, **features))
+
+
+INT8_AND_BF16 = SimpleNamespace(int8_x_offset=-128, exact_in_bf16=True)     # a symmetric int8 weight
+BF16_ONLY = SimpleNamespace(int8_x_offset=None, exact_in_bf16=True)         # a weight with zero points
+FLOAT = SimpleNamespace(int8_x_offset=None, exact_in_bf16=False)
+
+
+@pytest.mark.parametrize("features,analysis,want", [
+    ({"vnni": True, "bf16": True}, INT8_AND_BF16, "int8"),
+    ({"vnni": True, "bf16": True}, BF16_ONLY, "bf16"),
+    ({"vnni": False, "bf16": True}, INT8_AND_BF16, "bf16"),
+    ({"vnni": True, "bf16": False}, BF16_ONLY, "fp32"),
+    ({"vnni": False, "bf16": False}, INT8_AND_BF16, "fp32"),
+    ({"vnni": True, "bf16": True, "amx": True}, INT8_AND_BF16, "bf16"),     # AMX's bf16 tiles first
+    ({"vnni": True, "bf16": True}, FLOAT, "fp32"),
+])
+def test_integer_operand_gemms_take_int8_then_bf16_where_the_cpu_has_them(features, analysis, want):
+    assert gemm_target(analysis, cpu(**features)).precision == want
+
+
+def test_a_model_compiled_at_bf16_and_a_gpu_target_keep_their_precision():
+    assert gemm_target(INT8_AND_BF16, cpu(vnni=True, bf16=True).with_precision("bf16")).precision == "bf16"
+    assert gemm_target(INT8_AND_BF16, cuda("sm_80")).precision == "fp32"
