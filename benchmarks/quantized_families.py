@@ -25,33 +25,21 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from benchmarks.family_sweep import arguments, checked_bindings, relative_l2, tiny_ranges
+from benchmarks.family_sweep import QUANTIZED_FORMATS, arguments, checked_bindings, quantize_model, relative_l2, tiny_ranges
 from models import families as F
 from models.export import export_model
 from tscomp.compiler import compile_model
 from tscomp.runtime import Runtime
 
+
 def quantize(src: str, dst: str, fmt: str, family: str) -> None:
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
-                                          quantize_static)
-    if fmt == "dynamic":
-        quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
-        return
+    """A family's export quantized (:func:`benchmarks.family_sweep.quantize_model`), calibrated on three
+    random batches of its tiny inputs."""
     ranges = F.symbol_ranges(family, "tiny")
     rng = np.random.default_rng(0)
     batches = [F.make_inputs(family, {k: min(hi, max(lo, 7 + 5 * i)) for k, (lo, hi) in ranges.items()}, rng, "tiny")
                for i in range(3)]
-
-    class Batches(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(batches)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(src, dst, Batches(), quant_format=QuantFormat.QDQ if fmt == "qdq" else QuantFormat.QOperator,
-                    per_channel=True,
-                    weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)
+    quantize_model(src, dst, fmt, batches)
 
 
 def check(path: str, family: str, shapes: int, seed: int) -> tuple[int, float]:
@@ -84,7 +72,7 @@ def main() -> None:
         for family in args.families.split(","):
             for exporter in args.exporters.split(","):
                 src = str(export_model(family, "tiny", exporter, args.cache))
-                for fmt in ("dynamic", "qdq", "qoperator"):
+                for fmt in QUANTIZED_FORMATS:
                     dst = str(Path(tmp) / f"{family}-{exporter}-{fmt}.onnx")
                     try:
                         quantize(src, dst, fmt, family)

@@ -4,6 +4,7 @@
     .venv/bin/python -m benchmarks.unseen_families --models qwen3,swin --exporters torchscript
     .venv/bin/python -m benchmarks.unseen_families --models electra,deit --exporters torchscript11,torchscript13   # older opsets
     .venv/bin/python -m benchmarks.unseen_families --models t5enc,swin --exporters dynamo --half   # float16 exports
+    .venv/bin/python -m benchmarks.unseen_families --models electra,deit --exporters dynamo --quantize qdq   # int8
 
 Every entry of ``MODELS`` is a ``transformers`` config class (tiny geometry unless ``_full``: the
 class's default, a real model size) with random weights, exported with the dynamo and/or the
@@ -26,6 +27,13 @@ exporters over every entry takes ~25 minutes here; nothing else may run meanwhil
 float16 inputs, and compares at float16's precision instead of 1e-4 (:func:`_matches`: relative L2
 within :data:`HALF_REL_L2`, no element more than :data:`HALF_STEPS` float16 steps apart).
 
+``--quantize dynamic|qdq|qoperator`` quantizes each export with onnxruntime's quantizer
+(:func:`benchmarks.family_sweep.quantize_model`; static formats calibrated on three of the checked
+input batches) and compares against onnxruntime on the quantized model within
+:data:`QUANTIZED_REL_L2` relative L2 (a quantized model amplifies fp32 rounding: a value within an ulp
+of a rounding tie quantizes one step apart in two correct implementations); the row counts the
+GEMM kernels on int8 instructions.
+
 Export failures are the exporters' (some families need the TorchScript path); they are reported,
 not hidden. The families of ``models/`` are deliberately absent.
 """
@@ -42,6 +50,7 @@ import warnings
 
 import numpy as np
 
+from benchmarks.family_sweep import QUANTIZED_FORMATS, quantize_model
 from tscomp.bench import _timed
 
 # the tiny geometry most entries share (2 layers, hidden 128, 4 heads)
@@ -373,11 +382,14 @@ def check_shapes(spec):
 
 
 
-def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path, half: bool = False) -> dict:
+def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path, half: bool = False,
+          quantize: str = "") -> dict:
     """One model: export, compile, compare and time; a JSON-able row. ``half``: the model in float16,
-    compared at float16's precision (:func:`_matches`)."""
+    compared at float16's precision; ``quantize``: the export quantized in that format, compared at
+    a quantized model's (:func:`_matches`)."""
     warnings.simplefilter("ignore")
-    res = {"model": name, "exporter": exporter + ("-fp16" if half else "")}
+    variant = "-fp16" if half else f"-{quantize}" if quantize else ""
+    res = {"model": name, "exporter": exporter + variant}
     t = time.time()
     try:
         with contextlib.redirect_stdout(io.StringIO()):
@@ -385,6 +397,15 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path, half: bo
     except Exception as e:      # noqa: BLE001 - the exporter's failure is this row's result
         return res | {"stage": "export", "error": f"{type(e).__name__}: {str(e)[:300]}"}
     res["export_s"] = round(time.time() - t, 1)
+    if quantize:
+        quantized = out_dir / f"{name}-{exporter}{variant}.onnx"
+        calibration = [make_inputs(spec, b, np.random.default_rng(3)) for b in check_shapes(spec)[:3]]
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                quantize_model(str(path), str(quantized), quantize, calibration)
+        except Exception as e:      # noqa: BLE001 - onnxruntime's quantizer refused the export
+            return res | {"stage": "quantize", "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        path = quantized
     import onnxruntime as ort
     plain = ort.SessionOptions()
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -402,7 +423,7 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path, half: bo
         except Exception as e:      # noqa: BLE001 - the export itself does not run at this shape
             return res | {"stage": "export", "error": f"onnxruntime cannot run the export at {b}: "
                                                       f"{type(e).__name__}: {str(e)[-300:]}"}
-    art = out_dir / f"{name}-{exporter}{'-fp16' if half else ''}.tsc"
+    art = out_dir / f"{name}-{exporter}{variant}.tsc"
     cmd = [sys.executable, "-m", "tscomp.cli", "compile", str(path), "-o", str(art), "--budget", budget,
            "--records", str(out_dir / "tuning-records.json")]
     for k, (lo, hi) in dims_of(spec).items():
@@ -430,15 +451,16 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path, half: bo
         got, ref = got.astype(np.float32), ref.astype(np.float32)
         rel = max(rel, float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)))
         scale = max(scale, float(np.abs(ref).max()))
-        if not _matches(got, ref, half):
+        if not _matches(got, ref, half, bool(quantize)):
             fails.append(f"{b}: max abs diff {float(np.abs(got - ref).max()):.2e}")
         ratios.append(_median_time(lambda: rt.run(inp)) / _median_time(lambda: sess.run(None, inp)))
     if ratios and scale < MIN_REFERENCE_SCALE:
         fails.append(f"the reference output is ~0 (max |ref| {scale:.1e}): the comparison checks nothing")
     fallback = json.loads((art / "manifest.json").read_text())["groups"]
     numpy_groups = [g["name"] for g in fallback if any(v["family"] == "numpy" for v in g["variants"])]
+    int8 = sum(v.get("precision") == "int8" for g in fallback for v in g["variants"])
     return res | {"stage": "done", "ok": not fails, "fails": fails, "rel_l2": rel, "ref_max_abs": scale,
-                  "numpy_groups": numpy_groups, "ratios": [round(r, 3) for r in ratios],
+                  "numpy_groups": numpy_groups, "int8_gemms": int8, "ratios": [round(r, 3) for r in ratios],
                   "geomean": float(np.exp(np.mean(np.log(ratios)))) if ratios else None}
 
 
@@ -448,9 +470,15 @@ MIN_REFERENCE_SCALE = 1e-2
 #: roundoff (4.9e-4), no element further apart than this many float16 steps at the output's
 #: largest magnitude (both systems compute in float32 between float16 tensors, in other orders)
 HALF_REL_L2, HALF_STEPS = 2e-3, 4
+#: a quantized model's output against onnxruntime's: the rounding-tie flips two correct
+#: implementations differ by stay below this (the families of ``models/``: 3.5e-3 at worst); a
+#: wrong scale, zero point or weight is 1e-1 and more
+QUANTIZED_REL_L2 = 1e-2
 
 
-def _matches(got: np.ndarray, ref: np.ndarray, half: bool) -> bool:
+def _matches(got: np.ndarray, ref: np.ndarray, half: bool, quantized: bool = False) -> bool:
+    if quantized:
+        return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)) <= QUANTIZED_REL_L2
     if not half:
         return bool(np.allclose(got, ref, rtol=1e-4, atol=1e-4))
     step = float(np.spacing(np.float16(np.abs(ref).max())))
@@ -472,7 +500,9 @@ def _row_text(r: dict) -> str:
     if r["stage"] != "done":
         return head + f"{r['stage']} failed: {r['error'].splitlines()[0][:110]}"
     return head + (f"{'ok' if r['ok'] else 'MISMATCH':>8}  rel L2 {r['rel_l2']:.1e} (|ref| <= {r['ref_max_abs']:.1e})  "
-                   f"numpy groups {len(r['numpy_groups'])}  tscomp/ort {r['geomean']:.2f} "
+                   f"numpy groups {len(r['numpy_groups'])}  "
+                   + (f"int8 GEMMs {r['int8_gemms']}  " if "int8_gemms" in r else "")
+                   + f"tscomp/ort {r['geomean']:.2f} "
                    f"(worst {max(r['ratios']):.2f})")
 
 
@@ -484,18 +514,21 @@ def main() -> None:
     ap.add_argument("--cache", default=".cache/unseen", help="exports, artifacts and tuning records")
     ap.add_argument("--out", default="", help="write the rows as JSON")
     ap.add_argument("--half", action="store_true", help="export each model in float16 (model.half())")
+    ap.add_argument("--quantize", default="", choices=("",) + QUANTIZED_FORMATS,
+                    help="quantize each export with onnxruntime's quantizer in this format")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     out_dir = pathlib.Path(args.cache)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.child:
-        print(json.dumps(check(args.child[0], args.child[1], args.budget, out_dir, args.half)))
+        print(json.dumps(check(args.child[0], args.child[1], args.budget, out_dir, args.half, args.quantize)))
         return
     rows = []
     for exporter in args.exporters.split(","):
         for name in args.models.split(","):
             cmd = [sys.executable, "-m", "benchmarks.unseen_families", "--child", name, exporter,
-                   "--budget", args.budget, "--cache", args.cache] + (["--half"] if args.half else [])
+                   "--budget", args.budget, "--cache", args.cache] + (["--half"] if args.half else []) \
+                + (["--quantize", args.quantize] if args.quantize else [])
             p = subprocess.run(cmd, capture_output=True, text=True)
             line = p.stdout.strip().splitlines()[-1] if p.returncode == 0 and p.stdout.strip() else None
             row = json.loads(line) if line else {"model": name, "exporter": exporter, "stage": "crash",
