@@ -81,8 +81,8 @@ tile registers in the parallel region; the kernel's library asks Linux for the t
 in float32 -- a quantized model's -- with W in [-128, 127] and X spanning at most 256 values from
 ``x_offset``): the bf16 layout with *quads* for pairs. W is packed as int8 quads along K (one 32-bit
 lane holds ``W[k..k+3, j]``, K padded to a multiple of 4), X is packed as unsigned bytes
-``X - x_offset`` in [0, 255], and the k loop issues one ``_mm512_dpbusd_epi32(acc, broadcast x quad,
-w quad vector)`` per four k: 64 multiply-adds per instruction, where VDPBF16PS does 32 and an FMA 16.
+``X - x_offset`` in [0, 255], and the k loop issues one VPDPBUSD (acc, broadcast x quad, w quad
+vector) per four k: 64 multiply-adds per instruction, where VDPBF16PS does 32 and an FMA 16.
 Accumulators and the partial sums between K blocks are int32 (exact: |sum| < 2^31 for K <= 65536);
 since ``X = U + x_offset``, ``X . W = U . W + x_offset * colsum(W)``, and that correction (int32,
 stored after the weight panels) is what the accumulators start from. The finished tile is
@@ -102,8 +102,8 @@ from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import GEMM_KERNEL_NAMES, math_helpers
 from tscomp.codegen.task_affinity import AFFINITY_C, claim_loop, shares_declaration
 from tscomp.codegen.tile_config import (AMX_K, AMX_ROWS, AMX_TILE_REGISTERS, BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS,
-                                       VECTOR_WIDTH, OPERAND_BYTES, TileConfig, TileConfigError, default_config, evened_count,
-                                       host_caches)
+                                       OPERAND_BYTES, VECTOR_WIDTH, TileConfig, TileConfigError, default_config,
+                                       evened_count, host_caches)
 from tscomp.errors import TscompError
 from tscomp.schedule.target import GEMM_PRECISIONS     # the target's precisions: one list
 
@@ -619,7 +619,7 @@ static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
     elif bf16:
         _emit_pack_bf16(emit, g)
     elif int8:
-        _emit_pack_int8(emit)
+        _emit_int8_helpers(emit)
     elif not g.x_in_place:
         _emit_pack(emit, g)
     _emit_micro_kernel(emit, g, isa, epilogue, epi_params, epi_names)
@@ -752,7 +752,8 @@ def _int8_defines(g: _Geometry, x_offset: int) -> str:
 #define XLO {int(x_offset)}   /* X's smallest value: X is packed as the byte X - XLO */"""
 
 
-def _emit_pack_int8(emit):
+def _emit_int8_helpers(emit):
+    """The int8 kernels' dot-product step and their X packing."""
     emit("""/* acc += the four u8 x s8 products of each 32-bit lane of x and w (VPDPBUSD). Written in assembly:
  * GCC 12 allocates _mm512_dpbusd_epi32's result apart from its accumulator and copies every
  * accumulator back on every k step (an 8x48 tile ran at half the rate of an 8x32 one). */
@@ -1317,7 +1318,7 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
             for (int64_t r0 = 0; r0 < M; r0 += MR)
                 row_pass(Y, r0, min_i64(MR, M - r0){epi_names});
         }}""" if row_pass else ""
-    bf16, int8 = g.precision == "bf16", g.precision == "int8"
+    int8 = g.precision == "int8"
     op = _operand(g)
     # fp32: W offsets in floats; bf16 / int8: in 32-bit lanes of bf16 pairs / int8 quads (K padded to
     # BF16_K_BLOCK / INT8_K_QUAD, divided by the k values per lane)
@@ -1333,8 +1334,8 @@ def _emit_macro_kernel(emit, g: _Geometry, name: str, epi_params: str, epi_names
     # step); L2_STREAM_K_STRIDE x NR / 16 passes cover it all (AMX: NR / 16, and a panel's later passes
     # start over; the SIMD kernels get NULL there and skip the prefetches)
     per_pass = 16 * L2_PREFETCH_LINES
-    steps = f"((kl + {BF16_K_BLOCK - 1}) / {BF16_K_BLOCK} * {BF16_K_BLOCK // 2})" if bf16 else \
-        f"((kl + {INT8_K_QUAD - 1}) / {INT8_K_QUAD})" if int8 else "kl"
+    # packed K steps of a K block (lanes of its rows): bf16 blocks are whole tile depths, int8 whole quads
+    steps = f"((kl + {g.k_granule - 1}) / {g.k_granule} * {g.k_granule // lane})" if lane > 1 else "kl"
     window = max(1, g.NR // per_pass) if per_pass else 0
     if not per_pass:
         w_stream = "NULL"
