@@ -328,3 +328,31 @@ def test_compiling_a_float16_model_says_it_computes_in_float32(tmp_path):
     assert "float16 model: every operator computed in float32" in result.stdout
     result = run_cli("run", tmp_path / "half.tsc", "--shape", "L=3", "--repeat", "1")
     assert result.returncode == 0 and "output y: float16[3, 8]" in result.stdout, result.stdout + result.stderr
+
+
+def test_compiling_a_quantized_model_names_its_gemms_on_integer_or_bf16_instructions(tmp_path):
+    """A dynamically quantized linear layer with a symmetric int8 weight: its GEMM runs on int8
+    instructions where the CPU has avx512_vnni (bf16 operands where it has avx512_bf16 only), and the
+    compile summary says so; a CPU with neither runs it in fp32 and prints no such line."""
+    from tscomp.schedule.target import host_cpu
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(-127, 128, (32, 8)).astype(np.int8), "wq"),
+             numpy_helper.from_array(np.array(0.02, np.float32), "w_scale")]
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zp"]),
+             helper.make_node("MatMulInteger", ["xq", "wq", "x_zp"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["acc_f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["x_scale", "w_scale"], ["scale"]),
+             helper.make_node("Mul", ["acc_f", "scale"], ["y"])]
+    g = helper.make_graph(nodes, "dq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["L", 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    path = tmp_path / "dq.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    result = run_cli("compile", path, "--dim", "L=1:8", "-o", tmp_path / "dq.tsc", "--no-tune")
+    assert result.returncode == 0, result.stderr
+    spec = host_cpu().spec
+    if spec.isa == "avx512" and spec.vnni and not spec.amx:
+        assert "quantized GEMMs: 1 group(s) on int8 instructions (VPDPBUSD" in result.stdout, result.stdout
+    elif spec.bf16:
+        assert "quantized GEMMs: 1 group(s) on bf16 operands" in result.stdout, result.stdout
+    else:
+        assert "quantized GEMMs" not in result.stdout

@@ -102,6 +102,16 @@ def compile_to(model: str, dims: list[str], output: str, *, variants: int, threa
     return path, compiled
 
 
+def _integer_gemms(compiled) -> list[str]:
+    """A line naming the GEMM groups of integer operands (a quantized model's) that run at another
+    precision than the model's (tscomp.codegen.families.gemm_target), if any."""
+    other = Counter(ks[0].precision for ks in compiled.kernels.values()
+                    if ks[0].family == "gemm" and ks[0].precision != compiled.target.precision)
+    how = {"int8": "on int8 instructions (VPDPBUSD, exact int32 sums)", "bf16": "on bf16 operands (exact)"}
+    return ["quantized GEMMs: " + "; ".join(f"{n} group(s) {how.get(p, p)}" for p, n in sorted(other.items()))] \
+        if other else []
+
+
 def _summary(compiled, path: Path) -> list[str]:
     fams = Counter(ks[0].family for ks in compiled.kernels.values())
     n_var = sum(len(ks) for ks in compiled.kernels.values())
@@ -114,6 +124,7 @@ def _summary(compiled, path: Path) -> list[str]:
                 "op in fp32)" if compiled.target.precision == "bf16" else ""),
              *(["float16 model: every operator computed in float32, float16 at its inputs and outputs "
                 "(tscomp/graph/half_precision.py)"] if has_float16(compiled.plan.graph) else []),
+             *_integer_gemms(compiled),
              f"schedules ({compiled.target.describe()}): {compiled.config_source}"
              + (f", {compiled.schedules.seconds:.0f}s" if compiled.schedules is not None else "")]
     lines += [n for n in compiled.notes if n.startswith("packed weights:")]
