@@ -31,7 +31,8 @@ within :data:`HALF_REL_L2`, no element more than :data:`HALF_STEPS` float16 step
 (:func:`benchmarks.family_sweep.quantize_model`; static formats calibrated on three of the checked
 input batches) and compares against onnxruntime on the quantized model within
 :data:`QUANTIZED_REL_L2` relative L2 (a quantized model amplifies fp32 rounding: a value within an ulp
-of a rounding tie quantizes one step apart in two correct implementations); the row counts the
+of a rounding tie quantizes one step apart in two correct implementations, and the step travels
+through every later layer); the row counts the
 GEMM kernels on int8 instructions.
 
 Export failures are the exporters' (some families need the TorchScript path); they are reported,
@@ -415,8 +416,14 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path, half: bo
         return res | {"stage": "export", "error": f"onnxruntime cannot load the export: {type(e).__name__}: "
                                                   f"{str(e)[-300:]}"}
     rng = np.random.default_rng(7)
+    shapes = check_shapes(spec)
+    if quantize == "qoperator" and _has_qlinear_softmax(path):
+        # onnxruntime's QLinearSoftmax answers 0 for a one-element row (the probability 1 saturates
+        # to 255 in tscomp): a sequence of one is no comparison (as in benchmarks.quantized_families)
+        shapes = [b for b in shapes if b.get("sequence", 2) > 1]
+        res["note"] = "sequence 1 not compared (onnxruntime's QLinearSoftmax on one-element rows)"
     cases = []        # (binding, inputs, reference output); before compiling: an export onnxruntime
-    for b in check_shapes(spec):      # cannot run is the exporter's failure, not tscomp's
+    for b in shapes:                  # cannot run is the exporter's failure, not tscomp's
         inp = make_inputs(spec, b, rng, half)
         try:
             cases.append((b, inp, reference.run(None, inp)[0]))
@@ -471,9 +478,16 @@ MIN_REFERENCE_SCALE = 1e-2
 #: largest magnitude (both systems compute in float32 between float16 tensors, in other orders)
 HALF_REL_L2, HALF_STEPS = 2e-3, 4
 #: a quantized model's output against onnxruntime's: the rounding-tie flips two correct
-#: implementations differ by stay below this (the families of ``models/``: 3.5e-3 at worst); a
-#: wrong scale, zero point or weight is 1e-1 and more
-QUANTIZED_REL_L2 = 1e-2
+#: implementations differ by stay below this -- the families of ``models/``: 3.5e-3 at worst; the
+#: QDQ Qwen3 here: tscomp bit-identical to onnxruntime's plain session at 8 of 9 shapes, 1.55e-2 at
+#: the ninth, where onnxruntime's optimized session differs from its plain one by 1.6-2.2e-2 at
+#: every shape -- while a wrong scale, zero point or weight is 1e-1 and more
+QUANTIZED_REL_L2 = 5e-2
+
+
+def _has_qlinear_softmax(path) -> bool:
+    import onnx
+    return any(n.op_type == "QLinearSoftmax" for n in onnx.load(str(path), load_external_data=False).graph.node)
 
 
 def _matches(got: np.ndarray, ref: np.ndarray, half: bool, quantized: bool = False) -> bool:
