@@ -717,30 +717,39 @@ static inline void ts_bf16_row(const float* restrict src, uint16_t* restrict dst
 
 def _emit_pack_bf16(emit, g: _Geometry):
     emit(BF16_ROW_C)
-    emit("""/* Pack rows [m0, m0 + mv) x columns [k0, k0 + kl) of X into MR-row panels of bf16 pairs:
- * panel p holds xp[p*MR*KQ + q*MR + r] = (bf16 X[m0 + p*MR + r, k0 + 2q], bf16 X[.., k0 + 2q + 1]) as one
+    _emit_lane_pack(emit, "bf16 pairs", 2, """(bf16 X[m0 + p*MR + r, k0 + 2q], bf16 X[.., k0 + 2q + 1]) as one
  * 32-bit lane (low half the even k), rounded to nearest even by VCVTNE2PS2BF16. An odd kl leaves the
- * last pair's high half zero, rows past M are zero (local padding): the micro-kernel needs no tests. */
+ * last pair's high half zero""", "ts_bf16_row(src, (uint16_t*)row, kl, (kl + 15) / 16 * 16);")
+
+
+def _emit_lane_pack(emit, what: str, per_lane: int, lane_text: str, convert_row: str) -> None:
+    """``pack_x`` of the kernels whose X panels hold ``per_lane`` k values per 32-bit lane (bf16
+    pairs, int8 quads): each row of the block converted into ``row`` (``convert_row``: C reading
+    ``src``, the row's first element), then its lanes dealt into the MR-row panel."""
+    emit(f"""/* Pack rows [m0, m0 + mv) x columns [k0, k0 + kl) of X into MR-row panels of {what}:
+ * panel p holds xp[p*MR*KQ + q*MR + r] = {lane_text}; rows past M are zero (local padding): the
+ * micro-kernel needs no tests. */
 static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, int64_t kl,
                    uint32_t* restrict xp)
-{
-    uint32_t row[KROW / 2] __attribute__((aligned(64)));   /* one row of the block as bf16 pairs */
-    const int64_t kq = (kl + 1) / 2;
-    for (int64_t p = 0; p * MR < mv; ++p) {
+{{
+    uint32_t row[KROW / {per_lane}] __attribute__((aligned(64)));   /* one row of the block as 32-bit lanes */
+    const int64_t kq = (kl + {per_lane - 1}) / {per_lane};
+    for (int64_t p = 0; p * MR < mv; ++p) {{
         uint32_t* restrict dst = xp + p * (MR * KQ);
         const int64_t rows = min_i64(MR, mv - p * MR);
-        for (int r = 0; r < MR; ++r) {
-            if (r >= rows) {
+        for (int r = 0; r < MR; ++r) {{
+            if (r >= rows) {{
                 for (int64_t q = 0; q < kq; ++q)
                     dst[q * MR + r] = 0u;
                 continue;
-            }
-            ts_bf16_row(X + (m0 + p * MR + r) * (int64_t)K + k0, (uint16_t*)row, kl, (kl + 15) / 16 * 16);
+            }}
+            const float* restrict src = X + (m0 + p * MR + r) * (int64_t)K + k0;
+            {convert_row}
             for (int64_t q = 0; q < kq; ++q)
                 dst[q * MR + r] = row[q];
-        }
-    }
-}
+        }}
+    }}
+}}
 """)
 
 
@@ -763,39 +772,23 @@ static inline __attribute__((always_inline)) __m512i ts_dpbusd(__m512i acc, __m5
     return acc;
 }
 """)
-    emit("""/* Pack rows [m0, m0 + mv) x columns [k0, k0 + kl) of X into MR-row panels of byte quads:
- * panel p holds xp[p*MR*KQ + q*MR + r] = the bytes X[m0 + p*MR + r, k0 + 4q .. 4q + 3] - XLO as one
- * 32-bit lane (lowest byte the first k). X holds integers in [XLO, XLO + 255] (the graph stage's
- * integer range), so each converts exactly; the bytes of a short last quad multiply the zero
- * padding of W, rows past M are zero (their results are never stored). */
-static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, int64_t kl,
-                   uint32_t* restrict xp)
+    emit("""/* n floats holding integers in [XLO, XLO + 255] -> the bytes x - XLO (exact), zero up to a
+ * multiple of 16 */
+static inline void ts_u8_row(const float* restrict src, uint8_t* restrict dst, int64_t n)
 {
-    uint32_t row[KROW / 4] __attribute__((aligned(64)));   /* one row of the block as byte quads */
-    const int64_t kq = (kl + 3) / 4;
     const __m512i lo = _mm512_set1_epi32(XLO);
-    for (int64_t p = 0; p * MR < mv; ++p) {
-        uint32_t* restrict dst = xp + p * (MR * KQ);
-        const int64_t rows = min_i64(MR, mv - p * MR);
-        for (int r = 0; r < MR; ++r) {
-            if (r >= rows) {
-                for (int64_t q = 0; q < kq; ++q)
-                    dst[q * MR + r] = 0u;
-                continue;
-            }
-            const float* restrict src = X + (m0 + p * MR + r) * (int64_t)K + k0;
-            for (int64_t c = 0; c < kl; c += 16) {
-                const int64_t left = kl - c;
-                const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-                const __m512i u = _mm512_maskz_sub_epi32(m, _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(m, src + c)), lo);
-                _mm_storeu_si128((__m128i*)((uint8_t*)row + c), _mm512_cvtepi32_epi8(u));
-            }
-            for (int64_t q = 0; q < kq; ++q)
-                dst[q * MR + r] = row[q];
-        }
+    for (int64_t c = 0; c < n; c += 16) {
+        const int64_t left = n - c;
+        const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+        const __m512i u = _mm512_maskz_sub_epi32(m, _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(m, src + c)), lo);
+        _mm_storeu_si128((__m128i*)(dst + c), _mm512_cvtepi32_epi8(u));
     }
 }
 """)
+    _emit_lane_pack(emit, "byte quads", 4, """the bytes X[m0 + p*MR + r, k0 + 4q .. 4q + 3] - XLO as
+ * one 32-bit lane (lowest byte the first k); X holds integers in [XLO, XLO + 255] (the graph stage's
+ * integer range), so each converts exactly, and the bytes of a short last quad multiply the zero
+ * padding of W""", "ts_u8_row(src, (uint8_t*)row, kl);")
 
 
 def _amx_defines(g: _Geometry) -> str:
