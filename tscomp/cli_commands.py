@@ -13,7 +13,7 @@ from pathlib import Path
 from tscomp.codegen.families import DEFAULT_VARIANTS
 from tscomp.errors import TscompError
 from tscomp.graph.half_precision import has_float16
-from tscomp.runtime.artifact import file_sha256
+from tscomp.runtime.artifact import INTEGER_GEMMS, file_sha256
 
 
 class Progress:
@@ -107,8 +107,7 @@ def _integer_gemms(compiled) -> list[str]:
     precision than the model's (tscomp.codegen.families.gemm_target), if any."""
     other = Counter(ks[0].precision for ks in compiled.kernels.values()
                     if ks[0].family == "gemm" and ks[0].precision != compiled.target.precision)
-    how = {"int8": "on int8 instructions (VPDPBUSD, exact int32 sums)", "bf16": "on bf16 operands (exact)"}
-    return ["quantized GEMMs: " + "; ".join(f"{n} group(s) {how.get(p, p)}" for p, n in sorted(other.items()))] \
+    return ["quantized GEMMs: " + "; ".join(f"{n} group(s) {INTEGER_GEMMS[p]}" for p, n in sorted(other.items()))] \
         if other else []
 
 

@@ -388,19 +388,22 @@ class GemmGroupAnalysis:
     def _integer_operands_within(self, bound: int) -> bool:
         """Whether every element of A and W is an integer of magnitude <= ``bound``: W by its values,
         A by the range the graph stage recorded for it (a quantized activation's shifted float form)."""
-        graph = self.plan.graph
-        node = next((n for n in graph.nodes if n.name == self.heavy.node), None)
-        span = graph.values[node.inputs[0]].integer_range if node is not None else None
+        span = self._a_integer_range()
         return span is not None and max(-span[0], span[1]) <= bound and bool(np.all(np.trunc(self.W) == self.W)) \
             and float(np.abs(self.W).max(initial=0.0)) <= bound
+
+    def _a_integer_range(self) -> tuple[int, int] | None:
+        """The integers A holds, as the graph stage recorded them (a quantized activation's float
+        form), or None."""
+        graph = self.plan.graph
+        node = next((n for n in graph.nodes if n.name == self.heavy.node), None)
+        return graph.values[node.inputs[0]].integer_range if node is not None else None
 
     def _int8_x_offset(self) -> int | None:
         """Where the operands fit an int8 GEMM (VPDPBUSD's unsigned x signed bytes): A's smallest
         value, when A spans at most 256 integers (a quantized activation's float form, shifted by its
         zero point or not) and W holds integers in [-128, 127] (a symmetric int8 weight); else None."""
-        graph = self.plan.graph
-        node = next((n for n in graph.nodes if n.name == self.heavy.node), None)
-        span = graph.values[node.inputs[0]].integer_range if node is not None else None
+        span = self._a_integer_range()
         if span is None or span[1] - span[0] > 255 or self.K > INT8_MAX_K or not int8_weight_fits(self.W):
             return None
         return int(span[0])

@@ -139,7 +139,7 @@ def manifest_of(model: CompiledModel) -> dict:
 
 #: how a GEMM kernel of integer operands computes, per precision (an fp32 model's quantized GEMMs)
 INTEGER_GEMMS = {"bf16": "on bf16 operands, which hold those integers exactly: the same sums",
-                 "int8": "on int8 operands (VPDPBUSD), exact int32 sums converted to fp32 once"}
+                 "int8": "on int8 instructions (VPDPBUSD), exact int32 sums converted to fp32 once"}
 
 
 def _precision_scope(model: CompiledModel) -> str:
