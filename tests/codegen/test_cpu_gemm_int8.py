@@ -107,3 +107,6 @@ def test_int8_is_not_a_model_precision_and_needs_vnni():
     with pytest.raises(TargetError, match="avx512_vnni"):
         check_precision("int8", replace(spec, isa="avx512", vnni=False))
     assert check_precision("int8", replace(spec, isa="avx512", vnni=True)) == "int8"
+    from tscomp.schedule.target import cuda
+    with pytest.raises(TargetError, match="cpu target only"):
+        check_precision("int8", cuda("sm_80").spec)

@@ -113,6 +113,7 @@ class _Rewrite:
             if name in halves and arr.dtype in (F16, F32) and arr.shape == values[name].const.shape:
                 self.wide[name] = self.graph.add_value(f"{name}/f32", F32, values[name].shape, np.asarray(arr, F32))
 
+
 def _rounds_to_half(node: Node) -> bool:
     """An explicit Cast to float16: the model's own rounding, which the rewrite keeps."""
     return node.op_type == "Cast" and not node.domain and node.attrs.get("to") == TensorProto.FLOAT16

@@ -37,7 +37,8 @@ from __future__ import annotations
 import math
 from typing import Iterable, Mapping
 
-from tscomp.codegen.tile_config import AMX_K, MAX_ACCUMULATORS, OPERAND_BYTES, VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError
+from tscomp.codegen.tile_config import (AMX_K, MAX_ACCUMULATORS, OPERAND_BYTES, VECTOR_WIDTH, CacheSizes, TileConfig,
+                                       TileConfigError)
 from tscomp.schedule.space import Axis, Constraint, DiscreteSpace
 from tscomp.schedule.target import CpuSpec, Target, TargetError
 

@@ -54,10 +54,11 @@ def check_precision(precision: str, spec=None) -> str:
     if precision not in GEMM_PRECISIONS:
         raise TargetError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
     if precision == "int8" and spec is not None:
-        if not isinstance(spec, CpuSpec) or spec.isa != "avx512" or not spec.vnni:
+        if not isinstance(spec, CpuSpec):
+            raise TargetError("int8 GEMM kernels are implemented for the cpu target only")
+        if spec.isa != "avx512" or not spec.vnni:
             raise TargetError("int8 GEMM kernels need a CPU with AVX-512 and the avx512_vnni instructions "
-                              f"(VPDPBUSD); this one has {getattr(spec, 'isa', 'no CPU')}"
-                              f"{' without avx512_vnni' if isinstance(spec, CpuSpec) and not spec.vnni else ''}")
+                              f"(VPDPBUSD); this one has {spec.isa}{' without avx512_vnni' if not spec.vnni else ''}")
     if precision == "bf16" and spec is not None:
         if not isinstance(spec, CpuSpec):
             raise TargetError("precision bf16 is implemented for the cpu target only")
