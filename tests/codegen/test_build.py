@@ -123,3 +123,28 @@ float exp_row(float* restrict s, float m, int64_t n)
     assert np.all(np.isinf(s[x > 88.8])) and s[x == -np.inf].tolist() == [0.0] * 3 and np.isinf(total)
     nan = np.float32([np.nan] * 9)
     assert np.isnan(fn(nan.ctypes.data, 0.0, nan.size)) and np.isnan(nan).all()
+
+
+def test_a_builder_compiles_its_own_copy_of_the_source_whatever_another_writes_meanwhile(monkeypatch):
+    """Two processes compiling the same kernel at once (two test workers, two compiles of one model)
+    each wrote the one cached .c file; a compiler read it while the other builder rewrote it, and an
+    object without the kernel's symbol became the cache entry ("undefined symbol" at load, in a fresh
+    clone's tests). Here the other builder's write is simulated -- the cached .c truncated while the
+    compiler runs -- and the build still gives the kernel."""
+    import uuid
+
+    from tscomp.codegen import build
+
+    name = f"race_{uuid.uuid4().hex[:8]}"
+    source = f"#include <stdint.h>\nint64_t {name}(int64_t x) {{ return x + 7; }}\n"
+    real = build._run_compiler
+
+    def compiler_while_another_builder_writes(args, what, tmp):
+        if str(what).endswith(".c"):
+            pathlib.Path(what).write_text("")      # the other builder's write_text, truncating first
+        real(args, what, tmp)
+
+    monkeypatch.setattr(build, "_run_compiler", compiler_while_another_builder_writes)
+    fn = getattr(load_library(build_library(source, name)), name)
+    fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    assert fn(35) == 42

@@ -132,10 +132,20 @@ def build_object(source: str, name: str, *, extra_flags: tuple[str, ...] = ()) -
     if obj.exists():
         return obj
     src = out_dir / f"{name}-{digest}.c"
-    src.write_text(source)
+    # each builder compiles its own complete copy of the source: concurrent builders of one kernel
+    # (two test workers, two compiles) writing one .c had a compiler read it half-rewritten, and an
+    # object without the kernel's symbol took the cache entry
+    fd, tmp_src = tempfile.mkstemp(suffix=".c", prefix=f"{name}-", dir=out_dir)
+    with os.fdopen(fd, "w") as f:
+        f.write(source)
     fd, tmp = tempfile.mkstemp(suffix=".o", dir=out_dir)
     os.close(fd)
-    _run_compiler([*flags, "-c", str(src), "-o", tmp], src, tmp)
+    try:
+        _run_compiler([*flags, "-c", tmp_src, "-o", tmp], src, tmp)
+    except BuildError:
+        os.replace(tmp_src, src)     # kept where the error names it
+        raise
+    os.replace(tmp_src, src)         # the source beside its object, for reading
     os.replace(tmp, obj)
     return obj
 
