@@ -56,6 +56,13 @@ BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"
 SANITIZERS = {"address": ("-fsanitize=address", "-fno-omit-frame-pointer")}
 
 
+#: part of every cache key: raised when entries written before a fix may be wrong. 2: objects cached
+#: before each builder compiled its own copy of the source (c4bd148) may lack their kernel's symbol
+#: (two builders of one kernel, one compiler reading the .c mid-rewrite), and the loader takes an
+#: existing entry as it is
+CACHE_LAYOUT = 2
+
+
 def vector_width_flags() -> tuple[str, ...]:
     """``-mprefer-vector-width=512`` where the host has AVX-512. GCC's ``-march=native`` on
     Intel AVX-512 cores vectorizes plain loops (the fused epilogues and row passes after a GEMM
@@ -126,7 +133,8 @@ def build_object(source: str, name: str, *, extra_flags: tuple[str, ...] = ()) -
     """Compile ``source`` into a position-independent object file (cached by content), for
     :func:`link_library` to put many kernels into one shared library."""
     flags = (*(f for f in BASE_FLAGS if f != "-shared"), *vector_width_flags(), *extra_flags, *sanitize_flags())
-    digest = hashlib.sha256((source + "\0" + " ".join(flags) + "\0" + compiler()).encode()).hexdigest()[:20]
+    key = "\0".join((source, " ".join(flags), compiler(), str(CACHE_LAYOUT)))
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     out_dir = cache_dir()
     obj = out_dir / f"{name}-{digest}.o"
     if obj.exists():

@@ -59,11 +59,12 @@ from tscomp.runtime.plain_data import BlobReader, BlobWriter, PlainDataError, re
 from tscomp.schedule.target import Target
 
 FORMAT = "tscomp-artifact"
-FORMAT_VERSION = 7     # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
+FORMAT_VERSION = 8     # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
                        # 4: GEMM row tails (the wave model counts a GEMM task's exact rows);
                        # 5: bf16 weight K blocks padded to 32 (one layout for VDPBF16PS and AMX);
                        # 6: GEMM weights in nr-column panels over all of K (variants of one nr share them);
-                       # 7: GEMM row blocks dealt by register tile and evened over the threads
+                       # 7: GEMM row blocks dealt by register tile and evened over the threads;
+                       # 8: int8 GEMMs (a kernel's x_offset, its weights' int32 column corrections)
 
 
 class ArtifactError(TscompError):
