@@ -351,8 +351,8 @@ def test_compiling_a_quantized_model_names_its_gemms_on_integer_or_bf16_instruct
     assert result.returncode == 0, result.stderr
     spec = host_cpu().spec
     if spec.isa == "avx512" and spec.vnni and not spec.amx:
-        assert "quantized GEMMs: 1 group(s) on int8 instructions (VPDPBUSD" in result.stdout, result.stdout
+        assert "quantized GEMMs and Convs: 1 gemm group(s) on int8 instructions (VPDPBUSD" in result.stdout, result.stdout
     elif spec.bf16:
-        assert "quantized GEMMs: 1 group(s) on bf16 operands" in result.stdout, result.stdout
+        assert "quantized GEMMs and Convs: 1 gemm group(s) on bf16 operands" in result.stdout, result.stdout
     else:
         assert "quantized GEMMs" not in result.stdout

@@ -103,12 +103,17 @@ def compile_to(model: str, dims: list[str], output: str, *, variants: int, threa
 
 
 def _integer_gemms(compiled) -> list[str]:
-    """A line naming the GEMM groups of integer operands (a quantized model's) that run at another
-    precision than the model's (tscomp.codegen.families.gemm_target), if any."""
-    other = Counter(ks[0].precision for ks in compiled.kernels.values()
-                    if ks[0].family == "gemm" and ks[0].precision != compiled.target.precision)
-    return ["quantized GEMMs: " + "; ".join(f"{n} group(s) {INTEGER_GEMMS[p]}" for p, n in sorted(other.items()))] \
-        if other else []
+    """A line naming the GEMM and Conv groups of integer operands (a quantized model's) that run at
+    another precision than the model's (tscomp.codegen.families.gemm_target, conv_target), if any: per
+    group, the precision of its variants that have one (a Conv's Winograd variant stays fp32)."""
+    other = Counter()
+    for ks in compiled.kernels.values():
+        special = {k.precision for k in ks if getattr(k, "precision", compiled.target.precision)
+                   != compiled.target.precision}
+        for p in special:
+            other[(ks[0].family, p)] += 1
+    return ["quantized GEMMs and Convs: " + "; ".join(f"{n} {family} group(s) {INTEGER_GEMMS[p]}"
+                                                      for (family, p), n in sorted(other.items()))] if other else []
 
 
 def _summary(compiled, path: Path) -> list[str]:

@@ -300,3 +300,45 @@ def test_requantizing_a_view_with_the_same_scale_moves_the_integers_without_roun
         x = (rng.standard_normal((b, l, 12)) * 5).astype(np.float32)
         want, got = sess.run(None, {"x": x}), rt.run({"x": x})
         assert np.array_equal(got["q2"], want[0]) and np.array_equal(got["q3"], want[1]), (b, l)
+
+
+def _qdq_conv_model(tmp_path, rng, per_channel: bool, bias: bool, oc=20, c=6, k=3, stride=1, pads=1, group=1):
+    """x -> Q/DQ (uint8, zero point 131) -> Conv with a dequantized int8 weight (per output channel
+    or per tensor) and a float bias -> y."""
+    w = rng.integers(-127, 128, (oc, c // group, k, k)).astype(np.int8)
+    scale = rng.uniform(0.001, 0.01, oc if per_channel else ()).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "wq"), numpy_helper.from_array(scale, "w_scale"),
+             numpy_helper.from_array(np.zeros(oc if per_channel else (), np.int8), "w_zp"),
+             numpy_helper.from_array(np.array(0.03, np.float32), "x_scale"),
+             numpy_helper.from_array(np.array(131, np.uint8), "x_zp"),
+             numpy_helper.from_array(rng.uniform(-1, 1, oc).astype(np.float32), "b")]
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["w"], axis=0),
+             helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xd"]),
+             helper.make_node("Conv", ["xd", "w"] + (["b"] if bias else []), ["y"], pads=[pads] * 4,
+                              strides=[stride] * 2, group=group)]
+    return _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TP.FLOAT, ["N", c, "H", "W"])],
+                 [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+
+
+@pytest.mark.parametrize("per_channel,bias,stride,group", [(True, True, 1, 1), (False, False, 2, 1), (True, True, 1, 2)],
+                         ids=["per-channel-biased", "per-tensor-strided", "per-channel-grouped"])
+def test_a_qdq_conv_convolves_the_integer_parts_and_scales_the_sums(tmp_path, per_channel, bias, stride, group):
+    """QDQ / QOperator format: a Conv of a per-tensor dequantized activation and a per-output-channel
+    (or per-tensor) dequantized int8 weight is the Conv of their integer parts (the image's zero
+    padding is the activation's zero point: integer 0), times both scales, plus the bias;
+    onnxruntime's results."""
+    rng = np.random.default_rng(11)
+    path = _qdq_conv_model(tmp_path, rng, per_channel, bias, stride=stride, group=group)
+    model = compile_model(str(path), ["N=1:2", "H=5:23", "W=5:23"], max_variants=1)
+    assert model.fallback_groups() == []
+    graph = model.plan.graph
+    convs = [nd for nd in graph.nodes if nd.op_type == "Conv"]
+    assert len(convs) == 1
+    weight, x = graph.values[convs[0].inputs[1]].const, graph.values[convs[0].inputs[0]]
+    assert weight is not None and np.array_equal(weight, np.trunc(weight)) and np.abs(weight).max() <= 127
+    assert x.integer_range == (-131, 124)          # the quantized activation minus its zero point
+    rt, sess = Runtime.from_compiled(model), _plain(path)
+    for n, h, w in [(1, 5, 5), (2, 13, 23), (1, 23, 7)]:
+        x = rng.uniform(-4, 4, (n, 6, h, w)).astype(np.float32)               # some saturate
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -67,7 +67,9 @@ import sympy
 from tscomp.codegen.build import build_library, get_num_threads, load_library
 from tscomp.codegen.c_expr import (PRELUDE, c_literal, c_symbol_name, delinearize, landing_index, linearize,
                                    math_helpers)
-from tscomp.codegen.cpu_gemm import _Vec, emit_accumulators, emit_fma_step
+from tscomp.codegen.cpu_conv_int8 import (PACK_QUADS_C, conv_int8_x_offset, emit_int8_micro_kernel,
+                                          prepack_conv_weight_int8)
+from tscomp.codegen.cpu_gemm import INT8_K_QUAD, _Vec, emit_accumulators, emit_fma_step
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
 from tscomp.codegen.native import (PicklableKernel, backbone_op, binding_key, gemm_parts, refusals_name_group, sha256_text,
@@ -177,7 +179,8 @@ class Geometry2D:
 #: compile-time constants of the generated kernels; spelled TS_<name> in the C so that no shape
 #: symbol of the epilogue (a model dim called ``G`` or ``KH``) can collide with them
 MACROS = ("C_IN", "CG", "OCG", "G", "OC", "KH", "KW", "SH", "SW", "DH", "DW", "KDIM", "MR", "NR", "MC", "NC", "KC",
-          "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD", "COLUMN_VECTORS", "LANES", "TILES", "V_FLOATS")
+          "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD", "COLUMN_VECTORS", "LANES", "TILES", "V_FLOATS",
+          "XLO", "KQALL")
 _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 
 
@@ -633,6 +636,14 @@ class ConvAnalysis(_ConvBase):
                           and w.auto_pad in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
                           and (w.auto_pad != "NOTSET" or not any(w.pads)))
         self.phased = not self.pointwise and phase_planes_pay(self.geo)
+        self.int8_x_offset = conv_int8_x_offset(self._x_integer_range(), self.W, self.K)
+
+    def _x_integer_range(self) -> tuple[int, int] | None:
+        """The integers X holds, as the graph stage recorded them (a quantized activation's float
+        form), or None."""
+        graph = self.plan.graph
+        node = next((n for n in graph.nodes if n.name == self.heavy.node), None)
+        return graph.values[node.inputs[0]].integer_range if node is not None else None
 
     def heuristic_configs(self, isa: str, limit: int = 4, caches: CacheSizes | None = None) -> list[TileConfig]:
         return conv_candidate_configs(isa, self.OCg, self.K, caches=caches)[:limit]
@@ -759,9 +770,38 @@ def conv_task_grid(P: int, images: int, n_ob: int, cfg: TileConfig, threads: int
     return n_pb, -(-n_ob // obt)
 
 
-def conv_func_name(analysis: _ConvBase, cfg: TileConfig | None, isa: str) -> str:
+def conv_func_name(analysis: _ConvBase, cfg: TileConfig | None, isa: str, precision: str = "fp32") -> str:
     tail = cfg.slug() if cfg is not None else "direct"
-    return "tscomp_" + re.sub(r"\W", "_", analysis.group.name) + f"_conv_{isa}_{tail}{analysis.layout_slug()}"
+    suffix = "" if precision == "fp32" else f"_{precision}"
+    return "tscomp_" + re.sub(r"\W", "_", analysis.group.name) + f"_conv_{isa}_{tail}{analysis.layout_slug()}{suffix}"
+
+
+#: the precisions of the implicit-GEMM Conv: fp32, or int8 for a quantized model's integer operands
+CONV_PRECISIONS = ("fp32", "int8")
+
+
+def conv_precision(analysis, cfg, isa: str, precision: str) -> str:
+    """The precision a Conv kernel under ``cfg`` computes in when ``precision`` is asked for: int8
+    only for implicit-GEMM tiles with the lanes along the positions on AVX-512 (VPDPBUSD) and
+    operands that fit it; every other configuration of the group (Winograd, row vectors, the
+    depthwise kernels) stays fp32 -- the dispatch measures them side by side per shape."""
+    fits = (isinstance(cfg, TileConfig) and cfg.vector_axis == 1 and isa == "avx512"
+            and getattr(analysis, "int8_x_offset", None) is not None)
+    return precision if precision == "fp32" or fits else "fp32"
+
+
+def check_conv_precision(analysis, cfg: TileConfig, isa: str, precision: str) -> str:
+    """``precision`` if the implicit-GEMM Conv generator can emit it for ``cfg``; else
+    :class:`UnsupportedOperatorError` saying why."""
+    if precision not in CONV_PRECISIONS:
+        raise UnsupportedOperatorError(f"group {analysis.group.name}: Conv precision {precision!r} (the conv family "
+                                       f"computes in {' or '.join(CONV_PRECISIONS)})")
+    if conv_precision(analysis, cfg, isa, precision) != precision:
+        raise UnsupportedOperatorError(
+            f"group {analysis.group.name}: an int8 Conv needs AVX-512 (VPDPBUSD), lanes along the positions "
+            f"and integer operands that fit u8 x s8 (X and 0 within 256 values, W in [-128, 127]); here isa={isa}, "
+            f"vector_axis={cfg.vector_axis}, X offset {getattr(analysis, 'int8_x_offset', None)}")
+    return precision
 
 
 def _runtime_params() -> str:
@@ -1098,13 +1138,15 @@ static void pack_b_phased(const float* restrict xp, int64_t r0, int64_t HR, int6
 """)
 
 
-def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
-    """The source step of the ``conv`` family (pure): C text of the implicit-GEMM macro-kernel."""
+def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str, precision: str = "fp32") -> str:
+    """The source step of the ``conv`` family (pure): C text of the implicit-GEMM macro-kernel; with
+    ``precision="int8"`` its VPDPBUSD form (:mod:`tscomp.codegen.cpu_conv_int8`)."""
     cfg = cfg.validate(isa, row_vectors=True)
     a, geo = analysis, analysis.geo
-    name = conv_func_name(a, cfg, isa)
+    int8 = check_conv_precision(analysis, cfg, isa, precision) == "int8"
+    name = conv_func_name(a, cfg, isa, precision)
     MR, NR, MC, NC = cfg.mr, cfg.nr, cfg.mc, cfg.nc
-    KC = min(cfg.kc, a.K)
+    KC = min(_round_up(cfg.kc, INT8_K_QUAD) if int8 else cfg.kc, a.K)    # int8: whole quads per K step
     n_kb = -(-a.K // KC)
     n_ocp = -(-a.OCg // MR)
     params, names, pro_names = _epi_params(a)
@@ -1117,7 +1159,9 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
     direct = reads_blocks_in_place(a, cfg, KC)
     emit(a.header("implicit GEMM", f"{cfg.describe()} on {isa}; K = Cg*KH*KW = {a.K} in {n_kb} step(s) of {KC}; "
                   f"one OpenMP task per (image, group, {NC}-position block, run of {MC}-channel blocks)"
-                  + _layout_words(a, direct)))
+                  + _layout_words(a, direct)
+                  + (f"; int8: s8 weight quads x u8 quads of X - ({a.int8_x_offset}), VPDPBUSD, exact int32 sums"
+                     if int8 else "")))
     emit(PRELUDE)
     emit("#include <string.h>")
     emit("#include <omp.h>")
@@ -1126,7 +1170,8 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
     emit(c_defines(C_IN=a.C, CG=a.Cg, OCG=a.OCg, G=a.G, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw,
                    DH=geo.dh, DW=geo.dw, KDIM=a.K, MR=MR, NR=NR, MC=MC, NC=NC, KC=KC, N_KBLOCKS=n_kb,
                    N_OCP=n_ocp, BALANCE_TASKS_PER_THREAD=BALANCE_TASKS_PER_THREAD,
-                   COLUMN_VECTORS=cfg.vector_axis, LANES=max(a.x_lanes, a.y_lanes, 1)))
+                   COLUMN_VECTORS=cfg.vector_axis, LANES=max(a.x_lanes, a.y_lanes, 1),
+                   **(dict(XLO=a.int8_x_offset, KQALL=-(-a.K // INT8_K_QUAD)) if int8 else {})))
     emit("static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }")
     emit("static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }")
     emit(WORKSPACE_C)
@@ -1139,9 +1184,16 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str) -> str:
     emit(a.epilogue_c)
     emit(a.prologue_c)
     _emit_pack_b(emit_t, a.pointwise, a.phased, a.x_lanes)
-    _emit_micro_kernel(emit_t, isa, MR, NR, cfg.vector_axis == 1, position_major=bool(a.y_lanes),
-                       direct_lanes=a.x_lanes if direct else 0)
+    if int8:
+        emit_t(PACK_QUADS_C)
+        emit_int8_micro_kernel(emit_t, MR, NR)
+    else:
+        _emit_micro_kernel(emit_t, isa, MR, NR, cfg.vector_axis == 1, position_major=bool(a.y_lanes),
+                           direct_lanes=a.x_lanes if direct else 0)
     single = n_kb == 1
+    # int8: the quad block (ceil(KC / 4) rows of ncw lanes) after the gathered block, partial sums after it
+    quads = "(KC + 3) / 4 * ncw + " if int8 else ""
+    partials = "0" if single else "obt * MC * ncw"
     emit_t(f"""/* Macro-kernel: tasks = NB x G x ceil(P / NC) x (groups of obt channel blocks of MC); each walks K in
  * N_KBLOCKS steps of KC, gathering the column block once per step and sweeping every MR x NR tile of
  * its channel blocks with it. */
@@ -1175,8 +1227,8 @@ void {name}({_runtime_params()}{params})
     const int64_t n_tasks = base * n_obt;{_phase_setup(a)}
     #pragma omp parallel if (n_tasks > 1)
     {{{_phase_build(a)}
-        float* bpack = tscomp_thread_workspace((size_t)(KC * ncw + {'0' if single else 'obt * MC * ncw'}));
-        float* cbuf = {'NULL' if single else 'bpack + KC * ncw'};
+        float* bpack = tscomp_thread_workspace((size_t)(KC * ncw + {quads}{partials}));{_quad_block(int8)}
+        float* cbuf = {'NULL' if single else f'bpack + KC * ncw + {quads}0'};
         float tile[MR * NR] __attribute__((aligned(64)));{_stage_declaration(a)}
         #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < n_tasks; ++t) {{
@@ -1187,15 +1239,14 @@ void {name}({_runtime_params()}{params})
             const float* xg = X + (n * C_IN + g * CG) * H * W;{_task_phases(a)}
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
                 const int64_t k0 = kb * KC, kl = min_i64(KC, KDIM - k0);
-                {_pack_call(a, direct)}
+                {_gather_call(a, direct, int8)}
                 for (int64_t ob = ob_first; ob < ob_end; ++ob) {{
                     const int64_t oc0 = ob * MC, mvb = min_i64(MC, OCG - oc0);
                     float* cb = {'NULL' if single else 'cbuf + (ob - ob_first) * (MC * ncw)'};
                     for (int64_t jp = 0; jp * NR < nvb; ++jp) {{
                         for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
-                            const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
                             float* ct = {'NULL' if single else 'cb + (jp * (MC / MR) + ip) * (MR * NR)'};
-                            {_micro_kernel_call(cfg, isa, "1, 1" if single else "kb == 0, kb == N_KBLOCKS - 1", direct)}
+                            {_micro_kernel_call(cfg, isa, "1, 1" if single else "kb == 0, kb == N_KBLOCKS - 1", direct, int8)}
                             if ({'1' if single else 'kb == N_KBLOCKS - 1'})
 {_tile_epilogue_call(a, cfg, names)}
                         }}
@@ -1245,15 +1296,39 @@ def _tile_epilogue_call(a, cfg: TileConfig, names: str) -> str:
 {ind}}}"""
 
 
-def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str, direct: bool = False) -> str:
-    """The macro-kernel's call of the register tile at position tile jp: row-vector tiles run the
-    exact-width tail kernel on the last, partial position tile (which so reads no position past
-    the image where the tiles read a blocked input in place)."""
+def _quad_block(int8: bool) -> str:
+    """C (int8): this thread's u8 quad block, after its gathered column block."""
+    return "\n        uint32_t* bq = (uint32_t*)(bpack + KC * ncw);" if int8 else ""
+
+
+def _gather_call(a, direct: bool, int8: bool) -> str:
+    """C: the gather of one K step (:func:`_pack_call`); int8: into u8 quads -- the gathered float
+    block converted, or a plain 1x1 Conv's channel rows read straight from X."""
+    if not int8:
+        return _pack_call(a, direct)
+    if a.pointwise and not a.x_lanes:
+        return "pack_quads_pointwise(xg, H * W, p0, nvb, ldb, k0, kl, bq);"
+    return _pack_call(a, direct) + "\n                pack_quads(bpack, ldb, kl, bq);"
+
+
+def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str, direct: bool = False, int8: bool = False) -> str:
+    """The macro-kernel's call of the register tile at position tile jp (its weight panel ``ap``
+    first): row-vector tiles run the exact-width tail kernel on the last, partial position tile
+    (which so reads no position past the image where the tiles read a blocked input in place);
+    int8 tiles read the quad panel, the quad block and the panel's corrections."""
+    if int8:
+        panel = "(g * N_OCP + oc0 / MR + ip)"
+        return (f"const uint32_t* ap = (const uint32_t*)Wp + ({panel} * (int64_t)KQALL + k0 / 4) * MR;\n"
+                f"                            const int32_t* corr = (const int32_t*)Wp + (int64_t)G * N_OCP * KQALL * MR"
+                f" + {panel} * MR;\n"
+                f"                            micro_kernel_int8(kl, ap, bq + jp * NR, ldb, corr, (int32_t*)ct, "
+                f"{first_last}, tile);")
     b, ld = ("xk + jp * NR * LANES", "H * W * LANES") if direct else ("bpack + jp * NR", "ldb")
+    panel = "const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;\n                            "
     full = f"micro_kernel(kl, ap, {b}, {ld}, ct, {first_last}, tile);"
     if cfg.vector_axis == 1 or isa == "scalar":
-        return full
-    return (f"if (nvb - jp * NR >= NR) {full}\n"
+        return panel + full
+    return (f"{panel}if (nvb - jp * NR >= NR) {full}\n"
             f"                            else micro_kernel_tail(nvb - jp * NR, kl, ap, {b}, {ld}, ct, "
             f"{first_last}, tile);")
 
@@ -1590,7 +1665,8 @@ class CompiledConv(PicklableKernel):
     TRANSIENT = {"fn": None, "_memo": dict}
     takes_out = True          # writes into the runtime's arena views when given
 
-    def __init__(self, analysis: _ConvBase, cfg: TileConfig | None, isa: str, l1_bytes: int | None = None):
+    def __init__(self, analysis: _ConvBase, cfg: TileConfig | None, isa: str, l1_bytes: int | None = None,
+                 precision: str = "fp32"):
         self.analysis = analysis
         self.l1_bytes = host_caches().l1 if l1_bytes is None else l1_bytes
         self.family = analysis.family
@@ -1598,7 +1674,10 @@ class CompiledConv(PicklableKernel):
         self.symtab = analysis.symtab
         self.isa = isa
         self.cfg = cfg.validate(isa, row_vectors=True) if cfg is not None else None
-        self.func = conv_func_name(analysis, self.cfg, isa)
+        #: int8: the implicit-GEMM tiles on VPDPBUSD (cpu_conv_int8), X packed as the bytes X - x_offset
+        self.precision = conv_precision(analysis, self.cfg, isa, precision)
+        self.x_offset = analysis.int8_x_offset if self.precision == "int8" else 0
+        self.func = conv_func_name(analysis, self.cfg, isa, self.precision)
         self.source, self.packed = self._build()
         self.weight_name = analysis.weight_name
         self.task_model = 2          # samples recorded with task classes (runtime.wave.CLASSES_SINCE)
@@ -1612,7 +1691,7 @@ class CompiledConv(PicklableKernel):
     def _source(self) -> str:
         a, cfg, isa = self.analysis, self.cfg, self.isa
         if isinstance(cfg, TileConfig):
-            return conv_source(a, cfg, isa)
+            return conv_source(a, cfg, isa, self.precision)
         if isinstance(cfg, WinogradConfig):
             return winograd_source(a, cfg, isa)
         if cfg is not None:      # the channel-blocked depthwise strategy
@@ -1624,6 +1703,8 @@ class CompiledConv(PicklableKernel):
         """What this kernel's packed weight depends on besides the raw weight: variants that agree
         share one packed copy (the artifact stores the raw weight, :mod:`tscomp.runtime.packing`
         packs it at load)."""
+        if self.precision == "int8":
+            return "int8-panels", self.analysis.G, self.cfg.mr, self.x_offset
         if isinstance(self.cfg, TileConfig):
             return "panels", self.analysis.G, self.cfg.mr
         if isinstance(self.cfg, WinogradConfig):
@@ -1634,6 +1715,8 @@ class CompiledConv(PicklableKernel):
 
     def pack_weight(self, W: np.ndarray) -> np.ndarray:
         """The raw weight W[OC, C / G, *kernel] in this kernel's layout (:meth:`weight_layout`)."""
+        if self.precision == "int8":
+            return prepack_conv_weight_int8(W, self.analysis.G, self.cfg.mr, self.x_offset)
         if isinstance(self.cfg, TileConfig):
             return prepack_conv_weight(W, self.analysis.G, self.cfg.mr)
         if isinstance(self.cfg, WinogradConfig):    # U[e] [OC, C] panels, the 16 positions e as groups

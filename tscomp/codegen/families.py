@@ -225,9 +225,24 @@ def _depthwise_analyze(plan, group):
     return DepthwiseAnalysis(plan, group)
 
 
+def conv_target(analysis, target: Target) -> Target:
+    """The target an implicit-GEMM Conv group is generated for: ``target``, except that a Conv of
+    two small-integer operands (a quantized model's QDQ / QOperator Conv, computed in float) runs on
+    int8 instructions (VPDPBUSD, exact int32 sums) where the CPU has them and the operands fit
+    (:func:`tscomp.codegen.cpu_conv_int8.conv_int8_x_offset`)."""
+    from tscomp.schedule.target import TargetError
+    if target.precision != "fp32" or getattr(analysis, "int8_x_offset", None) is None:
+        return target
+    try:
+        return target.with_precision("int8")
+    except TargetError:            # no VNNI here: fp32, as asked
+        return target
+
+
 def _conv_executor(analysis, cfg, target: Target):
     from tscomp.codegen.cpu_conv import CompiledConv
-    return CompiledConv(analysis, cfg, target.isa, target.spec.l1)
+    target = conv_target(analysis, target)
+    return CompiledConv(analysis, cfg, target.isa, target.spec.l1, target.precision)
 
 
 def _depthwise_heuristic(analysis, target: Target, limit: int) -> list:
@@ -241,7 +256,10 @@ def _depthwise_heuristic(analysis, target: Target, limit: int) -> list:
 def _conv_heuristic(analysis, target: Target, limit: int) -> list:
     from tscomp.codegen.tile_config import CacheSizes
     s = target.spec
-    return analysis.heuristic_configs(target.isa, limit, caches=CacheSizes(l1=s.l1, l2=s.l2, l3=s.l3))
+    caches = CacheSizes(l1=s.l1, l2=s.l2, l3=s.l3)
+    if conv_target(analysis, target).precision == "int8":     # int8 tiles run their lanes along the positions
+        return [c for c in analysis.heuristic_configs(target.isa, 99, caches=caches) if c.vector_axis == 1][:limit]
+    return analysis.heuristic_configs(target.isa, limit, caches=caches)
 
 
 def _conv_strategies(analysis, target: Target) -> list:
@@ -251,7 +269,7 @@ def _conv_strategies(analysis, target: Target) -> list:
 
 def _conv_space(analysis, target: Target):
     from tscomp.schedule.conv_space import ConvSpace
-    return ConvSpace(analysis.OCg, analysis.K, target)
+    return ConvSpace(analysis.OCg, analysis.K, conv_target(analysis, target))
 
 
 def _conv_transpose_analyze(plan, group):

@@ -296,15 +296,54 @@ def _constant_dequantization(p: "_Pass", node: Node) -> tuple[str, str] | None:
             or np.dtype(x.dtype) not in NARROW_TYPES or out.dtype != F32 or scale.dtype != F32 \
             or node.attrs.get("block_size", 0):
         return None
-    per_column = scale.size > 1
-    if per_column and not (int(node.attrs.get("axis", 1)) % x.ndim == x.ndim - 1 and scale.size == x.shape[-1]):
+    axis = int(node.attrs.get("axis", 1)) % x.ndim
+    per_channel = scale.size > 1 and axis == 0 and x.ndim >= 3 and scale.size == x.shape[0]
+    per_column = scale.size > 1 and not per_channel
+    if per_column and not (axis == x.ndim - 1 and scale.size == x.shape[-1]):
         return None
     e = p.emitter(node)
-    ints = minus_zero_point(x, zp, x.ndim - 1)
+    ints = minus_zero_point(x, zp, 0 if per_channel else x.ndim - 1)
     part = e.const("integer_part", ints.astype(F32))
     graph.values[part].integer_range = (int(ints.min()), int(ints.max()))
-    p.dequantized[node.outputs[0]] = part, e.const("scale", scale.reshape(-1) if per_column else scale.reshape(()))
+    scale = e.const("scale", scale.reshape(-1) if scale.size > 1 else scale.reshape(()))
+    if per_channel:         # a Conv weight's output channels: only a Conv reads it (_dequantized_conv)
+        p.channel_dequantized[node.outputs[0]] = part, scale
+        return None
+    p.dequantized[node.outputs[0]] = part, scale
     return p.dequantized[node.outputs[0]]
+
+
+def _dequantized_conv(p: "_Pass", node: Node) -> list[Node] | None:
+    """``Conv(DQ(x), DQ(W), bias)`` (a QDQ or QOperator model's: an activation's per-tensor
+    DequantizeLinear, a constant int8 weight's per-tensor or per-output-channel one, a float bias) as
+    ``Conv(x's integer part, W's integer part) * x_scale * W_scale[oc] + bias``: the Conv of two
+    integer operands, exact, which the conv family runs on int8 instructions
+    (:func:`tscomp.codegen.families.conv_target`), the scales and the bias its epilogue."""
+    graph = p.graph
+    x, w, bias = (node.inputs + ["", ""])[:3]
+    a, a_scale = p.dequantized.get(x, (None, None))
+    part, w_scale = p.channel_dequantized.get(w) or p.dequantized.get(w) or (None, None)
+    out = graph.values[node.outputs[0]]
+    if a is None or part is None or graph.values[a].const is not None or graph.values[part].const is None \
+            or graph.values[a_scale].shape or len(out.shape) < 3:
+        return None
+    channels = graph.values[part].shape[0]
+    if graph.values[w_scale].shape not in ((), (channels,)):
+        return None         # a scale along another axis of the weight (a per-column one) is no per-channel scale
+    bias_const = graph.values[bias].const if bias else None
+    if bias and (bias_const is None or bias_const.dtype != F32 or bias_const.shape != (channels,)):
+        return None
+    per_channel = (channels,) + (1,) * (len(out.shape) - 2)      # broadcast along [N, OC, *spatial]
+    e = p.emitter(node)
+    acc = e.op("Conv", [a, part], F32, out.shape, **node.attrs)
+    w_scales = graph.values[w_scale].const
+    scale = e.const("channel_scale", w_scales.reshape(per_channel if w_scales.size > 1 else ()))
+    scaled = e.op("Mul", [e.op("Mul", [acc, a_scale], F32, out.shape), scale], F32, out.shape,
+                  out=None if bias else node.outputs[0])
+    if bias:
+        e.op("Add", [scaled, e.const("channel_bias", bias_const.reshape(per_channel))], F32, out.shape,
+             out=node.outputs[0])
+    return e.nodes
 
 
 def _dequantized_gather(p: "_Pass", node: Node) -> list[Node] | None:
@@ -362,7 +401,7 @@ def _selection_of_quantized(p: "_Pass", node: Node) -> list[Node] | None:
 REWRITES = {"QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "DynamicQuantizeLinear": _dynamic_quantize,
             "MatMulInteger": _float_contraction("MatMul", lambda w: w.ndim - 1),
             "ConvInteger": _float_contraction("Conv", lambda w: 0),
-            "MatMul": _dequantized_matmul, "Gather": _dequantized_gather}
+            "MatMul": _dequantized_matmul, "Gather": _dequantized_gather, "Conv": _dequantized_conv}
 
 
 class _Pass:
@@ -375,6 +414,8 @@ class _Pass:
         self.graph, self.consumers, self.producers = graph, graph.consumers(), graph.producers()
         self.twins: dict[str, str] = {}
         self.dequantized: dict[str, tuple[str, str]] = {}
+        #: a constant Conv weight's DequantizeLinear per output channel -> (integer part, scale)
+        self.channel_dequantized: dict[str, tuple[str, str]] = {}
         #: a run-time DequantizeLinear's output -> (its quantized input, scale, zero point names)
         self.requantizable: dict[str, tuple[str, str, str]] = {}
         self.replaced: set[int] = set()

@@ -59,12 +59,13 @@ from tscomp.runtime.plain_data import BlobReader, BlobWriter, PlainDataError, re
 from tscomp.schedule.target import Target
 
 FORMAT = "tscomp-artifact"
-FORMAT_VERSION = 8     # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
+FORMAT_VERSION = 9     # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
                        # 4: GEMM row tails (the wave model counts a GEMM task's exact rows);
                        # 5: bf16 weight K blocks padded to 32 (one layout for VDPBF16PS and AMX);
                        # 6: GEMM weights in nr-column panels over all of K (variants of one nr share them);
                        # 7: GEMM row blocks dealt by register tile and evened over the threads;
-                       # 8: int8 GEMMs (a kernel's x_offset, its weights' int32 column corrections)
+                       # 8: int8 GEMMs (a kernel's x_offset, its weights' int32 column corrections);
+                       # 9: int8 Convs (a Conv kernel's precision and x_offset, s8 quad panels)
 
 
 class ArtifactError(TscompError):
@@ -86,8 +87,8 @@ def _tensor_spec(graph, name: str) -> dict:
 
 def _variant_entry(kernel) -> dict:
     entry = {"family": kernel.family, "target": kernel.target, "func": kernel.func}
-    if kernel.family == "gemm":
-        entry["precision"] = getattr(kernel, "precision", "fp32")
+    if getattr(kernel, "precision", None) is not None:    # gemm, conv: the load check reads it
+        entry["precision"] = kernel.precision
     if getattr(kernel, "isa", None):
         entry["isa"] = kernel.isa          # the load check refuses AMX kernels on a CPU without the tiles
     cfg = kernel.cfg
@@ -138,7 +139,8 @@ def manifest_of(model: CompiledModel) -> dict:
     }
 
 
-#: how a GEMM kernel of integer operands computes, per precision (an fp32 model's quantized GEMMs)
+#: how a GEMM or Conv kernel of integer operands computes, per precision (an fp32 model's quantized
+#: GEMMs and Convs)
 INTEGER_GEMMS = {"bf16": "on bf16 operands, which hold those integers exactly: the same sums",
                  "int8": "on int8 instructions (VPDPBUSD), exact int32 sums converted to fp32 once"}
 
@@ -148,7 +150,7 @@ def _precision_scope(model: CompiledModel) -> str:
     precision = target.precision
     if precision == "fp32":
         exact = Counter(getattr(k, "precision", "fp32") for ks in model.kernels.values() for k in ks)
-        return "every kernel computes in fp32" + "".join(f", {n} GEMM kernel(s) of integer operands (a quantized "
+        return "every kernel computes in fp32" + "".join(f", {n} GEMM or Conv kernel(s) of integer operands (a quantized "
                                                          f"model's) {INTEGER_GEMMS[p]}"
                                                          for p, n in sorted(exact.items()) if p != "fp32")
     from tscomp.codegen.families import bf16_families
@@ -171,8 +173,8 @@ def check_host_precision(path, manifest: dict) -> None:
     except TargetError as exc:
         raise ArtifactError(f"{path}: compiled with --precision {precision}, which this CPU cannot run: {exc}") \
             from None
-    # an fp32 artifact's integer-operand GEMMs (a quantized model's) run in int8 or bf16 where the
-    # compiling CPU could
+    # an fp32 artifact's integer-operand GEMMs and Convs (a quantized model's) run in int8 or bf16
+    # where the compiling CPU could
     exact: dict[str, list] = {}
     for g in manifest.get("groups", ()):
         for v in g.get("variants", ()):
@@ -182,7 +184,7 @@ def check_host_precision(path, manifest: dict) -> None:
         try:
             check_precision(kind, host)
         except TargetError as exc:
-            raise ArtifactError(f"{path}: {len(funcs)} GEMM kernel(s) (e.g. {funcs[0]}) compute their integer "
+            raise ArtifactError(f"{path}: {len(funcs)} kernel(s) (e.g. {funcs[0]}) compute their integer "
                                 f"operands in {kind}, which this CPU cannot run: {exc}; recompile the model on this "
                                 f"machine") from None
     amx = sorted({v["func"] for g in manifest.get("groups", ()) for v in g.get("variants", ())

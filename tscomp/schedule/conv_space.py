@@ -38,7 +38,8 @@ class ConvSpace(BatchedGemmSpace):
         super().__init__(int(OCg), None, int(K), target, name="conv")
 
     def _extra_axes(self) -> list[Axis]:
-        return [Axis("vector_axis", VECTOR_AXES)]
+        # int8 tiles (a quantized Conv's VPDPBUSD kernels) run their lanes along the positions only
+        return [Axis("vector_axis", (1,) if self.target.precision == "int8" else VECTOR_AXES)]
 
     def tile(self, p: Mapping[str, int]) -> TileConfig:
         cfg = super().tile(p)       # rows = mr broadcast channels, columns = nr_vec vectors of positions
