@@ -7,14 +7,18 @@ float model on onnxruntime, side by side in one process, same inputs, same threa
     .venv/bin/tscomp compile M-int8.onnx --dim batch=1:1 --dim sequence=1:512 -o M-int8.tsc
     .venv/bin/python -m benchmarks.quantized_vs_onnxruntime M.onnx M-int8.onnx M-int8.tsc [--samples 12]
 
+Any model with dims: a CNN's random image sizes are drawn as BERT's lengths are (a quantized
+ResNet-50: ``--dim batch=1:2 --dim height=64:256 --dim width=64:256``, batch fixed at ``--batch``).
+
 (The static formats: ``quantize_static(M, M-int8, reader, quant_format=QuantFormat.QDQ or
 QuantFormat.QOperator, per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)``
 with a :class:`CalibrationDataReader` over a few ``models.families.make_inputs`` batches.)
 
-Both run the quantized GEMMs as int8 GEMMs on a CPU with avx512_vnni (tscomp: VPDPBUSD kernels for
-every constant-weight GEMM whose integer operands fit u8 x s8, see
-:mod:`tscomp.graph.quantized_arithmetic` and :func:`tscomp.codegen.families.gemm_target`; bf16 or
-fp32 operands elsewhere); tscomp's GEMMs of two activations (attention) stay float. Lengths:
+Both run the quantized GEMMs and Convs on int8 instructions on a CPU with avx512_vnni (tscomp:
+VPDPBUSD kernels for every constant-weight GEMM and implicit-GEMM Conv whose integer operands fit
+u8 x s8, see :mod:`tscomp.graph.quantized_arithmetic`, :func:`tscomp.codegen.families.gemm_target`
+and ``conv_target``; bf16 or fp32 operands elsewhere); tscomp's GEMMs of two activations
+(attention) stay float. Lengths:
 :func:`tscomp.bench.sample_bindings` (random sequence lengths, seed 0, batch fixed at 1). Timing: :func:`benchmarks.side_by_side.run_and_time`. Accuracy: each system's output against
 onnxruntime's on the quantized model, and both against the float model (what quantization costs).
 Writes a JSON record and a plot (latency vs length) next to ``--out``.
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.side_by_side import accuracy, geomean, run_and_time, save_results
+from benchmarks.side_by_side import accuracy, geomean, run_and_time, save_results, shape_label
 from tscomp.bench import ort_session, sample_bindings
 from tscomp.runtime import Runtime
 from tscomp.sample_inputs import random_inputs
@@ -67,11 +71,11 @@ def main() -> None:
         print(f"[{n + 1}] {binding} " + "  ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items()), flush=True)
 
     cols = list(systems)
-    print("\n" + f"{'length':>6}  " + "  ".join(f"{c:>22}" for c in cols)
+    print("\n" + f"{'shape':>9}  " + "  ".join(f"{c:>22}" for c in cols)
           + f"  {'/ ort int8':>10}  {'/ ort fp32':>10}  {'relL2 vs ort int8':>17}")
     for r in rows:
         ms = r["ms"]
-        print(f"{r['binding'].get('sequence', 0):>6}  " + "  ".join(f"{ms[c]:22.2f}" for c in cols)
+        print(f"{shape_label(r['binding']):>9}  " + "  ".join(f"{ms[c]:22.2f}" for c in cols)
               + f"  {ms[TSCOMP] / ms[ORT_INT8]:10.3f}  {ms[TSCOMP] / ms[ORT_FP32]:10.3f}"
               f"  {r['rel_l2_vs_ort_int8']:17.1e}")
     geo = {c: geomean(r["ms"][c] for r in rows) for c in cols}

@@ -46,13 +46,27 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def request_sizes(bindings: list[dict]) -> tuple[list[int], str]:
+    """Each request's size along the plot's x axis and the axis's name: the sequence length, or the
+    product of the other non-batch symbols (an image's height x width)."""
+    if all("sequence" in b for b in bindings):
+        return [b["sequence"] for b in bindings], "sequence length"
+    names = sorted({k for b in bindings for k in b if k != "batch"})
+    return [math.prod(b.get(k, 1) for k in names) for b in bindings], " x ".join(names) or "request"
+
+
+def shape_label(binding: dict) -> str:
+    """A request's non-batch sizes, e.g. ``97x131`` (height, width) or ``139`` (a sequence)."""
+    return "x".join(str(v) for k, v in binding.items() if k != "batch") or "-"
+
+
 def save_results(out: Path, record: dict, rows: list[dict], systems: list[str], threads: int) -> None:
     """``record`` (with ``rows``) as JSON at ``out``, the latency plot beside it; says where."""
     import json
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**record, "threads": threads, "rows": rows}, indent=1))
-    png = plot_latency([r["binding"].get("sequence", k) for k, r in enumerate(rows)],
-                       {c: [r["ms"][c] for r in rows] for c in systems}, out, "sequence length",
+    xs, xlabel = request_sizes([r["binding"] for r in rows])
+    png = plot_latency(xs, {c: [r["ms"][c] for r in rows] for c in systems}, out, xlabel,
                        f"latency ms ({threads} threads)")
     if png:
         print(f"plot: {png}")

@@ -65,6 +65,8 @@ GEOMETRIES = {
     "3x3-deep": (64, 70, (3, 3), dict(pads=[1, 1, 1, 1]), TileConfig(mr=8, nr=32, mc=16, nc=64, kc=40)),
     # the pointwise gather, K = 48 in steps of 20 (the last 8), 130 channels
     "1x1": (48, 130, (1, 1), dict(), TileConfig(mr=4, nr=48, mc=64, nc=96, kc=20)),
+    # 1x1 stride 2: the generic gather (in place, no phase planes), then its quads
+    "1x1-stride2": (24, 40, (1, 1), dict(strides=[2, 2]), TileConfig(mr=8, nr=32, mc=40, nc=64, kc=12)),
     # stride 2, asymmetric pads (taps on the padding: the integer 0)
     "3x3-stride2": (8, 40, (3, 3), dict(pads=[1, 0, 1, 2], strides=[2, 2]), TileConfig(mr=8, nr=16, mc=40, nc=32, kc=72)),
     # groups and dilation: OCg 18, K = 8 x 9 = 72 in steps of 36
@@ -138,3 +140,21 @@ def test_row_vector_tiles_and_other_isas_are_refused_int8_and_compile_in_fp32(tm
     assert CompiledConv(analysis, rows, "avx512", precision="int8").precision == "fp32"
     assert CompiledConv(analysis, TileConfig(mr=4, nr=16, mc=32, nc=32, kc=40), "avx2", precision="int8").precision \
         == "fp32"
+
+
+@needs_vnni
+def test_int8_pointwise_conv_between_channel_blocked_layouts_is_exact(tmp_path):
+    """A 1x1 Conv whose input its producer stores channel-blocked (a depthwise kernel's) and whose
+    output its consumer reads so (tscomp/codegen/channel_blocking.py): the gather transposes the
+    blocks into the column block, then its quads; the tile is stored back in blocks."""
+    rng = np.random.default_rng(9)
+    plan, w = _conv_plan(tmp_path, rng, 32, 48, (1, 1), (-131, 124))
+    analysis = ConvAnalysis(plan, plan.groups[0])
+    analysis.read_blocked(16)
+    analysis.store_blocked(16)
+    compiled = CompiledConv(analysis, TileConfig(mr=8, nr=32, mc=48, nc=64, kc=20), "avx512", precision="int8")
+    assert compiled.precision == "int8" and "_xb16_yb16_int8" in compiled.func
+    for n, h, wd in [(1, 1, 1), (2, 7, 13)]:
+        x = rng.integers(-131, 125, (n, 32, h, wd)).astype(np.float32)
+        got = next(iter(compiled.run({"x": x}, {"batch": n, "H": h, "W": wd}).values()))
+        np.testing.assert_array_equal(got.astype(np.int64), _exact_conv(x, w, [1, 1], [0, 0, 0, 0], [1, 1], 1))

@@ -338,7 +338,33 @@ def test_a_qdq_conv_convolves_the_integer_parts_and_scales_the_sums(tmp_path, pe
     weight, x = graph.values[convs[0].inputs[1]].const, graph.values[convs[0].inputs[0]]
     assert weight is not None and np.array_equal(weight, np.trunc(weight)) and np.abs(weight).max() <= 127
     assert x.integer_range == (-131, 124)          # the quantized activation minus its zero point
+    tiles = [k for ks in model.kernels.values() for k in ks if k.family == "conv" and k.cfg.vector_axis == 1]
+    assert tiles and {k.precision for k in tiles} == {_conv_precision()}
     rt, sess = Runtime.from_compiled(model), _plain(path)
     for n, h, w in [(1, 5, 5), (2, 13, 23), (1, 23, 7)]:
         x = rng.uniform(-4, 4, (n, 6, h, w)).astype(np.float32)               # some saturate
         np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def _conv_precision() -> str:
+    """The precision tscomp.codegen.families.conv_target gives an implicit-GEMM Conv of integer
+    operands here."""
+    from tscomp.schedule.target import host_cpu
+    spec = host_cpu().spec
+    return "int8" if spec.isa == "avx512" and spec.vnni else "fp32"
+
+
+def test_an_artifact_with_int8_convs_is_refused_by_name_on_a_cpu_without_vnni(tmp_path, monkeypatch):
+    import dataclasses
+    import tscomp.schedule.target as target_mod
+    from tscomp.runtime.artifact import ArtifactError, write_artifact
+    if _conv_precision() != "int8":
+        pytest.skip("nothing compiles to int8 here (no AVX-512 with avx512_vnni)")
+    path = _qdq_conv_model(tmp_path, np.random.default_rng(2), True, True)
+    model = compile_model(str(path), ["N=1:2", "H=5:23", "W=5:23"], max_variants=1)
+    art = write_artifact(model, tmp_path / "m.tsc")
+    Runtime(art)
+    spec = target_mod._host_spec()
+    monkeypatch.setattr(target_mod, "_host_spec", lambda: dataclasses.replace(spec, vnni=False))
+    with pytest.raises(ArtifactError, match=r"kernel\(s\) \(e.g. tscomp_\w+_conv_\w+_int8\).*int8.*avx512_vnni"):
+        Runtime(art)

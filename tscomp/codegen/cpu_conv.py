@@ -1308,7 +1308,10 @@ def _gather_call(a, direct: bool, int8: bool) -> str:
         return _pack_call(a, direct)
     if a.pointwise and not a.x_lanes:
         return "pack_quads_pointwise(xg, H * W, p0, nvb, ldb, k0, kl, bq);"
-    return _pack_call(a, direct) + "\n                pack_quads(bpack, ldb, kl, bq);"
+    gathered = "{ pack_b(xg, H, W, OW, PT, PL, p0, nvb, ldb, k0, kl, bpack); pack_quads(bpack, ldb, kl, bq); }"
+    if a.phased:
+        return f"if (xp) pack_quads_phased(xp, r0, HR, WQ, OW, p0, nvb, ldb, k0, kl, bq);\n                else {gathered}"
+    return gathered
 
 
 def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str, direct: bool = False, int8: bool = False) -> str:

@@ -11,8 +11,9 @@ positions) with three changes, the GEMM's int8 mode (:mod:`tscomp.codegen.cpu_ge
 * each gathered column block (floats holding integers in [XLO, XLO + 255]; the image's zero padding
   is the integer 0, which the range includes) is turned into **u8 quads**: row ``q`` of the quad
   block holds, per position, the bytes ``X - XLO`` of rows 4q .. 4q + 3 (:data:`PACK_QUADS_C`) --
-  a 1x1 Conv's straight from X, whose channel rows are the block's rows (no float block first: the
-  gather, a copy, would cost a quarter of the VPDPBUSD work it feeds);
+  a 1x1 Conv's straight from X, whose channel rows are the block's rows, and a Conv with phase
+  planes straight from them (no float block first: that gather, a copy, and its conversion cost
+  a large share of the VPDPBUSD work they feed where OC is small);
 * the register tile accumulates in int32 (``acc += u8 quads x broadcast s8 quad``), starts from the
   correction (so the sum is that of ``X``, not of ``X - XLO``), keeps int32 partial sums between K
   steps, and converts once to float before the unchanged fp32 epilogue (the scales, the bias).
@@ -107,6 +108,49 @@ static void pack_quads_pointwise(const float* restrict xg, int64_t HW, int64_t p
     }
 }
 
+/* pack_b_phased's rows, four at a time, as u8 quads straight from a task's phase planes (no float
+ * block first): row k = (c, kh, kw) of output row oh is plane row (c, oh*SH + kh*DH - r0) of phase
+ * (kw*DW) % SW from column ow + (kw*DW) / SW on; bq[q * ldb + j] holds the bytes of rows 4q .. 4q + 3
+ * minus XLO (the planes' zero padding is the integer 0); positions past nv and rows past kl are 0. */
+static void pack_quads_phased(const float* restrict xp, int64_t r0, int64_t HR, int64_t WQ, int64_t OW, int64_t p0,
+                              int64_t nv, int64_t ldb, int64_t k0, int64_t kl, uint32_t* restrict bq)
+{
+    const __m512i lo = _mm512_set1_epi32(XLO);
+    int64_t c = k0 / (KH * KW), r = k0 % (KH * KW);
+    int64_t kh = r / KW, kw = r % KW;
+    const int64_t oh_first = p0 / OW, ow_first = p0 % OW;
+    for (int64_t q = 0; 4 * q < kl; ++q) {
+        const int64_t rows = min_i64(4, kl - 4 * q);
+        const float* plane[4] = {0, 0, 0, 0};
+        int64_t tap_row[4] = {0, 0, 0, 0};
+        for (int64_t i = 0; i < rows; ++i) {
+            plane[i] = xp + (c * HR * SW + (kw * DW) % SW) * WQ + (kw * DW) / SW;
+            tap_row[i] = kh * DH - r0;
+            if (++kw == KW) { kw = 0; if (++kh == KH) { kh = 0; ++c; } }
+        }
+        uint32_t* restrict dst = bq + q * ldb;
+        int64_t j = 0, oh = oh_first, ow = ow_first;
+        while (j < nv) {
+            const int64_t seg = min_i64(OW - ow, nv - j);
+            for (int64_t t = 0; t < seg; t += 16) {
+                const int64_t left = seg - t;
+                const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+                __m512i quad = _mm512_setzero_si512();
+                for (int64_t i = 0; i < rows; ++i) {
+                    const float* restrict src = plane[i] + (oh * SH + tap_row[i]) * SW * WQ + ow + t;
+                    const __m512i u = _mm512_maskz_sub_epi32(m, _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(m, src)), lo);
+                    quad = _mm512_or_si512(quad, _mm512_sllv_epi32(u, _mm512_set1_epi32((int)(8 * i))));
+                }
+                _mm512_mask_storeu_epi32((void*)(dst + j + t), m, quad);
+            }
+            j += seg;
+            ow = 0;
+            ++oh;
+        }
+        for (; j < ldb; ++j) dst[j] = 0;
+    }
+}
+
 /* acc += the four u8 x s8 products of each 32-bit lane of x and w (VPDPBUSD; assembly, as in the
  * GEMM kernels: GCC 12 copies every accumulator around the intrinsic) */
 static inline __attribute__((always_inline)) __m512i ts_dpbusd(__m512i acc, __m512i x, __m512i w)
@@ -134,12 +178,10 @@ static inline __attribute__((always_inline)) void micro_kernel_int8(
 {{
     __m512i {", ".join(a for row in accs for a in row)};
     if (first) {{""")
-    for r, row in enumerate(accs):
-        emit("        " + " ".join(f"{a} = _mm512_set1_epi32(corr[{r}]);" for a in row))
+    _per_accumulator(emit, "        ", accs, lambda r, c, a: f"{a} = _mm512_set1_epi32(corr[{r}]);")
     emit("    } else {")
-    for r, row in enumerate(accs):
-        emit("        " + " ".join(f"{a} = _mm512_loadu_si512((const void*)(ct + {r * NR + c * 16}));"
-                                   for c, a in enumerate(row)))
+    _per_accumulator(emit, "        ", accs,
+                     lambda r, c, a: f"{a} = _mm512_loadu_si512((const void*)(ct + {r * NR + c * 16}));")
     emit("    }")
     emit("    const int64_t kq = (kl + 3) / 4;")
     emit("    for (int64_t q = 0; q < kq; ++q) {  /* VPDPBUSD loop: no bounds tests (local padding) */")
@@ -152,15 +194,18 @@ static inline __attribute__((always_inline)) void micro_kernel_int8(
              + " ".join(f"{a} = ts_dpbusd({a}, x{c}, w);" for c, a in enumerate(row)) + " }")
     emit("    }")
     emit("    if (!last) {")
-    for r, row in enumerate(accs):
-        emit("        " + " ".join(f"_mm512_storeu_si512((void*)(ct + {r * NR + c * 16}), {a});"
-                                   for c, a in enumerate(row)))
+    _per_accumulator(emit, "        ", accs, lambda r, c, a: f"_mm512_storeu_si512((void*)(ct + {r * NR + c * 16}), {a});")
     emit("        return;")
     emit("    }")
-    for r, row in enumerate(accs):
-        emit("    " + " ".join(f"_mm512_storeu_ps(tile + {r * NR + c * 16}, _mm512_cvtepi32_ps({a}));"
-                               for c, a in enumerate(row)))
+    _per_accumulator(emit, "    ", accs,
+                     lambda r, c, a: f"_mm512_storeu_ps(tile + {r * NR + c * 16}, _mm512_cvtepi32_ps({a}));")
     emit("}\n")
+
+
+def _per_accumulator(emit, indent: str, accs: list[list[str]], statement) -> None:
+    """One line per tile row: ``statement(row, column vector, accumulator)`` for each of its accumulators."""
+    for r, row in enumerate(accs):
+        emit(indent + " ".join(statement(r, c, a) for c, a in enumerate(row)))
 
 
 __all__ = ["PACK_QUADS_C", "conv_int8_x_offset", "emit_int8_micro_kernel", "prepack_conv_weight_int8"]
