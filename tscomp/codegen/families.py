@@ -17,7 +17,9 @@ the ``gemm`` family (constant weights) generates, builds and packs bf16 kernels 
 ``target.precision == "bf16"``, and on a CPU with AMX tiles (``target.gemm_isa == "amx"``) so does the
 fused ``attention`` family (QKᵀ and P·V on the tiles, the softmax in fp32); every other family
 (batched GEMMs of two activations, Conv, rows, elementwise, pooling) stays fp32 at any precision
-(:func:`bf16_families`).
+(:func:`bf16_families`). Independently of ``--precision``, a quantized model's GEMMs and
+implicit-GEMM Convs of small-integer operands run on int8 instructions where the CPU has them
+(:func:`gemm_target`, :func:`conv_target`).
 
 ``attention`` groups (QKᵀ → softmax → P·V merged by :mod:`tscomp.graph.fusion.attention`) are the
 attention family's alone; one it refuses is split back into its parts before families are chosen
