@@ -368,3 +368,19 @@ def test_an_artifact_with_int8_convs_is_refused_by_name_on_a_cpu_without_vnni(tm
     monkeypatch.setattr(target_mod, "_host_spec", lambda: dataclasses.replace(spec, vnni=False))
     with pytest.raises(ArtifactError, match=r"kernel\(s\) \(e.g. tscomp_\w+_conv_\w+_int8\).*int8.*avx512_vnni"):
         Runtime(art)
+
+
+def test_an_int8_conv_artifact_stores_the_raw_int8_weight_and_packs_it_at_load(tmp_path):
+    """The int8 Conv's packed quads are bytes in 32-bit words; the artifact stores the raw weight
+    (one byte an element) and packs it at load, as for every other kernel -- not the packed copy."""
+    import json
+    from tscomp.runtime.artifact import write_artifact
+    path = _qdq_conv_model(tmp_path, np.random.default_rng(4), True, True, oc=64, c=32)
+    model = compile_model(str(path), ["N=1:2", "H=5:23", "W=5:23"], max_variants=2)
+    art = write_artifact(model, tmp_path / "m.tsc")
+    entries = json.loads((art / "plan.json").read_text())["packed_weights"]
+    assert entries and all("raw" in e for e in entries), entries
+    assert json.loads((art / "manifest.json").read_text())["weights_bytes"] < 64 * 32 * 9 * 2   # int8, not panels
+    rt, sess = Runtime(art), _plain(path)
+    x = np.random.default_rng(5).uniform(-4, 4, (2, 32, 11, 17)).astype(np.float32)
+    np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -45,7 +45,7 @@ def prepack_conv_weight_int8(W: np.ndarray, G: int, mr: int, x_offset: int) -> n
     """W[OC, Cg, *k] (integers in [-128, 127]) -> per group g, MR-row panels of W_g[OCg, K] as s8
     quads (``[g][panel][k / 4][r][k % 4]``, K and the rows past OCg zero-padded), then the int32
     corrections ``x_offset * sum_k W[oc, k]`` per padded row (``[g][panel * MR + r]``); one
-    64-byte-aligned buffer (typed float32, as every packed weight the runtime passes)."""
+    64-byte-aligned buffer of 32-bit words (a quad or a correction each, as the int8 GEMM's)."""
     OC = W.shape[0]
     OCg = OC // G
     K = int(np.prod(W.shape[1:]))
@@ -61,7 +61,7 @@ def prepack_conv_weight_int8(W: np.ndarray, G: int, mr: int, x_offset: int) -> n
     out = raw[off:off + panel_bytes + corr_bytes]
     out[:panel_bytes] = quads.reshape(-1).view(np.uint8)
     out[panel_bytes:] = corrections.reshape(-1).view(np.uint8)
-    return out.view(np.float32)
+    return out.view(np.int32)
 
 
 #: the gathered column block as u8 quads (TS_ names: the Conv template's constants)

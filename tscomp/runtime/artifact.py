@@ -335,11 +335,18 @@ def _weight_sources(kernels, blobs: BlobWriter) -> dict[int, dict]:
             continue
         raw_of, pack, _ = PACKERS.get(k.family, (None, None, None))
         raw = raw_of(k) if raw_of else None
-        if raw is not None and np.array_equal(pack(k, raw), k.packed):
+        if raw is not None and _same_bits(pack(k, raw), k.packed):
             out[id(k)] = {"raw": blobs.add(np.ascontiguousarray(raw))}
         else:
             out[id(k)] = {"packed": blobs.add(k.packed)}
     return out
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays hold the same type, shape and bytes: an int8 kernel's packed quads are
+    bytes in a float32 array, where some words read as NaN (never equal as floats)."""
+    return a.dtype == b.dtype and a.shape == b.shape and \
+        np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
 
 
 def manifest_digest(manifest: dict) -> str:
