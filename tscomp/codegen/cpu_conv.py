@@ -72,8 +72,8 @@ from tscomp.codegen.cpu_conv_int8 import (PACK_QUADS_C, conv_int8_x_offset, emit
 from tscomp.codegen.cpu_gemm import INT8_K_QUAD, _Vec, emit_accumulators, emit_fma_step
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
-from tscomp.codegen.native import (PicklableKernel, backbone_op, binding_key, gemm_parts, refusals_name_group, sha256_text,
-                                   structural_signature)
+from tscomp.codegen.native import (PicklableKernel, backbone_op, binding_key, first_input_integer_range, gemm_parts,
+                                   refusals_name_group, sha256_text, structural_signature)
 from tscomp.codegen.tile_config import (BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig,
                                         TileConfigError, evened_count, host_caches)
 from tscomp.codegen.cpu_conv_winograd import DOMAIN, WinogradConfig, tile_grid, transformed_weight, winograd_source
@@ -636,14 +636,7 @@ class ConvAnalysis(_ConvBase):
                           and w.auto_pad in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
                           and (w.auto_pad != "NOTSET" or not any(w.pads)))
         self.phased = not self.pointwise and phase_planes_pay(self.geo)
-        self.int8_x_offset = conv_int8_x_offset(self._x_integer_range(), self.W, self.K)
-
-    def _x_integer_range(self) -> tuple[int, int] | None:
-        """The integers X holds, as the graph stage recorded them (a quantized activation's float
-        form), or None."""
-        graph = self.plan.graph
-        node = next((n for n in graph.nodes if n.name == self.heavy.node), None)
-        return graph.values[node.inputs[0]].integer_range if node is not None else None
+        self.int8_x_offset = conv_int8_x_offset(first_input_integer_range(self.plan, self.heavy), self.W, self.K)
 
     def heuristic_configs(self, isa: str, limit: int = 4, caches: CacheSizes | None = None) -> list[TileConfig]:
         return conv_candidate_configs(isa, self.OCg, self.K, caches=caches)[:limit]
@@ -1327,11 +1320,11 @@ def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str, direct: bool 
                 f"                            micro_kernel_int8(kl, ap, bq + jp * NR, ldb, corr, (int32_t*)ct, "
                 f"{first_last}, tile);")
     b, ld = ("xk + jp * NR * LANES", "H * W * LANES") if direct else ("bpack + jp * NR", "ldb")
-    panel = "const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;\n                            "
+    ap = "const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;\n                            "
     full = f"micro_kernel(kl, ap, {b}, {ld}, ct, {first_last}, tile);"
     if cfg.vector_axis == 1 or isa == "scalar":
-        return panel + full
-    return (f"{panel}if (nvb - jp * NR >= NR) {full}\n"
+        return ap + full
+    return (f"{ap}if (nvb - jp * NR >= NR) {full}\n"
             f"                            else micro_kernel_tail(nvb - jp * NR, kl, ap, {b}, {ld}, ct, "
             f"{first_last}, tile);")
 

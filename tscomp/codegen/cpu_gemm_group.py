@@ -81,8 +81,8 @@ from tscomp.codegen.c_expr import (PRELUDE, broadcast_index, c_literal, c_symbol
 from tscomp.codegen.cpu_gemm import (ARG_TYPES, INT8_MAX_K, Epilogue, EpilogueArg, GemmError, _Geometry,
                                      check_precision, generate_gemm, int8_weight_fits, prepack_weights)
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
-from tscomp.codegen.native import (PicklableKernel, backbone_op, binding_key, gemm_parts, refusals_name_group, sha256_text,
-                                   structural_signature)
+from tscomp.codegen.native import (PicklableKernel, backbone_op, binding_key, first_input_integer_range, gemm_parts,
+                                   refusals_name_group, sha256_text, structural_signature)
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block, _Row
 from tscomp.codegen.tile_config import TileConfig, candidate_configs, default_config
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
@@ -393,11 +393,7 @@ class GemmGroupAnalysis:
             and float(np.abs(self.W).max(initial=0.0)) <= bound
 
     def _a_integer_range(self) -> tuple[int, int] | None:
-        """The integers A holds, as the graph stage recorded them (a quantized activation's float
-        form), or None."""
-        graph = self.plan.graph
-        node = next((n for n in graph.nodes if n.name == self.heavy.node), None)
-        return graph.values[node.inputs[0]].integer_range if node is not None else None
+        return first_input_integer_range(self.plan, self.heavy)
 
     def _int8_x_offset(self) -> int | None:
         """Where the operands fit an int8 GEMM (VPDPBUSD's unsigned x signed bytes): A's smallest

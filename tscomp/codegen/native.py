@@ -43,6 +43,15 @@ def backbone_op(heavy: list):
     return next((o for o in heavy if o.fusion.value == "backbone"), heavy[0])
 
 
+def first_input_integer_range(plan, heavy) -> tuple[int, int] | None:
+    """The integers the first input of a group's backbone op (a GEMM's A, a Conv's X) holds, as the
+    graph stage recorded them (a quantized activation's float form: ``Value.integer_range``), or
+    None: what decides whether the kernel may run on integer instructions."""
+    graph = plan.graph
+    node = next((n for n in graph.nodes if n.name == heavy.node), None)
+    return graph.values[node.inputs[0]].integer_range if node is not None else None
+
+
 def binding_key(binding: Mapping[str, int]) -> tuple:
     return tuple(sorted(binding.items()))
 

@@ -31,12 +31,17 @@ the numpy fallback:
   (:func:`tscomp.codegen.families.gemm_target`), where onnxruntime's optimizer fuses the same
   pattern into an integer GEMM. The sums are exact, rounded once by the scale, where a float
   MatMul of the dequantized values rounds every product: the two differ by fp32 rounding;
+* **a Conv of two dequantized operands** (a QDQ or QOperator model's: an activation's per-tensor
+  DequantizeLinear, a constant int8 weight's per-tensor or per-output-channel one, a float bias):
+  the Conv of their integer parts (the image's zero padding is the activation's zero point, the
+  integer 0) times both scales plus the bias, which the conv family runs on int8 instructions
+  (:func:`tscomp.codegen.families.conv_target`);
 * **a Gather of a dequantized constant** (a QDQ embedding table): the Gather of its integer part,
   then the scale -- the table stays int8 in the artifact, and one too large to fold at compile
   time (BERT-base's 23M-element word table) is no longer dequantized whole on every call.
 
-Every other form (per-axis or blocked scales, 32-bit quantized types, an integer product of two
-activations) is left to the operators' references, which the compile summary names.
+Every other form (other per-axis or blocked scales, 32-bit quantized types, an integer product of
+two activations) is left to the operators' references, which the compile summary names.
 """
 from __future__ import annotations
 
