@@ -302,13 +302,15 @@ def test_requantizing_a_view_with_the_same_scale_moves_the_integers_without_roun
         assert np.array_equal(got["q2"], want[0]) and np.array_equal(got["q3"], want[1]), (b, l)
 
 
-def _qdq_conv_model(tmp_path, rng, per_channel: bool, bias: bool, oc=20, c=6, k=3, stride=1, pads=1, group=1):
+def _qdq_conv_model(tmp_path, rng, per_channel: bool, bias: bool, oc=20, c=6, k=3, stride=1, pads=1, group=1,
+                    weight_zero_points=False):
     """x -> Q/DQ (uint8, zero point 131) -> Conv with a dequantized int8 weight (per output channel
-    or per tensor) and a float bias -> y."""
+    or per tensor, symmetric or with zero points) and a float bias -> y."""
     w = rng.integers(-127, 128, (oc, c // group, k, k)).astype(np.int8)
     scale = rng.uniform(0.001, 0.01, oc if per_channel else ()).astype(np.float32)
     inits = [numpy_helper.from_array(w, "wq"), numpy_helper.from_array(scale, "w_scale"),
-             numpy_helper.from_array(np.zeros(oc if per_channel else (), np.int8), "w_zp"),
+             numpy_helper.from_array(rng.integers(-3, 4, oc if per_channel else ()).astype(np.int8) * weight_zero_points,
+                                     "w_zp"),
              numpy_helper.from_array(np.array(0.03, np.float32), "x_scale"),
              numpy_helper.from_array(np.array(131, np.uint8), "x_zp"),
              numpy_helper.from_array(rng.uniform(-1, 1, oc).astype(np.float32), "b")]
@@ -384,3 +386,20 @@ def test_an_int8_conv_artifact_stores_the_raw_int8_weight_and_packs_it_at_load(t
     rt, sess = Runtime(art), _plain(path)
     x = np.random.default_rng(5).uniform(-4, 4, (2, 32, 11, 17)).astype(np.float32)
     np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_qdq_conv_with_weight_zero_points_convolves_integers_in_fp32(tmp_path):
+    """A weight with zero points: its integer part (W - zp) can pass a signed byte, so the Conv of
+    the integer parts runs on fp32 (exact while the sums stay below 2^24), not int8; onnxruntime's
+    results."""
+    rng = np.random.default_rng(12)
+    path = _qdq_conv_model(tmp_path, rng, True, True, weight_zero_points=True)
+    model = compile_model(str(path), ["N=1:2", "H=5:23", "W=5:23"], max_variants=1)
+    assert model.fallback_groups() == []
+    weight = [model.plan.graph.values[nd.inputs[1]].const for nd in model.plan.graph.nodes if nd.op_type == "Conv"][0]
+    assert np.array_equal(weight, np.trunc(weight)) and np.abs(weight).max() > 127      # shifted past a byte
+    assert {k.precision for ks in model.kernels.values() for k in ks if k.family == "conv"} == {"fp32"}
+    rt, sess = Runtime.from_compiled(model), _plain(path)
+    for n, h, w in [(1, 5, 5), (2, 13, 23)]:
+        x = rng.uniform(-4, 4, (n, 6, h, w)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
