@@ -638,7 +638,8 @@ class ConvAnalysis(_ConvBase):
         self.phased = not self.pointwise and phase_planes_pay(self.geo)
         self.int8_x_offset = conv_int8_x_offset(first_input_integer_range(self.plan, self.heavy), self.W, self.K)
 
-    def heuristic_configs(self, isa: str, limit: int = 4, caches: CacheSizes | None = None) -> list[TileConfig]:
+    def heuristic_configs(self, isa: str, limit: int | None = 4, caches: CacheSizes | None = None) -> list[TileConfig]:
+        """The first ``limit`` hardware-aligned tiles (None: all of them)."""
         return conv_candidate_configs(isa, self.OCg, self.K, caches=caches)[:limit]
 
 

@@ -65,22 +65,36 @@ def prepack_conv_weight_int8(W: np.ndarray, G: int, mr: int, x_offset: int) -> n
 
 
 #: the gathered column block as u8 quads (TS_ names: the Conv template's constants)
-PACK_QUADS_C = """/* Rows [0, kl) of the gathered column block bp (floats holding integers in [XLO, XLO + 255]) as
- * byte quads: bq[q * ldb + j] holds the bytes bp[4q + i][j] - XLO for i = 0..3, lowest byte first
- * (exact conversions); a last quad's rows past kl are 0 (their weights are 0 too). */
-static void pack_quads(const float* restrict bp, int64_t ldb, int64_t kl, uint32_t* restrict bq)
+PACK_QUADS_C = """/* Lanes [off, off + 16) of up to four rows of floats holding integers in [XLO, XLO + 255] as byte
+ * quads: lane j holds the bytes row[i][off + j] - XLO, i = 0 .. rows - 1, lowest byte first (exact
+ * conversions); the bytes of rows past `rows` and the lanes outside m are 0. */
+static inline __m512i ts_u8_quad(const float* const* row, int64_t rows, int64_t off, __mmask16 m)
 {
     const __m512i lo = _mm512_set1_epi32(XLO);
+    __m512i quad = _mm512_setzero_si512();
+    for (int64_t i = 0; i < rows; ++i) {
+        const __m512i u = _mm512_maskz_sub_epi32(m, _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(m, row[i] + off)), lo);
+        quad = _mm512_or_si512(quad, _mm512_sllv_epi32(u, _mm512_set1_epi32((int)(8 * i))));
+    }
+    return quad;
+}
+
+/* The first n of 16 lanes. */
+static inline __mmask16 ts_lanes(int64_t n)
+{
+    return n >= 16 ? (__mmask16)0xFFFF : n > 0 ? (__mmask16)((1u << n) - 1u) : (__mmask16)0;
+}
+
+/* Rows [0, kl) of the gathered column block bp as byte quads: bq[q * ldb + j] holds the bytes
+ * bp[4q + i][j] - XLO for i = 0..3; a last quad's rows past kl are 0 (their weights are 0 too). */
+static void pack_quads(const float* restrict bp, int64_t ldb, int64_t kl, uint32_t* restrict bq)
+{
     for (int64_t q = 0; 4 * q < kl; ++q) {
         const int64_t rows = min_i64(4, kl - 4 * q);
-        for (int64_t j = 0; j < ldb; j += 16) {
-            __m512i quad = _mm512_setzero_si512();
-            for (int64_t i = 0; i < rows; ++i) {
-                const __m512i u = _mm512_sub_epi32(_mm512_cvtps_epi32(_mm512_loadu_ps(bp + (4 * q + i) * ldb + j)), lo);
-                quad = _mm512_or_si512(quad, _mm512_sllv_epi32(u, _mm512_set1_epi32((int)(8 * i))));
-            }
-            _mm512_storeu_si512((void*)(bq + q * ldb + j), quad);
-        }
+        const float* row[4] = {0, 0, 0, 0};
+        for (int64_t i = 0; i < rows; ++i) row[i] = bp + (4 * q + i) * ldb;
+        for (int64_t j = 0; j < ldb; j += 16)
+            _mm512_storeu_si512((void*)(bq + q * ldb + j), ts_u8_quad(row, rows, j, (__mmask16)0xFFFF));
     }
 }
 
@@ -91,20 +105,12 @@ static void pack_quads(const float* restrict bp, int64_t ldb, int64_t kl, uint32
 static void pack_quads_pointwise(const float* restrict xg, int64_t HW, int64_t p0, int64_t nv, int64_t ldb,
                                  int64_t k0, int64_t kl, uint32_t* restrict bq)
 {
-    const __m512i lo = _mm512_set1_epi32(XLO);
     for (int64_t q = 0; 4 * q < kl; ++q) {
         const int64_t rows = min_i64(4, kl - 4 * q);
-        const float* restrict src = xg + (k0 + 4 * q) * HW + p0;
-        for (int64_t j = 0; j < ldb; j += 16) {
-            const int64_t left = nv - j;
-            const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1u) : (__mmask16)0;
-            __m512i quad = _mm512_setzero_si512();
-            for (int64_t i = 0; i < rows; ++i) {
-                const __m512i u = _mm512_maskz_sub_epi32(m, _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(m, src + i * HW + j)), lo);
-                quad = _mm512_or_si512(quad, _mm512_sllv_epi32(u, _mm512_set1_epi32((int)(8 * i))));
-            }
-            _mm512_storeu_si512((void*)(bq + q * ldb + j), quad);
-        }
+        const float* row[4] = {0, 0, 0, 0};
+        for (int64_t i = 0; i < rows; ++i) row[i] = xg + (k0 + 4 * q + i) * HW + p0;
+        for (int64_t j = 0; j < ldb; j += 16)
+            _mm512_storeu_si512((void*)(bq + q * ldb + j), ts_u8_quad(row, rows, j, ts_lanes(nv - j)));
     }
 }
 
@@ -115,7 +121,6 @@ static void pack_quads_pointwise(const float* restrict xg, int64_t HW, int64_t p
 static void pack_quads_phased(const float* restrict xp, int64_t r0, int64_t HR, int64_t WQ, int64_t OW, int64_t p0,
                               int64_t nv, int64_t ldb, int64_t k0, int64_t kl, uint32_t* restrict bq)
 {
-    const __m512i lo = _mm512_set1_epi32(XLO);
     int64_t c = k0 / (KH * KW), r = k0 % (KH * KW);
     int64_t kh = r / KW, kw = r % KW;
     const int64_t oh_first = p0 / OW, ow_first = p0 % OW;
@@ -132,16 +137,11 @@ static void pack_quads_phased(const float* restrict xp, int64_t r0, int64_t HR, 
         int64_t j = 0, oh = oh_first, ow = ow_first;
         while (j < nv) {
             const int64_t seg = min_i64(OW - ow, nv - j);
+            const float* row[4] = {0, 0, 0, 0};       /* this output row's segment in each plane */
+            for (int64_t i = 0; i < rows; ++i) row[i] = plane[i] + (oh * SH + tap_row[i]) * SW * WQ + ow;
             for (int64_t t = 0; t < seg; t += 16) {
-                const int64_t left = seg - t;
-                const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-                __m512i quad = _mm512_setzero_si512();
-                for (int64_t i = 0; i < rows; ++i) {
-                    const float* restrict src = plane[i] + (oh * SH + tap_row[i]) * SW * WQ + ow + t;
-                    const __m512i u = _mm512_maskz_sub_epi32(m, _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(m, src)), lo);
-                    quad = _mm512_or_si512(quad, _mm512_sllv_epi32(u, _mm512_set1_epi32((int)(8 * i))));
-                }
-                _mm512_mask_storeu_epi32((void*)(dst + j + t), m, quad);
+                const __mmask16 m = ts_lanes(seg - t);
+                _mm512_mask_storeu_epi32((void*)(dst + j + t), m, ts_u8_quad(row, rows, t, m));
             }
             j += seg;
             ow = 0;

@@ -103,15 +103,21 @@ def gemm_target(analysis, target: Target) -> Target:
     inner products on integer or bf16 instructions where the CPU has them: int8 (VPDPBUSD, exact int32
     sums, four times the fp32 rate) where A spans at most 256 values and W fits a signed byte, else
     bf16 (every product and sum what fp32 gives, at twice the rate)."""
-    from tscomp.schedule.target import TargetError
-    if target.precision != "fp32":
-        return target
     order = (("int8", getattr(analysis, "int8_x_offset", None) is not None),
              ("bf16", getattr(analysis, "exact_in_bf16", False)))
     if getattr(target.spec, "amx", False):
         # AMX's bf16 tiles multiply at several times VPDPBUSD's rate (measured before on a Sapphire
         # Rapids; VPDPBUSD against them never was): bf16 first there
         order = order[::-1]
+    return _integer_operand_target(target, order)
+
+
+def _integer_operand_target(target: Target, order) -> Target:
+    """``target`` at the first precision of ``order`` ((precision, the operands fit it), ...) that
+    the CPU runs; ``target`` itself where it asks for another precision than fp32 or none fits."""
+    from tscomp.schedule.target import TargetError
+    if target.precision != "fp32":
+        return target
     for precision in (p for p, fits in order if fits):
         try:
             return target.with_precision(precision)
@@ -232,13 +238,7 @@ def conv_target(analysis, target: Target) -> Target:
     two small-integer operands (a quantized model's QDQ / QOperator Conv, computed in float) runs on
     int8 instructions (VPDPBUSD, exact int32 sums) where the CPU has them and the operands fit
     (:func:`tscomp.codegen.cpu_conv_int8.conv_int8_x_offset`)."""
-    from tscomp.schedule.target import TargetError
-    if target.precision != "fp32" or getattr(analysis, "int8_x_offset", None) is None:
-        return target
-    try:
-        return target.with_precision("int8")
-    except TargetError:            # no VNNI here: fp32, as asked
-        return target
+    return _integer_operand_target(target, (("int8", getattr(analysis, "int8_x_offset", None) is not None),))
 
 
 def _conv_executor(analysis, cfg, target: Target):
@@ -260,7 +260,7 @@ def _conv_heuristic(analysis, target: Target, limit: int) -> list:
     s = target.spec
     caches = CacheSizes(l1=s.l1, l2=s.l2, l3=s.l3)
     if conv_target(analysis, target).precision == "int8":     # int8 tiles run their lanes along the positions
-        return [c for c in analysis.heuristic_configs(target.isa, 99, caches=caches) if c.vector_axis == 1][:limit]
+        return [c for c in analysis.heuristic_configs(target.isa, None, caches=caches) if c.vector_axis == 1][:limit]
     return analysis.heuristic_configs(target.isa, limit, caches=caches)
 
 

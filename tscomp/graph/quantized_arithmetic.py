@@ -327,14 +327,14 @@ def _dequantized_conv(p: "_Pass", node: Node) -> list[Node] | None:
     graph = p.graph
     x, w, bias = (node.inputs + ["", ""])[:3]
     a, a_scale = p.dequantized.get(x, (None, None))
+    # per output channel, or per tensor (a per-column scale, along the weight's last axis, is neither)
     part, w_scale = p.channel_dequantized.get(w) or p.dequantized.get(w) or (None, None)
     out = graph.values[node.outputs[0]]
     if a is None or part is None or graph.values[a].const is not None or graph.values[part].const is None \
-            or graph.values[a_scale].shape or len(out.shape) < 3:
+            or graph.values[a_scale].shape or len(out.shape) < 3 \
+            or (w not in p.channel_dequantized and graph.values[w_scale].shape):
         return None
     channels = graph.values[part].shape[0]
-    if graph.values[w_scale].shape not in ((), (channels,)):
-        return None         # a scale along another axis of the weight (a per-column one) is no per-channel scale
     bias_const = graph.values[bias].const if bias else None
     if bias and (bias_const is None or bias_const.dtype != F32 or bias_const.shape != (channels,)):
         return None
