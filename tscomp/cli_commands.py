@@ -13,7 +13,7 @@ from pathlib import Path
 from tscomp.codegen.families import DEFAULT_VARIANTS
 from tscomp.errors import TscompError
 from tscomp.graph.half_precision import has_float16
-from tscomp.runtime.artifact import INTEGER_GEMMS, file_sha256
+from tscomp.runtime.artifact import INTEGER_GEMMS, INTEGER_GEMMS_ON, file_sha256
 
 
 class Progress:
@@ -108,12 +108,12 @@ def _integer_gemms(compiled) -> list[str]:
     group, the precision of its variants that have one (a Conv's Winograd variant stays fp32)."""
     other = Counter()
     for ks in compiled.kernels.values():
-        special = {k.precision for k in ks if getattr(k, "precision", compiled.target.precision)
-                   != compiled.target.precision}
-        for p in special:
-            other[(ks[0].family, p)] += 1
-    return ["quantized GEMMs and Convs: " + "; ".join(f"{n} {family} group(s) {INTEGER_GEMMS[p]}"
-                                                      for (family, p), n in sorted(other.items()))] if other else []
+        special = {(k.precision, getattr(k, "isa", "")) for k in ks
+                   if getattr(k, "precision", compiled.target.precision) != compiled.target.precision}
+        for p, isa in special:
+            other[(ks[0].family, p, INTEGER_GEMMS_ON.get((p, isa), INTEGER_GEMMS[p]))] += 1
+    return ["quantized GEMMs and Convs: " + "; ".join(f"{n} {family} group(s) {text}"
+                                                      for (family, p, text), n in sorted(other.items()))] if other else []
 
 
 def _summary(compiled, path: Path) -> list[str]:

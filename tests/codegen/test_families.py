@@ -26,6 +26,8 @@ FLOAT = SimpleNamespace(int8_x_offset=None, exact_in_bf16=False)
     ({"vnni": True, "bf16": False}, BF16_ONLY, "fp32"),
     ({"vnni": False, "bf16": False}, INT8_AND_BF16, "fp32"),
     ({"vnni": True, "bf16": True, "amx": True}, INT8_AND_BF16, "bf16"),     # AMX's bf16 tiles first
+    ({"vnni": True, "bf16": True, "amx": True, "amx_int8": True}, INT8_AND_BF16, "int8"),   # ... unless they do int8
+    ({"vnni": True, "bf16": True, "amx": True, "amx_int8": True}, BF16_ONLY, "bf16"),
     ({"vnni": True, "bf16": True}, FLOAT, "fp32"),
 ])
 def test_integer_operand_gemms_take_int8_then_bf16_where_the_cpu_has_them(features, analysis, want):
@@ -35,3 +37,11 @@ def test_integer_operand_gemms_take_int8_then_bf16_where_the_cpu_has_them(featur
 def test_a_model_compiled_at_bf16_and_a_gpu_target_keep_their_precision():
     assert gemm_target(INT8_AND_BF16, cpu(vnni=True, bf16=True).with_precision("bf16")).precision == "bf16"
     assert gemm_target(INT8_AND_BF16, cuda("sm_80")).precision == "fp32"
+
+
+def test_int8_gemms_run_on_amx_tiles_only_where_the_tiles_do_int8():
+    int8 = SimpleNamespace(int8_x_offset=-128, exact_in_bf16=True)
+    assert gemm_target(int8, cpu(vnni=True, bf16=True, amx=True, amx_int8=True)).gemm_isa == "amx"   # TDPBUSD
+    assert gemm_target(int8, cpu(vnni=True, bf16=True)).gemm_isa == "avx512"                         # VPDPBUSD
+    with_tiles = gemm_target(int8, cpu(vnni=True, bf16=True, amx=True, amx_int8=True))
+    assert with_tiles.key() != gemm_target(int8, cpu(vnni=True, bf16=True)).key()    # tuning records kept apart

@@ -187,6 +187,27 @@ def test_an_artifact_with_int8_gemms_is_refused_by_name_on_a_cpu_without_vnni(tm
         Runtime(path)
 
 
+def test_an_artifact_with_amx_int8_gemms_is_refused_by_name_on_a_cpu_whose_tiles_lack_int8(tmp_path, monkeypatch):
+    """Compiled where the AMX tiles do int8 (TDPBUSD), loaded where they do not (or the OS does not
+    grant them): refused by kernel name and what is missing, not an illegal instruction."""
+    import dataclasses
+    import json
+    import tscomp.schedule.target as target_mod
+    from tscomp.runtime.artifact import ArtifactError, write_artifact
+    if not target_mod.host_cpu().spec.amx_int8:
+        pytest.skip("this CPU has no AMX int8 tiles: its int8 GEMMs run on VPDPBUSD")
+    model = compile_model(str(_dynamic_linear(tmp_path, symmetric=True)), ["B=1:3", "L=1:61"], max_variants=1)
+    path = write_artifact(model, tmp_path / "m.tsc")
+    gemms = [v for g in json.loads((path / "manifest.json").read_text())["groups"] for v in g["variants"]
+             if v["family"] == "gemm"]
+    assert gemms and all(v["isa"] == "amx" and v["precision"] == "int8" for v in gemms)
+    Runtime(path)                                          # loads here
+    spec = target_mod._host_spec()
+    monkeypatch.setattr(target_mod, "_host_spec", lambda: dataclasses.replace(spec, amx_int8=False))
+    with pytest.raises(ArtifactError, match=r"kernel\(s\) \(e.g. tscomp_\w+_amx_\w+_int8\) run on AMX int8 tiles"):
+        Runtime(path)
+
+
 def test_integer_operand_gemms_take_bf16_where_the_cpu_has_it_and_float_ones_stay_fp32(tmp_path):
     """bf16 holds every integer up to 256 exactly, so a quantized GEMM's bf16 inner products are its
     fp32 ones (tscomp.codegen.families.gemm_target); a float GEMM of the same model stays fp32."""
@@ -211,8 +232,8 @@ def _gemm_precision_for(weight_fits_a_signed_byte: bool) -> str:
     """The precision tscomp.codegen.families.gemm_target gives a GEMM of integer operands here."""
     from tscomp.schedule.target import host_cpu
     spec = host_cpu().spec
-    if weight_fits_a_signed_byte and spec.isa == "avx512" and spec.vnni and not spec.amx:
-        return "int8"
+    if weight_fits_a_signed_byte and spec.isa == "avx512" and spec.vnni and (spec.amx_int8 or not spec.amx):
+        return "int8"      # VPDPBUSD, or TDPBUSD where the AMX tiles have int8 (bf16 tiles alone come first)
     return "bf16" if spec.bf16 else "fp32"
 
 

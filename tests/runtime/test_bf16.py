@@ -125,7 +125,7 @@ def test_precision_is_in_the_manifest_digest_sources_and_entry_points(bf16_artif
 
 @pytest.mark.parametrize("lacking,error", [
     pytest.param("bf16", "precision bf16.*avx512_bf16", marks=needs_bf16),
-    pytest.param("amx", "run on AMX tiles, which this CPU does not have",
+    pytest.param("amx", "run on AMX bf16 tiles, which this CPU does not have",
                  marks=pytest.mark.skipif(not (HAS_BF16 and host_cpu().spec.amx), reason="this CPU has no AMX tiles"))])
 def test_a_bf16_artifact_is_refused_at_load_on_a_cpu_without_its_instructions(bf16_artifact, monkeypatch, lacking,
                                                                               error):

@@ -80,7 +80,8 @@ tile registers in the parallel region; the kernel's library asks Linux for the t
 :func:`tscomp.codegen.families.gemm_target` chooses it for a GEMM whose operands are integers held
 in float32 -- a quantized model's -- with W in [-128, 127] and X spanning at most 256 values from
 ``x_offset``): the bf16 layout with *quads* for pairs. W is packed as int8 quads along K (one 32-bit
-lane holds ``W[k..k+3, j]``, K padded to a multiple of 4), X is packed as unsigned bytes
+lane holds ``W[k..k+3, j]``; K blocks whole multiples of 64 and K zero-padded to 64, one AMX int8
+tile step, the VPDPBUSD loop skipping the padding), X is packed as unsigned bytes
 ``X - x_offset`` in [0, 255], and the k loop issues one VPDPBUSD (acc, broadcast x quad, w quad
 vector) per four k: 64 multiply-adds per instruction, where VDPBF16PS does 32 and an FMA 16.
 Accumulators and the partial sums between K blocks are int32 (exact: |sum| < 2^31 for K <= 65536);
@@ -88,6 +89,14 @@ since ``X = U + x_offset``, ``X . W = U . W + x_offset * colsum(W)``, and that c
 stored after the weight panels) is what the accumulators start from. The finished tile is
 converted to float32 once -- one rounding of the exact integer sum, as onnxruntime's
 MatMulInteger then Cast -- and goes through the unchanged epilogue.
+
+int8 on AMX (``isa="amx"``, ``precision="int8"``, where the tiles do int8:
+:attr:`tscomp.schedule.target.CpuSpec.amx_int8`): the AMX kernel above with int32 accumulator tiles,
+A tiles of 16 rows x 64 bytes ``X - x_offset`` (rows past M and columns past K zero) and B tiles of
+16 quad-rows x 16 columns of the very same int8 panels, one TDPBUSD per 64-deep step (16x16x64
+multiply-adds: twice the bf16 tiles' rate, on half their weight bytes). The accumulators start
+from zero; the column corrections are added once, when the finished int32 tile is converted to
+float32 before the epilogue.
 """
 from __future__ import annotations
 
@@ -101,9 +110,9 @@ import numpy as np
 from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import GEMM_KERNEL_NAMES, math_helpers
 from tscomp.codegen.task_affinity import AFFINITY_C, claim_loop, shares_declaration
-from tscomp.codegen.tile_config import (AMX_K, AMX_ROWS, AMX_TILE_REGISTERS, BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS,
-                                       OPERAND_BYTES, VECTOR_WIDTH, TileConfig, TileConfigError, default_config,
-                                       evened_count, host_caches)
+from tscomp.codegen.tile_config import (AMX_K, AMX_ROW_BYTES, AMX_ROWS, AMX_TILE_REGISTERS, BALANCE_TASKS_PER_THREAD,
+                                       MAX_ACCUMULATORS, OPERAND_BYTES, VECTOR_WIDTH, TileConfig, TileConfigError,
+                                       amx_k, default_config, evened_count, host_caches)
 from tscomp.errors import TscompError
 from tscomp.schedule.target import GEMM_PRECISIONS     # the target's precisions: one list
 
@@ -233,9 +242,12 @@ def _round_up(x: int, m: int) -> int:
 #: bf16 weights are packed in K blocks of whole multiples of this depth (zero-padded): one AMX tile's
 #: 32 bf16 of K, so one packed layout serves the VDPBF16PS kernels (which skip the padding) and AMX
 BF16_K_BLOCK = AMX_K
-#: int8 weights are packed in quads along K (VPDPBUSD's four bytes per 32-bit lane): K blocks are
-#: whole multiples of this (only the last may be shorter), K is zero-padded to it
+#: int8 weights are packed in quads along K (VPDPBUSD's and TDPBUSD's four bytes per 32-bit lane)
 INT8_K_QUAD = 4
+#: int8 K blocks are whole multiples of this depth (only the last may be shorter) and K is zero-padded
+#: to it in the panels: one AMX int8 tile step (64 bytes of K), so the same panels serve VPDPBUSD
+#: (which skips the padding) and AMX
+INT8_K_BLOCK = AMX_ROW_BYTES
 #: K at most this deep for an int8 GEMM: 255 x 128 x K stays inside an int32 accumulator
 INT8_MAX_K = 65536
 
@@ -246,10 +258,10 @@ def check_precision(precision: str, isa: str | None = None) -> str:
         raise GemmError(f"unknown GEMM precision {precision!r}; expected one of {', '.join(GEMM_PRECISIONS)}")
     if precision == "bf16" and isa is not None and isa not in ("avx512", "amx"):
         raise GemmError(f"bf16 GEMM kernels need AVX-512 with AVX512_BF16 (VDPBF16PS) or AMX; not implemented for {isa}")
-    if precision == "int8" and isa is not None and isa != "avx512":
-        raise GemmError(f"int8 GEMM kernels need AVX-512 with AVX512_VNNI (VPDPBUSD); not implemented for {isa}")
-    if isa == "amx" and precision != "bf16":
-        raise GemmError(f"AMX GEMM kernels are bf16 only (TDPBF16PS); {precision} GEMMs run on the SIMD ISA")
+    if precision == "int8" and isa is not None and isa not in ("avx512", "amx"):
+        raise GemmError(f"int8 GEMM kernels need AVX-512 with AVX512_VNNI (VPDPBUSD) or AMX; not implemented for {isa}")
+    if isa == "amx" and precision not in ("bf16", "int8"):
+        raise GemmError(f"AMX GEMM kernels are bf16 (TDPBF16PS) or int8 (TDPBUSD); {precision} GEMMs run on the SIMD ISA")
     return precision
 
 
@@ -339,7 +351,7 @@ class _Geometry:
         if precision == "bf16":
             KC = min(_round_up(KC, BF16_K_BLOCK), K)   # whole AMX tile depths: only the last block is short
         elif precision == "int8":
-            KC = min(_round_up(KC, INT8_K_QUAD), K)    # whole quads: only the last block is short
+            KC = min(_round_up(KC, INT8_K_BLOCK), K)   # whole AMX int8 tile depths: only the last block is short
         caches = host_caches()
         NC = min(cfg.nc, NP)
         return _Geometry(K=K, N=N, NP=NP, MR=cfg.mr, NR=cfg.nr, MC=cfg.mc, NC=NC, KC=KC,
@@ -348,14 +360,14 @@ class _Geometry:
 
     @property
     def KP(self) -> int:
-        """K as packed: fp32 K; bf16 K rounded up to BF16_K_BLOCK (each K block zero-padded to it);
-        int8 K rounded up to a quad."""
+        """K as packed: fp32 K; bf16 K rounded up to BF16_K_BLOCK, int8 K to INT8_K_BLOCK (each K block
+        zero-padded to it)."""
         return _round_up(self.K, self.k_granule)
 
     @property
     def k_granule(self) -> int:
-        """The packed K step K blocks are whole multiples of: 1 (fp32), a bf16 tile depth, an int8 quad."""
-        return {"fp32": 1, "bf16": BF16_K_BLOCK, "int8": INT8_K_QUAD}[self.precision]
+        """The packed K step K blocks are whole multiples of: 1 (fp32), a bf16 or an int8 AMX tile depth."""
+        return {"fp32": 1, "bf16": BF16_K_BLOCK, "int8": INT8_K_BLOCK}[self.precision]
 
     @property
     def k_lane(self) -> int:
@@ -411,7 +423,7 @@ def prepack_weights(W: np.ndarray, cfg: TileConfig, precision: str = "fp32", x_o
     patterns in the pair layout of the module docstring (per panel, per pair of rows, ``nr``
     lanes of ``(W[k, j], W[k+1, j])``; K zero-padded to a multiple of ``BF16_K_BLOCK``).
     ``precision="int8"``: W's integers (in [-128, 127]) as int8 quads (per panel, per quad of rows,
-    ``nr`` lanes of ``W[k..k+3, j]``; K zero-padded to a multiple of 4), followed by the NP int32
+    ``nr`` lanes of ``W[k..k+3, j]``; K zero-padded to a multiple of ``INT8_K_BLOCK``), followed by the NP int32
     column corrections ``x_offset * sum_k W[k, j]`` (the kernel packs X as ``X - x_offset``).
     """
     W = np.asarray(W)
@@ -525,13 +537,16 @@ class _Vec:
         return self._ops["add"].format(a=a, b=b)
 
 
-def check_host_isa(isa: str) -> str:
-    """``isa`` if this host runs kernels generated for it; else :class:`GemmError` saying what it lacks."""
+def check_host_isa(isa: str, precision: str = "bf16") -> str:
+    """``isa`` if this host runs kernels generated for it (AMX: at ``precision``); else
+    :class:`GemmError` saying what it lacks."""
     host = host_isa()
     if isa == "amx":
         from tscomp.schedule.target import host_cpu
-        if not host_cpu().spec.amx:
-            raise GemmError("ISA amx requested but this CPU has no AMX bf16 tiles (or the OS does not grant them)")
+        spec = host_cpu().spec
+        if not (spec.amx_int8 if precision == "int8" else spec.amx):
+            raise GemmError(f"ISA amx requested but this CPU has no AMX {'int8' if precision == 'int8' else 'bf16'} "
+                            f"tiles (or the OS does not grant them)")
     elif ISA_RANK[isa] > ISA_RANK[host]:
         raise GemmError(f"ISA {isa} requested but this host only supports {host}")
     return isa
@@ -615,7 +630,7 @@ static inline int64_t min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
         emit(epilogue.prelude)
     if amx:
         _emit_amx_setup(emit, g)
-        _emit_pack_amx(emit, g)
+        _emit_pack_amx(emit, g, x_offset)
     elif bf16:
         _emit_pack_bf16(emit, g)
     elif int8:
@@ -672,17 +687,19 @@ def _x_text(g: _Geometry) -> str:
 def _isa_text(isa: str, g: _Geometry) -> str:
     if isa == "amx":
         c, a = _amx_tiles(g)
-        return (f"amx (AMX tile unit: {c} fp32 accumulator tile{'s' if c > 1 else ''} of 16x16, {a} A tile{'s' if a > 1 else ''} "
-                f"of 16 rows x 32 bf16, B tiles of 16 bf16 pairs x 16 columns; TDPBF16PS; epilogue on AVX-512)")
+        acc, x, w, op = (("int32", "64 u8", "s8 quads", "TDPBUSD") if g.precision == "int8" else
+                         ("fp32", "32 bf16", "bf16 pairs", "TDPBF16PS"))
+        return (f"amx (AMX tile unit: {c} {acc} accumulator tile{'s' if c > 1 else ''} of 16x16, {a} A tile{'s' if a > 1 else ''} "
+                f"of 16 rows x {x}, B tiles of 16 {w} x 16 columns; {op}; epilogue on AVX-512)")
     vw = VECTOR_WIDTH[isa]
     return f"{isa} ({vw} float{'s' if vw > 1 else ''} per vector{', FMA intrinsics' if isa != 'scalar' else ', portable C'})"
 
 
 def _precision_text(g: _Geometry) -> str:
     if g.precision == "int8":
-        return ("int8 operands, int32 accumulation: W packed as s8 quads along K (VPDPBUSD layout, K padded to 4), "
-                "X packed as u8 X - XLO; accumulators start from XLO x colsum(W); converted to fp32 once, "
-                "epilogue in fp32")
+        return ("int8 operands, int32 accumulation: W packed as s8 quads along K (VPDPBUSD / AMX B-tile layout, "
+                f"K blocks padded to multiples of {INT8_K_BLOCK}), X packed as u8 X - XLO; the sums corrected by "
+                "XLO x colsum(W), converted to fp32 once, epilogue in fp32")
     if g.precision == "bf16":
         return ("bf16 operands, fp32 accumulation: W packed as bf16 pairs along K (VDPBF16PS / AMX B-tile layout, "
                 f"K blocks padded to multiples of {BF16_K_BLOCK}), X rounded to bf16 (nearest even) while packed; "
@@ -761,18 +778,9 @@ def _int8_defines(g: _Geometry, x_offset: int) -> str:
 #define XLO {int(x_offset)}   /* X's smallest value: X is packed as the byte X - XLO */"""
 
 
-def _emit_int8_helpers(emit):
-    """The int8 kernels' dot-product step and their X packing."""
-    emit("""/* acc += the four u8 x s8 products of each 32-bit lane of x and w (VPDPBUSD). Written in assembly:
- * GCC 12 allocates _mm512_dpbusd_epi32's result apart from its accumulator and copies every
- * accumulator back on every k step (an 8x48 tile ran at half the rate of an 8x32 one). */
-static inline __attribute__((always_inline)) __m512i ts_dpbusd(__m512i acc, __m512i x, __m512i w)
-{
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
-    return acc;
-}
-""")
-    emit("""/* n floats holding integers in [XLO, XLO + 255] -> the bytes x - XLO (exact), zero up to a
+#: floats holding integers -> the bytes the int8 kernels multiply: X's rows for the VPDPBUSD and AMX
+#: GEMMs (XLO: the kernel's define)
+U8_ROW_C = """/* n floats holding integers in [XLO, XLO + 255] -> the bytes x - XLO (exact), zero up to a
  * multiple of 16 */
 static inline void ts_u8_row(const float* restrict src, uint8_t* restrict dst, int64_t n)
 {
@@ -784,7 +792,21 @@ static inline void ts_u8_row(const float* restrict src, uint8_t* restrict dst, i
         _mm_storeu_si128((__m128i*)(dst + c), _mm512_cvtepi32_epi8(u));
     }
 }
+"""
+
+
+def _emit_int8_helpers(emit):
+    """The int8 kernels' dot-product step and their X packing."""
+    emit("""/* acc += the four u8 x s8 products of each 32-bit lane of x and w (VPDPBUSD). Written in assembly:
+ * GCC 12 allocates _mm512_dpbusd_epi32's result apart from its accumulator and copies every
+ * accumulator back on every k step (an 8x48 tile ran at half the rate of an 8x32 one). */
+static inline __attribute__((always_inline)) __m512i ts_dpbusd(__m512i acc, __m512i x, __m512i w)
+{
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
+    return acc;
+}
 """)
+    emit(U8_ROW_C)
     _emit_lane_pack(emit, "byte quads", 4, """the bytes X[m0 + p*MR + r, k0 + 4q .. 4q + 3] - XLO as
  * one 32-bit lane (lowest byte the first k); X holds integers in [XLO, XLO + 255] (the graph stage's
  * integer range), so each converts exactly, and the bytes of a short last quad multiply the zero
@@ -793,7 +815,7 @@ static inline void ts_u8_row(const float* restrict src, uint8_t* restrict dst, i
 
 def _amx_defines(g: _Geometry) -> str:
     return f"""
-#define KCP {g.KCP}   /* a K block's packed depth in the X panels: whole 32-deep tile steps */"""
+#define KCP {g.KCP}   /* a K block's packed depth in the X panels: whole {amx_k(g.precision)}-deep tile steps */"""
 
 
 def _amx_tiles(g: _Geometry) -> tuple[int, int]:
@@ -826,7 +848,10 @@ static void amx_configure(void)
 """)
 
 
-def _emit_pack_amx(emit, g: _Geometry) -> None:
+def _emit_pack_amx(emit, g: _Geometry, x_offset: int = 0) -> None:
+    if g.precision == "int8":
+        _emit_pack_amx_int8(emit)
+        return
     emit(BF16_ROW_C)
     emit("""/* Pack rows [m0, m0 + mv) x columns [k0, k0 + kl) of X for the AMX A tiles: MR-row panels,
  * row-major bf16, KCP elements (a whole number of 64-byte tile rows) per row:
@@ -849,6 +874,30 @@ static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, 
 """)
 
 
+def _emit_pack_amx_int8(emit) -> None:
+    emit(U8_ROW_C)
+    emit(f"""/* Pack rows [m0, m0 + mv) x columns [k0, k0 + kl) of X for the AMX int8 A tiles: MR-row panels,
+ * row-major bytes, KCP per row: xp[(p*MR + r)*KCP + k] = X[m0 + p*MR + r, k0 + k] - XLO (exact: X holds
+ * integers in [XLO, XLO + 255]). Columns past kl up to the next multiple of {INT8_K_BLOCK} and rows past M are
+ * zero (local padding: the padded columns multiply W's zero padding). */
+static void pack_x(const float* restrict X, int64_t m0, int64_t mv, int64_t k0, int64_t kl,
+                   uint8_t* restrict xp)
+{{
+    const int64_t kp = (kl + {INT8_K_BLOCK - 1}) / {INT8_K_BLOCK} * {INT8_K_BLOCK}, kw = (kl + 15) / 16 * 16;
+    const int64_t rows = (mv + MR - 1) / MR * MR;
+    for (int64_t r = 0; r < rows; ++r) {{
+        uint8_t* restrict dst = xp + r * KCP;
+        if (r >= mv) {{
+            memset(dst, 0, kp);
+            continue;
+        }}
+        ts_u8_row(X + (m0 + r) * (int64_t)K + k0, dst, kl);   /* writes kw bytes */
+        memset(dst + kw, 0, kp - kw);
+    }}
+}}
+""")
+
+
 def _emit_amx_body(emit, g: _Geometry, epilogue: "Epilogue | None") -> None:
     """An MR x NR register tile on the AMX unit: (MR/16) x (NR/16) accumulator tiles, per 32-deep K
     step the A tiles loaded once and each B tile loaded once and multiplied into its column of
@@ -858,7 +907,10 @@ def _emit_amx_body(emit, g: _Geometry, epilogue: "Epilogue | None") -> None:
     ncol = g.NR // AMX_ROWS
     b_regs = list(range(n_c + n_a, AMX_TILE_REGISTERS))
     acc = [[a * ncol + c for c in range(ncol)] for a in range(n_a)]
-    emit("    const int64_t ks = (kl + 31) / 32;   /* 32-deep tile steps (the packed depth is padded to 32) */")
+    int8 = g.precision == "int8"
+    depth, x_bytes = amx_k(g.precision), OPERAND_BYTES[g.precision]
+    dot = "_tile_dpbusd" if int8 else "_tile_dpbf16ps"
+    emit(f"    const int64_t ks = (kl + {depth - 1}) / {depth};   /* {depth}-deep tile steps (the packed depth is padded to {depth}) */")
     emit("    if (first) {")
     emit("        " + " ".join(f"_tile_zero({t});" for row in acc for t in row))
     emit("    } else {")
@@ -866,16 +918,16 @@ def _emit_amx_body(emit, g: _Geometry, epilogue: "Epilogue | None") -> None:
         emit("        " + " ".join(f"_tile_loadd({t}, ct + {a * AMX_ROWS * g.NR + c * AMX_ROWS}, NR * 4);"
                                    for c, t in enumerate(row)))
     emit("    }")
-    emit("    for (int64_t s = 0; s < ks; ++s) {  /* TDPBF16PS loop: no bounds tests (local padding) */")
+    emit(f"    for (int64_t s = 0; s < ks; ++s) {{  /* {dot[1:].upper().replace('TILE_', 'T')} loop: no bounds tests (local padding) */")
     for a in range(n_a):
-        emit(f"        _tile_loadd({n_c + a}, xp + {a * AMX_ROWS} * KCP + s * 32, KCP * 2);")
+        emit(f"        _tile_loadd({n_c + a}, xp + {a * AMX_ROWS} * KCP + s * {depth}, KCP * {x_bytes});")
     if L2_PREFETCH_LINES:   # the weight stream into L2, at the SIMD kernels' rate per K pair-row (see wn)
         emit(f"        for (int l = 0; l < {AMX_ROWS * L2_PREFETCH_LINES}; ++l)")
         emit(f"            _mm_prefetch((const char*)(wn + (s * {AMX_ROWS * L2_PREFETCH_LINES} + l) * 16), _MM_HINT_T1);")
     for c in range(ncol):
         b = b_regs[c % len(b_regs)]
         emit(f"        _tile_loadd({b}, wp + s * {AMX_ROWS} * NR + {c * AMX_ROWS}, NR * 4);")
-        emit("        " + " ".join(f"_tile_dpbf16ps({acc[a][c]}, {n_c + a}, {b});" for a in range(n_a)))
+        emit("        " + " ".join(f"{dot}({acc[a][c]}, {n_c + a}, {b});" for a in range(n_a)))
     emit("    }")
 
     def store_tiles(base: str, stride: str) -> None:
@@ -887,7 +939,7 @@ def _emit_amx_body(emit, g: _Geometry, epilogue: "Epilogue | None") -> None:
     store_tiles("ct", "NR")
     emit("        return;")
     emit("    }")
-    if epilogue is None:
+    if epilogue is None and not int8:
         emit("    if (mv == MR && nv == NR) {  /* interior tile: the tiles straight to Y */")
         store_tiles("(Y + i0 * N + j0)", "N")
         emit("        return;")
@@ -896,6 +948,14 @@ def _emit_amx_body(emit, g: _Geometry, epilogue: "Epilogue | None") -> None:
     emit("    {")
     store_tiles("tile", "NR")
     emit("    }")
+    if int8:
+        emit("""    /* the exact int32 sums of X - XLO, plus the column corrections XLO x colsum(W), converted to fp32 once */
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < NR; c += 16) {
+            float* restrict t = tile + r * NR + c;
+            _mm512_store_ps(t, _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_load_si512((const void*)t),
+                                                                   _mm512_loadu_si512((const void*)(corr + j0 + c)))));
+        }""")
     if epilogue is None:
         emit("""    for (int64_t r = 0; r < mv; ++r)       /* edge tile: guarded store of the valid part */
         memcpy(Y + (i0 + r) * N + j0, tile + r * NR, sizeof(float) * nv);""")
@@ -961,7 +1021,7 @@ static inline __attribute__((always_inline)) void micro_kernel(
 static inline void micro_kernel_tail(int64_t rows, {params})
 {{
     (void)rows;
-    micro_kernel(kl, xp, wp, wn, pull, stream_log2, ct, first, last, Y, i0, j0, mv, nv{epi_names});
+    micro_kernel(kl, xp, wp, wn, pull, stream_log2, ct, first, last, Y, i0, j0, mv, nv{corr_arg}{epi_names});
 }}
 """)
         return
@@ -1007,8 +1067,10 @@ def _operand(g: _Geometry) -> str:
 
 
 def _x_operand(g: _Geometry, amx: bool) -> str:
-    """C element type of the packed X panel: AMX A tiles are rows of single bf16, else :func:`_operand`."""
-    return "uint16_t" if amx else _operand(g)
+    """C element type of the packed X panel: AMX A tiles are rows of single bf16 or bytes, else :func:`_operand`."""
+    if amx:
+        return "uint8_t" if g.precision == "int8" else "uint16_t"
+    return _operand(g)
 
 
 def emit_accumulators(emit, v: "_Vec", MR: int, NR: int, start=None) -> list[list[str]]:
@@ -1452,7 +1514,7 @@ class GemmKernel:
         self.isa = isa or host
         if self.isa not in ISA_RANK:
             raise TileConfigError(f"unknown ISA {self.isa!r}; expected one of {sorted(ISA_RANK)}")
-        check_host_isa(self.isa)
+        check_host_isa(self.isa, precision)
         self.precision = check_precision(precision, self.isa)
         if precision != "fp32":
             from tscomp.schedule.target import host_cpu

@@ -100,14 +100,17 @@ def _gemm_analyze(plan, group):
 def gemm_target(analysis, target: Target) -> Target:
     """The target a GEMM group is generated for: ``target``, except that a group whose operands are
     all small integers (a quantized model's MatMulInteger or QDQ MatMul, computed in float) runs its
-    inner products on integer or bf16 instructions where the CPU has them: int8 (VPDPBUSD, exact int32
-    sums, four times the fp32 rate) where A spans at most 256 values and W fits a signed byte, else
+    inner products on integer or bf16 instructions where the CPU has them: int8 (VPDPBUSD, or AMX's
+    TDPBUSD where the tiles have int8; exact int32 sums, four times the fp32 rate) where A spans at
+    most 256 values and W fits a signed byte, else
     bf16 (every product and sum what fp32 gives, at twice the rate)."""
     order = (("int8", getattr(analysis, "int8_x_offset", None) is not None),
              ("bf16", getattr(analysis, "exact_in_bf16", False)))
-    if getattr(target.spec, "amx", False):
+    spec = target.spec
+    if getattr(spec, "amx", False) and not getattr(spec, "amx_int8", False):
         # AMX's bf16 tiles multiply at several times VPDPBUSD's rate (measured before on a Sapphire
-        # Rapids; VPDPBUSD against them never was): bf16 first there
+        # Rapids): bf16 first on a CPU whose tiles do bf16 only. Where they do int8 too (TDPBUSD, twice
+        # the bf16 tiles' rate on half the weight bytes), int8 stays first: Target.gemm_isa puts it there
         order = order[::-1]
     return _integer_operand_target(target, order)
 

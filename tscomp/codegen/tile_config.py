@@ -30,7 +30,7 @@ import numpy as np
 from tscomp.errors import TscompError
 
 #: floats per SIMD vector for each ISA the CPU backend generates. ``amx`` is AVX-512 plus the AMX
-#: tile unit (bf16 GEMMs only, :mod:`tscomp.codegen.cpu_gemm`): its epilogues run on AVX-512.
+#: tile unit (bf16 and int8 GEMMs, :mod:`tscomp.codegen.cpu_gemm`): its epilogues run on AVX-512.
 VECTOR_WIDTH = {"avx512": 16, "avx2": 8, "scalar": 1, "amx": 16}
 #: below this many tasks per thread, a macro-kernel (GEMM row blocks, Conv position blocks) rounds
 #: their count up to a multiple of the threads: 3 blocks over 2 threads leave one idle for a third
@@ -57,6 +57,13 @@ MAX_ACCUMULATORS = {"avx512": 28, "avx2": 14, "scalar": 64, "amx": 64}
 OPERAND_BYTES = {"fp32": 4, "bf16": 2, "int8": 1}
 #: AMX tile geometry: 16 rows per tile, 32 bf16 of K per A row (64 bytes), 8 tile registers
 AMX_ROWS, AMX_K, AMX_TILE_REGISTERS = 16, 32, 8
+#: bytes of one AMX tile row: a tile step's K depth is this over the operand's bytes (32 bf16, 64 int8)
+AMX_ROW_BYTES = 64
+
+
+def amx_k(precision: str) -> int:
+    """K depth of one AMX tile step at a GEMM precision: 32 (bf16, TDPBF16PS), 64 (int8, TDPBUSD)."""
+    return AMX_ROW_BYTES // OPERAND_BYTES[precision]
 
 
 class TileConfigError(TscompError, ValueError):

@@ -59,13 +59,15 @@ from tscomp.runtime.plain_data import BlobReader, BlobWriter, PlainDataError, re
 from tscomp.schedule.target import Target
 
 FORMAT = "tscomp-artifact"
-FORMAT_VERSION = 9     # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
+FORMAT_VERSION = 10    # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
                        # 4: GEMM row tails (the wave model counts a GEMM task's exact rows);
                        # 5: bf16 weight K blocks padded to 32 (one layout for VDPBF16PS and AMX);
                        # 6: GEMM weights in nr-column panels over all of K (variants of one nr share them);
                        # 7: GEMM row blocks dealt by register tile and evened over the threads;
                        # 8: int8 GEMMs (a kernel's x_offset, its weights' int32 column corrections);
-                       # 9: int8 Convs (a Conv kernel's precision and x_offset, s8 quad panels)
+                       # 9: int8 Convs (a Conv kernel's precision and x_offset, s8 quad panels);
+                       # 10: int8 GEMM weight K blocks padded to 64 (one layout for VPDPBUSD and AMX
+                       #     int8 tiles: a format-9 kernel would read the new panels wrong)
 
 
 class ArtifactError(TscompError):
@@ -142,7 +144,11 @@ def manifest_of(model: CompiledModel) -> dict:
 #: how a GEMM or Conv kernel of integer operands computes, per precision (an fp32 model's quantized
 #: GEMMs and Convs)
 INTEGER_GEMMS = {"bf16": "on bf16 operands, which hold those integers exactly: the same sums",
-                 "int8": "on int8 instructions (VPDPBUSD), exact int32 sums converted to fp32 once"}
+                 "int8": "on int8 instructions (VPDPBUSD, or TDPBUSD on AMX tiles), exact int32 sums converted to "
+                         "fp32 once"}
+#: the same, naming the instructions where the kernels' ISA says which
+INTEGER_GEMMS_ON = {("int8", "amx"): "on AMX int8 tiles (TDPBUSD), exact int32 sums converted to fp32 once",
+                    ("int8", "avx512"): "on int8 instructions (VPDPBUSD), exact int32 sums converted to fp32 once"}
 
 
 def _precision_scope(model: CompiledModel) -> str:
@@ -163,7 +169,7 @@ def _precision_scope(model: CompiledModel) -> str:
 
 def check_host_precision(path, manifest: dict) -> None:
     """Refuse an artifact whose precision this CPU cannot run (bf16 without avx512_bf16, or GEMM kernels
-    on AMX tiles where the CPU has none)."""
+    on AMX tiles -- bf16 or int8 -- where the CPU has none)."""
     from tscomp.schedule.target import TargetError, check_precision, host_cpu
 
     precision = manifest.get("precision", "fp32")
@@ -187,11 +193,12 @@ def check_host_precision(path, manifest: dict) -> None:
             raise ArtifactError(f"{path}: {len(funcs)} kernel(s) (e.g. {funcs[0]}) compute their integer "
                                 f"operands in {kind}, which this CPU cannot run: {exc}; recompile the model on this "
                                 f"machine") from None
-    amx = sorted({v["func"] for g in manifest.get("groups", ()) for v in g.get("variants", ())
-                  if v.get("isa") == "amx"})
-    if amx and not host.amx:
-        raise ArtifactError(f"{path}: {len(amx)} kernel(s) (e.g. {amx[0]}) run on AMX tiles, which this CPU "
-                            f"does not have (or the OS does not grant); recompile the model on this machine")
+    for kind, granted in (("bf16", host.amx), ("int8", host.amx_int8)):
+        amx = sorted({v["func"] for g in manifest.get("groups", ()) for v in g.get("variants", ())
+                      if v.get("isa") == "amx" and v.get("precision", precision) == kind})
+        if amx and not granted:
+            raise ArtifactError(f"{path}: {len(amx)} kernel(s) (e.g. {amx[0]}) run on AMX {kind} tiles, which this "
+                                f"CPU does not have (or the OS does not grant); recompile the model on this machine")
 
 
 def write_artifact(model: CompiledModel, path: str | Path, *, progress=None, embed_source: bool = False) -> Path:

@@ -37,13 +37,13 @@ from __future__ import annotations
 import math
 from typing import Iterable, Mapping
 
-from tscomp.codegen.tile_config import (AMX_K, MAX_ACCUMULATORS, OPERAND_BYTES, VECTOR_WIDTH, CacheSizes, TileConfig,
-                                       TileConfigError)
+from tscomp.codegen.tile_config import (MAX_ACCUMULATORS, OPERAND_BYTES, VECTOR_WIDTH, CacheSizes, TileConfig,
+                                       TileConfigError, amx_k)
 from tscomp.schedule.space import Axis, Constraint, DiscreteSpace
 from tscomp.schedule.target import CpuSpec, Target, TargetError
 
 MR_VALUES = (1, 2, 3, 4, 6, 8, 12)
-#: AMX register tiles are whole 16-row tiles (1 or 2 A tiles), K blocks whole 32-deep tile steps
+#: AMX register tiles are whole 16-row tiles (1 or 2 A tiles), K blocks whole tile steps (32 bf16, 64 int8 deep)
 AMX_MR_VALUES = (16, 32)
 NR_VEC_VALUES = (1, 2, 3, 4)
 #: independent FMA chains a register tile needs: fewer leaves the FMA pipes idle for the latency
@@ -84,8 +84,8 @@ class GemmSpace(DiscreteSpace):
         spec = _cpu(target)
         self.spec = spec
         self.m_max = m_max
-        self.isa = isa = target.gemm_isa       # bf16 on a CPU with AMX: the tile unit
-        self.k_align = AMX_K if isa == "amx" else 8
+        self.isa = isa = target.gemm_isa       # bf16 (and int8) on a CPU with AMX: the tile unit
+        self.k_align = amx_k(target.precision) if isa == "amx" else 8
         W = VECTOR_WIDTH[isa]
         axes = (Axis("mr", AMX_MR_VALUES if isa == "amx" else MR_VALUES), Axis("nr_vec", NR_VEC_VALUES),
                 Axis("mc_tiles", MC_TILES), Axis("n_parts", N_PARTS), Axis("k_steps", K_STEPS))

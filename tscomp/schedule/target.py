@@ -82,6 +82,7 @@ class CpuSpec:
     l3: int
     bf16: bool = False
     amx: bool = False       # AMX tiles with bf16 (TDPBF16PS), and the OS lets this process use them
+    amx_int8: bool = False  # AMX tiles with int8 too (TDPBUSD: u8 x s8 quads into int32), granted likewise
     vnni: bool = False      # AVX512_VNNI: u8 x s8 dot products into int32 lanes (VPDPBUSD)
 
     def blocks_per_wave(self, resources: Mapping[str, int] | None = None) -> int:
@@ -187,9 +188,11 @@ class Target:
     @property
     def gemm_isa(self) -> str:
         """The instruction set of the constant-weight GEMM kernels: ``amx`` (the AMX tile unit, AVX-512
-        for everything around it) for bf16 GEMMs where the CPU has it, else the SIMD ISA."""
+        for everything around it) for bf16 GEMMs, and int8 GEMMs, where the CPU has its tiles for that
+        precision, else the SIMD ISA."""
         s = self.spec
-        if isinstance(s, CpuSpec) and self.precision == "bf16" and s.amx and s.isa == "avx512":
+        if isinstance(s, CpuSpec) and s.isa == "avx512" and (
+                (self.precision == "bf16" and s.amx) or (self.precision == "int8" and s.amx_int8)):
             return "amx"
         return self.isa
 
@@ -325,10 +328,11 @@ def _host_spec() -> CpuSpec:
     isa = host_isa()
     caches = _cache_sizes()
     flags = _cpu_flags()
+    amx = _has_amx(flags)
     return CpuSpec(cores=host_threads(), isa=isa, vector_width=VECTOR_WIDTH[isa],
                    vector_registers=VECTOR_REGISTERS[isa], l1=caches.get(1, 32 * 1024),
                    l2=caches.get(2, 1024 * 1024), l3=caches.get(3, 16 * 1024 * 1024), bf16="avx512_bf16" in flags,
-                   amx=_has_amx(flags), vnni="avx512_vnni" in flags)
+                   amx=amx, amx_int8=amx and "amx_int8" in flags, vnni="avx512_vnni" in flags)
 
 
 def host_cpu(threads: int | None = None, *, isa: str | None = None, precision: str = "fp32") -> Target:
