@@ -48,7 +48,7 @@ def bf16_families(target: Target) -> tuple[str, ...]:
     """The families that compute in bf16 for ``target`` at ``--precision bf16``: the constant-weight
     GEMMs everywhere (VDPBF16PS or AMX), the fused attention where the GEMMs run on AMX tiles (with
     VDPBF16PS only, below the fp32 FMA rate on some CPUs, bf16 attention would not pay)."""
-    return BF16_FAMILIES if target.gemm_isa == "amx" else ("gemm",)
+    return BF16_FAMILIES if target.precision == "bf16" and target.gemm_isa == "amx" else ("gemm",)   # (int8 tiles: GEMMs only)
 
 
 @dataclass(frozen=True)
