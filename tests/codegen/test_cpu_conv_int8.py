@@ -24,6 +24,14 @@ def _vnni() -> bool:
 needs_vnni = pytest.mark.skipif(not _vnni(), reason="int8 Conv kernels need AVX-512 with avx512_vnni (VPDPBUSD)")
 
 
+def _amx_int8() -> bool:
+    from tscomp.schedule.target import host_cpu
+    return host_cpu().spec.amx_int8
+
+
+needs_amx_int8 = pytest.mark.skipif(not _amx_int8(), reason="this CPU has no AMX int8 tiles (or the OS does not grant them)")
+
+
 def _conv_plan(tmp_path, rng, c, oc, kernel, x_range, **attrs):
     """A one-Conv model with an integer weight in [-128, 127], fused, its input recorded as holding
     the integers ``x_range`` (what the graph stage records for a quantized activation)."""
@@ -98,6 +106,38 @@ def test_int8_conv_sums_are_exact_at_awkward_geometries(tmp_path, geometry, x_of
         want = _exact_conv(x, w, attrs.get("strides", [1, 1]), attrs.get("pads", [0, 0, 0, 0]),
                            attrs.get("dilations", [1, 1]), attrs.get("group", 1))
         assert got.shape == want.shape
+        np.testing.assert_array_equal(got.astype(np.int64), want, err_msg=f"{geometry} {n}x{h}x{wd}")
+
+
+#: the same geometries under AMX tiles (whole 16x16 tiles, at most 4 accumulators; K steps of 64): a
+#: partial channel panel, several K steps with a short last one, a single step shorter than 64
+AMX_TILES = {"3x3-deep": TileConfig(mr=32, nr=32, mc=64, nc=64, kc=128),
+             "1x1": TileConfig(mr=16, nr=64, mc=64, nc=128, kc=20),
+             "1x1-stride2": TileConfig(mr=32, nr=16, mc=32, nc=64, kc=64),
+             "3x3-stride2": TileConfig(mr=16, nr=32, mc=48, nc=32, kc=64),
+             "grouped-dilated": TileConfig(mr=16, nr=32, mc=32, nc=64, kc=36),
+             "k45": TileConfig(mr=32, nr=16, mc=32, nc=48, kc=20)}
+
+
+@needs_amx_int8
+@pytest.mark.parametrize("x_offset", [-131, 0, -255])
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+def test_amx_int8_conv_sums_are_exact_at_awkward_geometries(tmp_path, geometry, x_offset):
+    """TDPBUSD multiplies unsigned A by signed B, so the AMX kernel multiplies W + 128 by X - x_offset - 128
+    and corrects per channel and per position: any slip in those corrections or in the padding of K
+    to a 64-deep step is off by whole integers."""
+    c, oc, kernel, attrs, _ = GEOMETRIES[geometry]
+    cfg = AMX_TILES[geometry]
+    rng = np.random.default_rng(abs(x_offset) + len(geometry))
+    plan, w = _conv_plan(tmp_path, rng, c, oc, kernel, (x_offset, x_offset + 255), **attrs)
+    compiled = CompiledConv(ConvAnalysis(plan, plan.groups[0]), cfg, "amx", precision="int8")
+    assert compiled.precision == "int8" and "TDPBUSD" in compiled.source and "_tile_dpbusd(" in compiled.source
+    for n, h, wd in [(1, 1, 1), (2, 7, 13), (1, 23, 17)]:
+        x = rng.integers(x_offset, x_offset + 256, (n, c, h, wd)).astype(np.float32)
+        x.flat[0], x.flat[-1] = x_offset, x_offset + 255
+        got = next(iter(compiled.run({"x": x}, {"batch": n, "H": h, "W": wd}).values()))
+        want = _exact_conv(x, w, attrs.get("strides", [1, 1]), attrs.get("pads", [0, 0, 0, 0]),
+                           attrs.get("dilations", [1, 1]), attrs.get("group", 1))
         np.testing.assert_array_equal(got.astype(np.int64), want, err_msg=f"{geometry} {n}x{h}x{wd}")
 
 

@@ -67,8 +67,9 @@ import sympy
 from tscomp.codegen.build import build_library, get_num_threads, load_library
 from tscomp.codegen.c_expr import (PRELUDE, c_literal, c_symbol_name, delinearize, landing_index, linearize,
                                    math_helpers)
-from tscomp.codegen.cpu_conv_int8 import (PACK_QUADS_C, conv_int8_x_offset, emit_int8_micro_kernel,
-                                          prepack_conv_weight_int8)
+from tscomp.codegen.cpu_conv_int8 import (AMX_INT8_K, PACK_QUADS_C, QUADS_TO_S8_C, amx_k_padded, conv_int8_x_offset,
+                                          emit_int8_amx_micro_kernel, emit_int8_micro_kernel, prepack_conv_weight_int8,
+                                          prepack_conv_weight_int8_amx)
 from tscomp.codegen.cpu_gemm import INT8_K_QUAD, _Vec, emit_accumulators, emit_fma_step
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
@@ -180,7 +181,7 @@ class Geometry2D:
 #: symbol of the epilogue (a model dim called ``G`` or ``KH``) can collide with them
 MACROS = ("C_IN", "CG", "OCG", "G", "OC", "KH", "KW", "SH", "SW", "DH", "DW", "KDIM", "MR", "NR", "MC", "NC", "KC",
           "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD", "COLUMN_VECTORS", "LANES", "TILES", "V_FLOATS",
-          "XLO", "KQALL")
+          "XLO", "KQALL", "KPAD", "AMX_K")
 _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 
 
@@ -659,15 +660,17 @@ CONV_TILES = {
     "avx512": [(8, 32), (6, 64), (4, 48), (12, 32), (14, 32)],
     "avx2": [(6, 16), (4, 24), (3, 32), (2, 32)],
     "scalar": [(4, 8), (2, 8)],
+    # AMX int8 (TDPBUSD): whole 16x16 tiles, at most 4 accumulators (rows = channels, columns = positions)
+    "amx": [(32, 32), (16, 64), (16, 32), (32, 16)],
 }
 #: a one-vector-wide register tile for few output positions (a 7x7 late stage: 49 positions pad to
 #: 56 columns of 8, not 64 of 16), with more channel rows to keep enough FMA chains
-NARROW_TILES = {"avx512": (14, 16), "avx2": (12, 8), "scalar": (4, 4)}
+NARROW_TILES = {"avx512": (14, 16), "avx2": (12, 8), "scalar": (4, 4), "amx": (32, 16)}
 #: row-vector register tiles (channels in whole vectors x broadcast positions, ``vector_axis`` 0), best
 #: first: where a late stage has a few positions (2x2 of a small image), a column tile computes
 #: mostly padding and broadcasts every weight from memory; these pad only to NR positions and load
 #: the weights as vectors (ResNet-50's 3x3 convs at 4 positions: ~16 GFLOP/s as 14x16 column tiles)
-ROW_VECTOR_TILES = {"avx512": [(64, 4), (48, 8), (32, 12)], "avx2": [(24, 4), (16, 6)], "scalar": []}
+ROW_VECTOR_TILES = {"avx512": [(64, 4), (48, 8), (32, 12)], "avx2": [(24, 4), (16, 6)], "scalar": [], "amx": []}
 #: k steps ahead a row-vector micro-kernel prefetches its weight panel into L1. Each weight is used
 #: for only NR positions, so the weights stream from memory at a few FMAs per byte; ResNet-50's
 #: 512-channel 3x3 conv at 2x2 and 7x7 positions, caches flushed before each call: 10-15% faster
@@ -779,7 +782,7 @@ def conv_precision(analysis, cfg, isa: str, precision: str) -> str:
     only for implicit-GEMM tiles with the lanes along the positions on AVX-512 (VPDPBUSD) and
     operands that fit it; every other configuration of the group (Winograd, row vectors, the
     depthwise kernels) stays fp32 -- the dispatch measures them side by side per shape."""
-    fits = (isinstance(cfg, TileConfig) and cfg.vector_axis == 1 and isa == "avx512"
+    fits = (isinstance(cfg, TileConfig) and cfg.vector_axis == 1 and isa in ("avx512", "amx")
             and getattr(analysis, "int8_x_offset", None) is not None)
     return precision if precision == "fp32" or fits else "fp32"
 
@@ -792,7 +795,7 @@ def check_conv_precision(analysis, cfg: TileConfig, isa: str, precision: str) ->
                                        f"computes in {' or '.join(CONV_PRECISIONS)})")
     if conv_precision(analysis, cfg, isa, precision) != precision:
         raise UnsupportedOperatorError(
-            f"group {analysis.group.name}: an int8 Conv needs AVX-512 (VPDPBUSD), lanes along the positions "
+            f"group {analysis.group.name}: an int8 Conv needs AVX-512 (VPDPBUSD) or AMX, lanes along the positions "
             f"and integer operands that fit u8 x s8 (X and 0 within 256 values, W in [-128, 127]); here isa={isa}, "
             f"vector_axis={cfg.vector_axis}, X offset {getattr(analysis, 'int8_x_offset', None)}")
     return precision
@@ -1138,9 +1141,11 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str, precision: st
     cfg = cfg.validate(isa, row_vectors=True)
     a, geo = analysis, analysis.geo
     int8 = check_conv_precision(analysis, cfg, isa, precision) == "int8"
+    amx = int8 and isa == "amx"       # the int8 tiles on AMX (TDPBUSD), not VPDPBUSD
     name = conv_func_name(a, cfg, isa, precision)
     MR, NR, MC, NC = cfg.mr, cfg.nr, cfg.mc, cfg.nc
-    KC = min(_round_up(cfg.kc, INT8_K_QUAD) if int8 else cfg.kc, a.K)    # int8: whole quads per K step
+    # int8: whole quads per K step (AMX: whole 64-deep tile steps)
+    KC = min(_round_up(cfg.kc, AMX_INT8_K if amx else INT8_K_QUAD) if int8 else cfg.kc, a.K)
     n_kb = -(-a.K // KC)
     n_ocp = -(-a.OCg // MR)
     params, names, pro_names = _epi_params(a)
@@ -1154,7 +1159,9 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str, precision: st
     emit(a.header("implicit GEMM", f"{cfg.describe()} on {isa}; K = Cg*KH*KW = {a.K} in {n_kb} step(s) of {KC}; "
                   f"one OpenMP task per (image, group, {NC}-position block, run of {MC}-channel blocks)"
                   + _layout_words(a, direct)
-                  + (f"; int8: s8 weight quads x u8 quads of X - ({a.int8_x_offset}), VPDPBUSD, exact int32 sums"
+                  + (f"; int8 on AMX tiles: u8 weight rows W + 128 x s8 quads of X - ({a.int8_x_offset}) - 128, TDPBUSD, "
+                     f"exact int32 sums corrected per channel and per position" if amx else
+                     f"; int8: s8 weight quads x u8 quads of X - ({a.int8_x_offset}), VPDPBUSD, exact int32 sums"
                      if int8 else "")))
     emit(PRELUDE)
     emit("#include <string.h>")
@@ -1165,7 +1172,8 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str, precision: st
                    DH=geo.dh, DW=geo.dw, KDIM=a.K, MR=MR, NR=NR, MC=MC, NC=NC, KC=KC, N_KBLOCKS=n_kb,
                    N_OCP=n_ocp, BALANCE_TASKS_PER_THREAD=BALANCE_TASKS_PER_THREAD,
                    COLUMN_VECTORS=cfg.vector_axis, LANES=max(a.x_lanes, a.y_lanes, 1),
-                   **(dict(XLO=a.int8_x_offset, KQALL=-(-a.K // INT8_K_QUAD)) if int8 else {})))
+                   **(dict(XLO=a.int8_x_offset, KQALL=-(-a.K // INT8_K_QUAD)) if int8 else {}),
+                   **(dict(KPAD=amx_k_padded(a.K), AMX_K=AMX_INT8_K) if amx else {})))
     emit("static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }")
     emit("static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }")
     emit(WORKSPACE_C)
@@ -1178,7 +1186,13 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str, precision: st
     emit(a.epilogue_c)
     emit(a.prologue_c)
     _emit_pack_b(emit_t, a.pointwise, a.phased, a.x_lanes)
-    if int8:
+    if amx:
+        from tscomp.codegen.cpu_gemm import _emit_amx_setup
+        _emit_amx_setup(emit, None)
+        emit_t(PACK_QUADS_C)
+        emit_t(QUADS_TO_S8_C)
+        emit_int8_amx_micro_kernel(emit_t, MR, NR)
+    elif int8:
         emit_t(PACK_QUADS_C)
         emit_int8_micro_kernel(emit_t, MR, NR)
     else:
@@ -1186,7 +1200,8 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str, precision: st
                            direct_lanes=a.x_lanes if direct else 0)
     single = n_kb == 1
     # int8: the quad block (ceil(KC / 4) rows of ncw lanes) after the gathered block, partial sums after it
-    quads = "(KC + 3) / 4 * ncw + " if int8 else ""
+    # (AMX: ceil(KC / 64) x 16 rows, then the positions' byte sums, ncw int32)
+    quads = "(KC + 63) / 64 * 16 * ncw + ncw + " if amx else "(KC + 3) / 4 * ncw + " if int8 else ""
     partials = "0" if single else "obt * MC * ncw"
     emit_t(f"""/* Macro-kernel: tasks = NB x G x ceil(P / NC) x (groups of obt channel blocks of MC); each walks K in
  * N_KBLOCKS steps of KC, gathering the column block once per step and sweeping every MR x NR tile of
@@ -1220,8 +1235,8 @@ void {name}({_runtime_params()}{params})
     const int64_t n_obt = (n_ob + obt - 1) / obt;
     const int64_t n_tasks = base * n_obt;{_phase_setup(a)}
     #pragma omp parallel if (n_tasks > 1)
-    {{{_phase_build(a)}
-        float* bpack = tscomp_thread_workspace((size_t)(KC * ncw + {quads}{partials}));{_quad_block(int8)}
+    {{{_phase_build(a)}{_amx_tiles_on(amx)}
+        float* bpack = tscomp_thread_workspace((size_t)(KC * ncw + {quads}{partials}));{_quad_block(int8, amx)}
         float* cbuf = {'NULL' if single else f'bpack + KC * ncw + {quads}0'};
         float tile[MR * NR] __attribute__((aligned(64)));{_stage_declaration(a)}
         #pragma omp for schedule(dynamic, 1)
@@ -1233,21 +1248,21 @@ void {name}({_runtime_params()}{params})
             const float* xg = X + (n * C_IN + g * CG) * H * W;{_task_phases(a)}
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
                 const int64_t k0 = kb * KC, kl = min_i64(KC, KDIM - k0);
-                {_gather_call(a, direct, int8)}
+                {_gather_call(a, direct, int8)}{_signed_quads_call(amx)}
                 for (int64_t ob = ob_first; ob < ob_end; ++ob) {{
                     const int64_t oc0 = ob * MC, mvb = min_i64(MC, OCG - oc0);
                     float* cb = {'NULL' if single else 'cbuf + (ob - ob_first) * (MC * ncw)'};
                     for (int64_t jp = 0; jp * NR < nvb; ++jp) {{
                         for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
                             float* ct = {'NULL' if single else 'cb + (jp * (MC / MR) + ip) * (MR * NR)'};
-                            {_micro_kernel_call(cfg, isa, "1, 1" if single else "kb == 0, kb == N_KBLOCKS - 1", direct, int8)}
+                            {_micro_kernel_call(cfg, isa, "1, 1" if single else "kb == 0, kb == N_KBLOCKS - 1", direct, int8, amx)}
                             if ({'1' if single else 'kb == N_KBLOCKS - 1'})
 {_tile_epilogue_call(a, cfg, names)}
                         }}
                     }}
                 }}
             }}
-        }}
+        }}{_amx_tiles_off(amx)}
     }}
 }}
 """)
@@ -1290,9 +1305,27 @@ def _tile_epilogue_call(a, cfg: TileConfig, names: str) -> str:
 {ind}}}"""
 
 
-def _quad_block(int8: bool) -> str:
-    """C (int8): this thread's u8 quad block, after its gathered column block."""
+def _quad_block(int8: bool, amx: bool = False) -> str:
+    """C (int8): this thread's u8 quad block, after its gathered column block (AMX: then the
+    positions' byte sums)."""
+    if amx:
+        return ("\n        uint32_t* bq = (uint32_t*)(bpack + KC * ncw);"
+                "\n        int32_t* usum = (int32_t*)(bq + (KC + 63) / 64 * 16 * ncw);")
     return "\n        uint32_t* bq = (uint32_t*)(bpack + KC * ncw);" if int8 else ""
+
+
+def _amx_tiles_on(amx: bool) -> str:
+    """C (AMX): each thread configures its tile registers as it enters the parallel region."""
+    return "\n        amx_configure();   /* this thread's tile registers: 16 rows x 64 bytes each */" if amx else ""
+
+
+def _amx_tiles_off(amx: bool) -> str:
+    return "\n        _tile_release();" if amx else ""
+
+
+def _signed_quads_call(amx: bool) -> str:
+    """C (AMX): the gathered u8 quads made the signed B operand, their per-position sums kept."""
+    return "\n                quads_to_s8(bq, ldb, kl, usum, kb == 0);" if amx else ""
 
 
 def _gather_call(a, direct: bool, int8: bool) -> str:
@@ -1308,11 +1341,19 @@ def _gather_call(a, direct: bool, int8: bool) -> str:
     return gathered
 
 
-def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str, direct: bool = False, int8: bool = False) -> str:
+def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str, direct: bool = False, int8: bool = False,
+                       amx: bool = False) -> str:
     """The macro-kernel's call of the register tile at position tile jp (its weight panel ``ap``
     first): row-vector tiles run the exact-width tail kernel on the last, partial position tile
     (which so reads no position past the image where the tiles read a blocked input in place);
     int8 tiles read the quad panel, the quad block and the panel's corrections."""
+    if amx:        # the panel's weight rows at column k0; the corrections after every group's rows
+        panel = "(g * N_OCP + oc0 / MR + ip)"
+        return (f"const uint8_t* ap = (const uint8_t*)Wp + {panel} * MR * (int64_t)KPAD + k0;\n"
+                f"                            const int32_t* corr = (const int32_t*)((const uint8_t*)Wp + (int64_t)G * N_OCP * MR"
+                f" * KPAD) + {panel} * MR;\n"
+                f"                            micro_kernel_int8_amx(kl, ap, bq + jp * NR, ldb, corr, usum + jp * NR, "
+                f"(int32_t*)ct, {first_last}, tile);")
     if int8:
         panel = "(g * N_OCP + oc0 / MR + ip)"
         return (f"const uint32_t* ap = (const uint32_t*)Wp + ({panel} * (int64_t)KQALL + k0 / 4) * MR;\n"
@@ -1701,7 +1742,7 @@ class CompiledConv(PicklableKernel):
         share one packed copy (the artifact stores the raw weight, :mod:`tscomp.runtime.packing`
         packs it at load)."""
         if self.precision == "int8":
-            return "int8-panels", self.analysis.G, self.cfg.mr, self.x_offset
+            return ("int8-amx-rows" if self.isa == "amx" else "int8-panels"), self.analysis.G, self.cfg.mr, self.x_offset
         if isinstance(self.cfg, TileConfig):
             return "panels", self.analysis.G, self.cfg.mr
         if isinstance(self.cfg, WinogradConfig):
@@ -1713,7 +1754,8 @@ class CompiledConv(PicklableKernel):
     def pack_weight(self, W: np.ndarray) -> np.ndarray:
         """The raw weight W[OC, C / G, *kernel] in this kernel's layout (:meth:`weight_layout`)."""
         if self.precision == "int8":
-            return prepack_conv_weight_int8(W, self.analysis.G, self.cfg.mr, self.x_offset)
+            pack = prepack_conv_weight_int8_amx if self.isa == "amx" else prepack_conv_weight_int8
+            return pack(W, self.analysis.G, self.cfg.mr, self.x_offset)
         if isinstance(self.cfg, TileConfig):
             return prepack_conv_weight(W, self.analysis.G, self.cfg.mr)
         if isinstance(self.cfg, WinogradConfig):    # U[e] [OC, C] panels, the 16 positions e as groups

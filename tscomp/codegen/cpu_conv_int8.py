@@ -208,4 +208,124 @@ def _per_accumulator(emit, indent: str, accs: list[list[str]], statement) -> Non
         emit(indent + " ".join(statement(r, c, a) for c, a in enumerate(row)))
 
 
-__all__ = ["PACK_QUADS_C", "conv_int8_x_offset", "emit_int8_micro_kernel", "prepack_conv_weight_int8"]
+
+
+# ---------------------------------------------------------------------------- AMX int8 tiles
+#: K depth of one AMX int8 tile step (64 bytes per tile row): the AMX weight rows and the quad
+#: block's rows per K block are padded to it
+AMX_INT8_K = 64
+
+
+def amx_k_padded(K: int) -> int:
+    """K rounded up to a whole AMX int8 tile step: the bytes of one packed weight row."""
+    return -(-K // AMX_INT8_K) * AMX_INT8_K
+
+
+def prepack_conv_weight_int8_amx(W: np.ndarray, G: int, mr: int, x_offset: int) -> np.ndarray:
+    """W[OC, Cg, *k] (integers in [-128, 127]) -> the AMX A operand: per group g, MR-row panels of
+    W_g[OCg, K] as **unsigned** bytes ``W + 128`` (TDPBUSD multiplies u8 A rows by s8 B quads; the
+    activation quads are the signed bytes ``X - XLO - 128``), row-major, each row K padded to 64 with
+    zeros (``[g][panel][r][KP]``); then per padded row the int32 correction
+    ``(XLO + 128) * sum_k W[oc, k] + 128 * 128 * K`` (wrapping as the int32 tiles do): with
+    ``U = X - XLO``, ``W . X = (W + 128) . (U - 128) + that - 128 * sum_k U[k, p]``, the last term per
+    position (the kernel sums each column block's bytes while it converts them)."""
+    OC = W.shape[0]
+    OCg = OC // G
+    K = int(np.prod(W.shape[1:]))
+    n_ocp = -(-OCg // mr)
+    KP = amx_k_padded(K)
+    Wg = np.zeros((G, n_ocp * mr, K), np.int64)
+    Wg[:, :OCg] = W.reshape(G, OCg, K).astype(np.int64)
+    rows = np.zeros((G, n_ocp * mr, KP), np.uint8)
+    rows[:, :, :K] = (Wg + 128).astype(np.uint8)
+    corrections = ((np.int64(x_offset) + 128) * Wg.sum(axis=2) + 128 * 128 * K) % (1 << 32)
+    rows_bytes, corr = rows.size, corrections.astype(np.uint32).view(np.int32)
+    raw = np.empty(rows_bytes + corr.size * 4 + 64, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    out = raw[off:off + rows_bytes + corr.size * 4]
+    out[:rows_bytes] = rows.reshape(-1)
+    out[rows_bytes:] = corr.reshape(-1).view(np.uint8)
+    return out.view(np.int32)
+
+
+#: the quad block made signed for TDPBUSD's B operand, and its column sums (TS_ names: template constants)
+QUADS_TO_S8_C = """/* The u8 quad block bq (rows [0, kq), kq = ceil(kl / 4), of ldb lanes) as the signed bytes U - 128
+ * (each byte's top bit flipped) for TDPBUSD's B tiles, rows [kq, KQB) zero; usum[j] gets (kb == 0) or
+ * adds the sum of the bytes U of position j over the rows (VPDPBUSD by ones). */
+static void quads_to_s8(uint32_t* restrict bq, int64_t ldb, int64_t kl, int32_t* restrict usum, int first)
+{
+    const int64_t kq = (kl + 3) / 4, kqb = (kl + AMX_K - 1) / AMX_K * (AMX_K / 4);
+    const __m512i ones = _mm512_set1_epi8(1), flip = _mm512_set1_epi32((int)0x80808080u);
+    for (int64_t j = 0; j < ldb; j += 16) {
+        __m512i s = first ? _mm512_setzero_si512() : _mm512_loadu_si512((const void*)(usum + j));
+        for (int64_t q = 0; q < kq; ++q) {
+            const __m512i v = _mm512_loadu_si512((const void*)(bq + q * ldb + j));
+            s = _mm512_dpbusd_epi32(s, v, ones);
+            _mm512_storeu_si512((void*)(bq + q * ldb + j), _mm512_xor_si512(v, flip));
+        }
+        for (int64_t q = kq; q < kqb; ++q)
+            _mm512_storeu_si512((void*)(bq + q * ldb + j), _mm512_setzero_si512());
+        _mm512_storeu_si512((void*)(usum + j), s);
+    }
+}
+"""
+
+
+def emit_int8_amx_micro_kernel(emit, MR: int, NR: int, tile_registers: int = 8) -> None:
+    """``micro_kernel_int8_amx``: an MR x NR tile (output channels x positions; both multiples of
+    16, (MR/16) x (NR/16) <= 4 accumulator tiles) on the AMX unit: per 64-deep K step the MR/16 A
+    tiles (weight rows ``W + 128``) and each B tile (16 quad rows x 16 positions of the signed quad
+    block) multiplied by TDPBUSD into int32 accumulators; int32 partial sums in ``ct`` between K
+    steps; the finished tile converted to float into ``tile`` with the channel corrections and
+    -128 x the positions' byte sums."""
+    n_a, n_b = MR // 16, NR // 16
+    n_c = n_a * n_b
+    if MR % 16 or NR % 16 or n_c > 4 or n_c + n_a + 1 > tile_registers:
+        raise ValueError(f"an AMX int8 Conv tile is whole 16x16 tiles, at most 4 accumulators; got {MR}x{NR}")
+    acc = [[a * n_b + b for b in range(n_b)] for a in range(n_a)]
+    b_regs = list(range(n_c + n_a, tile_registers))
+    emit(f"""/* Micro-kernel (int8, AMX): an MR x NR tile = {n_a} x {n_b} int32 accumulator tiles of 16x16 over ceil(kl / 64)
+ * TDPBUSD steps: A = 16 weight rows of 64 u8 (W + 128), B = 16 quad rows x 16 positions of s8 (U - 128).
+ *   ap: the panel's weight rows at column k0 (row stride KPAD bytes); bq: the quad block at this tile's
+ *   first position (row stride ldb lanes); corr: the MR rows' corrections; usum: the positions' byte sums;
+ *   ct: int32 partial sums (MR*NR) between K steps; last: the finished tile, as float, to `tile`. */
+static inline __attribute__((always_inline)) void micro_kernel_int8_amx(
+    int64_t kl, const uint8_t* restrict ap, const uint32_t* restrict bq, int64_t ldb, const int32_t* restrict corr,
+    const int32_t* restrict usum, int32_t* restrict ct, int first, int last, float* restrict tile)
+{{
+    const int64_t ks = (kl + 63) / 64;
+    if (first) {{
+        {" ".join(f"_tile_zero({t});" for row in acc for t in row)}
+    }} else {{""")
+    for a, row in enumerate(acc):
+        emit("        " + " ".join(f"_tile_loadd({t}, ct + {a * 16 * NR + b * 16}, NR * 4);" for b, t in enumerate(row)))
+    emit("    }")
+    emit("    for (int64_t s = 0; s < ks; ++s) {  /* TDPBUSD loop: no bounds tests (rows and steps zero-padded) */")
+    for a in range(n_a):
+        emit(f"        _tile_loadd({n_c + a}, ap + {a * 16} * KPAD + s * 64, KPAD);")
+    for b in range(n_b):
+        reg = b_regs[b % len(b_regs)]
+        emit(f"        _tile_loadd({reg}, bq + s * 16 * ldb + {b * 16}, ldb * 4);")
+        emit("        " + " ".join(f"_tile_dpbusd({acc[a][b]}, {n_c + a}, {reg});" for a in range(n_a)))
+    emit("    }")
+    emit("    if (!last) {")
+    for a, row in enumerate(acc):
+        emit("        " + " ".join(f"_tile_stored({t}, ct + {a * 16 * NR + b * 16}, NR * 4);" for b, t in enumerate(row)))
+    emit("        return;")
+    emit("    }")
+    for a, row in enumerate(acc):
+        emit("    " + " ".join(f"_tile_stored({t}, tile + {a * 16 * NR + b * 16}, NR * 4);" for b, t in enumerate(row)))
+    emit("""    for (int r = 0; r < MR; ++r) {   /* exact int32 sums (wrapping as the tiles do) to float, once */
+        const __m512i cr = _mm512_set1_epi32(corr[r]);
+        for (int c = 0; c < NR; c += 16) {
+            float* t = tile + r * NR + c;
+            const __m512i u = _mm512_slli_epi32(_mm512_loadu_si512((const void*)(usum + c)), 7);
+            _mm512_store_ps(t, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(_mm512_load_si512((const void*)t), cr), u)));
+        }
+    }
+}
+""")
+
+
+__all__ = ["AMX_INT8_K", "PACK_QUADS_C", "QUADS_TO_S8_C", "amx_k_padded", "conv_int8_x_offset", "emit_int8_amx_micro_kernel",
+           "emit_int8_micro_kernel", "prepack_conv_weight_int8", "prepack_conv_weight_int8_amx"]
