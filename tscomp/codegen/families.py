@@ -239,15 +239,25 @@ def _depthwise_analyze(plan, group):
 def conv_target(analysis, target: Target) -> Target:
     """The target an implicit-GEMM Conv group is generated for: ``target``, except that a Conv of
     two small-integer operands (a quantized model's QDQ / QOperator Conv, computed in float) runs on
-    int8 instructions (VPDPBUSD, exact int32 sums) where the CPU has them and the operands fit
-    (:func:`tscomp.codegen.cpu_conv_int8.conv_int8_x_offset`)."""
+    int8 instructions (VPDPBUSD, or TDPBUSD where the CPU's AMX tiles do int8; exact int32 sums)
+    where the CPU has them and the operands fit (:func:`tscomp.codegen.cpu_conv_int8.conv_int8_x_offset`)."""
     return _integer_operand_target(target, (("int8", getattr(analysis, "int8_x_offset", None) is not None),))
+
+
+def conv_tile_isa(target: Target) -> str:
+    """The instruction set of a Conv group's implicit-GEMM tiles with the lanes along the positions:
+    the AMX tiles for int8 where they do int8 (:attr:`Target.gemm_isa`), else the SIMD ISA. Its
+    other variants (Winograd, row vectors) compute in fp32 on the SIMD ISA."""
+    return target.gemm_isa if target.precision == "int8" else target.isa
 
 
 def _conv_executor(analysis, cfg, target: Target):
     from tscomp.codegen.cpu_conv import CompiledConv
+    from tscomp.codegen.tile_config import TileConfig
     target = conv_target(analysis, target)
-    return CompiledConv(analysis, cfg, target.isa, target.spec.l1, target.precision)
+    column_tiles = isinstance(cfg, TileConfig) and cfg.vector_axis == 1
+    return CompiledConv(analysis, cfg, conv_tile_isa(target) if column_tiles else target.isa, target.spec.l1,
+                        target.precision)
 
 
 def _depthwise_heuristic(analysis, target: Target, limit: int) -> list:
@@ -262,8 +272,10 @@ def _conv_heuristic(analysis, target: Target, limit: int) -> list:
     from tscomp.codegen.tile_config import CacheSizes
     s = target.spec
     caches = CacheSizes(l1=s.l1, l2=s.l2, l3=s.l3)
-    if conv_target(analysis, target).precision == "int8":     # int8 tiles run their lanes along the positions
-        return [c for c in analysis.heuristic_configs(target.isa, None, caches=caches) if c.vector_axis == 1][:limit]
+    int8 = conv_target(analysis, target)
+    if int8.precision == "int8":     # int8 tiles run their lanes along the positions
+        return [c for c in analysis.heuristic_configs(conv_tile_isa(int8), None, caches=caches)
+                if c.vector_axis == 1][:limit]
     return analysis.heuristic_configs(target.isa, limit, caches=caches)
 
 

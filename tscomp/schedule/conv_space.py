@@ -38,8 +38,13 @@ class ConvSpace(BatchedGemmSpace):
         super().__init__(int(OCg), None, int(K), target, name="conv")
 
     def _extra_axes(self) -> list[Axis]:
-        # int8 tiles (a quantized Conv's VPDPBUSD kernels) run their lanes along the positions only
+        # int8 tiles (a quantized Conv's VPDPBUSD or AMX kernels) run their lanes along the positions only
         return [Axis("vector_axis", (1,) if self.target.precision == "int8" else VECTOR_AXES)]
+
+    def _tile_isa(self) -> str:
+        # int8 tiles on AMX where the CPU's tiles do int8: whole 16x16 tiles (mr 16 or 32, at most 4 accumulators)
+        from tscomp.codegen.families import conv_tile_isa
+        return conv_tile_isa(self.target)
 
     def tile(self, p: Mapping[str, int]) -> TileConfig:
         cfg = super().tile(p)       # rows = mr broadcast channels, columns = nr_vec vectors of positions
@@ -60,12 +65,12 @@ class ConvSpace(BatchedGemmSpace):
         return {**_snap(raw, sizes), "vector_axis": cfg.vector_axis}
 
     def config(self, p: Mapping[str, int]) -> TileConfig:
-        return self.tile(p).validate(self.spec.isa, row_vectors=True)
+        return self.tile(p).validate(self.isa, row_vectors=True)
 
     def _heuristic(self) -> list[TileConfig]:
         from tscomp.codegen.cpu_conv import conv_candidate_configs
         try:
-            return conv_candidate_configs(self.spec.isa, self.M, self.K, caches=_caches(self.spec))
+            return conv_candidate_configs(self.isa, self.M, self.K, caches=_caches(self.spec))
         except TileConfigError:
             return []
 

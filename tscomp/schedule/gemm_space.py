@@ -157,15 +157,16 @@ class BatchedGemmSpace(DiscreteSpace):
         self.M, self.N, self.K, self.target = M, N, K, target
         spec = _cpu(target)
         self.spec = spec
-        axes = [Axis("mr", MR_VALUES), Axis("nr_vec", NR_VEC_VALUES), Axis("mc_tiles", MC_TILES[:4]),
-                Axis("nc_panels", NC_PANELS)]
+        self.isa = isa = self._tile_isa()
+        axes = [Axis("mr", AMX_MR_VALUES if isa == "amx" else MR_VALUES), Axis("nr_vec", NR_VEC_VALUES),
+                Axis("mc_tiles", MC_TILES[:4]), Axis("nc_panels", NC_PANELS)]
         axes.append(Axis("k_steps", K_STEPS) if K is not None else Axis("kc", KC_VALUES))
         axes += self._extra_axes()
-        max_acc = MAX_ACCUMULATORS[spec.isa]
+        max_acc = MAX_ACCUMULATORS[isa]
         W, l2 = spec.vector_width, spec.l2
         constraints = [
             Constraint("registers", lambda p: p["mr"] * p["nr_vec"] <= max_acc,
-                       f"the mr x nr accumulator tile fits the register file ({max_acc} {spec.isa} accumulators)"),
+                       f"the mr x nr accumulator tile fits the register file ({max_acc} {isa} accumulators)"),
             Constraint("fma-chains", lambda p: p["mr"] * p["nr_vec"] >= MIN_CHAINS,
                        f"at least {MIN_CHAINS} accumulators (independent FMA chains)"),
             Constraint("l2-blocks", lambda p: 4 * (self.tile(p).mc + self.tile(p).nc) * self.tile(p).kc <= l2,
@@ -192,6 +193,10 @@ class BatchedGemmSpace(DiscreteSpace):
         """Axes a subclass adds to the batched GEMM's (none here)."""
         return []
 
+    def _tile_isa(self) -> str:
+        """The instruction set of the register tile (a subclass may run its tiles on AMX)."""
+        return self.spec.isa
+
     def tile(self, p: Mapping[str, int]) -> TileConfig:
         W = self.spec.vector_width
         mr, nr = int(p["mr"]), int(p["nr_vec"]) * W
@@ -216,12 +221,12 @@ class BatchedGemmSpace(DiscreteSpace):
     def _heuristic(self) -> list[TileConfig]:
         from tscomp.codegen.cpu_batched_gemm import candidate_configs
         try:
-            return candidate_configs(self.spec.isa, self.M, self.N, self.K, caches=_caches(self.spec))
+            return candidate_configs(self.isa, self.M, self.N, self.K, caches=_caches(self.spec))
         except TileConfigError:
             return []
 
     def config(self, p: Mapping[str, int]) -> TileConfig:
-        return self.tile(p).validate(self.spec.isa)
+        return self.tile(p).validate(self.isa)
 
 
 def _snap(raw: Mapping[str, int], axes: Iterable[Axis]) -> dict[str, int]:
