@@ -8,7 +8,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from tscomp.codegen.cpu_conv import CompiledConv, ConvAnalysis, conv_source
-from tscomp.codegen.cpu_conv_int8 import conv_int8_x_offset, prepack_conv_weight_int8
+from tscomp.codegen.cpu_conv_int8 import conv_int8_x_offset, prepack_conv_weight_int8, prepack_conv_weight_int8_amx
 from tscomp.codegen.tile_config import TileConfig
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph import load_model
@@ -155,6 +155,31 @@ def test_the_packed_int8_weight_holds_quads_then_the_corrections():
             np.testing.assert_array_equal(quads[panel, q], flat[panel * 4:panel * 4 + 4, 4 * q:4 * q + 4])
     corrections = raw[2 * 2 * 4 * 4:].view(np.int32)
     np.testing.assert_array_equal(corrections, -131 * flat.sum(axis=1))
+
+
+def test_the_amx_weight_holds_unsigned_rows_then_the_channel_and_byte_sum_corrections():
+    """Per panel, per row, K bytes W + 128 then zeros up to 64; then per padded row the int32
+    (x_offset + 128) * sum_k W + 128 * 128 * K (a padded row's W is 0)."""
+    rng = np.random.default_rng(4)
+    w = rng.integers(-128, 128, (20, 3, 3, 3)).astype(np.float32)       # K = 27, OC = 20: two 16-row panels
+    packed = prepack_conv_weight_int8_amx(w, 1, 16, -131)
+    assert packed.ctypes.data % 64 == 0
+    raw = packed.view(np.uint8)
+    rows = raw[:32 * 64].reshape(32, 64)
+    flat = np.zeros((32, 27), np.int64)
+    flat[:20] = w.reshape(20, 27)
+    np.testing.assert_array_equal(rows[:, :27], flat + 128 * (np.arange(32) < 20)[:, None])
+    assert not rows[:, 27:].any() and not rows[20:].any()
+    np.testing.assert_array_equal(raw[32 * 64:].view(np.int32), (-131 + 128) * flat.sum(axis=1) + 128 * 128 * 27)
+
+
+def test_amx_int8_conv_source_names_its_tiles(tmp_path):
+    """Generating needs no AMX (only running does)."""
+    rng = np.random.default_rng(6)
+    plan, _ = _conv_plan(tmp_path, rng, 16, 32, (3, 3), (-131, 124), pads=[1, 1, 1, 1])
+    src = conv_source(ConvAnalysis(plan, plan.groups[0]), TileConfig(mr=32, nr=32, mc=32, nc=64, kc=100), "amx", "int8")
+    assert "int8 on AMX tiles" in src and "_tile_dpbusd(" in src and "#define TS_KPAD 192" in src
+    assert "#define TS_KC 128" in src          # K steps whole 64-deep tile steps
 
 
 def test_operands_that_do_not_fit_bytes_stay_fp32():

@@ -45,3 +45,21 @@ def test_int8_gemms_run_on_amx_tiles_only_where_the_tiles_do_int8():
     assert gemm_target(int8, cpu(vnni=True, bf16=True)).gemm_isa == "avx512"                         # VPDPBUSD
     with_tiles = gemm_target(int8, cpu(vnni=True, bf16=True, amx=True, amx_int8=True))
     assert with_tiles.key() != gemm_target(int8, cpu(vnni=True, bf16=True)).key()    # tuning records kept apart
+
+
+def test_int8_conv_column_tiles_run_on_amx_only_where_the_tiles_do_int8():
+    from tscomp.codegen.families import conv_target, conv_tile_isa
+    quantized = SimpleNamespace(int8_x_offset=-128)
+    assert conv_tile_isa(conv_target(quantized, cpu(vnni=True, amx=True, amx_int8=True))) == "amx"      # TDPBUSD
+    assert conv_tile_isa(conv_target(quantized, cpu(vnni=True, amx=True))) == "avx512"                  # VPDPBUSD
+    assert conv_tile_isa(conv_target(SimpleNamespace(int8_x_offset=None), cpu(vnni=True, amx=True, amx_int8=True))) \
+        == "avx512"                                                                                     # a float Conv
+
+
+def test_the_int8_conv_space_on_amx_holds_only_whole_tile_configurations():
+    from tscomp.schedule.conv_space import ConvSpace
+    space = ConvSpace(64, 576, cpu(vnni=True, amx=True, amx_int8=True).with_precision("int8"))
+    assert space.isa == "amx" and len(space) > 0 and space.initial()
+    for point in space:
+        cfg = space.config(point)
+        assert cfg.vector_axis == 1 and cfg.mr % 16 == 0 and cfg.nr % 16 == 0 and (cfg.mr // 16) * (cfg.nr // 16) <= 4
