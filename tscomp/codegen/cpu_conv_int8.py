@@ -20,6 +20,18 @@ positions) with three changes, the GEMM's int8 mode (:mod:`tscomp.codegen.cpu_ge
 
 The sums are exact (|X| <= 255, |W| <= 128: K up to 65536 stays inside int32), where fp32 FMAs on
 the same integers round every partial sum past 2^24 -- onnxruntime's int8 Conv adds in int32 too.
+
+**On AMX int8 tiles** (``isa="amx"``, where the CPU's tiles do int8): TDPBUSD multiplies the bytes
+of an *unsigned* A tile (16 rows x 64) by a *signed* B tile (16 quad rows x 16 columns) -- the
+Conv's operands are the other way round (u8 activations, s8 weights) and the column block's quads
+are already B's layout. So A is the weight rows as ``W + 128`` (:func:`prepack_conv_weight_int8_amx`,
+K zero-padded to 64) and B the quad block with each byte's top bit flipped, ``U - 128`` with
+``U = X - XLO`` (:data:`QUADS_TO_S8_C`, which also sums each position's bytes), and
+``W . X = (W + 128) . (U - 128) + [(XLO + 128) * sum_k W + 128^2 K] - 128 * sum_k U``: the bracket
+per output channel (stored after the weight rows), the last term per position, both added when the
+int32 tile is converted (:func:`emit_int8_amx_micro_kernel`). The zero padding of the weight rows
+makes the padded K columns contribute nothing whatever the quad block holds there. Intermediate
+sums may wrap in int32; the final one fits, so it is exact (bit-identical to the VPDPBUSD kernel).
 """
 from __future__ import annotations
 
