@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tscomp.codegen.cpu_gemm import INT8_K_QUAD, INT8_MAX_K, int8_weight_fits
+from tscomp.codegen.cpu_gemm import INT8_K_QUAD, INT8_MAX_K, emit_amx_tile_steps, int8_weight_fits
 
 #: the quantized activation's values a byte holds: X - XLO in [0, 255]
 BYTE_VALUES = 256
@@ -312,14 +312,9 @@ static inline __attribute__((always_inline)) void micro_kernel_int8_amx(
     for a, row in enumerate(acc):
         emit("        " + " ".join(f"_tile_loadd({t}, ct + {a * 16 * NR + b * 16}, NR * 4);" for b, t in enumerate(row)))
     emit("    }")
-    emit("    for (int64_t s = 0; s < ks; ++s) {  /* TDPBUSD loop: no bounds tests (rows and steps zero-padded) */")
-    for a in range(n_a):
-        emit(f"        _tile_loadd({n_c + a}, ap + {a * 16} * KPAD + s * 64, KPAD);")
-    for b in range(n_b):
-        reg = b_regs[b % len(b_regs)]
-        emit(f"        _tile_loadd({reg}, bq + s * 16 * ldb + {b * 16}, ldb * 4);")
-        emit("        " + " ".join(f"_tile_dpbusd({acc[a][b]}, {n_c + a}, {reg});" for a in range(n_a)))
-    emit("    }")
+    emit_amx_tile_steps(emit, acc, b_regs, "_tile_dpbusd", "no bounds tests (rows and steps zero-padded)",
+                        lambda a: (f"ap + {a * 16} * KPAD + s * 64", "KPAD"),
+                        lambda b: (f"bq + s * 16 * ldb + {b * 16}", "ldb * 4"))
     emit("    if (!last) {")
     for a, row in enumerate(acc):
         emit("        " + " ".join(f"_tile_stored({t}, ct + {a * 16 * NR + b * 16}, NR * 4);" for b, t in enumerate(row)))

@@ -918,17 +918,13 @@ def _emit_amx_body(emit, g: _Geometry, epilogue: "Epilogue | None") -> None:
         emit("        " + " ".join(f"_tile_loadd({t}, ct + {a * AMX_ROWS * g.NR + c * AMX_ROWS}, NR * 4);"
                                    for c, t in enumerate(row)))
     emit("    }")
-    emit(f"    for (int64_t s = 0; s < ks; ++s) {{  /* {dot[1:].upper().replace('TILE_', 'T')} loop: no bounds tests (local padding) */")
-    for a in range(n_a):
-        emit(f"        _tile_loadd({n_c + a}, xp + {a * AMX_ROWS} * KCP + s * {depth}, KCP * {x_bytes});")
-    if L2_PREFETCH_LINES:   # the weight stream into L2, at the SIMD kernels' rate per K pair-row (see wn)
-        emit(f"        for (int l = 0; l < {AMX_ROWS * L2_PREFETCH_LINES}; ++l)")
-        emit(f"            _mm_prefetch((const char*)(wn + (s * {AMX_ROWS * L2_PREFETCH_LINES} + l) * 16), _MM_HINT_T1);")
-    for c in range(ncol):
-        b = b_regs[c % len(b_regs)]
-        emit(f"        _tile_loadd({b}, wp + s * {AMX_ROWS} * NR + {c * AMX_ROWS}, NR * 4);")
-        emit("        " + " ".join(f"{dot}({acc[a][c]}, {n_c + a}, {b});" for a in range(n_a)))
-    emit("    }")
+    # the weight stream into L2, at the SIMD kernels' rate per K pair-row (see wn)
+    prefetch = [f"        for (int l = 0; l < {AMX_ROWS * L2_PREFETCH_LINES}; ++l)",
+                f"            _mm_prefetch((const char*)(wn + (s * {AMX_ROWS * L2_PREFETCH_LINES} + l) * 16), _MM_HINT_T1);"
+                ] if L2_PREFETCH_LINES else []
+    emit_amx_tile_steps(emit, acc, b_regs, dot, "no bounds tests (local padding)",
+                        lambda a: (f"xp + {a * AMX_ROWS} * KCP + s * {depth}", f"KCP * {x_bytes}"),
+                        lambda c: (f"wp + s * {AMX_ROWS} * NR + {c * AMX_ROWS}", "NR * 4"), prefetch)
 
     def store_tiles(base: str, stride: str) -> None:
         for a, row in enumerate(acc):
@@ -961,6 +957,25 @@ def _emit_amx_body(emit, g: _Geometry, epilogue: "Epilogue | None") -> None:
         memcpy(Y + (i0 + r) * N + j0, tile + r * NR, sizeof(float) * nv);""")
     else:
         _emit_epilogue_loop(emit, epilogue)
+
+
+def emit_amx_tile_steps(emit, acc: list[list[int]], b_regs: list[int], dot: str, comment: str, a_tile, b_tile,
+                        between=()) -> None:
+    """The K loop of an AMX register tile over ``ks`` steps: per step the A tiles (``a_tile(a)`` ->
+    (address, row stride in bytes), in the registers after the accumulators) loaded once, then each
+    B tile (``b_tile(c)``) loaded into a rotating register and multiplied by ``dot`` (TDPBF16PS or
+    TDPBUSD) into its column of accumulators ``acc[a][c]``. ``between``: C lines after the A loads."""
+    n_c = sum(len(row) for row in acc)
+    emit(f"    for (int64_t s = 0; s < ks; ++s) {{  /* {dot[1:].upper().replace('TILE_', 'T')} loop: {comment} */")
+    for a in range(len(acc)):
+        emit("        _tile_loadd({}, {}, {});".format(n_c + a, *a_tile(a)))
+    for line in between:
+        emit(line)
+    for c in range(len(acc[0])):
+        reg = b_regs[c % len(b_regs)]
+        emit("        _tile_loadd({}, {}, {});".format(reg, *b_tile(c)))
+        emit("        " + " ".join(f"{dot}({acc[a][c]}, {n_c + a}, {reg});" for a in range(len(acc))))
+    emit("    }")
 
 
 def _emit_pack(emit, g: _Geometry):
