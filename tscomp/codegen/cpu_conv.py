@@ -1182,7 +1182,7 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str, precision: st
         emit(a.statics)
     if a.x_lanes or a.y_lanes:
         from tscomp.codegen.cpu_depthwise_channels import transpose_block_c
-        emit(transpose_block_c(isa))
+        emit(transpose_block_c("avx512" if amx else isa))     # (AMX kernels: AVX-512 around the tiles)
     emit(a.epilogue_c)
     emit(a.prologue_c)
     _emit_pack_b(emit_t, a.pointwise, a.phased, a.x_lanes)
