@@ -331,8 +331,9 @@ def test_compiling_a_float16_model_says_it_computes_in_float32(tmp_path):
 
 
 def test_compiling_a_quantized_model_names_its_gemms_on_integer_or_bf16_instructions(tmp_path):
-    """A dynamically quantized linear layer with a symmetric int8 weight: its GEMM runs on int8
-    instructions where the CPU has avx512_vnni (bf16 operands where it has avx512_bf16 only), and the
+    """A dynamically quantized linear layer with a symmetric int8 weight: its GEMM runs on AMX int8 tiles
+    where the CPU has them, on int8 instructions where it has avx512_vnni (bf16 operands where it has
+    avx512_bf16 only), and the
     compile summary says so; a CPU with neither runs it in fp32 and prints no such line."""
     from tscomp.schedule.target import host_cpu
     rng = np.random.default_rng(0)
@@ -350,7 +351,9 @@ def test_compiling_a_quantized_model_names_its_gemms_on_integer_or_bf16_instruct
     result = run_cli("compile", path, "--dim", "L=1:8", "-o", tmp_path / "dq.tsc", "--no-tune")
     assert result.returncode == 0, result.stderr
     spec = host_cpu().spec
-    if spec.isa == "avx512" and spec.vnni and not spec.amx:
+    if spec.isa == "avx512" and spec.amx_int8:
+        assert "quantized GEMMs and Convs: 1 gemm group(s) on AMX int8 tiles (TDPBUSD)" in result.stdout, result.stdout
+    elif spec.isa == "avx512" and spec.vnni and not spec.amx:
         assert "quantized GEMMs and Convs: 1 gemm group(s) on int8 instructions (VPDPBUSD" in result.stdout, result.stdout
     elif spec.bf16:
         assert "quantized GEMMs and Convs: 1 gemm group(s) on bf16 operands" in result.stdout, result.stdout

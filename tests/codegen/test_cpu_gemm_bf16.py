@@ -155,8 +155,8 @@ def test_amx_source_names_its_tiles_and_requests_the_tile_state():
     assert "_mm512_dpbf16_ps" not in src and "_mm512_fmadd_ps" not in src
 
 
-def test_amx_is_bf16_only():
-    with pytest.raises(GemmError, match="AMX GEMM kernels are bf16 only"):
+def test_an_fp32_gemm_is_refused_on_amx_tiles():
+    with pytest.raises(GemmError, match=r"AMX GEMM kernels are bf16 \(TDPBF16PS\) or int8 \(TDPBUSD\)"):
         generate_gemm(TileConfig(mr=16, nr=16, mc=16, nc=16, kc=32), 32, 16, "amx", precision="fp32")
 
 

@@ -66,7 +66,7 @@ accumulation to nearest even and treats bf16 denormals as zero). K blocks are wh
 32 (only the last may be shorter, and K is padded to 32 in the panels), so the same panels serve the
 AMX kernels below; the VDPBF16PS loop skips the padding.
 
-AMX (``isa="amx"``, bf16 only; :attr:`tscomp.schedule.target.Target.gemm_isa` chooses it where the CPU
+AMX (``isa="amx"``, bf16 here, int8 below; :attr:`tscomp.schedule.target.Target.gemm_isa` chooses it where the CPU
 has AMX tiles and the OS grants them): the register tile is (MR/16) x (NR/16) fp32 accumulator tiles of
 16x16 (2x2 or 1x4: at most 4, so the A and B tiles keep registers), and per 32-deep K step the kernel
 loads the MR/16 A tiles (X packed as row-major bf16 rows: 16 rows x 32 k) and each B tile (16
