@@ -328,6 +328,45 @@ def test_a_constant_weight_read_through_views_is_prepacked_not_refused(tmp_path)
         np.testing.assert_allclose(rt.run({"x": x})["z"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("fill", [0.0, 0.75])
+def test_a_constant_broadcast_as_the_a_operand_is_generated_into_the_scratch(tmp_path, fill):
+    """MatMul(Reshape(Transpose(Expand(c, Shape(x)))), W) + x: the A operand is a constant broadcast
+    through views (MRA multiplies an expanded zeros_like by its projection). The gemm family once
+    refused it ("A operand is computed in the group") and the group ran on numpy; it computes A into
+    its scratch as any prologue."""
+    import onnxruntime as ort
+
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((12, 12)).astype(np.float32)
+    # Expand to [3, L, 4], transposed to [L, 3, 4], flattened to [L, 12]
+    nodes = [helper.make_node("Shape", ["x"], ["l"], start=0, end=1),
+             helper.make_node("Concat", ["three", "l", "four"], ["s"], axis=0),
+             helper.make_node("Expand", ["c", "s"], ["filled"]),
+             helper.make_node("Transpose", ["filled"], ["ft"], perm=[1, 0, 2]),
+             helper.make_node("Reshape", ["ft", "flat"], ["a"]),
+             helper.make_node("MatMul", ["a", "w"], ["y"]), helper.make_node("Add", ["y", "x"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["L", 12])],
+                          [helper.make_tensor_value_info("z", TP.FLOAT, ["L", 12])],
+                          [helper.make_tensor("w", TP.FLOAT, w.shape, w.ravel()),
+                           helper.make_tensor("c", TP.FLOAT, (), [fill]),
+                           helper.make_tensor("three", TP.INT64, (1,), [3]),
+                           helper.make_tensor("four", TP.INT64, (1,), [4]),
+                           helper.make_tensor("flat", TP.INT64, (2,), [-1, 12])])
+    path = tmp_path / "broadcast_a.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    model = compile_model(str(path), ["L=1:40"])
+    assert model.fallback_groups() == []
+    (gemm,) = [ks[0] for ks in model.kernels.values() if ks[0].family == "gemm"]
+    assert "A computed by the prologue (a broadcast constant) into a scratch" in gemm.source
+    rt, sess = Runtime.from_compiled(model), ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for L in (1, 4, 37, 40):
+        x = rng.standard_normal((L, 12)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["z"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("keepdims", [0, 1])
 def test_a_row_statistic_alone_is_not_stored_in_place_of_the_gemm_result(tmp_path, keepdims):
     """x·W then ReduceSum over the columns, the sum the only output: with keepdims=1 the [M, 1]

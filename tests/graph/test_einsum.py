@@ -26,6 +26,12 @@ CASES = [
     ("nd,dm->mn", [("L", 8), (8, 5)], 1),
     ("bhqd,bhkd->bhqk", [(2, 3, "L", 8), (2, 3, "L", 8)], None),
     ("ijbn->bnij", [("L", "L", 2, 4)], None),                           # a permutation: one Transpose
+    # an ellipsis: spelled out as labels, aligned from the right
+    ("...qhd,...khd->...hqk", [(2, "L", 9, 4, 8), (2, "L", 27, 4, 8)], None),   # LongT5 block-local scores
+    ("...hqk,...khd->...qhd", [(2, "L", 4, 9, 27), (2, "L", 27, 4, 8)], None),  # ... and their values
+    ("...ij,jk->...ik", [(3, "L", 5), (5, 6)], 1),                     # an ellipsis one side only
+    ("b...d,bd->b...", [(2, "L", 8), (2, 8)], None),                   # in the middle of a term
+    ("...ij->...ji", [(2, "L", 3)], None),                             # a permutation
 ]
 
 
@@ -72,8 +78,8 @@ def test_einsums_that_are_not_a_matrix_product_stay_einsums(tmp_path):
         assert [n.op_type for n in load_model(path, ["L=1:8"]).nodes] == ["Einsum"], equation
 
 
-@pytest.mark.parametrize("equation,shapes,weight", [CASES[0], CASES[1], CASES[4], CASES[5]],
-                         ids=["activations", "weight", "batched-constant", "dynamic-contraction"])
+@pytest.mark.parametrize("equation,shapes,weight", [CASES[0], CASES[1], CASES[4], CASES[5], CASES[12]],
+                         ids=["activations", "weight", "batched-constant", "dynamic-contraction", "ellipsis"])
 def test_a_compiled_einsum_runs_natively_and_matches_onnxruntime(tmp_path, equation, shapes, weight):
     from tscomp.compiler import compile_model
     from tscomp.runtime import Runtime

@@ -344,7 +344,9 @@ class GemmGroupAnalysis:
         if const is None:
             self._fail(f"{h.op_type} {h.node!r}: B operand is not a constant weight (a batched GEMM with two "
                        f"activation operands)")
-        self.a_prologue = bool(pro)   # A computed in the group: generated into a scratch X first
+        # A computed in the group -- by prologue ops, or a constant broadcast through views (MRA
+        # multiplies an expanded zeros_like by a weight) -- is generated into a scratch X first
+        self.a_prologue = bool(pro) or isinstance(a_src, Const)
         W = self._constant_through_views(np.asarray(const), b_chain, h)
         if W.ndim > 2 and all(d == 1 for d in W.shape[:-2]):
             W = W.reshape(W.shape[-2:])           # [1, .., 1, K, N] broadcast weight: really 2-D
@@ -645,7 +647,7 @@ class GemmGroupAnalysis:
             if np.dtype(a.dtype) != np.float32:
                 self._fail(f"A operand is {np.dtype(a.dtype)}, only float32")
             pgen.out_c = {"(A)": "Xa"}
-            pgen.emit(f"/* A = {' -> '.join(o.op_type for o in g.prologue_epilogue()[0])} over "
+            pgen.emit(f"/* A = {' -> '.join(o.op_type for o in g.prologue_epilogue()[0]) or 'a broadcast constant'} over "
                       f"[{', '.join(str(d) for d in ashape)}] */")
             idx, close = pgen.loops(ashape, "a", "elements")
             pgen.store("(A)", a, idx, ashape)
@@ -732,7 +734,8 @@ class GemmGroupAnalysis:
         lines = [f"tscomp fused GEMM group {g.name}",
                  f"ONNX ops: {', '.join(f'{o.op_type} ({o.node})' for o in g.ops())}",
                  f"GEMM: [M={self.M}] x [K={self.K}] . [{self.K}, N={self.N}] ({self.heavy.op_type} {self.heavy.node}),"
-                 + (" A computed by the prologue " + ", ".join(o.op_type for o in pro) + " into a scratch"
+                 + (" A computed by the prologue " + (", ".join(o.op_type for o in pro) or "(a broadcast constant)")
+                    + " into a scratch"
                   if self.a_prologue else
                   f" A = {self.a_input}" + ("" if self.a_identity else " (through views, copied contiguous)")),
                  f"tile epilogue: {', '.join(o.op_type for o in epi if not self._is_row_op(o)) or '-'}",

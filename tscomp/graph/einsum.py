@@ -2,8 +2,9 @@
 
 An ``Einsum`` node has no kernel family of its own: a group built on it ran on the numpy fallback
 (XLNet's relative attention is eleven Einsums per layer: 2.6x onnxruntime's time, 17 numpy groups
-on a 2-layer model). Every two-operand contraction without a diagonal, an ellipsis or a label only
-one operand sums over is a batched matrix product once its axes are arranged, so this pass
+on a 2-layer model). Every two-operand contraction without a diagonal or a label only one operand
+sums over is a batched matrix product once its axes are arranged (an ellipsis is spelled out as
+labels first), so this pass
 (part of :func:`tscomp.graph.simplify.simplify`) replaces the node by
 
     Transpose -> [Reshape] -> [Unsqueeze] -> MatMul -> [Reshape] -> Transpose
@@ -51,13 +52,20 @@ def lower_einsums(graph: Graph) -> int:
 def _lowered(graph: Graph, node: Node) -> list[Node] | None:
     spec = parse_einsum(str(node.attrs.get("equation", "")))
     if len(node.inputs) == 1 and len(spec.inputs) == 1 and spec.output is not None:
-        return _permutation(spec.inputs[0], spec.output, node)
+        x = graph.values[node.inputs[0]]
+        named = _ellipsis_named(spec.inputs, spec.output, (len(x.shape),)) if x.shape is not None else None
+        return _permutation(named[0][0], named[1], node) if named is not None else None
     if len(node.inputs) != 2 or len(spec.inputs) != 2 or spec.output is None:
         return None
-    (ta, tb), out = spec.inputs, spec.output
     a, b = (graph.values[i] for i in node.inputs)
+    if a.shape is None or b.shape is None:
+        return None
+    named = _ellipsis_named(spec.inputs, spec.output, (len(a.shape), len(b.shape)))
+    if named is None:
+        return None
+    (ta, tb), out = named
     terms = (ta, tb, out)
-    if any("." in t or len(set(t)) != len(t) for t in terms) or a.shape is None or b.shape is None:
+    if any(len(set(t)) != len(t) for t in terms):
         return None
     if len(ta) != len(a.shape) or len(tb) != len(b.shape) or a.dtype != b.dtype:
         return None
@@ -76,6 +84,29 @@ def _lowered(graph: Graph, node: Node) -> list[Node] | None:
     if b.const is not None and not any(c in ta for c in tb if c in out):
         return rewrite.with_weight(a, ta, b, tb, out, sizes)
     return rewrite.batched(a, ta, b, tb, out, sizes)
+
+
+def _ellipsis_named(terms: tuple[str, ...], out: str, ranks: tuple[int, ...]) -> tuple[tuple[str, ...], str] | None:
+    """The equation with its ellipsis spelled out as labels of its own (LongT5's block-local
+    attention: ``...qhd,...khd->...hqk`` over [batch, blocks, q, h, d]). The ellipsis stands for the
+    operands' leading axes aligned from the right, as in numpy; an axis only the longer ellipsis has
+    is a free label of that operand. None where a term's rank cannot match it."""
+    if not any("." in t for t in terms):
+        return terms, out
+    spans = []
+    for term, rank in zip(terms, ranks):
+        span = rank - len(term.replace(".", ""))
+        if span < 0 or (span and "." not in term) or term.count(".") > 1:
+            return None
+        spans.append(span if "." in term else 0)
+    used = set("".join(terms) + out)
+    fresh = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in used]
+    width = max(spans)
+    if width > len(fresh):
+        return None
+    labels = "".join(fresh[:width])
+    named = tuple(t.replace(".", labels[width - span:]) for t, span in zip(terms, spans))
+    return named, out.replace(".", labels)
 
 
 def _permutation(term: str, out: str, node: Node) -> list[Node] | None:
