@@ -31,6 +31,7 @@ import sympy
 
 from tscomp.graph.ir import Graph, Node, Value
 from tscomp.graph.ops.nn import parse_einsum
+from tscomp.graph.rewrite import NodeRewrite
 
 
 def lower_einsums(graph: Graph) -> int:
@@ -117,27 +118,10 @@ def _permutation(term: str, out: str, node: Node) -> list[Node] | None:
                  {"perm": [term.index(c) for c in out]})]
 
 
-class _Rewrite:
+class _Rewrite(NodeRewrite):
     """Emits the replacement nodes of one Einsum, naming values after it."""
 
-    def __init__(self, graph: Graph, node: Node):
-        self.graph, self.node = graph, node
-        self.nodes: list[Node] = []
-        self.dtype = graph.values[node.outputs[0]].dtype
-        self.opset = graph.opset_of(node)
-
-    # ------------------------------------------------------------------ value helpers
-    def _value(self, tag: str, shape, const=None, dtype=None) -> str:
-        return self.graph.add_value(f"{self.node.name}/einsum_{tag}", dtype or self.dtype, shape, const)
-
-    def _ints(self, tag: str, ints) -> str:
-        arr = np.asarray(list(ints), dtype=np.int64)
-        return self._value(tag, arr.shape, arr, np.int64)
-
-    def _emit(self, op: str, inputs: list[str], tag: str, shape, attrs=None, out: str | None = None) -> str:
-        y = out or self._value(tag, shape)
-        self.nodes.append(Node(f"{self.node.name}/einsum_{tag}", op, inputs, [y], dict(attrs or {})))
-        return y
+    kind = "einsum"
 
     def transpose(self, x: str, term: str, order: str, sizes: dict, tag: str) -> str:
         if term == order:
@@ -151,24 +135,6 @@ class _Rewrite:
         merged = shape[:len(shape) - count] + [sympy.Mul(*shape[len(shape) - count:])]
         target = self._ints(f"{tag}_shape", [0] * (len(shape) - count) + [-1])
         return self._emit("Reshape", [x, target], tag, merged), merged
-
-    def unsqueeze(self, x: str, shape: list, axes: list[int], tag: str) -> tuple[str, list]:
-        if not axes:
-            return x, shape
-        out = list(shape)
-        for ax in sorted(axes):
-            out.insert(ax, sympy.Integer(1))
-        if self.opset >= 13:
-            return self._emit("Unsqueeze", [x, self._ints(f"{tag}_axes", axes)], tag, out), out
-        return self._emit("Unsqueeze", [x], tag, out, {"axes": list(axes)}), out
-
-    def squeeze(self, x: str, shape: list, axes: list[int], tag: str) -> tuple[str, list]:
-        if not axes:
-            return x, shape
-        out = [d for i, d in enumerate(shape) if i not in axes]
-        if self.opset >= 13:
-            return self._emit("Squeeze", [x, self._ints(f"{tag}_axes", axes)], tag, out), out
-        return self._emit("Squeeze", [x], tag, out, {"axes": list(axes)}), out
 
     def finish(self, y: str, labels: str, out: str) -> list[Node]:
         """Transpose the MatMul's result (axes ``labels``) into the Einsum's output."""

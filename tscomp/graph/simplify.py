@@ -29,6 +29,9 @@
   axis after the second) with ``C/G`` an axis of its own, and the row family compiles the group.
 * **Einsum as MatMul**: a two-operand contraction becomes view operators around one MatMul
   (:mod:`tscomp.graph.einsum`), which the GEMM families compile.
+* **3-D convolutions and pools on the 2-D kernels**: a rank-5 Conv as one 2-D Conv over its
+  temporal taps unfolded into channels, a 3-D pool as two separable 2-D pools, a global pool of
+  rank 5 as a 2-D one (:mod:`tscomp.graph.volumetric`).
 * **Parallel convolutions merged**: ``Add(Conv(x, A), Conv(x, B))`` with constant kernels of the
   same input, strides, dilations and groups, whose taps line up (RepVGG-style branches: TextNet's
   3x3 + 3x1 + 1x3 on one input) is one Conv with the kernels summed, each zero-padded into the
@@ -63,6 +66,7 @@ from tscomp.graph.einsum import lower_einsums
 from tscomp.graph.half_precision import float16_as_float32
 from tscomp.graph.ir import Graph, Node
 from tscomp.graph.quantized_arithmetic import quantized_ops_as_arithmetic
+from tscomp.graph.volumetric import volumetric_as_planar
 
 PASS_THROUGH_OPS = {"Identity", "Dropout"}
 
@@ -76,6 +80,7 @@ class SimplifyReport:
     pads_folded: int = 0
     batch_norms_as_affine: int = 0
     einsums_lowered: int = 0
+    volumetric_as_planar: int = 0
     recurrences_split: int = 0
     convs_merged: int = 0
     group_norm_rows: int = 0
@@ -86,6 +91,7 @@ class SimplifyReport:
         return (f"folded {self.folded} constant/shape nodes, removed {self.pass_through_removed} "
                 f"Identity/Dropout, folded {self.pads_folded} Pads into Convs, rewrote {self.batch_norms_as_affine} "
                 f"BatchNormalizations as Mul + Add, {self.einsums_lowered} Einsums as MatMuls, "
+                f"{self.volumetric_as_planar} 3-D Convs and pools as 2-D ones, "
                 f"{self.quantized_as_arithmetic} quantized operators as float arithmetic, "
                 f"{self.half_as_float32} float16 operators in float32 and "
                 f"{self.unit_softmaxes} one-element Softmaxes as x * 0 + 1, split {self.recurrences_split} "
@@ -105,6 +111,7 @@ def simplify(graph: Graph) -> SimplifyReport:
     report.convs_merged = merge_parallel_convs(graph)
     report.batch_norms_as_affine = batch_norms_as_affine(graph)
     report.einsums_lowered = lower_einsums(graph)
+    report.volumetric_as_planar = volumetric_as_planar(graph)
     report.unit_softmaxes = unit_softmaxes(graph)
     report.recurrences_split = recurrences_as_projections(graph)
     report.group_norm_rows = group_norm_rows(graph)
