@@ -22,6 +22,11 @@ CASES = [
      (5, C, 1, 3, 3), True, 1),
     ("conv-depthwise-asymmetric", "Conv", dict(kernel_shape=[3, 3, 3], group=C, strides=[2, 1, 1],
                                                pads=[1, 1, 1, 0, 1, 1]), (C, 1, 3, 3, 3), True, 2),
+    ("convtranspose-2x2x2-up", "ConvTranspose", dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2]), (C, 3, 2, 2, 2),
+     True, 1),
+    ("convtranspose-grouped-padded", "ConvTranspose", dict(kernel_shape=[2, 3, 3], strides=[2, 2, 1], group=2,
+                                                           pads=[0, 1, 1, 0, 1, 1], output_padding=[0, 1, 0]),
+     (C, 2, 2, 3, 3), True, 1),
     ("maxpool-2-ceil", "MaxPool", dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2], ceil_mode=1), None, False, 2),
     ("maxpool-3-dilated-time", "MaxPool", dict(kernel_shape=[3, 3, 3], strides=[1, 2, 2], pads=[2, 1, 1, 2, 1, 1],
                                                dilations=[2, 1, 1]), None, False, 1),
@@ -44,7 +49,8 @@ def _model(tmp_path, op, attrs, weight_shape, bias):
         inits.append(numpy_helper.from_array(rng.standard_normal(weight_shape).astype(np.float32), "w"))
         inputs.append("w")
         if bias:
-            inits.append(numpy_helper.from_array(rng.standard_normal(weight_shape[0]).astype(np.float32), "b"))
+            channels = weight_shape[1] * attrs.get("group", 1) if op == "ConvTranspose" else weight_shape[0]
+            inits.append(numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "b"))
             inputs.append("b")
     node = helper.make_node(op, inputs, ["y"], **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", C, "T", "H", "W"])],

@@ -511,7 +511,8 @@ class _ConvBase:
         self.x_shape = tuple(self.symtab.canon(d) for d in x.shape)
         if len(self.x_shape) not in (3, 4):
             self._fail(f"Conv {h.node!r}: input of rank {len(self.x_shape)} (only 1-D and 2-D convolutions; "
-                       f"a 3-D convolution is not compiled)")
+                       f"a 3-D one is compiled as 2-D when the graph stage can rewrite it: a constant weight, "
+                       f"explicit or VALID padding)")
         W, self.weight_name = constant_of(self.plan, w, f"Conv {h.node!r}: weight", self._fail)
         if W.dtype != np.float32:
             self._fail(f"Conv {h.node!r}: weight is {W.dtype}, only float32")

@@ -13,6 +13,12 @@ new spatial rank needs no new kernel:
   The result ``[N * To, OC, Ho, Wo]`` is viewed back and transposed to ``[N, OC, To, Ho, Wo]``.
   The unfolded input is ``kd / sd`` times the input: the price of reusing the 2-D kernels (an
   implicit-GEMM gather over three axes would avoid it).
+* **ConvTranspose** whose temporal stride equals its temporal kernel (no temporal padding,
+  dilation or output padding: the 2x up-convolutions of 3-D U-Nets): every input frame scatters
+  into ``kd`` output frames of its own, so it is one 2-D ConvTranspose of the frames
+  ``[N * T, C, H, W]`` with ``OC * kd`` output channels (the weight ``[C, OC/g, kd, kh, kw]`` viewed
+  as ``[C, OC/g * kd, kh, kw]``, the bias repeated ``kd`` times), whose channels ``(oc, j)`` are
+  then moved to frame ``t * kd + j``.
 * **MaxPool / AveragePool** over a box are separable: the 2-D pool over (H, W) of every frame
   (``[N * C * T, 1, H, W]``), then a ``kd x 1`` pool over T of ``[N, C, T, Ho * Wo]``. Per-axis
   padding, strides, dilations and ``ceil_mode`` carry over; an average's divisor is the product of
@@ -37,7 +43,7 @@ GLOBAL_POOLS = ("GlobalAveragePool", "GlobalMaxPool")
 
 
 def volumetric_as_planar(graph: Graph) -> int:
-    """Rewrite every rank-5 Conv (constant weight), MaxPool / AveragePool and rank >= 5 global pool
+    """Rewrite every rank-5 Conv and ConvTranspose (constant weight), MaxPool / AveragePool and rank >= 5 global pool
     onto 2-D operators; returns how many."""
     rewritten = 0
     nodes: list[Node] = []
@@ -60,11 +66,14 @@ def _planar(graph: Graph, node: Node) -> list[Node] | None:
         return _Planar(graph, node).global_pool()
     if len(x.shape) != 5 or graph.opset_of(node) < 13:
         return None
-    if node.op_type == "Conv":
+    if node.op_type in ("Conv", "ConvTranspose"):
         w = graph.values[node.inputs[1]]
         if w.const is None or len(node.outputs) != 1 or not _explicit_pads(node):
             return None
-        return _Planar(graph, node).conv(np.asarray(w.const))
+        if node.op_type == "Conv":
+            return _Planar(graph, node).conv(np.asarray(w.const))
+        bias = graph.values[node.inputs[2]].const if len(node.inputs) > 2 and node.inputs[2] else np.zeros(0)
+        return _Planar(graph, node).conv_transpose(np.asarray(w.const), bias) if bias is not None else None
     if node.op_type in POOLS and (len(node.outputs) == 1 or not node.outputs[1]) and _explicit_pads(node):
         return _Planar(graph, node).pool()
     return None
@@ -130,6 +139,31 @@ class _Planar(NodeRewrite):
         cat = self._emit("Concat", stacked, "taps", [N, C, To, kd, H, W], {"axis": 3})
         frames = self.transpose_to(cat, [0, 2, 1, 3, 4, 5], [N, C, To, kd, H, W], "frames_first")
         return self.reshape(frames, [N * To, C * kd, H, W], "planar")
+
+    def conv_transpose(self, weight: np.ndarray, bias: np.ndarray) -> list[Node] | None:
+        node, values = self.node, self.graph.values
+        N, C, T, H, W = values[node.inputs[0]].shape
+        _, OC, To, Ho, Wo = values[node.outputs[0]].shape
+        c, ocg, kd, kh, kw = (int(d) for d in weight.shape)
+        (sd, sh, sw), (dd, dh, dw), (pt0, ph0, pw0, pt1, ph1, pw1) = self._geometry([kd, kh, kw])
+        opad = self._attr("output_padding", [0, 0, 0])
+        if (sd, dd, pt0, pt1, opad[0]) != (kd, 1, 0, 0, 0) or "output_shape" in node.attrs:
+            return None                     # frames overlap or are cropped: not one 2-D ConvTranspose
+        frames = self.transpose_to(node.inputs[0], [0, 2, 1, 3, 4], [N, C, T, H, W], "frames_first")
+        frames = self.reshape(frames, [N * T, C, H, W], "planar")
+        w2 = np.ascontiguousarray(weight.reshape(c, ocg * kd, kh, kw))
+        inputs = [frames, self._value("weight", w2.shape, w2, w2.dtype)]
+        if bias.size:
+            b2 = np.repeat(np.asarray(bias, dtype=w2.dtype), kd)
+            inputs.append(self._value("bias", b2.shape, b2, b2.dtype))
+        y = self._emit("ConvTranspose", inputs, "conv_transpose2d", [N * T, OC * kd, Ho, Wo],
+                       {"kernel_shape": [kh, kw], "strides": [sh, sw], "dilations": [dh, dw],
+                        "pads": [ph0, pw0, ph1, pw1], "output_padding": opad[1:],
+                        "group": int(node.attrs.get("group", 1))})
+        y = self.reshape(y, [N, T, OC, kd, Ho, Wo], "taps")
+        y = self.transpose_to(y, [0, 2, 1, 3, 4, 5], [N, T, OC, kd, Ho, Wo], "channels_first")
+        self.reshape(y, [N, OC, To, Ho, Wo], "out", out=node.outputs[0])
+        return self.nodes
 
     def pool(self) -> list[Node]:
         node, values = self.node, self.graph.values
