@@ -65,6 +65,11 @@ def vision(cfg, cls, kw, side=(32, 128), step=None, sub=None, output="last_hidde
     ``square``: the model needs a square grid of patches (DPT reshapes its tokens to
     int(sqrt(N)) x int(sqrt(N))), so every checked image is square."""
     return dict(kind="vision", cfg=cfg, cls=cls, kw=kw, side=side, step=step, sub=sub, output=output, square=square)
+def video(cfg, cls, kw, frames=(2, 8), tstep=2, side=(32, 64), step=16):
+    """A video entry: pixel_values [batch, frames, 3, height, width], frames over ``frames`` in
+    multiples of ``tstep`` (a tubelet's depth), sides in multiples of ``step`` (its patch)."""
+    return dict(kind="video", cfg=cfg, cls=cls, kw=kw, frames=frames, tstep=tstep, side=side, step=step, sub=None,
+                output="last_hidden_state")
 MODELS = {
  "electra": text("ElectraConfig", "ElectraModel", dict(T, embedding_size=64)),
  "deberta_v2": text("DebertaV2Config", "DebertaV2Model", dict(T, max_position_embeddings=128)),
@@ -206,6 +211,50 @@ MODELS = {
  "depth_anything": vision("DepthAnythingConfig", "DepthAnythingForDepthEstimation", dict(backbone_config={"model_type": "dinov2", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 128, "image_size": 56, "patch_size": 14, "out_features": ["stage1", "stage2", "stage3", "stage4"], "reshape_hidden_states": False}, reassemble_hidden_size=64, neck_hidden_sizes=[16, 32, 64, 64], fusion_hidden_size=32, head_hidden_size=16, depth_estimation_type="metric", max_depth=10), side=(28, 126), step=14, output="predicted_depth", square=False),
  "upernet": vision("UperNetConfig", "UperNetForSemanticSegmentation", dict(backbone_config={"model_type": "convnext", "hidden_sizes": [16, 32, 64, 128], "depths": [1, 1, 1, 1], "out_features": ["stage1", "stage2", "stage3", "stage4"]}, hidden_size=32, auxiliary_in_channels=64, num_labels=5, use_auxiliary_head=False, pool_scales=[1, 2, 3, 6]), side=(64, 128), step=32, output="logits"),
  "wav2vec2_conformer": dict(kind="audio", cfg="Wav2Vec2ConformerConfig", cls="Wav2Vec2ConformerModel", kw=dict(T, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, position_embeddings_type="rotary", conv_depthwise_kernel_size=7), sub=None),
+ # families added in the thirty-second session (never compiled before it): state-space and RWKV
+ # recurrences, hybrid attention/SSM, more mixtures of experts and differential / chunked attention,
+ # layout and entity encoders, local-attention T5, CLIP-style and grouping vision towers, ZoeDepth, Moonshine
+ "mamba": text("MambaConfig", "MambaModel", dict(hidden_size=64, num_hidden_layers=2, vocab_size=1000, state_size=8, expand=2, conv_kernel=4, use_mambapy=False)),
+ "mamba2": text("Mamba2Config", "Mamba2Model", dict(hidden_size=64, num_hidden_layers=2, vocab_size=1000, state_size=16, expand=2, num_heads=8, head_dim=16, n_groups=1, chunk_size=32)),
+ "falcon_mamba": text("FalconMambaConfig", "FalconMambaModel", dict(hidden_size=64, num_hidden_layers=2, vocab_size=1000, state_size=8, expand=2)),
+ "rwkv": text("RwkvConfig", "RwkvModel", dict(hidden_size=64, num_hidden_layers=2, vocab_size=1000, attention_hidden_size=64, intermediate_size=128, context_length=128)),
+ "jamba": text("JambaConfig", "JambaModel", dict(T, num_key_value_heads=2, num_experts=2, num_experts_per_tok=1, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8, mamba_expand=2, use_mamba_kernels=False)),
+ "granitemoe": text("GraniteMoeConfig", "GraniteMoeModel", dict(T, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
+ "olmoe": text("OlmoeConfig", "OlmoeModel", dict(T, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2)),
+ "qwen3_moe": text("Qwen3MoeConfig", "Qwen3MoeModel", dict(T, num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)),
+ "dbrx": text("DbrxConfig", "DbrxModel", dict(d_model=128, n_heads=4, n_layers=2, max_seq_len=256, vocab_size=1000, attn_config=dict(kv_n_heads=2, rope_theta=10000.0), ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2))),
+ "llama4_text": text("Llama4TextConfig", "Llama4TextModel", dict(T, intermediate_size_mlp=256, num_key_value_heads=2, head_dim=32, num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layers=[1, 0], attention_chunk_size=32, pad_token_id=0)),
+ "exaone4": text("Exaone4Config", "Exaone4Model", dict(T, num_key_value_heads=2, head_dim=32, sliding_window=16, layer_types=["sliding_attention", "full_attention"])),
+ "arcee": text("ArceeConfig", "ArceeModel", dict(T, num_key_value_heads=2)),
+ "seed_oss": text("SeedOssConfig", "SeedOssModel", dict(T, num_key_value_heads=2, head_dim=32)),
+ "hunyuan_dense": text("HunYuanDenseV1Config", "HunYuanDenseV1Model", dict(T, num_key_value_heads=2, head_dim=32)),
+ "diffllama": text("DiffLlamaConfig", "DiffLlamaModel", dict(T, num_key_value_heads=2)),
+ "vaultgemma": text("VaultGemmaConfig", "VaultGemmaModel", dict(T, num_key_value_heads=2, head_dim=32, sliding_window=16)),
+ "apertus": text("ApertusConfig", "ApertusModel", dict(T, num_key_value_heads=2)),
+ "olmo3": text("Olmo3Config", "Olmo3Model", dict(T, num_key_value_heads=2, sliding_window=16)),
+ "deepseek_v2": text("DeepseekV2Config", "DeepseekV2Model", dict(T, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32, n_group=1, topk_group=1)),
+ "mra": text("MraConfig", "MraModel", dict(T, max_position_embeddings=130)),
+ "yoso": text("YosoConfig", "YosoModel", dict(T, use_expectation=True, max_position_embeddings=130)),
+ "luke": text("LukeConfig", "LukeModel", dict(T, entity_vocab_size=10, entity_emb_size=32)),
+ "longt5enc": text("LongT5Config", "LongT5EncoderModel", dict(d_model=128, d_kv=32, d_ff=256, num_layers=2, num_heads=4, vocab_size=1000, encoder_attention_type="local", local_radius=8)),
+ "lilt": text("LiltConfig", "LiltModel", dict(T, channel_shrink_ratio=4)),
+ "markuplm": text("MarkupLMConfig", "MarkupLMModel", dict(T)),
+ "roc_bert": text("RoCBertConfig", "RoCBertModel", dict(T, pronunciation_vocab_size=10, shape_vocab_size=10, enable_pronunciation=False, enable_shape=False)),
+ "aimv2_vision": vision("Aimv2VisionConfig", "Aimv2VisionModel", dict(T, image_size=64, patch_size=16), side=(32, 128), step=16),
+ "groupvit_vision": vision("GroupViTVisionConfig", "GroupViTVisionModel", dict(hidden_size=64, intermediate_size=128, depths=[1, 1, 1], num_group_tokens=[8, 4, 0], num_output_groups=[8, 4, 4], num_attention_heads=4, image_size=64, patch_size=16), side=(32, 128), step=16),
+ "owlvit_vision": vision("OwlViTVisionConfig", "OwlViTVisionModel", dict(T, image_size=64, patch_size=16), side=(32, 128), step=16),
+ "blip_vision": vision("BlipVisionConfig", "BlipVisionModel", dict(T, image_size=64, patch_size=16), side=(32, 128), step=16),
+ "xclip_vision": vision("XCLIPVisionConfig", "XCLIPVisionModel", dict(T, image_size=64, patch_size=16), side=(32, 128), step=16),
+ "chinese_clip_vision": vision("ChineseCLIPVisionConfig", "ChineseCLIPVisionModel", dict(T, image_size=64, patch_size=16), side=(32, 128), step=16),
+ "maskformer_swin": vision("MaskFormerSwinConfig", "MaskFormerSwinModel", dict(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4), side=(32, 96), step=16),
+ "dpt_model": vision("DPTConfig", "DPTModel", dict(T, image_size=64, patch_size=16), side=(32, 128), step=16, square=True),
+ "zoedepth": vision("ZoeDepthConfig", "ZoeDepthForDepthEstimation", dict(backbone_config={"model_type": "beit", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 128, "image_size": 64, "patch_size": 16, "out_features": ["stage1", "stage2", "stage3", "stage4"], "out_indices": [1, 2, 3, 4], "reshape_hidden_states": False, "use_relative_position_bias": False}, neck_hidden_sizes=[16, 32, 64, 64], fusion_hidden_size=32, bottleneck_features=32, num_relative_features=8, bin_configurations=[{"n_bins": 16, "min_depth": 0.001, "max_depth": 10.0, "name": "nyu"}]), side=(64, 128), step=32, output="predicted_depth", square=True),
+ "moonshine_enc": dict(kind="audio", cfg="MoonshineConfig", cls="MoonshineModel", kw=dict(hidden_size=64, intermediate_size=128, encoder_num_hidden_layers=2, decoder_num_hidden_layers=1, encoder_num_attention_heads=4, decoder_num_attention_heads=4, vocab_size=1000), sub="encoder"),
+ # video (pixel_values [batch, frames, 3, height, width]): tubelet embeddings are 3-D Convs
+ # (their position embeddings fix the frames and sides: only the batch is dynamic)
+ "vivit": video("VivitConfig", "VivitModel", dict(T, image_size=32, num_frames=4, tubelet_size=[2, 16, 16]), frames=(4, 4), side=(32, 32)),
+ "timesformer": video("TimesformerConfig", "TimesformerModel", dict(T, image_size=32, patch_size=16, num_frames=4), frames=(4, 4), side=(32, 32)),
+ "videomae": video("VideoMAEConfig", "VideoMAEModel", dict(T, image_size=32, patch_size=16, num_frames=4, tubelet_size=2), frames=(4, 4), side=(32, 32)),
 }
 
 #: the first opset the TorchScript exporter writes scaled_dot_product_attention in; below it the
@@ -238,7 +287,7 @@ def wrapper(spec, m):
             def forward(s, input_ids, attention_mask):
                 return s.m(input_ids=input_ids, attention_mask=attention_mask, return_dict=True).last_hidden_state
         return WT(), ["input_ids", "attention_mask"]
-    if kind == "vision":
+    if kind in ("vision", "video"):
         class WV(W):
             def forward(s, pixel_values):
                 kw = {}
@@ -254,6 +303,9 @@ def wrapper(spec, m):
 def dims_of(spec):
     if spec["kind"] == "text": return {"batch": (1, 4), "sequence": (1, spec["seq"])}
     if spec["kind"] == "vision": return {"batch": (1, 2), "height": spec["side"], "width": spec["side"]}
+    if spec["kind"] == "video":      # an axis whose range is one value is exported static
+        ranges = {"batch": (1, 2), "frames": spec["frames"], "height": spec["side"], "width": spec["side"]}
+        return {k: r for k, r in ranges.items() if r[0] != r[1]}
     return {"batch": (1, 2), "samples": (400, 16000)}
 
 def make_inputs(spec, b, rng, half=False):
@@ -269,6 +321,9 @@ def _make_inputs(spec, b, rng):
         return {"input_ids": ids, "attention_mask": mask}
     if spec["kind"] == "vision":
         return {"pixel_values": rng.standard_normal((b["batch"], 3, b["height"], b["width"])).astype(np.float32)}
+    if spec["kind"] == "video":
+        b = {"frames": spec["frames"][0], "height": spec["side"][0], "width": spec["side"][0]} | b
+        return {"pixel_values": rng.standard_normal((b["batch"], b["frames"], 3, b["height"], b["width"])).astype(np.float32)}
     return {"input_values": rng.standard_normal((b["batch"], b["samples"])).astype(np.float32)}
 
 def exercise_weights(w, args) -> None:
@@ -327,7 +382,9 @@ def export(name, exporter, out_dir, half=False):
     side_h, side_w = (min(lo + st, hi), min(lo + 2 * st, hi)) if st else (min(lo + 13, hi), min(lo + 29, hi))
     if spec.get("square"):
         side_w = side_h
-    ex = {"batch": 2, "sequence": 11, "height": side_h, "width": side_w, "samples": 3001}
+    f_lo, f_hi = d.get("frames", (0, 0))
+    ex = {"batch": 2, "sequence": 11, "height": side_h, "width": side_w, "samples": 3001,
+          "frames": min(f_lo + spec.get("tstep", 1), f_hi)}
     ex = {k: ex[k] for k in d}
     inp = make_inputs(spec, ex, rng)
     args = tuple(torch.from_numpy(inp[n]) for n in names)
@@ -338,6 +395,7 @@ def export(name, exporter, out_dir, half=False):
     path = out_dir / f"{name}-{exporter}{'-fp16' if half else ''}.onnx"
     axes = {"text": {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"]},
             "vision": {"pixel_values": ["batch", None, "height", "width"]},
+            "video": {"pixel_values": [a if a in d else None for a in ("batch", "frames", None, "height", "width")]},
             "audio": {"input_values": ["batch", "samples"]}}[spec["kind"]]
     if kind == "dynamo":
         D = {k: torch.export.Dim(k, min=lo, max=hi) for k, (lo, hi) in d.items()}
@@ -379,6 +437,10 @@ def check_shapes(spec):
         if spec.get("square"):      # a square grid of patches: square images, from lo to hi
             cands = [(h, h) for h in sorted({lo, hi, lo + (st or 1), (lo + hi) // (st or 1) // 2 * (st or 1), hi - (st or 1)})]
         for i, (h, w) in enumerate(cands): out.append({"batch": 1 + i % 2, "height": h, "width": w})
+    elif spec["kind"] == "video":
+        (flo, fhi), (lo, hi), ft, st = spec["frames"], spec["side"], spec["tstep"], spec["step"]
+        for b, f, h, w in [(1, flo, lo, lo), (2, fhi, hi, lo), (1, min(flo + ft, fhi), min(lo + st, hi), hi), (1, fhi, hi, hi)]:
+            out.append({k: v for k, v in {"batch": b, "frames": f, "height": h, "width": w}.items() if k in dims_of(spec)})
     else:
         for b, s in [(1, 400), (1, 16000), (2, 4001), (1, 7919)]: out.append({"batch": b, "samples": s})
     return out
