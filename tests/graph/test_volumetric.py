@@ -42,7 +42,7 @@ CASES = [
 T_MAX, SIDE = 9, (5, 19)
 
 
-def _model(tmp_path, op, attrs, weight_shape, bias):
+def _model(tmp_path, op, attrs, weight_shape, bias, opset=19):
     rng = np.random.default_rng(0)
     inits, inputs = [], ["x"]
     if weight_shape is not None:
@@ -56,7 +56,7 @@ def _model(tmp_path, op, attrs, weight_shape, bias):
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", C, "T", "H", "W"])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     path = tmp_path / "volumetric.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9), path)
     return path
 
 
@@ -86,3 +86,17 @@ def test_a_compiled_3d_operator_runs_natively_and_matches_onnxruntime(tmp_path, 
         x = rng.standard_normal((B, C, max(T, t_min), H, W)).astype(np.float32)
         np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4,
                                    err_msg=f"{name} at {x.shape}")
+
+
+def test_an_opset_11_export_is_rewritten_too(tmp_path):
+    """Slice and Pad read their inputs since opset 11; the taps' Unsqueeze then takes its axes as an
+    attribute (onnxruntime runs it, and the compiled model matches)."""
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import Runtime
+    _, op, attrs, weight_shape, bias, t_min = CASES[0]
+    path = _model(tmp_path, op, attrs, weight_shape, bias, opset=11)
+    model = compile_model(str(path), _dims(t_min), max_variants=1)
+    assert model.fallback_groups() == []
+    rt, sess = Runtime.from_compiled(model, num_threads=2), ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(3).standard_normal((2, C, 5, 7, 11)).astype(np.float32)
+    np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -64,7 +64,7 @@ def _planar(graph: Graph, node: Node) -> list[Node] | None:
         return None
     if node.op_type in GLOBAL_POOLS and len(x.shape) >= 5:
         return _Planar(graph, node).global_pool()
-    if len(x.shape) != 5 or graph.opset_of(node) < 13:
+    if len(x.shape) != 5 or graph.opset_of(node) < 11:      # Slice and Pad read their inputs since 11
         return None
     if node.op_type in ("Conv", "ConvTranspose"):
         w = graph.values[node.inputs[1]]
@@ -95,7 +95,7 @@ class _Planar(NodeRewrite):
             return default
         return [int(v) for v in self.node.attrs.get(name, default)]
 
-    def _geometry(self, kernel: list[int]):
+    def _geometry(self):
         strides = self._attr("strides", [1, 1, 1])
         dilations = self._attr("dilations", [1, 1, 1])
         pads = self._attr("pads", [0] * 6)
@@ -106,7 +106,7 @@ class _Planar(NodeRewrite):
         N, C, T, H, W = values[node.inputs[0]].shape
         _, OC, To, Ho, Wo = values[node.outputs[0]].shape
         oc, cg, kd, kh, kw = (int(d) for d in weight.shape)
-        (sd, sh, sw), (dd, dh, dw), (pt0, ph0, pw0, pt1, ph1, pw1) = self._geometry([kd, kh, kw])
+        (sd, sh, sw), (dd, dh, dw), (pt0, ph0, pw0, pt1, ph1, pw1) = self._geometry()
         planar = self._unfold_time(node.inputs[0], (N, C, T, H, W), To, kd, sd, dd, pt0, pt1)
         w2 = np.ascontiguousarray(weight.reshape(oc, cg * kd, kh, kw))
         inputs = [planar, self._value("weight", w2.shape, w2, w2.dtype)] + list(node.inputs[2:3])
@@ -145,7 +145,7 @@ class _Planar(NodeRewrite):
         N, C, T, H, W = values[node.inputs[0]].shape
         _, OC, To, Ho, Wo = values[node.outputs[0]].shape
         c, ocg, kd, kh, kw = (int(d) for d in weight.shape)
-        (sd, sh, sw), (dd, dh, dw), (pt0, ph0, pw0, pt1, ph1, pw1) = self._geometry([kd, kh, kw])
+        (sd, sh, sw), (dd, dh, dw), (pt0, ph0, pw0, pt1, ph1, pw1) = self._geometry()
         opad = self._attr("output_padding", [0, 0, 0])
         if (sd, dd, pt0, pt1, opad[0]) != (kd, 1, 0, 0, 0) or "output_shape" in node.attrs:
             return None                     # frames overlap or are cropped: not one 2-D ConvTranspose
@@ -170,7 +170,7 @@ class _Planar(NodeRewrite):
         N, C, T, H, W = values[node.inputs[0]].shape
         _, _, To, Ho, Wo = values[node.outputs[0]].shape
         kd, kh, kw = (int(k) for k in node.attrs["kernel_shape"])
-        (sd, sh, sw), (dd, dh, dw), (pt0, ph0, pw0, pt1, ph1, pw1) = self._geometry([kd, kh, kw])
+        (sd, sh, sw), (dd, dh, dw), (pt0, ph0, pw0, pt1, ph1, pw1) = self._geometry()
         common = {k: v for k, v in node.attrs.items() if k in ("ceil_mode", "count_include_pad")}
 
         def pool2d(x, tag, shape, kernel, strides, dilations, pads):
