@@ -187,3 +187,27 @@ def test_groups_left_without_tuning_time_take_the_heuristic_tiles_and_are_not_re
     assert gemm and all(s.method == "heuristic" and s.variants for s in gemm), [(s.group, s.method) for s in gemm]
     assert all(records.get("gemm", s.signature, model.schedules.target.key()) is None for s in gemm)
     check_matches_onnxruntime(model, mlp)
+
+
+def test_a_group_every_candidate_of_which_the_family_refuses_falls_back_in_a_tuned_compile(tmp_path):
+    """x·xᵀ of a [1, 3] reduction: the batched GEMM family's analysis takes the group and only
+    source generation refuses it (its output reads the MatMul at a fixed element). An untuned compile
+    sent it to the numpy fallback; a tuned one, every candidate refused, aborted the compile with
+    ScheduleError (DiffLlama's QDQ export). Now both fall back, and the group says why."""
+    nodes = [helper.make_node("Relu", ["x"], ["t1"]),
+             helper.make_node("ReduceSum", ["t1", "axes"], ["t4"], keepdims=1),
+             helper.make_node("Relu", ["t4"], ["t6"]),
+             helper.make_node("Transpose", ["t6"], ["t8"], perm=[1, 0]),
+             helper.make_node("MatMul", ["t6", "t8"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 3])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+                          [helper.make_tensor("axes", TP.INT64, (1,), [0])])
+    path = str(tmp_path / "refused.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    model = compile_model(path, ["n=1:13"], tuning=tiny_tuning(trials=2))
+    fallback = [k for ks in model.kernels.values() for k in ks if k.family == "numpy"]
+    assert len(fallback) == 1 and "batched-gemm" in " ".join(fallback[0].reasons), [k.family for ks in model.kernels.values() for k in ks]
+    rt, sess = Runtime.from_compiled(model), ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for n in (1, 5, 13):
+        x = np.random.default_rng(n).standard_normal((n, 3)).astype(np.float32)
+        np.testing.assert_allclose(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

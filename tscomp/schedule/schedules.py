@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tscomp.codegen.tile_config import TileConfig, TileConfigError
-from tscomp.errors import TscompError
+from tscomp.errors import TscompError, UnsupportedOperatorError
 from tscomp.graph.fusion.plan import Plan
 from tscomp.runtime.wave import sample_point
 from tscomp.schedule.cold_start import data_key, evict_bytes, refill_seconds, resident
@@ -301,13 +301,16 @@ def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options:
     per_sample: dict[tuple, list[Sample]] = {}
     data: dict[tuple, tuple | None] = {}      # the constant data each candidate streams (cached_data only)
     errors: list[str] = []
+    refusals = 0              # builds the family refused (the group, not the configuration)
 
     def objective(point: dict) -> float:
+        nonlocal refusals
         try:
             cfg = space.config(point)
             kernel = fam.build(analysis, cfg, target)
         except TscompError as exc:          # a build that fails costs one trial
             errors.append(f"{point}: {exc}")
+            refusals += isinstance(exc, UnsupportedOperatorError)
             return math.inf
         m = measurer.measure(kernel, workload)
         if not m.ok:
@@ -329,6 +332,14 @@ def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options:
             log(f"{group.name} ({fam.name}): no tuning time left; the family's heuristic tiles")
         return _heuristic_schedule(choice, sig, target, options.max_variants)
     ok = [t for t in result.trials if math.isfinite(t.value) and space.key(t.point) in per_sample]
+    if not ok and refusals == len(result.trials):
+        # a refusal that surfaces only while the source is generated (DiffLlama's QDQ export reads
+        # the batched GEMM's result through a view no store can follow): the same schedule as an
+        # untuned compile, whose source generation then sends the group to the numpy fallback
+        # with the family's reason (compiler.generate_sources) -- a tuned compile once aborted here
+        if log:
+            log(f"{group.name} ({fam.name}): every candidate refused ({errors[0]}); the family's heuristic tiles")
+        return _heuristic_schedule(choice, sig, target, options.max_variants)
     if not ok:
         raise ScheduleError(f"group {group.name}: every one of {len(result.trials)} candidates failed "
                             f"({'; '.join(errors[:3])})")
