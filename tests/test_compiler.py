@@ -68,3 +68,48 @@ def test_a_group_a_family_accepts_whole_is_not_split(tmp_path):
     split, choices = choose_families(plan)
     assert [g.name for g in split.groups] == [g.name for g in plan.groups]
     assert not any("split-epilogue" in g.rules for g in split.groups)
+
+
+def test_a_group_whose_source_the_family_refuses_splits_before_it_falls_back(tmp_path, monkeypatch):
+    """Some refusals surface only while a source is generated (DiffLlama's QDQ export: P·V read
+    through a view no store follows); such a group went whole to the numpy fallback at build time.
+    With the target given, the family choice generates one source per splittable group, so the
+    group splits into its GEMM and epilogue, and both compile. Here the batched GEMM family's
+    executor is made to refuse any group with an epilogue (it accepts the analysis)."""
+    import dataclasses
+
+    import tscomp.codegen.families as families
+    from tscomp.errors import UnsupportedOperatorError
+    from tscomp.schedule.target import host_cpu
+    w = helper.make_tensor("s", TP.FLOAT, [], [0.5])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["p", "v"], ["o"]), helper.make_node("Mul", ["o", "s"], ["y"])], "pv",
+        [helper.make_tensor_value_info("p", TP.FLOAT, ["B", 4, "L", "L"]),
+         helper.make_tensor_value_info("v", TP.FLOAT, ["B", 4, "L", 8])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, None)], [w])
+    path = tmp_path / "pv_scaled.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+    def refusing(original):
+        def executor(analysis, config, target):
+            if analysis.group.prologue_epilogue()[2]:
+                raise UnsupportedOperatorError("group: refused while generating the source (test)")
+            return original(analysis, config, target)
+        return executor
+
+    patched = [dataclasses.replace(f, executor=refusing(f.executor)) if f.name == "batched-gemm" else f
+               for f in families.FAMILIES]
+    monkeypatch.setattr(families, "FAMILIES", patched)
+    plan = fuse(load_model(path, DIMS))
+    _, without_target = choose_families(plan)
+    assert all(c.family is not None for c in without_target.values())       # the analysis accepts it whole
+    split, choices = choose_families(plan, host_cpu())
+    assert any("split-epilogue" in g.rules for g in split.groups)
+    assert all(c.family is not None for c in choices.values()), {n: c.reasons for n, c in choices.items()}
+    rt = Runtime.from_compiled(compile_model(str(path), DIMS))
+    assert all(k.family != "numpy" for ks in rt.model.kernels.values() for k in ks)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for b, L in [(1, 1), (2, 13), (4, 64)]:
+        feeds = {"p": rng.random((b, 4, L, L)).astype(np.float32), "v": rng.standard_normal((b, 4, L, 8)).astype(np.float32)}
+        np.testing.assert_allclose(rt.run(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-4, atol=1e-4)

@@ -37,7 +37,7 @@ from tscomp.codegen.build import build_object, set_num_threads
 from tscomp.codegen.channel_blocking import block_conv_chains
 from tscomp.codegen.families import DEFAULT_VARIANTS, FamilyChoice, choose_family, fallback_kernel
 from tscomp.codegen.sharing import share_identical_kernels
-from tscomp.errors import UnsupportedOperatorError
+from tscomp.errors import TscompError, UnsupportedOperatorError
 from tscomp.graph import DimSpec, load_model, require_resolved_shapes
 from tscomp.graph.onnx_import import refuse_data_dependent_shapes
 from tscomp.graph.fusion import fuse
@@ -116,11 +116,10 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
     if precision is not None:
         target = target.with_precision(precision)     # TargetError when this CPU cannot run it
     if target.name != "cpu":
-        from tscomp.errors import TscompError
         raise TscompError(f"target {target.key()}: only the cpu target compiles kernels in this tscomp "
                           "(the CUDA target is not built yet)")
     set_num_threads(target.threads)
-    plan, choices = choose_families(plan)
+    plan, choices = choose_families(plan, target)
     options = tuning or TuningOptions(tune=False)
     options.max_variants = max_variants
     schedules = schedule_plan(plan, choices, target, options, log=log)
@@ -142,17 +141,42 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
     return model
 
 
-def choose_families(plan: Plan) -> tuple[Plan, dict[str, FamilyChoice]]:
+def choose_families(plan: Plan, target: Target | None = None) -> tuple[Plan, dict[str, FamilyChoice]]:
     """Each group's family; a merged group that no family accepts (an attention chain the attention
     family refuses) is replaced by its parts, a fused GEMM or reduce group by its unfused split
     (the GEMM or first reduction, then its epilogue), each choosing its own family -- again,
-    until nothing refused can split."""
-    choices = {g.name: choose_family(plan, g) for g in plan.groups}
+    until nothing refused can split. With a ``target``, a group that could split is accepted only
+    if its family also generates a source for it (:func:`_source_refusal`)."""
+    def choose(g: Group) -> FamilyChoice:
+        choice = choose_family(plan, g)
+        refusal = _source_refusal(choice, target) if target is not None and g.splittable else None
+        return choice if refusal is None else FamilyChoice(g, None, None, choice.reasons + (refusal,))
+
+    choices = {g.name: choose(g) for g in plan.groups}
     while refused := [name for name, c in choices.items() if c.family is None and c.group.splittable]:
         plan = plan.split(refused)
         choices = {g.name: choices[g.name] if g.name in choices and g.name not in refused
-                   else choose_family(plan, g) for g in plan.groups}
+                   else choose(g) for g in plan.groups}
     return plan, choices
+
+
+def _source_refusal(choice: FamilyChoice, target: Target) -> str | None:
+    """Why the family cannot generate ``choice``'s group, found only while generating its source (an
+    output reading the batched GEMM's result through a view no store follows: DiffLlama's QDQ export
+    merges the sequence into the heads between P·V and its DequantizeLinear), else None. Found at
+    build time, such a group went whole to the numpy fallback (4 groups, 2.7x onnxruntime); found
+    here, it splits like any refused group and its GEMM compiles. One source per group (~10 ms)."""
+    if choice.family is None:
+        return None
+    configs = choice.family.heuristic(choice.analysis, target, 1)
+    try:
+        if configs:
+            choice.family.executor(choice.analysis, configs[0], target)
+    except UnsupportedOperatorError as exc:
+        return f"{choice.family.name}: {exc}"
+    except TscompError:     # a configuration's problem, not the group's: the schedule stage meets it
+        return None
+    return None
 
 
 def build_kernels(plan: Plan, choices: dict, schedules: Schedules, target: Target,
