@@ -583,7 +583,10 @@ def _median_time(call, runs: int = 7, settle_s: float = 0.1) -> float:
 def _row_text(r: dict) -> str:
     head = f"{r['model']:>18} {r['exporter']:>11}  "
     if r["stage"] != "done":
-        return head + f"{r['stage']} failed: {r['error'].splitlines()[0][:110]}"
+        # the first line that says something: a compile's stderr starts with progress bars
+        lines = [ln.strip() for ln in r["error"].replace("\r", "\n").splitlines()]
+        said = [ln for ln in lines if ln and not ln.startswith(("tuning ", "linking ", "compiling "))]
+        return head + f"{r['stage']} failed: {(said or [''])[-1 if r['stage'] == 'compile' else 0][:110]}"
     return head + (f"{'ok' if r['ok'] else 'MISMATCH':>8}  rel L2 {r['rel_l2']:.1e} (|ref| <= {r['ref_max_abs']:.1e})  "
                    f"numpy groups {len(r['numpy_groups'])}  "
                    + (f"int8 GEMMs+Convs {r['int8_gemms']}  " if "int8_gemms" in r else "")
