@@ -34,6 +34,18 @@ def _attention_output_normalized(path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
 
 
+def _compiled_natively_matches_onnxruntime(path, shapes) -> None:
+    """The model of p [B, 4, L, L] and v [B, 4, L, 8] compiles with no numpy group and matches
+    onnxruntime at every (B, L) of ``shapes``."""
+    rt = Runtime.from_compiled(compile_model(str(path), DIMS))
+    assert all(k.family != "numpy" for ks in rt.model.kernels.values() for k in ks)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for b, L in shapes:
+        feeds = {"p": rng.random((b, 4, L, L)).astype(np.float32), "v": rng.standard_normal((b, 4, L, 8)).astype(np.float32)}
+        np.testing.assert_allclose(rt.run(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_a_gemm_group_no_family_takes_whole_splits_into_the_gemm_and_its_epilogue(tmp_path):
     path = tmp_path / "pv.onnx"
     _attention_output_normalized(path)
@@ -44,13 +56,7 @@ def test_a_gemm_group_no_family_takes_whole_splits_into_the_gemm_and_its_epilogu
     assert choices[fused[0].name].group is not fused[0]          # the name now holds the GEMM alone
     assert all(c.family is not None for c in choices.values()), {n: c.reasons for n, c in choices.items()}
     assert any("split-epilogue" in g.rules for g in split.groups)
-    rt = Runtime.from_compiled(compile_model(str(path), DIMS))
-    assert all(k.family != "numpy" for ks in rt.model.kernels.values() for k in ks)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    for b, L in [(1, 1), (3, 7), (4, 64)]:
-        feeds = {"p": rng.random((b, 4, L, L)).astype(np.float32), "v": rng.standard_normal((b, 4, L, 8)).astype(np.float32)}
-        np.testing.assert_allclose(rt.run(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+    _compiled_natively_matches_onnxruntime(path, [(1, 1), (3, 7), (4, 64)])
 
 
 def test_a_group_a_family_accepts_whole_is_not_split(tmp_path):
@@ -106,10 +112,4 @@ def test_a_group_whose_source_the_family_refuses_splits_before_it_falls_back(tmp
     split, choices = choose_families(plan, host_cpu())
     assert any("split-epilogue" in g.rules for g in split.groups)
     assert all(c.family is not None for c in choices.values()), {n: c.reasons for n, c in choices.items()}
-    rt = Runtime.from_compiled(compile_model(str(path), DIMS))
-    assert all(k.family != "numpy" for ks in rt.model.kernels.values() for k in ks)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    for b, L in [(1, 1), (2, 13), (4, 64)]:
-        feeds = {"p": rng.random((b, 4, L, L)).astype(np.float32), "v": rng.standard_normal((b, 4, L, 8)).astype(np.float32)}
-        np.testing.assert_allclose(rt.run(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+    _compiled_natively_matches_onnxruntime(path, [(1, 1), (2, 13), (4, 64)])

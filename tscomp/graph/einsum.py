@@ -31,23 +31,14 @@ import sympy
 
 from tscomp.graph.ir import Graph, Node, Value
 from tscomp.graph.ops.nn import parse_einsum
-from tscomp.graph.rewrite import NodeRewrite
+from tscomp.graph.rewrite import NodeRewrite, replace_nodes
 
 
 def lower_einsums(graph: Graph) -> int:
     """Rewrite every two-operand Einsum that is a batched matrix product, and every one-operand
     permutation; returns how many."""
-    lowered = 0
-    new_nodes: list[Node] = []
-    for node in graph.nodes:
-        replacement = _lowered(graph, node) if node.op_type == "Einsum" and not node.domain else None
-        if replacement is None:
-            new_nodes.append(node)
-        else:
-            new_nodes += replacement
-            lowered += 1
-    graph.nodes = new_nodes
-    return lowered
+    return replace_nodes(graph, lambda g, node: _lowered(g, node) if node.op_type == "Einsum" and not node.domain
+                         else None)
 
 
 def _lowered(graph: Graph, node: Node) -> list[Node] | None:

@@ -7,10 +7,28 @@ and the rewrite (``<node>/<kind>_<tag>``), which keeps generated kernels' header
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import sympy
 
 from tscomp.graph.ir import Graph, Node
+
+
+def replace_nodes(graph: Graph, replacement: Callable[[Graph, Node], list[Node] | None]) -> int:
+    """Every node for which ``replacement`` returns nodes replaced by them, in place and in order
+    (None keeps the node); returns how many were replaced."""
+    replaced = 0
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        new = replacement(graph, node)
+        if new is None:
+            nodes.append(node)
+        else:
+            nodes += new
+            replaced += 1
+    graph.nodes = nodes
+    return replaced
 
 
 class NodeRewrite:
@@ -72,4 +90,4 @@ class NodeRewrite:
         return self._emit("Squeeze", [x], tag, out, {"axes": list(axes)}), out
 
 
-__all__ = ["NodeRewrite"]
+__all__ = ["NodeRewrite", "replace_nodes"]

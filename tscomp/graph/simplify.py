@@ -66,6 +66,7 @@ from tscomp.graph.einsum import lower_einsums
 from tscomp.graph.half_precision import float16_as_float32
 from tscomp.graph.ir import Graph, Node
 from tscomp.graph.quantized_arithmetic import quantized_ops_as_arithmetic
+from tscomp.graph.rewrite import replace_nodes
 from tscomp.graph.volumetric import volumetric_as_planar
 
 PASS_THROUGH_OPS = {"Identity", "Dropout"}
@@ -283,17 +284,7 @@ def recurrences_as_projections(graph: Graph) -> int:
     the bias that can join the projections (Wb + Rb; GRU's h-gate Rb under ``linear_before_reset``
     multiplies with r and stays with the recurrence) and ``tscomp.Recurrence`` over the projections
     and R packed in panels of gate rows (:func:`~tscomp.graph.ops.recurrent.pack_recurrent_weight`)."""
-    rewritten = 0
-    nodes: list[Node] = []
-    for node in graph.nodes:
-        split = _recurrence_split(graph, node)
-        if split is None:
-            nodes.append(node)
-            continue
-        nodes += split
-        rewritten += 1
-    graph.nodes = nodes
-    return rewritten
+    return replace_nodes(graph, _recurrence_split)
 
 
 def _recurrence_split(graph: Graph, node: Node) -> list[Node] | None:

@@ -35,7 +35,7 @@ import numpy as np
 import sympy
 
 from tscomp.graph.ir import Graph, Node
-from tscomp.graph.rewrite import NodeRewrite
+from tscomp.graph.rewrite import NodeRewrite, replace_nodes
 
 INT64_MAX = np.iinfo(np.int64).max
 POOLS = ("MaxPool", "AveragePool")
@@ -45,17 +45,7 @@ GLOBAL_POOLS = ("GlobalAveragePool", "GlobalMaxPool")
 def volumetric_as_planar(graph: Graph) -> int:
     """Rewrite every rank-5 Conv and ConvTranspose (constant weight), MaxPool / AveragePool and rank >= 5 global pool
     onto 2-D operators; returns how many."""
-    rewritten = 0
-    nodes: list[Node] = []
-    for node in graph.nodes:
-        replacement = _planar(graph, node) if not node.domain else None
-        if replacement is None:
-            nodes.append(node)
-        else:
-            nodes += replacement
-            rewritten += 1
-    graph.nodes = nodes
-    return rewritten
+    return replace_nodes(graph, lambda g, node: _planar(g, node) if not node.domain else None)
 
 
 def _planar(graph: Graph, node: Node) -> list[Node] | None:
