@@ -26,8 +26,10 @@ new spatial rank needs no new kernel:
 * **GlobalAveragePool / GlobalMaxPool** of rank 5 and more: the 2-D global pool of ``[N, C, T * H
   * W, 1]``.
 
-Only explicit or VALID padding is rewritten (a SAME pad of a strided axis depends on its extent);
-anything else keeps its node, and the families say why they refuse it.
+Explicit and VALID padding are rewritten, and SAME where the temporal stride is 1 (its temporal pad
+is then a constant; the 2-D operator keeps SAME for height and width). A SAME pad of a strided
+temporal axis depends on T and keeps its node, as does a SAME ConvTranspose; the families say why
+they refuse it.
 """
 from __future__ import annotations
 
@@ -58,21 +60,28 @@ def _planar(graph: Graph, node: Node) -> list[Node] | None:
         return None
     if node.op_type in ("Conv", "ConvTranspose"):
         w = graph.values[node.inputs[1]]
-        if w.const is None or len(node.outputs) != 1 or not _explicit_pads(node):
+        if w.const is None or len(node.outputs) != 1 or not _static_time_pads(node, node.op_type == "Conv"):
             return None
         if node.op_type == "Conv":
             return _Planar(graph, node).conv(np.asarray(w.const))
         bias = graph.values[node.inputs[2]].const if len(node.inputs) > 2 and node.inputs[2] else np.zeros(0)
         return _Planar(graph, node).conv_transpose(np.asarray(w.const), bias) if bias is not None else None
-    if node.op_type in POOLS and (len(node.outputs) == 1 or not node.outputs[1]) and _explicit_pads(node):
+    if node.op_type in POOLS and (len(node.outputs) == 1 or not node.outputs[1]) and _static_time_pads(node, True):
         return _Planar(graph, node).pool()
     return None
 
 
-def _explicit_pads(node: Node) -> bool:
+def _auto_pad(node: Node) -> str:
     auto = node.attrs.get("auto_pad", "NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
-    return auto in ("NOTSET", "VALID")
+    return auto.decode() if isinstance(auto, bytes) else auto
+
+
+def _static_time_pads(node: Node, same_ok: bool) -> bool:
+    """Whether the temporal padding is known at compile time: explicit or VALID, or (``same_ok``)
+    SAME with a temporal stride of 1 (then it pads ``dilation * (kernel - 1)`` whatever T is)."""
+    auto = _auto_pad(node)
+    strides = node.attrs.get("strides") or [1, 1, 1]
+    return auto in ("NOTSET", "VALID") or (same_ok and auto in ("SAME_UPPER", "SAME_LOWER") and int(strides[0]) == 1)
 
 
 class _Planar(NodeRewrite):
@@ -81,28 +90,33 @@ class _Planar(NodeRewrite):
     kind = "planar"
 
     def _attr(self, name: str, default: list[int]) -> list[int]:
-        if name == "pads" and self.node.attrs.get("auto_pad", "NOTSET") in ("VALID", b"VALID"):
-            return default
         return [int(v) for v in self.node.attrs.get(name, default)]
 
-    def _geometry(self):
-        strides = self._attr("strides", [1, 1, 1])
-        dilations = self._attr("dilations", [1, 1, 1])
-        pads = self._attr("pads", [0] * 6)
-        return strides, dilations, pads
+    def _geometry(self, kd: int):
+        """(strides, dilations, temporal pads (begin, end), the 2-D operator's padding attributes):
+        a SAME pad (temporal stride 1) is ``dd * (kd - 1)`` frames, the larger half at the end for
+        SAME_UPPER; the 2-D operator keeps SAME for height and width."""
+        strides, dilations = self._attr("strides", [1, 1, 1]), self._attr("dilations", [1, 1, 1])
+        auto = _auto_pad(self.node)
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            total = dilations[0] * (kd - 1)
+            begin = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            return strides, dilations, (begin, total - begin), {"auto_pad": auto}
+        t0, h0, w0, t1, h1, w1 = [0] * 6 if auto == "VALID" else self._attr("pads", [0] * 6)
+        return strides, dilations, (t0, t1), {"pads": [h0, w0, h1, w1]}
 
     def conv(self, weight: np.ndarray) -> list[Node]:
         node, values = self.node, self.graph.values
         N, C, T, H, W = values[node.inputs[0]].shape
         _, OC, To, Ho, Wo = values[node.outputs[0]].shape
         oc, cg, kd, kh, kw = (int(d) for d in weight.shape)
-        (sd, sh, sw), (dd, dh, dw), (pt0, ph0, pw0, pt1, ph1, pw1) = self._geometry()
+        (sd, sh, sw), (dd, dh, dw), (pt0, pt1), hw_pads = self._geometry(kd)
         planar = self._unfold_time(node.inputs[0], (N, C, T, H, W), To, kd, sd, dd, pt0, pt1)
         w2 = np.ascontiguousarray(weight.reshape(oc, cg * kd, kh, kw))
         inputs = [planar, self._value("weight", w2.shape, w2, w2.dtype)] + list(node.inputs[2:3])
         y = self._emit("Conv", inputs, "conv2d", [N * To, OC, Ho, Wo],
-                       {"kernel_shape": [kh, kw], "strides": [sh, sw], "dilations": [dh, dw],
-                        "pads": [ph0, pw0, ph1, pw1], "group": int(node.attrs.get("group", 1))})
+                       {"kernel_shape": [kh, kw], "strides": [sh, sw], "dilations": [dh, dw], **hw_pads,
+                        "group": int(node.attrs.get("group", 1))})
         y = self.reshape(y, [N, To, OC, Ho, Wo], "frames")
         self.transpose_to(y, [0, 2, 1, 3, 4], [N, To, OC, Ho, Wo], "out", out=node.outputs[0])
         return self.nodes
@@ -135,7 +149,7 @@ class _Planar(NodeRewrite):
         N, C, T, H, W = values[node.inputs[0]].shape
         _, OC, To, Ho, Wo = values[node.outputs[0]].shape
         c, ocg, kd, kh, kw = (int(d) for d in weight.shape)
-        (sd, sh, sw), (dd, dh, dw), (pt0, ph0, pw0, pt1, ph1, pw1) = self._geometry()
+        (sd, sh, sw), (dd, dh, dw), (pt0, pt1), hw_pads = self._geometry(kd)
         opad = self._attr("output_padding", [0, 0, 0])
         if (sd, dd, pt0, pt1, opad[0]) != (kd, 1, 0, 0, 0) or "output_shape" in node.attrs:
             return None                     # frames overlap or are cropped: not one 2-D ConvTranspose
@@ -148,7 +162,7 @@ class _Planar(NodeRewrite):
             inputs.append(self._value("bias", b2.shape, b2, b2.dtype))
         y = self._emit("ConvTranspose", inputs, "conv_transpose2d", [N * T, OC * kd, Ho, Wo],
                        {"kernel_shape": [kh, kw], "strides": [sh, sw], "dilations": [dh, dw],
-                        "pads": [ph0, pw0, ph1, pw1], "output_padding": opad[1:],
+                        **hw_pads, "output_padding": opad[1:],
                         "group": int(node.attrs.get("group", 1))})
         y = self.reshape(y, [N, T, OC, kd, Ho, Wo], "taps")
         y = self.transpose_to(y, [0, 2, 1, 3, 4, 5], [N, T, OC, kd, Ho, Wo], "channels_first")
@@ -160,23 +174,23 @@ class _Planar(NodeRewrite):
         N, C, T, H, W = values[node.inputs[0]].shape
         _, _, To, Ho, Wo = values[node.outputs[0]].shape
         kd, kh, kw = (int(k) for k in node.attrs["kernel_shape"])
-        (sd, sh, sw), (dd, dh, dw), (pt0, ph0, pw0, pt1, ph1, pw1) = self._geometry()
+        (sd, sh, sw), (dd, dh, dw), (pt0, pt1), hw_pads = self._geometry(kd)
         common = {k: v for k, v in node.attrs.items() if k in ("ceil_mode", "count_include_pad")}
 
-        def pool2d(x, tag, shape, kernel, strides, dilations, pads):
-            attrs = dict(common, kernel_shape=kernel, strides=strides, pads=pads)
+        def pool2d(x, tag, shape, kernel, strides, dilations, padding):
+            attrs = dict(common, kernel_shape=kernel, strides=strides, **padding)
             if dilations != [1, 1]:
                 attrs["dilations"] = dilations
             return self._emit(node.op_type, [x], tag, shape, attrs)
 
         # every frame an image of one channel: the pool family takes a symbolic batch, not channels
         frames = self.reshape(node.inputs[0], [N * C * T, 1, H, W], "frames")
-        y = pool2d(frames, "pool_hw", [N * C * T, 1, Ho, Wo], [kh, kw], [sh, sw], [dh, dw], [ph0, pw0, ph1, pw1])
+        y = pool2d(frames, "pool_hw", [N * C * T, 1, Ho, Wo], [kh, kw], [sh, sw], [dh, dw], hw_pads)
         if (kd, sd, pt0, pt1) == (1, 1, 0, 0):
             self.reshape(y, [N, C, T, Ho, Wo], "out", out=node.outputs[0])
             return self.nodes
         y = self.reshape(y, [N, C, T, Ho * Wo], "time_rows")
-        y = pool2d(y, "pool_t", [N, C, To, Ho * Wo], [kd, 1], [sd, 1], [dd, 1], [pt0, 0, pt1, 0])
+        y = pool2d(y, "pool_t", [N, C, To, Ho * Wo], [kd, 1], [sd, 1], [dd, 1], {"pads": [pt0, 0, pt1, 0]})
         self.reshape(y, [N, C, To, Ho, Wo], "out", out=node.outputs[0])
         return self.nodes
 
