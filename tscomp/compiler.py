@@ -168,14 +168,13 @@ def _source_refusal(choice: FamilyChoice, target: Target) -> str | None:
     here, it splits like any refused group and its GEMM compiles. One source per group (~10 ms)."""
     if choice.family is None:
         return None
-    configs = choice.family.heuristic(choice.analysis, target, 1)
     try:
-        if configs:
-            choice.family.executor(choice.analysis, configs[0], target)
+        for config in choice.family.heuristic(choice.analysis, target, 1)[:1]:
+            choice.family.executor(choice.analysis, config, target)
     except UnsupportedOperatorError as exc:
         return f"{choice.family.name}: {exc}"
     except TscompError:     # a configuration's problem, not the group's: the schedule stage meets it
-        return None
+        pass
     return None
 
 

@@ -92,16 +92,6 @@ INPUT_C_TYPES = {np.float32: "float", np.int64: "int64_t", np.int32: "int32_t", 
                  np.float16: "_Float16"}
 
 
-class _Attrs:
-    """The ``attr(key, default)`` view of an Op's attributes that :class:`Window` reads."""
-
-    def __init__(self, attrs: Mapping):
-        self.attrs = attrs
-
-    def attr(self, key, default=None):
-        return self.attrs.get(key, default)
-
-
 def strip_views(e: Expr):
     """(source, views innermost first) of an expression read through views."""
     chain = []
@@ -136,7 +126,7 @@ def constant_of(plan: Plan, e: Expr, what: str, fail) -> tuple[np.ndarray, str]:
 
 
 def window_of(op: Op, kernel) -> Window:
-    return Window.read(_Attrs(op.attrs), kernel)
+    return Window.from_attrs(op.attrs, kernel)
 
 
 @dataclass(frozen=True)
@@ -512,7 +502,7 @@ class _ConvBase:
         if len(self.x_shape) not in (3, 4):
             self._fail(f"Conv {h.node!r}: input of rank {len(self.x_shape)} (only 1-D and 2-D convolutions; "
                        f"a 3-D one is compiled as 2-D when the graph stage can rewrite it: a constant weight, "
-                       f"explicit or VALID padding)")
+                       f"explicit or VALID padding, or SAME with a temporal stride of 1)")
         W, self.weight_name = constant_of(self.plan, w, f"Conv {h.node!r}: weight", self._fail)
         if W.dtype != np.float32:
             self._fail(f"Conv {h.node!r}: weight is {W.dtype}, only float32")

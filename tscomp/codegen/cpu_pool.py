@@ -164,7 +164,8 @@ class PoolAnalysis:
         xshape = tuple(self.symtab.canon(d) for d in h.args[0].shape)
         if len(xshape) not in (3, 4):
             self._fail(f"{h.op_type} {h.node!r}: input of rank {len(xshape)} (only 1-D and 2-D pooling; a 3-D "
-                       f"pool is compiled as two 2-D ones when the graph stage can rewrite it: explicit or VALID padding)")
+                       f"pool is compiled as two 2-D ones when the graph stage can rewrite it: explicit or VALID padding, "
+                       f"or SAME with a temporal stride of 1)")
         if not xshape[1].is_Integer:
             self._fail(f"{h.op_type} {h.node!r}: symbolic channel count {xshape[1]}")
         self.x_shape = xshape

@@ -37,6 +37,7 @@ import numpy as np
 import sympy
 
 from tscomp.graph.ir import Graph, Node
+from tscomp.graph.ops.nn import Window
 from tscomp.graph.rewrite import NodeRewrite, replace_nodes
 
 INT64_MAX = np.iinfo(np.int64).max
@@ -60,28 +61,27 @@ def _planar(graph: Graph, node: Node) -> list[Node] | None:
         return None
     if node.op_type in ("Conv", "ConvTranspose"):
         w = graph.values[node.inputs[1]]
-        if w.const is None or len(node.outputs) != 1 or not _static_time_pads(node, node.op_type == "Conv"):
+        if w.const is None or len(node.outputs) != 1:
+            return None
+        weight = np.asarray(w.const)
+        win = Window.from_attrs(node.attrs, weight.shape[2:])
+        if not _static_time_pads(win, node.op_type == "Conv"):
             return None
         if node.op_type == "Conv":
-            return _Planar(graph, node).conv(np.asarray(w.const))
+            return _Planar(graph, node, win).conv(weight)
         bias = graph.values[node.inputs[2]].const if len(node.inputs) > 2 and node.inputs[2] else np.zeros(0)
-        return _Planar(graph, node).conv_transpose(np.asarray(w.const), bias) if bias is not None else None
-    if node.op_type in POOLS and (len(node.outputs) == 1 or not node.outputs[1]) and _static_time_pads(node, True):
-        return _Planar(graph, node).pool()
+        return _Planar(graph, node, win).conv_transpose(weight, bias) if bias is not None else None
+    if node.op_type in POOLS and (len(node.outputs) == 1 or not node.outputs[1]):
+        win = Window.from_attrs(node.attrs, node.attrs["kernel_shape"])
+        return _Planar(graph, node, win).pool() if _static_time_pads(win, True) else None
     return None
 
 
-def _auto_pad(node: Node) -> str:
-    auto = node.attrs.get("auto_pad", "NOTSET")
-    return auto.decode() if isinstance(auto, bytes) else auto
-
-
-def _static_time_pads(node: Node, same_ok: bool) -> bool:
+def _static_time_pads(win: Window, same_ok: bool) -> bool:
     """Whether the temporal padding is known at compile time: explicit or VALID, or (``same_ok``)
     SAME with a temporal stride of 1 (then it pads ``dilation * (kernel - 1)`` whatever T is)."""
-    auto = _auto_pad(node)
-    strides = node.attrs.get("strides") or [1, 1, 1]
-    return auto in ("NOTSET", "VALID") or (same_ok and auto in ("SAME_UPPER", "SAME_LOWER") and int(strides[0]) == 1)
+    return win.auto_pad in ("NOTSET", "VALID") or (same_ok and win.auto_pad in ("SAME_UPPER", "SAME_LOWER")
+                                                   and win.strides[0] == 1)
 
 
 class _Planar(NodeRewrite):
@@ -89,28 +89,28 @@ class _Planar(NodeRewrite):
 
     kind = "planar"
 
-    def _attr(self, name: str, default: list[int]) -> list[int]:
-        return [int(v) for v in self.node.attrs.get(name, default)]
+    def __init__(self, graph: Graph, node: Node, win: Window | None = None):   # None: a global pool
+        super().__init__(graph, node)
+        self.win = win
 
-    def _geometry(self, kd: int):
+    def _geometry(self):
         """(strides, dilations, temporal pads (begin, end), the 2-D operator's padding attributes):
-        a SAME pad (temporal stride 1) is ``dd * (kd - 1)`` frames, the larger half at the end for
-        SAME_UPPER; the 2-D operator keeps SAME for height and width."""
-        strides, dilations = self._attr("strides", [1, 1, 1]), self._attr("dilations", [1, 1, 1])
-        auto = _auto_pad(self.node)
-        if auto in ("SAME_UPPER", "SAME_LOWER"):
-            total = dilations[0] * (kd - 1)
-            begin = total // 2 if auto == "SAME_UPPER" else total - total // 2
-            return strides, dilations, (begin, total - begin), {"auto_pad": auto}
-        t0, h0, w0, t1, h1, w1 = [0] * 6 if auto == "VALID" else self._attr("pads", [0] * 6)
-        return strides, dilations, (t0, t1), {"pads": [h0, w0, h1, w1]}
+        the temporal pads as :meth:`Window.geometry` resolves them (SAME only with a temporal stride
+        of 1, where they do not depend on T: resolved at T = 1); the 2-D operator keeps SAME for
+        height and width."""
+        win = self.win
+        t0, t1, _, _ = win.geometry(0, 1)
+        if win.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            return list(win.strides), list(win.dilations), (t0, t1), {"auto_pad": win.auto_pad}
+        _, h0, w0, _, h1, w1 = [0] * 6 if win.auto_pad == "VALID" else win.pads
+        return list(win.strides), list(win.dilations), (t0, t1), {"pads": [h0, w0, h1, w1]}
 
     def conv(self, weight: np.ndarray) -> list[Node]:
         node, values = self.node, self.graph.values
         N, C, T, H, W = values[node.inputs[0]].shape
         _, OC, To, Ho, Wo = values[node.outputs[0]].shape
         oc, cg, kd, kh, kw = (int(d) for d in weight.shape)
-        (sd, sh, sw), (dd, dh, dw), (pt0, pt1), hw_pads = self._geometry(kd)
+        (sd, sh, sw), (dd, dh, dw), (pt0, pt1), hw_pads = self._geometry()
         planar = self._unfold_time(node.inputs[0], (N, C, T, H, W), To, kd, sd, dd, pt0, pt1)
         w2 = np.ascontiguousarray(weight.reshape(oc, cg * kd, kh, kw))
         inputs = [planar, self._value("weight", w2.shape, w2, w2.dtype)] + list(node.inputs[2:3])
@@ -149,8 +149,8 @@ class _Planar(NodeRewrite):
         N, C, T, H, W = values[node.inputs[0]].shape
         _, OC, To, Ho, Wo = values[node.outputs[0]].shape
         c, ocg, kd, kh, kw = (int(d) for d in weight.shape)
-        (sd, sh, sw), (dd, dh, dw), (pt0, pt1), hw_pads = self._geometry(kd)
-        opad = self._attr("output_padding", [0, 0, 0])
+        (sd, sh, sw), (dd, dh, dw), (pt0, pt1), hw_pads = self._geometry()
+        opad = [int(v) for v in node.attrs.get("output_padding", [0, 0, 0])]
         if (sd, dd, pt0, pt1, opad[0]) != (kd, 1, 0, 0, 0) or "output_shape" in node.attrs:
             return None                     # frames overlap or are cropped: not one 2-D ConvTranspose
         frames = self.transpose_to(node.inputs[0], [0, 2, 1, 3, 4], [N, C, T, H, W], "frames_first")
@@ -174,7 +174,7 @@ class _Planar(NodeRewrite):
         N, C, T, H, W = values[node.inputs[0]].shape
         _, _, To, Ho, Wo = values[node.outputs[0]].shape
         kd, kh, kw = (int(k) for k in node.attrs["kernel_shape"])
-        (sd, sh, sw), (dd, dh, dw), (pt0, pt1), hw_pads = self._geometry(kd)
+        (sd, sh, sw), (dd, dh, dw), (pt0, pt1), hw_pads = self._geometry()
         common = {k: v for k, v in node.attrs.items() if k in ("ceil_mode", "count_include_pad")}
 
         def pool2d(x, tag, shape, kernel, strides, dilations, padding):

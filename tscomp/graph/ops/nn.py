@@ -25,7 +25,7 @@ import operator
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx.defs
@@ -123,6 +123,15 @@ AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 
 @dataclass(frozen=True)
+class _AttrMapping:
+    """The ``attr(key, default)`` view of an attribute mapping that :meth:`Window.read` reads."""
+    attrs: Mapping
+
+    def attr(self, key, default=None):
+        return self.attrs.get(key, default)
+
+
+@dataclass(frozen=True)
 class Window:
     """The sliding-window attributes shared by Conv, ConvTranspose and the pools."""
     kernel: tuple[int, ...]
@@ -141,6 +150,11 @@ class Window:
                       tuple(_ints(src, "pads", [0] * 2 * n)),
                       _str(src, "auto_pad", "NOTSET") or "NOTSET",
                       bool(src.attr("ceil_mode", 0)))
+
+    @staticmethod
+    def from_attrs(attrs: Mapping, kernel: Sequence[int]) -> "Window":
+        """:meth:`read` from a node's or an op's attribute mapping (a rewrite, a kernel generator)."""
+        return Window.read(_AttrMapping(attrs), kernel)
 
     @property
     def rank(self) -> int:
