@@ -174,10 +174,30 @@ def test_nested_floor_and_ceiling_divisions_fold_into_one():
     assert t.decide("==", B * (sympy.floor(sympy.floor(S / 5) / 2) - 1), B * (sympy.floor(S / 10) - 1))
 
 
-@pytest.mark.parametrize("expr", ["floor(2*floor(S/3)/3)", "floor(ceiling(S/3)/2)", "ceiling(floor(S/3)/2)",
-                                  "floor(floor(S/3)/2 + 1/4)"])
+@pytest.mark.parametrize("expr", ["floor(ceiling(S/3)/2)", "ceiling(floor(S/3)/2)",
+                                  "ceiling(floor(ceiling(S/2)/2 + 1/2)/2 + 1/2) - 1", "floor(ceiling(S/2)/4 + 1/4)",
+                                  "floor((ceiling(S/7) + 2*S)/3)"])
+def test_mixed_floor_and_ceiling_divisions_fold_into_one_exact_rounding(expr):
+    # ceiling(u/b) = floor((u + b - 1)/b) for an integer u: the outer rounding takes the inner's kind
+    t, (H,) = table(H=(1, 300))
+    e = sympy.sympify(expr, locals={"S": H})
+    folded = t.canon(e)
+    assert len(folded.atoms(sympy.floor, sympy.ceiling)) == 1, folded
+    for h in range(1, 301):
+        assert t.evaluate(folded, {"H": h}) == int(e.subs(H, h)), (h, folded)
+
+
+def test_same_padded_strided_lengths_reached_two_ways_are_one_expression():
+    # a SAME conv's output after a pool vs the same length on a residual branch (BiT's SAME padding)
+    t, (H,) = table(H=(1, 300))
+    a = sympy.sympify("ceiling(floor(ceiling(S/2)/2 + 1/2)/2 + 1/2) - 1", locals={"S": H})
+    b = sympy.sympify("floor(ceiling(S/2)/4 + 1/4)", locals={"S": H})
+    assert t.canon(a) == t.canon(b)
+
+
+@pytest.mark.parametrize("expr", ["floor(2*floor(S/3)/3)", "floor(floor(S/3)/2 + 1/4)", "ceiling(floor(S/3)/2 + 1/4)"])
 def test_nested_rounding_that_does_not_fold_stays_as_written(expr):
-    # a non-unit numerator, mixed floor/ceiling or a fractional offset: the identity does not hold
+    # a non-unit numerator or a fractional offset: the identity does not hold
     t, (H,) = table(H=(1, 100))
     e = sympy.sympify(expr, locals={"S": H})
     assert t.canon(e) == e

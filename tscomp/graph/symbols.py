@@ -256,10 +256,10 @@ class SymbolTable:
     def simplify(self, expr: Expr) -> Expr:
         """Resolve Min/Max whose outcome the symbol ranges decide, put integer ``Mod`` in the form
         that lets padding arithmetic cancel (:meth:`_resolve_mod`), and fold nested floor or ceiling
-        divisions into one (:func:`fold_nested_rounding`)."""
+        divisions into one (:func:`fold_nested_rounding`; a floor around a ceiling or the reverse by
+        :func:`align_mixed_rounding`)."""
         if expr.has(sympy.floor, sympy.ceiling):
-            expr = expr.replace(lambda e: isinstance(e, (sympy.floor, sympy.ceiling)) and e.args[0].has(type(e)),
-                                fold_nested_rounding)
+            expr = fold_roundings(expr)
             expr = expr.replace(lambda e: isinstance(e, (sympy.floor, sympy.ceiling)), integer_part_outside)
         if expr.has(sympy.Mod):
             expr = expr.replace(lambda e: isinstance(e, sympy.Mod), self._resolve_mod)
@@ -443,6 +443,49 @@ def fold_nested_rounding(e: Expr, positive=lambda b: b.is_Number and b > 0) -> E
         if rest.has(inner) or not sympy.expand(rest * b).is_integer:
             continue
         return rounding(sympy.expand(k * inner.args[0] + rest))
+    return e
+
+
+def fold_roundings(expr: Expr, positive=lambda b: b.is_Number and b > 0) -> Expr:
+    """Nested floor/ceiling divisions folded into one, innermost first, until none folds further
+    (aligning a mixed pair can leave a same-kind pair for the enclosing rounding)."""
+    def fold(e):
+        e = fold_nested_rounding(e, positive) if e.args[0].has(type(e)) else e
+        mixed = isinstance(e, (sympy.floor, sympy.ceiling)) and \
+            e.args[0].has(sympy.ceiling if isinstance(e, sympy.floor) else sympy.floor)
+        return align_mixed_rounding(e, positive) if mixed else e
+    for _ in range(8):
+        folded = expr.replace(lambda e: isinstance(e, (sympy.floor, sympy.ceiling))
+                              and e.args[0].has(sympy.floor, sympy.ceiling), fold)
+        if folded == expr:
+            break
+        expr = folded
+    return expr
+
+
+def align_mixed_rounding(e: Expr, positive=lambda b: b.is_Number and b > 0) -> Expr:
+    """``ceiling(u / b)`` -> ``floor((u + b - 1) / b)`` (and ``floor(u / b)`` -> ``ceiling((u - b +
+    1) / b)``) when the integer-valued ``u`` holds a rounding of the other kind, then folds the two
+    (:func:`fold_nested_rounding`); ``b`` a positive integer. Both identities hold for every integer
+    ``u``. SAME-padded strided layers mix the kinds: ``ceiling(floor(ceiling(H/2)/2 + 1/2)/2 + 1/2) - 1``
+    (a SAME 3x3 stride-2 conv's output after a pool) and ``floor(ceiling(H/2)/4 + 1/4)`` (the same
+    length on a residual branch) are one value, and only one form lets a Reshape's view of one
+    read the other's buffer without division (GroupNorm's reshape back onto the residual's shape)."""
+    rounding = type(e)
+    other = sympy.ceiling if rounding is sympy.floor else sympy.floor
+    arg = sympy.expand(e.args[0])
+    for inner in arg.atoms(other):
+        k = arg.coeff(inner)
+        if k == 0:
+            continue
+        b = 1 / k
+        if not (b.is_integer and positive(b)):
+            continue
+        u = sympy.expand(arg * b)
+        if not u.is_integer:
+            continue
+        shift = b - 1 if rounding is sympy.ceiling else 1 - b
+        return fold_nested_rounding(other(sympy.expand((u + shift) / b)), positive)
     return e
 
 
