@@ -153,6 +153,31 @@ def test_a_row_split_into_runs_of_a_symbolic_size_indexes_each_run_without_divis
     assert ctx.simplify(sympy.Mod(sympy.expand(q * h4) + sympy.floor(s / w4), h4)) == sympy.floor(s / w4)
 
 
+@pytest.mark.parametrize("channels,groups,side", [(32, 8, "ceiling(S/4) - 1"), (64, 8, "ceiling(S/8 + 1/2) - 1"),
+                                                  (6, 3, "floor(S/3)")])
+def test_a_conv_output_viewed_as_groupnorm_groups_and_back_indexes_without_division(channels, groups, side):
+    """A Conv's [N, 32, A, B] output (A, B lengths of SAME-padded strided layers) viewed as
+    GroupNorm's [N, 8, 4*A*B] and back: the channel's group is floor(c/4) and the way back is the
+    identity, although the divisor 4*A*B is a symbolic product (the expanded polynomial's upper bound
+    alone cannot show c*A*B + p < 4*A*B*(floor(c/4) + 1))."""
+    from tscomp.codegen.c_expr import delinearize
+    table = SymbolTable()
+    height = table.new_symbol("height", origin="dim_param", min=32, max=96)
+    width = table.new_symbol("width", origin="dim_param", min=32, max=96)
+    batch = table.new_symbol("batch", origin="dim_param", min=1, max=2)
+    ctx = IndexContext(table)
+    a, b = (sympy.sympify(side, locals={"S": s}) for s in (height, width))
+    positions, per_group = sympy.expand(a * b), channels // groups
+    n, c, p = ctx.var("n", batch), ctx.var("c", channels), ctx.var("p", positions)
+    flat = ctx.simplify(linearize((n, c) + tuple(delinearize(p, (a, b), ctx)), (batch, channels, a, b)))
+    grouped_shape = (batch, groups, per_group * positions)
+    grouped = delinearize(flat, grouped_shape, ctx)
+    assert grouped[:2] == (n, sympy.floor(c / per_group))
+    back = [ctx.simplify(x) for x in reshape_index(grouped, grouped_shape, (batch, channels, a, b), ctx)]
+    assert back == [n, c, sympy.floor(p / b), sympy.Mod(p, b)]
+    assert "ts_" not in "".join(c_index(x, ctx) for x in back)
+
+
 def test_split_axes_index_by_division_and_modulo():
     ctx = IndexContext(SYMS)
     j = ctx.var("j", B * L)

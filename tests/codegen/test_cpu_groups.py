@@ -326,6 +326,34 @@ def test_a_row_over_several_trailing_axes_is_one_flat_vector_loop(tmp_path):
                                "colw": rng.standard_normal((1, 1, 1, w)).astype(np.float32)})
 
 
+def test_an_elementwise_nest_with_a_short_inner_axis_runs_its_trailing_axes_as_one_flat_loop(tmp_path):
+    """[N, C, H, W] with small H, W (a CNN's late stage) and a per-channel scale: [H, W] is one flat
+    simd loop (a loop of W alone is mostly remainder, and QuantizeLinear's division chain ran at its
+    latency: 4x slower), the per-channel constant stays outside it, and nothing divides the flat
+    index; a transposed read keeps the plain nest (it would divide every element)."""
+    C = 8
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Mul", ["X", "scale"], ["xs"]),
+             helper.make_node("QuantizeLinear", ["xs", "qs", "qz"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "qs", "qz"], ["Y"]),
+             helper.make_node("Transpose", ["X"], ["xt"], perm=[0, 1, 3, 2]),
+             helper.make_node("Add", ["xt", "X"], ["T"])]
+    path = save_model(tmp_path, "short_rows", nodes, [("X", TP.FLOAT, ["N", C, "S", "S"])],
+                      [("Y", TP.FLOAT, ["N", C, "S", "S"]), ("T", TP.FLOAT, ["N", C, "S", "S"])],
+                      [const("scale", rng.uniform(0.5, 2, (1, C, 1, 1))), const("qs", 0.05),
+                       const("qz", 128, np.uint8)])
+    cp = CompiledPlan(path, ["N=1:3", "S=1:40"])
+    (quant,), (transposed,) = ([k.source for k in cp.kernels.values() if ("Round" in k.source) == want]
+                               for want in (True, False))
+    flat_loop = quant.split("for (int64_t iflat = 0; iflat < S_*S_; ++iflat) {", 1)
+    assert len(flat_loop) == 2, quant
+    assert "k0[i1]" in flat_loop[0] and "k0[" not in flat_loop[1]       # the channel's scale: once per row
+    assert "/" not in flat_loop[1].split("in0[", 1)[1].split("]")[0]     # the load: no division
+    assert "iflat" not in transposed and "for (int64_t i3 = 0; i3 < S_; ++i3)" in transposed
+    for n, h in [(1, 1), (2, 7), (3, 40), (1, 13)]:
+        check_against_ort(cp, {"X": rng.standard_normal((n, C, h, h)).astype(np.float32) * 4})
+
+
 def test_reductions_over_leading_axes_are_refused(tmp_path):
     path = save_model(tmp_path, "lead", [helper.make_node("ReduceSum", ["X", "axes"], ["Y"], keepdims=1)],
                       [("X", TP.FLOAT, ["R", "N"])], [("Y", TP.FLOAT, [1, "N"])], [const("axes", [0], np.int64)])

@@ -25,6 +25,7 @@ decide is resolved here, otherwise the clamping becomes run-time C (``Piecewise`
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import re
 from typing import Sequence
@@ -370,17 +371,19 @@ class IndexContext:
 
     @staticmethod
     def _recombine(e: sympy.Add) -> sympy.Expr:
-        """``a*floor(x/a) + Mod(x, a)`` is ``x`` (a flat index split and joined again)."""
+        """``k*a*floor(x/a) + k*Mod(x, a)`` is ``k*x`` (a flat index split and joined again; ``k = -1``:
+        a channel ``c`` less its block and lane, ``c - 4*floor(c/4) - Mod(c, 4)``, is 0)."""
         terms = list(e.args)
         for t in list(terms):
-            if isinstance(t, sympy.Mod) and t in terms:
-                x, a = t.args
-                whole = a * sympy.floor(x / a)
+            k, m = t.as_coeff_Mul()
+            if isinstance(m, sympy.Mod) and t in terms:
+                x, a = m.args
+                whole = k * a * sympy.floor(x / a)
                 match = next((u for u in terms if u is not t and (u == whole or sympy.expand(u - whole) == 0)), None)
                 if match is not None:
                     terms.remove(t)
                     terms.remove(match)
-                    terms.append(x)
+                    terms.append(k * x)
         return sympy.Add(*terms) if len(terms) != len(e.args) else e
 
     def _floor(self, arg) -> sympy.Expr:
@@ -414,13 +417,40 @@ class IndexContext:
         -- and the row's divisions leave the innermost loop. None when no such ``c``."""
         coeff, _ = sympy.sympify(m).as_coeff_Mul()
         if not coeff.is_Integer or coeff <= 1:
-            return None
+            return self._symbolic_small_remainder(a, m)
         terms = sympy.Add.make_args(sympy.expand(a))
         for c in sorted(sympy.divisors(int(coeff)), reverse=True)[:-1]:
             whole = [t for t in terms if t.as_coeff_Mul()[0].is_Integer and t.as_coeff_Mul()[0] % c == 0]
             small = sympy.Add(*[t for t in terms if t not in whole])
             if whole and small != 0 and self.below(small, c):
                 return sympy.expand(sympy.Add(*whole) / c), sympy.expand(m / c), small, sympy.Integer(c)
+        return self._symbolic_small_remainder(a, m)
+
+    def _symbolic_small_remainder(self, a, m) -> tuple | None:
+        """:meth:`_small_remainder` where ``c`` is a symbolic factor of ``m``: an image's position
+        count ``P = (ceiling(H/4) - 1)*(ceiling(W/4) - 1)``, when ``a = c*P + p`` (channel ``c``,
+        position ``p < P``) is divided by ``4*P`` (GroupNorm's [N, groups, C/groups * P] view of a
+        Conv's [N, C, P]): ``floor(a / (4*P))`` is ``floor(c / 4)``. The expanded polynomial's upper
+        bound is too loose to show ``c*P + p < 4*P*(c//4 + 1)``; dividing by ``P`` first is exact.
+        Candidates: products of ``m``'s non-numeric factors, most factors first."""
+        m = sympy.sympify(m)
+        if m.is_Number or not sympy.sympify(a).free_symbols & set(self.upper_bounds):
+            return None
+        try:
+            _, factors = sympy.factor_list(m)
+        except (sympy.PolynomialError, sympy.polys.polyerrors.GeneratorsError):
+            return None
+        symbolic = [f for f, k in factors for _ in range(k) if not f.is_Number]
+        for size in range(len(symbolic), 0, -1):
+            for chosen in itertools.combinations(symbolic, size):
+                c = sympy.expand(sympy.Mul(*chosen))
+                whole, small = _divide_out(sympy.expand(a), c)
+                # positive factor by factor: the expanded product's interval is too loose
+                if whole == 0 or small == 0 or not all(self.positive(f) for f in chosen) or not self.below(small, c):
+                    continue
+                b = sympy.cancel(m / c)
+                if sympy.fraction(b)[1] == 1:
+                    return sympy.expand(whole), sympy.expand(b), small, c
         return None
 
     def _mod(self, a, m) -> sympy.Expr:
@@ -438,11 +468,11 @@ class IndexContext:
         keep = [t for t in sympy.Add.make_args(sympy.expand(a)) if sympy.fraction(sympy.cancel(t / m))[1] != 1]
         r = sympy.Add(*keep)
         if r == a and not m.is_Number:   # a multiple spread over terms (k*W + k = k*(W + 1)): divide
-            with contextlib.suppress(sympy.PolynomialError, sympy.polys.polyerrors.PolificationFailed):
-                k, rest = sympy.div(sympy.expand(a), m)
-                if k != 0 and k.is_integer:
-                    r = rest
+            k, rest = _divide_out(sympy.expand(a), m)
+            if k != 0:
+                r = rest
         if r != a:
+            r = self._recombine(r) if isinstance(r, sympy.Add) else r
             return r if self.below(r, m) else sympy.Mod(r, m)
         return e
 
@@ -686,15 +716,29 @@ def _divide_out(r, den) -> tuple:
     Mod terms first, then the symbols: terms that are a multiple of ``den`` only together
     (``w*floor(x/(w+1)) + floor(x/(w+1))`` is ``(w+1)*floor(x/(w+1))``, what a view's index
     composed with its inverse leaves). ``(0, r)`` when nothing divides out."""
-    atoms = sorted(r.atoms(sympy.floor, sympy.Mod), key=sympy.default_sort_key)
+    atoms = sorted(r.atoms(sympy.floor, sympy.ceiling, sympy.Mod) | den.atoms(sympy.floor, sympy.ceiling, sympy.Mod),
+                   key=sympy.default_sort_key)
     gens = atoms + sorted(r.free_symbols | den.free_symbols, key=sympy.default_sort_key)
-    try:
-        q, rest = sympy.div(r, den, *gens)
-    except (sympy.PolynomialError, sympy.polys.polyerrors.GeneratorsError):
-        return sympy.Integer(0), r
-    if q == 0 or not all(c.is_Integer for c in sympy.Poly(q, *gens).coeffs()):
-        return sympy.Integer(0), r
-    return q, sympy.expand(rest)
+
+    def integral(q) -> bool:
+        return q != 0 and all(c.is_Integer for c in sympy.Poly(q, *gens).coeffs())
+    # a full multivariate reduction over the integers first: sympy.div divides recursively in the
+    # first generator and stops at a leading coefficient that does not divide exactly
+    # (4*floor(c/4)*(h - 1) + Mod(c, 4)*(h - 1) + s over h - 1 left the floor's multiple in the
+    # remainder); over the rationals, c*P + 64*n*P + p over 64*P gives c/64 + n
+    for divide in (lambda: _reduce(r, den, gens), lambda: sympy.div(r, den, *gens)):
+        try:
+            q, rest = divide()
+        except (sympy.PolynomialError, sympy.polys.polyerrors.GeneratorsError):
+            continue
+        if integral(q):
+            return q, sympy.expand(rest)
+    return sympy.Integer(0), r
+
+
+def _reduce(r, den, gens) -> tuple:
+    (q,), rest = sympy.reduced(r, [den], *gens, domain=sympy.ZZ)
+    return q, rest
 
 
 def compose(idx: Index, chain: Sequence[tuple[ViewOp, Sequence]], ctx: IndexContext) -> Index:

@@ -649,7 +649,7 @@ class GemmGroupAnalysis:
             pgen.out_c = {"(A)": "Xa"}
             pgen.emit(f"/* A = {' -> '.join(o.op_type for o in g.prologue_epilogue()[0]) or 'a broadcast constant'} over "
                       f"[{', '.join(str(d) for d in ashape)}] */")
-            idx, close = pgen.loops(ashape, "a", "elements")
+            idx, close = pgen.loops(ashape, "a", "elements", reads=[a])
             pgen.store("(A)", a, idx, ashape)
             close()
             pro_text = "\n".join(["    " + d for d in pgen.decls] + pgen.root.render(1))

@@ -73,6 +73,11 @@ ARG_OPS = {"ArgMax": ">", "ArgMin": "<"}
 
 #: loop nests over fewer elements than this run on one thread (no OpenMP fork/join)
 PARALLEL_MIN_ELEMENTS = 1 << 15
+#: an elementwise nest whose innermost axis may be shorter than this joins trailing axes into one
+#: simd loop where every read stays a unit-stride run (:meth:`GroupGenerator.flat_trailing_axes`)
+SHORT_INNER_AXIS = 64
+#: ... until the joined run is at least this long
+LONG_SIMD_RUN = 256
 
 #: heavy ops a row kernel implements, by how they reduce
 ROW_OPS = (*ROW_KERNEL_OPS, *REDUCTIONS)
@@ -316,18 +321,23 @@ class GroupGenerator:
             self.pop()
 
     def loops(self, shape, stem: str, mode: str, *, reductions: tuple[str, ...] = (), work=None,
-              sequential: bool = False):
+              sequential: bool = False, reads=()):
         """Open a loop nest over the non-1 axes of ``shape``; returns (index tuple, closer).
 
         ``mode`` "elements": the outer axes collapsed into one parallel loop (static blocks), the
-        innermost a simd loop; "rows": every axis collapsed into one parallel loop (the body holds
-        the row loops); "row": one simd loop nest (with ``reductions`` over the whole nest)."""
+        innermost a simd loop -- or, given the expressions the body ``reads`` at the nest's index,
+        several trailing axes as one flat simd loop (:meth:`flat_trailing_axes`); "rows": every
+        axis collapsed into one parallel loop (the body holds the row loops); "row": one simd loop
+        nest (with ``reductions`` over the whole nest)."""
         dims = list(shape)
         axes = [k for k, d in enumerate(dims) if d != 1]
         idx = [sympy.Integer(0)] * len(dims)
         for k in axes:
             idx[k] = self.ctx.var(f"{stem}{k}", dims[k])
         cond = f" if(parallel: {self.c(work if work is not None else numel(dims))} > {PARALLEL_MIN_ELEMENTS})"
+        joined = self.flat_trailing_axes(dims, axes, reads, stem) if mode == "elements" and reads else 1
+        if joined > 1:
+            return self._flat_elements_loop(dims, axes, joined, idx, stem, cond)
         par = axes[:-1] if mode == "elements" else axes if mode == "rows" else []
         simd = axes[len(par):] if mode != "rows" else []
         if not axes:
@@ -355,6 +365,83 @@ class GroupGenerator:
 
         def close():
             for _ in nests:
+                self.pop()
+        return tuple(idx), close
+
+    def flat_trailing_axes(self, dims, axes, reads, stem: str) -> int:
+        """How many trailing axes of an elementwise nest run as one flat simd loop: 1 unless the
+        innermost axis may be shorter than :data:`SHORT_INNER_AXIS` (a CNN's [N, C, 7, 7]: a simd
+        loop of 7 is all remainder, and a chain of divisions -- QuantizeLinear's -- runs at its
+        latency, not its throughput); then as many as keep every read of ``reads`` a unit-stride
+        run of the flat index (no division or modulo of it: a per-channel scale stays outside),
+        until the run is at least :data:`LONG_SIMD_RUN` long."""
+        if len(axes) < 2 or self.symtab.bounds(dims[axes[-1]])[0] >= SHORT_INNER_AXIS:
+            return 1
+        joined = 1
+        for k in range(2, len(axes) + 1):
+            if not self._reads_unit_stride(dims, axes[-k:], reads, stem):
+                break
+            joined = k
+            if self.symtab.bounds(numel([dims[a] for a in axes[-k:]]))[0] >= LONG_SIMD_RUN:
+                break
+        return joined
+
+    def _reads_unit_stride(self, dims, flat_axes, reads, stem: str) -> bool:
+        """Whether every leaf read of ``reads`` (inputs, constant arrays), with ``flat_axes``
+        delinearized from one flat index, addresses memory without dividing that index."""
+        extents = [dims[a] for a in flat_axes]
+        flat = self.ctx.var(f"{stem}flat", numel(extents))
+        idx = [self.ctx.var(f"{stem}{k}", d) if d != 1 else sympy.Integer(0) for k, d in enumerate(dims)]
+        for a, part in zip(flat_axes, delinearize(flat, extents, self.ctx)):
+            idx[a] = part
+        offsets: list = []
+        if not all(self._leaf_offsets(e, tuple(idx), offsets) for e in reads):
+            return False
+        return not any(a.has(flat) for off in offsets for a in sympy.sympify(off).atoms(sympy.floor, sympy.Mod))
+
+    def _leaf_offsets(self, e: Expr, idx, out: list) -> bool:
+        """Append the offsets at which ``e`` read at ``idx`` reads its inputs and constant arrays
+        (as :meth:`_value` would address them); False through anything not read at its own element
+        (a gather, a heavy op)."""
+        idx = tuple(self.ctx.simplify(sympy.sympify(i)) for i in idx)
+        if isinstance(e, Input):
+            out.append(self.ctx.collapse(self.ctx.simplify(linearize(idx, self.shape(e)))))
+            return True
+        if isinstance(e, Const):
+            val = np.asarray(e.value)
+            if val.size > 1:
+                out.append(self.ctx.simplify(linearize(idx[len(idx) - val.ndim:], val.shape)))
+            return True
+        if isinstance(e, View):
+            return self._leaf_offsets(e.src, view_index(idx, self.canon_view(e), self.shape(e.src), self.ctx), out)
+        if not isinstance(e, Op) or e.heavy or e.op_type in self._GATHERING:
+            return False
+        shape = self.shape(e)
+        return all(a is None or self._leaf_offsets(a, broadcast_index(idx, shape, self.shape(a)), out) for a in e.args)
+
+    def _flat_elements_loop(self, dims, axes, joined: int, idx, stem: str, cond: str):
+        """The "elements" nest with its last ``joined`` axes as one flat simd loop (each axis's index
+        delinearized from it; the reads collapse back to the flat index), the others one collapsed
+        parallel loop -- or, joining every axis, one ``parallel for simd`` loop."""
+        par, flat_axes = axes[:-joined], axes[-joined:]
+        extents = [dims[a] for a in flat_axes]
+        flat = self.ctx.var(f"{stem}flat", numel(extents))
+        blocks = 0
+        if par:
+            collapse = f" collapse({len(par)})" if len(par) > 1 else ""
+            head = [(f"#pragma omp parallel for{collapse} schedule(static){cond}", 0)] + \
+                [(f"for (int64_t {idx[k]} = 0; {idx[k]} < {self.c(dims[k])}; ++{idx[k]}) {{", n) for n, k in enumerate(par)]
+            self.push(_Block(head, [("}", n) for n in reversed(range(len(par)))]), [idx[k] for k in par])
+            blocks += 1
+        pragma = "#pragma omp simd" if par else f"#pragma omp parallel for simd schedule(static){cond}"
+        self.push(_Block([(pragma, 0), (f"for (int64_t {flat} = 0; {flat} < {self.c(numel(extents))}; ++{flat}) {{", 0)],
+                         [("}", 0)]), [flat])
+        blocks += 1
+        for a, part in zip(flat_axes, delinearize(flat, extents, self.ctx)):
+            idx[a] = part
+
+        def close():
+            for _ in range(blocks):
                 self.pop()
         return tuple(idx), close
 
@@ -915,7 +1002,8 @@ class GroupGenerator:
     # ------------------------------------------------------------------ kernels
     def store(self, name: str, e: Expr, idx, shape) -> None:
         v = self.value(e, idx)
-        self.emit(f"{self.out_c[name]}[{self.c(linearize(idx, shape))}] = {v};")
+        off = self.ctx.collapse(self.ctx.simplify(linearize(idx, shape)))   # a flat nest's index joins back
+        self.emit(f"{self.out_c[name]}[{self.c(off)}] = {v};")
 
     def gen_elementwise(self) -> list[str]:
         heavy = [o for o in self.group.ops() if o.heavy]
@@ -934,7 +1022,7 @@ class GroupGenerator:
         for shape, names in by_shape:
             self.emit(f"/* {', '.join(self.out_c[n] for n in names)}: one element per iteration over "
                       f"[{', '.join(str(d) for d in shape)}] */")
-            idx, close = self.loops(shape, "i", "elements")
+            idx, close = self.loops(shape, "i", "elements", reads=[self.group.outputs[n] for n in names])
             for name in names:
                 self.store(name, self.group.outputs[name], idx, shape)
             close()
