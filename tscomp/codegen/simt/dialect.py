@@ -59,6 +59,9 @@ TS_DEVICE int64_t ts_mod(int64_t a, int64_t b)
 { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 TS_DEVICE int64_t ts_min(int64_t a, int64_t b) { return a < b ? a : b; }
 TS_DEVICE int64_t ts_max(int64_t a, int64_t b) { return a > b ? a : b; }
+/* a division by a constant (the CPU C's FMA-corrected product, codegen.c_expr.QUOTIENT_HELPER):
+   the device's own correctly rounded division */
+#define ts_quotient(x, s, r) ((x) / (s))
 /* a data-dependent index checked against [0, extent) (negative counts from the end); the first
    failing thread records (check + 1, value, position, extent) in the kernel's error record and the
    lookup reads element 0 instead */

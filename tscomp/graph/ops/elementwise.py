@@ -299,6 +299,13 @@ def _c_pow(args, attrs, dtypes: CTypes):
 def _c_div(args, attrs, dtypes: CTypes):
     a, b = args
     if dtypes.args[0].kind == "f":
+        divisor = c_literal_value(b) if dtypes.args[0] == np.float32 and dtypes.args[1] == np.float32 else None
+        if divisor is not None:
+            s = np.float32(divisor)
+            if 2.0 ** -100 <= abs(float(s)) <= 2.0 ** 100:   # 1/s and the remainders stay normal
+                # by a constant: a product and two FMA corrections, the division's exact result
+                # (codegen.c_expr.QUOTIENT_HELPER); a QDQ model's every QuantizeLinear
+                return f"ts_quotient({a}, {b}, {_c_float(float(np.float32(1) / s), np.dtype(np.float32))})"
         return f"({a} / {b})"
     return f"({b} == 0 ? 0 : {a} / {b})"  # C truncates toward zero, as ONNX's integer Div
 
