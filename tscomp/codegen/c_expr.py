@@ -187,7 +187,10 @@ static inline float ts_quotient(float x, float s, float r)
     const float q0 = x * r;
     const float q1 = fmaf(fmaf(-q0, s, x), r, q0);
     const float q2 = fmaf(fmaf(-q1, s, x), r, q1);
-    return (q2 != q2 || q0 == 0.0f) ? q0 : q2;
+    /* the product where it is exact already (0 keeps its sign) or not finite (an infinite x made
+       the remainder NaN); written without `q2 != q2`, which kept GCC from vectorizing the loops
+       this is inlined into */
+    return (q0 == 0.0f || !(fabsf(q0) <= 3.40282347e38f)) ? q0 : q2;
 }
 """
 
