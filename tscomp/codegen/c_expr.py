@@ -159,7 +159,8 @@ static inline float ts_tanhf(float x)
     q = q * x2 + 2.26843463243900e-03f;
     q = q * x2 + 4.89352518554385e-03f;
     const float y = xc * p / q;
-    return (x < 0 ? -x : x) < 0.0004f ? x : y;
+    return fabsf(x) < 0.0004f ? x : y;   /* not (x < 0 ? -x : x) < c: GCC made that a select of two
+                                               comparisons, which kept whole loops from vectorizing */
 }
 #define tanhf(x) ts_tanhf(x)
 """
