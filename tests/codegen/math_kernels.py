@@ -15,17 +15,18 @@ from tscomp.codegen.c_expr import PRELUDE, math_helpers
 
 
 @functools.cache
-def elementwise_library(call: str, helper: str):
-    """``(library path, run)``: ``run(x)`` returns ``call(x[i])`` for every element of ``x``
-    (float32), computed by ``void <call>_all(x, y, n)``, whose source must have pulled in ``helper``
-    (the vectorizable function the call is redirected to: checked). Built once per process."""
+def elementwise_library(call: str, helper: str, expr: str | None = None):
+    """``(library path, run)``: ``run(x)`` returns ``call(x[i])`` (or the C ``expr`` of ``x[i]``) for
+    every element of ``x`` (float32), computed by ``void <call>_all(x, y, n)``, whose source must
+    have pulled in ``helper`` (the vectorizable function the call is redirected to: checked). Built
+    once per process."""
     func = f"{call}_all"
     body = f"""
 void {func}(const float* restrict x, float* restrict y, int64_t n)
 {{
     #pragma omp simd
     for (int64_t i = 0; i < n; ++i)
-        y[i] = {call}(x[i]);
+        y[i] = {expr or f"{call}(x[i])"};
 }}
 """
     source = PRELUDE + math_helpers(body) + body

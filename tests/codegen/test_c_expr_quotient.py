@@ -6,13 +6,10 @@ float whose quotient rounds near a half (the ties QuantizeLinear's Round sees) a
 magnitudes, for scales from quantized models and awkward ones."""
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 
-from tscomp.codegen.build import build_library, load_library
-from tscomp.codegen.c_expr import PRELUDE, math_helpers
+from tests.codegen.math_kernels import elementwise_library
 from tscomp.graph.ops.elementwise import _c_div, _c_float
 from tscomp.graph.ops.registry import CTypes
 
@@ -23,25 +20,7 @@ def _divider(scale: np.float32):
     """``run(x)``: the generated C of ``x / scale`` (the registry's Div template), per element."""
     expr = _c_div(["x[i]", _c_float(float(scale), F32)], {}, CTypes(F32, (F32, F32)))
     assert expr.startswith("ts_quotient("), expr
-    body = f"""
-void divide_all(const float* restrict x, float* restrict y, int64_t n)
-{{
-    #pragma omp simd
-    for (int64_t i = 0; i < n; ++i)
-        y[i] = {expr};
-}}
-"""
-    source = PRELUDE + math_helpers(body) + body
-    fn = getattr(load_library(build_library(source, "divide_all")), "divide_all")
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-
-    def run(x):
-        x = np.ascontiguousarray(x, np.float32)
-        y = np.empty_like(x)
-        fn(x.ctypes.data, y.ctypes.data, x.size)
-        return y
-    return run
+    return elementwise_library(f"divide_{float(scale)!r}".replace(".", "_").replace("-", "m"), "ts_quotient", expr)[1]
 
 
 def _near_ties(scale: np.float32, rng) -> np.ndarray:

@@ -432,18 +432,24 @@ def fold_nested_rounding(e: Expr, positive=lambda b: b.is_Number and b > 0) -> E
     ranges (``floor(height/4)`` as the divisor)."""
     rounding = type(e)
     arg = sympy.expand(e.args[0])
-    for inner in arg.atoms(rounding):
+    for inner, b in _roundings_over_integers(arg, rounding, positive):
+        rest = sympy.expand(arg - inner / b)
+        if rest.has(inner) or not sympy.expand(rest * b).is_integer:
+            continue
+        return rounding(sympy.expand(inner.args[0] / b + rest))
+    return e
+
+
+def _roundings_over_integers(arg: Expr, kind, positive):
+    """``(inner, b)`` for each rounding ``inner`` of ``kind`` that ``arg`` holds as ``inner / b``, ``b``
+    a positive integer."""
+    for inner in arg.atoms(kind):
         k = arg.coeff(inner)
         if k == 0:
             continue
         b = 1 / k
-        if not (b.is_integer and positive(b)):
-            continue
-        rest = sympy.expand(arg - k * inner)
-        if rest.has(inner) or not sympy.expand(rest * b).is_integer:
-            continue
-        return rounding(sympy.expand(k * inner.args[0] + rest))
-    return e
+        if b.is_integer and positive(b):
+            yield inner, b
 
 
 def fold_roundings(expr: Expr, positive=lambda b: b.is_Number and b > 0) -> Expr:
@@ -474,13 +480,7 @@ def align_mixed_rounding(e: Expr, positive=lambda b: b.is_Number and b > 0) -> E
     rounding = type(e)
     other = sympy.ceiling if rounding is sympy.floor else sympy.floor
     arg = sympy.expand(e.args[0])
-    for inner in arg.atoms(other):
-        k = arg.coeff(inner)
-        if k == 0:
-            continue
-        b = 1 / k
-        if not (b.is_integer and positive(b)):
-            continue
+    for _, b in _roundings_over_integers(arg, other, positive):
         u = sympy.expand(arg * b)
         if not u.is_integer:
             continue
