@@ -179,9 +179,9 @@ QUOTIENT_HELPER = """\
    remainder x - q*s (Markstein's iteration), equal to the division for every |x| >= 2^-92 (checked
    over every float whose quotient is below 7e4 in magnitude and 2^28 spread ones, for 24 scales
    from 1e-9 to 60: benchmarks/quotient_exhaustive.py), within 2 ulp below that, where the
-   remainder underflows; infinities, NaN and
-   a zero's sign as the division. A vector division issues at about a tenth of the FMA rate, and
-   QuantizeLinear divides every element of a QDQ model's activations by its scale */
+   remainder underflows; infinities, NaN and a zero's sign as the division. A vector division
+   issues at about a tenth of the FMA rate, and QuantizeLinear divides every element of a QDQ
+   model's activations by its scale */
 #pragma omp declare simd uniform(s, r) notinbranch
 static inline float ts_quotient(float x, float s, float r)
 {
@@ -467,10 +467,12 @@ class IndexContext:
         symbolic = [f for f, k in factors for _ in range(k) if not f.is_Number]
         for size in range(len(symbolic), 0, -1):
             for chosen in itertools.combinations(symbolic, size):
+                # positive factor by factor: the expanded product's interval is too loose
+                if not all(self.positive(f) for f in chosen):
+                    continue
                 c = sympy.expand(sympy.Mul(*chosen))
                 whole, small = _divide_out(sympy.expand(a), c)
-                # positive factor by factor: the expanded product's interval is too loose
-                if whole == 0 or small == 0 or not all(self.positive(f) for f in chosen) or not self.below(small, c):
+                if whole == 0 or small == 0 or not self.below(small, c):
                     continue
                 b = sympy.cancel(m / c)
                 if sympy.fraction(b)[1] == 1:

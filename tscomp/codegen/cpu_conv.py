@@ -831,9 +831,9 @@ def x_prologue_function(plan: Plan, group: Group, x: Expr, xshape: tuple, counte
     gen.counter = counter            # one namespace with the epilogue's generated names
     if np.dtype(x.dtype) != np.float32:
         gen.fail(f"the Conv input is {np.dtype(x.dtype)}, only float32")
+    gen.out_c = {"(X)": "ts_xa"}
     idx, close = gen.loops(xshape, "a", "elements", reads=[x])
-    v = gen.value(x, idx)
-    gen.emit(f"ts_xa[{gen.c(gen.ctx.collapse(gen.ctx.simplify(linearize(idx, xshape))))}] = {v};")
+    gen.store("(X)", x, idx, xshape)
     close()
     if gen.index_checks or gen.scratch:
         gen.fail("a data-dependent index or a row buffer in a Conv prologue")

@@ -335,10 +335,8 @@ class GroupGenerator:
         for k in axes:
             idx[k] = self.ctx.var(f"{stem}{k}", dims[k])
         cond = f" if(parallel: {self.c(work if work is not None else numel(dims))} > {PARALLEL_MIN_ELEMENTS})"
-        joined = self.flat_trailing_axes(dims, axes, reads, stem) if mode == "elements" and reads else 1
-        if joined > 1:
-            return self._flat_elements_loop(dims, axes, joined, idx, stem, cond)
-        par = axes[:-1] if mode == "elements" else axes if mode == "rows" else []
+        joined = self.flat_trailing_axes(dims, axes, reads, idx, stem) if mode == "elements" and reads else 1
+        par = axes[:-joined] if mode == "elements" else axes if mode == "rows" else []
         simd = axes[len(par):] if mode != "rows" else []
         if not axes:
             self.push(_Block([("{", 0)], [("}", 0)]))
@@ -346,6 +344,10 @@ class GroupGenerator:
         nests = []   # (pragma, axes) per block: the collapsed parallel loops, then the simd loop(s)
         if mode == "row" and simd and not sequential:
             return self._flat_row_loop(dims, simd, idx, stem, reductions)
+        # joined trailing axes: one flat loop, each axis's index delinearized from it (the reads
+        # collapse back to the flat index)
+        simd_extent = numel([dims[k] for k in simd])
+        flat = self.ctx.var(f"{stem}flat", simd_extent) if joined > 1 else None
         if mode == "elements" and not par:
             nests.append((f"#pragma omp parallel for simd schedule(static){cond}", simd))
         else:
@@ -353,22 +355,26 @@ class GroupGenerator:
                 collapse = f" collapse({len(par)})" if len(par) > 1 else ""
                 nests.append((f"#pragma omp parallel for{collapse} schedule(static){cond}", par))
             if simd:
-                collapse = f" collapse({len(simd)})" if len(simd) > 1 else ""
+                collapse = f" collapse({len(simd)})" if len(simd) > 1 and flat is None else ""
                 nests.append((f"#pragma omp simd{collapse}{''.join(f' reduction({r})' for r in reductions)}"
                               if not sequential else "/* in order: an arg reduction keeps the first/last index */",
                               simd))
         for pragma, nest in nests:
-            head = [(pragma, 0)] + [(f"for (int64_t {idx[k]} = 0; {idx[k]} < {self.c(dims[k])}; ++{idx[k]}) {{", n)
-                                    for n, k in enumerate(nest)]
-            tail = [("}", n) for n in reversed(range(len(nest)))]
-            self.push(_Block(head, tail), [idx[k] for k in nest])
+            bounds = [(flat, simd_extent)] if flat is not None and nest is simd else [(idx[k], dims[k]) for k in nest]
+            head = [(pragma, 0)] + [(f"for (int64_t {v} = 0; {v} < {self.c(d)}; ++{v}) {{", n)
+                                    for n, (v, d) in enumerate(bounds)]
+            tail = [("}", n) for n in reversed(range(len(bounds)))]
+            self.push(_Block(head, tail), [v for v, _ in bounds])
+        if flat is not None:
+            for k, part in zip(simd, delinearize(flat, [dims[k] for k in simd], self.ctx)):
+                idx[k] = part
 
         def close():
             for _ in nests:
                 self.pop()
         return tuple(idx), close
 
-    def flat_trailing_axes(self, dims, axes, reads, stem: str) -> int:
+    def flat_trailing_axes(self, dims, axes, reads, idx, stem: str) -> int:
         """How many trailing axes of an elementwise nest run as one flat simd loop: 1 unless the
         innermost axis may be shorter than :data:`SHORT_INNER_AXIS` (a CNN's [N, C, 7, 7]: a simd
         loop of 7 is all remainder, and a chain of divisions -- QuantizeLinear's -- runs at its
@@ -379,19 +385,19 @@ class GroupGenerator:
             return 1
         joined = 1
         for k in range(2, len(axes) + 1):
-            if not self._reads_unit_stride(dims, axes[-k:], reads, stem):
+            if not self._reads_unit_stride(dims, axes[-k:], reads, idx, stem):
                 break
             joined = k
             if self.symtab.bounds(numel([dims[a] for a in axes[-k:]]))[0] >= LONG_SIMD_RUN:
                 break
         return joined
 
-    def _reads_unit_stride(self, dims, flat_axes, reads, stem: str) -> bool:
-        """Whether every leaf read of ``reads`` (inputs, constant arrays), with ``flat_axes``
-        delinearized from one flat index, addresses memory without dividing that index."""
+    def _reads_unit_stride(self, dims, flat_axes, reads, idx, stem: str) -> bool:
+        """Whether every leaf read of ``reads`` (inputs, constant arrays), with ``flat_axes`` of the
+        nest's index ``idx`` delinearized from one flat index, addresses memory without dividing it."""
         extents = [dims[a] for a in flat_axes]
         flat = self.ctx.var(f"{stem}flat", numel(extents))
-        idx = [self.ctx.var(f"{stem}{k}", d) if d != 1 else sympy.Integer(0) for k, d in enumerate(dims)]
+        idx = list(idx)
         for a, part in zip(flat_axes, delinearize(flat, extents, self.ctx)):
             idx[a] = part
         offsets: list = []
@@ -418,32 +424,6 @@ class GroupGenerator:
             return False
         shape = self.shape(e)
         return all(a is None or self._leaf_offsets(a, broadcast_index(idx, shape, self.shape(a)), out) for a in e.args)
-
-    def _flat_elements_loop(self, dims, axes, joined: int, idx, stem: str, cond: str):
-        """The "elements" nest with its last ``joined`` axes as one flat simd loop (each axis's index
-        delinearized from it; the reads collapse back to the flat index), the others one collapsed
-        parallel loop -- or, joining every axis, one ``parallel for simd`` loop."""
-        par, flat_axes = axes[:-joined], axes[-joined:]
-        extents = [dims[a] for a in flat_axes]
-        flat = self.ctx.var(f"{stem}flat", numel(extents))
-        blocks = 0
-        if par:
-            collapse = f" collapse({len(par)})" if len(par) > 1 else ""
-            head = [(f"#pragma omp parallel for{collapse} schedule(static){cond}", 0)] + \
-                [(f"for (int64_t {idx[k]} = 0; {idx[k]} < {self.c(dims[k])}; ++{idx[k]}) {{", n) for n, k in enumerate(par)]
-            self.push(_Block(head, [("}", n) for n in reversed(range(len(par)))]), [idx[k] for k in par])
-            blocks += 1
-        pragma = "#pragma omp simd" if par else f"#pragma omp parallel for simd schedule(static){cond}"
-        self.push(_Block([(pragma, 0), (f"for (int64_t {flat} = 0; {flat} < {self.c(numel(extents))}; ++{flat}) {{", 0)],
-                         [("}", 0)]), [flat])
-        blocks += 1
-        for a, part in zip(flat_axes, delinearize(flat, extents, self.ctx)):
-            idx[a] = part
-
-        def close():
-            for _ in range(blocks):
-                self.pop()
-        return tuple(idx), close
 
     def _flat_row_loop(self, dims, axes, idx, stem: str, reductions):
         """A row over its trailing axes (one or several) as one flat simd loop, each axis's index
