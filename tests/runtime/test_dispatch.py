@@ -277,3 +277,67 @@ def test_the_home_variant_serves_every_shape_where_another_wins_by_less_than_a_s
     # a copy surcharge adds to the switch charge
     surcharge, margin = switch_charges(costs, 0, np.array([0.0, 50 * us]))
     assert list(charged_choice(costs, surcharge, margin)) == [0, 0, 0, 0, 1]
+
+
+class _RowTiles:
+    """A stand-in kernel whose task classes read an output's rows, its columns and their product
+    (as the Winograd and depthwise Conv classes do): tiles of ``tile`` x ``width`` positions, one
+    task each; one measured time per wave."""
+    family = "row-tiles"
+    samples = ()
+    t_wave = 1e-6
+
+    def __init__(self, symtab, tile: int, width: int):
+        self.symtab, self.tile, self.width = symtab, tile, width
+
+    def resources(self):
+        return {}
+
+    @staticmethod
+    def classes(k, ev, threads):
+        rows, cols, positions = ev(k.rows), ev(k.cols), ev(k.rows * k.cols)
+        return [(-(-rows // k.tile) * -(-cols // k.width), positions * 0 + k.tile * k.width)]
+
+
+def test_a_key_extent_that_is_a_product_of_others_is_computed_per_cell_not_made_a_table_axis(monkeypatch):
+    """A Conv's task classes may read its output rows, its columns and their product: the table is
+    indexed by the rows and columns alone (the product computed per cell), so a 32..448 image gets
+    a table of 105 x 105 cells instead of a grid with the product as a third axis (105 x 105 x
+    12,481, too large to make, which left ResNet-50's 3x3 Convs picked in Python at every new image
+    size), and the table's pick is the wave model's at every cell."""
+    import sympy
+
+    from tscomp.graph.symbols import SymbolTable
+    from tscomp.runtime import dispatch, wave
+    from tscomp.schedule.target import host_cpu
+
+    symtab = SymbolTable()
+    h = symtab.new_symbol("height", origin="test", min=32, max=448)
+    w = symtab.new_symbol("width", origin="test", min=32, max=448)
+    rows, cols = sympy.floor((h + 3) / 4), sympy.floor((w + 3) / 4)
+    monkeypatch.setitem(wave.CLASSES, _RowTiles.family, _RowTiles.classes)
+    variants = [_RowTiles(symtab, tile, width) for tile, width in ((4, 16), (7, 8))]
+    for k in variants:
+        k.rows, k.cols = rows, cols
+    key = dispatch.dispatch_key(variants, symtab)
+    assert key is not None and set(key.exprs) == {symtab.canon(rows), symtab.canon(cols)}
+    assert key.cells == 105 * 105
+    target = host_cpu(threads=2)
+    tables = dispatch.build_tables({"g": variants}, symtab, target)
+    table = tables["g"]
+    assert len(set(table.choice.reshape(-1).tolist())) == 2       # the picks differ across the image sizes
+    for hv in (32, 33, 97, 211, 448):
+        for wv in (32, 61, 448):
+            binding = {"height": hv, "width": wv}
+            want = pick_variant(variants, binding, target, table.surcharge, table.margin)
+            assert variants[table.pick(binding)] is want, binding
+
+
+def test_table_axes_keep_rounded_and_foreign_extents_and_drop_integer_polynomials_of_the_others():
+    import sympy
+
+    from tscomp.runtime.dispatch import _table_axes
+
+    a, b, c = sympy.symbols("a b c", positive=True, integer=True)
+    assert set(_table_axes([a, b, a * b, 2 * a + b * b - 1])) == {a, b}
+    assert set(_table_axes([a, sympy.floor(a / 2), a * c])) == {a, sympy.floor(a / 2), a * c}
