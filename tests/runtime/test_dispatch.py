@@ -196,7 +196,8 @@ def test_a_model_that_fits_the_last_level_cache_keeps_a_second_copy_only_for_a_l
 
     def compile_with_llc(l3: int):
         variants = [_Copying(np.zeros(1024, np.float32)), _Copying(np.zeros(1024, np.float32))]
-        dropped, worth = dispatch.drop_unworthy_copies({"g": variants}, None, SimpleNamespace(spec=SimpleNamespace(l3=l3)))
+        dropped, worth = dispatch.drop_unworthy_copies({"g": variants}, None,
+                                                       SimpleNamespace(spec=SimpleNamespace(llc_share=l3)))
         return len(variants), dropped, worth
 
     assert compile_with_llc(1024) == (2, {}, dispatch.COPY_WORTH)                    # 8 KiB of copies > the cache

@@ -20,9 +20,26 @@ def plan_with_constants(*sizes):
 
 def test_a_model_is_resident_when_its_constants_fit_the_last_level_cache():
     target = host_cpu(2)
-    l3_floats = target.spec.l3 // 4
+    l3_floats = target.spec.llc_share // 4
     assert resident(plan_with_constants(l3_floats // 4, l3_floats // 4), target)
     assert not resident(plan_with_constants(l3_floats, 16), target)
+
+
+def test_a_model_counts_on_at_most_its_threads_share_of_a_large_shared_l3():
+    """An L3 is shared with the socket's other cores: 100 MB of weights are not cached between
+    requests on 2 threads of a CPU reporting 480 MiB of L3, and are on 16 threads of it."""
+    import dataclasses
+
+    from tscomp.schedule.target import LLC_SHARE_PER_CORE
+
+    spec = dataclasses.replace(host_cpu(2).spec, l3=480 << 20, cores=2)
+    target = dataclasses.replace(host_cpu(2), spec=spec)
+    assert spec.llc_share == 2 * LLC_SHARE_PER_CORE < spec.l3
+    assert not resident(plan_with_constants(25_000_000), target)
+    wide = dataclasses.replace(target, spec=dataclasses.replace(spec, cores=16))
+    assert resident(plan_with_constants(25_000_000), wide)
+    small_l3 = dataclasses.replace(spec, l3=4 << 20)
+    assert small_l3.llc_share == 4 << 20          # never more than the L3 itself
 
 
 def test_kernels_with_equal_packed_panels_share_a_data_key_and_others_do_not():

@@ -260,8 +260,8 @@ def _home_copy(variants: list, costs: np.ndarray) -> tuple | None:
 
 def _resident(kernels: dict[str, list], homes: dict, target: Target) -> bool:
     """Whether the model's home copies (a table's home, every other group's copies) fit in the
-    target's last level cache together; False for targets without one (GPUs)."""
-    capacity = getattr(target.spec, "l3", 0)
+    target's share of the last level cache together; False for targets without one (GPUs)."""
+    capacity = getattr(target.spec, "llc_share", 0)
     if not capacity:
         return False
     sizes: dict[tuple, int] = {}

@@ -109,11 +109,11 @@ def rotation(candidate, nbytes: int) -> Rotation | None:
 
 
 def resident(plan, target: Target) -> bool:
-    """The plan's constant data fits in the target's last-level cache (so it stays cached between
-    requests, and a variant that reads other bytes pays for them)."""
+    """The plan's constant data fits in the target's share of the last-level cache (so it stays
+    cached between requests, and a variant that reads other bytes pays for them)."""
     if not isinstance(target.spec, CpuSpec):
         return False
-    return _constant_bytes(plan) <= target.spec.l3
+    return _constant_bytes(plan) <= target.spec.llc_share
 
 
 def data_key(kernel) -> tuple[str, int] | None:
