@@ -126,7 +126,7 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
     blocked = block_conv_chains(plan, choices, schedules, target)
     kernels = build_kernels(plan, choices, schedules, target, progress)
     measure_for_dispatch(plan, kernels, target.threads, evict_bytes(plan, target))
-    dropped, worth = drop_unworthy_copies(kernels, plan.graph.symbols, target)
+    dropped, copy_rule = drop_unworthy_copies(kernels, plan.graph.symbols, target)
     if progress:
         progress(len(plan.groups), len(plan.groups), "done")
     model = CompiledModel(plan, kernels, target, schedules, source_model=source_model,
@@ -136,7 +136,7 @@ def compile_plan(plan: Plan, *, tuning: TuningOptions | None = None, max_variant
                            f"in blocks of {blocked[0].lanes} channels (no transposes around them)")
     if dropped:
         model.notes.append(f"packed weights: one copy of the weight in {len(dropped)} group(s) whose other "
-                           f"register-tile widths gained < {worth:.0%} ({sum(dropped.values()) / 2**20:.1f} MiB "
+                           f"register-tile widths gained {copy_rule.describe()} ({sum(dropped.values()) / 2**20:.1f} MiB "
                            f"of panels not made at load)")
     return model
 

@@ -99,7 +99,13 @@ def test_the_task_count_follows_the_kernels_own_split():
     assert tile_grid(1, 1, 64, cfg)[2:] == (1, 1, 1)
 
 
-def test_a_compiled_model_carries_the_strategy_through_the_host_program_and_an_artifact(tmp_path):
+def test_a_compiled_model_carries_the_strategy_through_the_host_program_and_an_artifact(tmp_path, monkeypatch):
+    from tscomp.runtime import dispatch
+
+    # every packed copy kept: on this small model the Winograd copy may not repay its memory by the
+    # copy rule (dispatch.worthwhile_copies), and this test is about carrying it through
+    monkeypatch.setattr(dispatch, "COPY_WORTH", -1.0)
+    monkeypatch.setattr(dispatch, "COPY_WORTH_RESIDENT", -1.0)
     path = tmp_path / "m.onnx"
     spatial = _model(path, [("a", 32, (3, 3), dict(pads=[1, 1, 1, 1]), ("bn", "relu", "res"))], channels=32,
                      residual=["batch", 32, "H", "W"])

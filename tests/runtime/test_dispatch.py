@@ -182,6 +182,26 @@ def test_a_second_packed_copy_is_kept_only_where_its_variants_gain_enough():
     assert COPY_WORTH > 0
 
 
+def test_a_copy_much_faster_at_a_few_shapes_is_kept_unless_the_model_stays_cached():
+    """A copy 2x faster at one cell of 64 gains ~1% on average: below COPY_WORTH, but without it
+    that shape runs twice as slow, past COPY_WORST_LOSS, so a model that streams its weights keeps
+    it; a resident one (every switch between copies re-reads one) does not."""
+    from tscomp.runtime.dispatch import COPY_WORST_LOSS, COPY_WORTH, copy_rule, worthwhile_copies
+
+    one, two = np.zeros(1024, np.float32), np.zeros(1024, np.float32)
+    variants = [_Copying(one), _Copying(two)]
+    home = np.linspace(1.0, 64.0, 64)
+    other = home * 1.5
+    other[0] = home[0] / 2.0
+    costs = np.vstack([home, other])
+    A, B = one.ctypes.data, two.ctypes.data
+    assert np.exp(np.mean(np.log(home / np.minimum(home, other)))) - 1 < COPY_WORTH < 1 < COPY_WORST_LOSS < 2
+    assert {key[1] for key in worthwhile_copies(variants, costs, copy_rule(resident=False))} == {A, B}
+    assert {key[1] for key in worthwhile_copies(variants, costs, copy_rule(resident=True))} == {A}
+    other[0] = home[0] / (COPY_WORST_LOSS * 0.9)           # faster there, but by less than the worst loss
+    assert {key[1] for key in worthwhile_copies(variants, np.vstack([home, other]))} == {A}
+
+
 def test_a_model_that_fits_the_last_level_cache_keeps_a_second_copy_only_for_a_larger_gain(monkeypatch):
     """A second copy predicted 7% faster over the grid is kept for a model larger than the cache
     (COPY_WORTH) and dropped for one whose copies fit it (COPY_WORTH_RESIDENT: there every switch
@@ -200,8 +220,8 @@ def test_a_model_that_fits_the_last_level_cache_keeps_a_second_copy_only_for_a_l
                                                        SimpleNamespace(spec=SimpleNamespace(llc_share=l3)))
         return len(variants), dropped, worth
 
-    assert compile_with_llc(1024) == (2, {}, dispatch.COPY_WORTH)                    # 8 KiB of copies > the cache
-    assert compile_with_llc(1 << 25) == (1, {"g": 4096}, dispatch.COPY_WORTH_RESIDENT)
+    assert compile_with_llc(1024) == (2, {}, dispatch.copy_rule(resident=False))          # 8 KiB of copies > the cache
+    assert compile_with_llc(1 << 25) == (1, {"g": 4096}, dispatch.copy_rule(resident=True))
 
 
 def test_compiled_groups_keep_no_copy_their_costs_call_unworthy(compiled_artifact):
@@ -224,12 +244,12 @@ def test_compiled_groups_keep_no_copy_their_costs_call_unworthy(compiled_artifac
     full, _, _ = compiled_artifact("bert", keep_copies=True)
     proposed = Runtime(full, num_threads=2, warmup=False).model.kernels
     kept = {g: list(ks) for g, ks in proposed.items()}
-    _, worth = drop_unworthy_copies(kept, rt.graph.symbols, rt.target)
+    _, rule = drop_unworthy_copies(kept, rt.graph.symbols, rt.target)
     for g, variants in proposed.items():
         grid = _cost_grid(variants, rt.graph.symbols, rt.target)
         if len({_copy(k) for k in variants} - {None}) < 2 or grid is None:
             continue
-        assert {_copy(k) for k in kept[g]} - {None} == worthwhile_copies(variants, grid[1], worth), g
+        assert {_copy(k) for k in kept[g]} - {None} == worthwhile_copies(variants, grid[1], rule), g
         checked += 1
     assert checked, "the fixtures have GEMM groups with several variants"
 
