@@ -362,3 +362,78 @@ def test_table_axes_keep_rounded_and_foreign_extents_and_drop_integer_polynomial
     a, b, c = sympy.symbols("a b c", positive=True, integer=True)
     assert set(_table_axes([a, b, a * b, 2 * a + b * b - 1])) == {a, b}
     assert set(_table_axes([a, sympy.floor(a / 2), a * c])) == {a, sympy.floor(a / 2), a * c}
+
+
+def test_a_key_beyond_max_grid_is_tabled_coarser_and_decided_at_each_cells_least_value(monkeypatch):
+    """Where a key's values exceed MAX_GRID cells, the longest axes cover 2, 4, ... values per cell:
+    the table fits, and each cell holds the wave model's pick at the least value it covers."""
+    import sympy
+
+    from tscomp.graph.symbols import SymbolTable
+    from tscomp.runtime import dispatch, wave
+    from tscomp.schedule.target import host_cpu
+
+    symtab = SymbolTable()
+    h = symtab.new_symbol("height", origin="test", min=32, max=448)
+    w = symtab.new_symbol("width", origin="test", min=32, max=448)
+    rows, cols = sympy.floor((h + 3) / 4), sympy.floor((w + 3) / 4)
+    monkeypatch.setitem(wave.CLASSES, _RowTiles.family, _RowTiles.classes)
+    monkeypatch.setattr(dispatch, "MAX_GRID", 2000)
+    variants = [_RowTiles(symtab, tile, width) for tile, width in ((4, 16), (7, 8))]
+    for k in variants:
+        k.rows, k.cols = rows, cols
+    target = host_cpu(threads=2)
+    table = dispatch.build_tables({"g": variants}, symtab, target)["g"]
+    key = table.key
+    assert key.cells <= 2000 < 105 * 105 and max(key.axis_steps()) > 1
+    assert table.choice.size == key.cells
+    checked = 0
+    for r in key.cell_values()[key.exprs.index(symtab.canon(rows))][::3]:
+        for c in key.cell_values()[key.exprs.index(symtab.canon(cols))][::5]:
+            binding = {"height": 4 * int(r) - 3, "width": 4 * int(c) - 3}       # rows = r, cols = c exactly
+            want = pick_variant(variants, binding, target, table.surcharge, table.margin)
+            assert variants[table.pick(binding)] is want, binding
+            neighbour = {"height": binding["height"] + 4, "width": binding["width"]}   # the same cell or the next
+            assert 0 <= table.pick(neighbour) < len(variants)
+            checked += 1
+    assert checked > 20
+
+
+def test_a_model_compiled_with_coarse_tables_serves_every_request_in_c_and_matches_onnxruntime(
+        exported_model, tmp_path, monkeypatch):
+    """Tiny BERT compiled with MAX_GRID far below its key ranges (M = batch x sequence up to 4,096):
+    the host program indexes the coarse tables (every group tabled, the C request path serves), the
+    Python path picks what they pick, and the outputs match onnxruntime."""
+    import onnxruntime as ort
+
+    from models.families import symbol_ranges
+    from tscomp.compiler import compile_model
+    from tscomp.runtime import dispatch
+    from tscomp.runtime.artifact import write_artifact
+
+    monkeypatch.setattr(dispatch, "MAX_GRID", 64)
+    monkeypatch.setattr(dispatch, "COPY_WORTH", 0.0)
+    monkeypatch.setattr(dispatch, "COPY_WORTH_RESIDENT", 0.0)
+    onnx_path = exported_model("bert", "tiny", "dynamo")
+    ranges = symbol_ranges("bert", "tiny")
+    model = compile_model(str(onnx_path), [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()], max_variants=2)
+    rt = Runtime(write_artifact(model, tmp_path / "bert.tsc"), num_threads=2)
+    coarse = [t for t in rt._dispatch.values() if max(t.key.axis_steps()) > 1]
+    assert coarse and all(t.key.cells <= 64 for t in rt._dispatch.values())
+    assert rt._native.picked_per_call == [] and rt.request_path_note == "native (C)"
+    steps = {step for t in coarse for step in t.key.axis_steps() if step > 1}
+    assert all(f", 0) / {step}, " in rt._native.program.source for step in steps)   # C indexes by cell too
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    from tscomp.sample_inputs import random_inputs
+    rng = np.random.default_rng(4)
+    for b, L in ((1, 1), (2, 37), (3, 130), (8, 512)):
+        binding = {"batch": b, "sequence": L}
+        chosen = rt.selected_variants(binding)
+        for g, table in rt._dispatch.items():
+            if g in chosen:
+                assert chosen[g] is rt.model.kernels[g][table.pick(binding)]
+        inputs = random_inputs(rt.graph, binding, rng)
+        got = rt.run(inputs)
+        want = sess.run(None, {i.name: inputs[i.name] for i in sess.get_inputs()})
+        for name, ref in zip([o.name for o in sess.get_outputs()], want):
+            np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-4, err_msg=f"{name} at {binding}")

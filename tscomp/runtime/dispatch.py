@@ -13,9 +13,12 @@ model's symbols: ViT's QKV GEMM has one axis of at most 6,280 token counts, wher
 the host program (:mod:`tscomp.runtime.host_program`) computes it in C at compile time; the table
 is made at load because blocks per wave depend on the thread count the runtime is given. The
 cost of every variant is the makespan of its task classes (:func:`~tscomp.runtime.wave.cost_of`),
-vectorized over the key grid. A group without classes (a kernel compiled before its family had
-them, :data:`~tscomp.runtime.wave.CLASSES_SINCE`), or whose key grid exceeds :data:`MAX_GRID`, is
-picked per binding by the wave model (the runtime memoizes those picks).
+vectorized over the key grid. Where the key's values exceed :data:`MAX_GRID` cells (a 32..1024
+image with batches up to 8: 8 x 497 x 497 output positions for a first Conv), the longest axes
+cover 2, 4, ... values per cell, each cell decided at its least value: the choice is then the
+wave model's at a neighbouring size, and the request still never leaves C. A group without
+classes (a kernel compiled before its family had them, :data:`~tscomp.runtime.wave.CLASSES_SINCE`)
+is picked per binding by the wave model (the runtime memoizes those picks).
 
 **One packed copy per weight while the model lives in the caches.** Variants of a GEMM (or Conv)
 group whose register tiles differ in width read different packed copies of the one weight. The
@@ -57,7 +60,7 @@ from tscomp.runtime.packing import copy_key
 from tscomp.runtime.wave import classes_fn, cost_of
 from tscomp.schedule.target import Target
 
-#: largest number of key values a table covers (one byte each)
+#: largest number of cells a table has (one byte each)
 MAX_GRID = 1 << 20
 
 #: how much faster (fraction of its cost) another variant must be predicted than the home one to
@@ -74,14 +77,25 @@ SWITCH_SECONDS = 0.0
 
 @dataclass(frozen=True)
 class DispatchKey:
-    """The extents a group's choice depends on, each with its value range [min, min + extent)."""
+    """The extents a group's choice depends on: per axis an expression, its least value, and the
+    table's cells along it (``extents``), each covering ``steps`` consecutive values (1: one cell
+    per value; more where the whole range would exceed :data:`MAX_GRID` cells)."""
     exprs: tuple[sympy.Expr, ...]
     mins: tuple[int, ...]
     extents: tuple[int, ...]
+    steps: tuple[int, ...] = ()
 
     @property
     def cells(self) -> int:
         return math.prod(self.extents)
+
+    def axis_steps(self) -> tuple[int, ...]:
+        return self.steps or (1,) * len(self.exprs)
+
+    def cell_values(self) -> list[np.ndarray]:
+        """Per axis, the value each cell is decided at: the least of the values it covers."""
+        return [lo + step * np.arange(n, dtype=np.int64)
+                for lo, n, step in zip(self.mins, self.extents, self.axis_steps())]
 
     def strides(self) -> tuple[int, ...]:
         """Row-major strides of the table over the key axes."""
@@ -104,14 +118,15 @@ class DispatchTable:
         if self._fns is None:
             self._fns = tuple(compile_int_expr(e) for e in self.key.exprs)
         index = 0
-        for f, lo, n, stride in zip(self._fns, self.key.mins, self.key.extents, self.key.strides()):
-            index += min(max(int(f(binding)) - lo, 0), n - 1) * stride
+        for f, lo, n, step, stride in zip(self._fns, self.key.mins, self.key.extents, self.key.axis_steps(),
+                                          self.key.strides()):
+            index += min(max(int(f(binding)) - lo, 0) // step, n - 1) * stride
         return int(self.choice.reshape(-1)[index])
 
 
 def dispatch_key(variants: list, symtab) -> DispatchKey | None:
     """The expressions the wave model reads to cost ``variants`` (None: no table can be made --
-    one variant, a family without task classes, an unbounded extent or too many cells)."""
+    one variant, a family without task classes, an unbounded extent)."""
     if len(variants) < 2 or len(variants) > 255 or any(classes_fn(k) is None for k in variants):
         return None
     seen: dict[sympy.Expr, None] = {}
@@ -134,8 +149,20 @@ def dispatch_key(variants: list, symtab) -> DispatchKey | None:
         lo, hi = max(0, math.floor(lo)), math.ceil(hi)
         mins.append(lo)
         extents.append(hi - lo + 1)
-    key = DispatchKey(tuple(exprs), tuple(mins), tuple(extents))
-    return key if key.cells <= MAX_GRID else None
+    return DispatchKey(tuple(exprs), tuple(mins), *_cells_within(extents, MAX_GRID))
+
+
+def _cells_within(values: list[int], limit: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(cells per axis, values per cell) covering ``values`` values per axis in at most ``limit``
+    cells: one cell per value where they fit, else the axis with the most cells covers twice as
+    many values per cell, again until they fit (the short axes, a batch, keep a cell per value)."""
+    steps = [1] * len(values)
+    cells = list(values)
+    while math.prod(cells) > limit:
+        a = max(range(len(cells)), key=lambda i: cells[i])
+        steps[a] *= 2
+        cells[a] = -(-values[a] // steps[a])
+    return tuple(cells), (tuple(steps) if any(s > 1 for s in steps) else ())
 
 
 def _table_axes(exprs: list) -> tuple:
@@ -165,8 +192,7 @@ def _over_axes(expr, axes) -> tuple[tuple, sympy.Expr] | None:
 
 
 def _costs(kernel, key: DispatchKey, target: Target, symtab) -> np.ndarray:
-    axes = np.meshgrid(*[np.arange(lo, lo + n, dtype=np.int64) for lo, n in zip(key.mins, key.extents)],
-                       indexing="ij") if key.exprs else []
+    axes = np.meshgrid(*key.cell_values(), indexing="ij") if key.exprs else []
     grid = dict(zip(key.exprs, axes))
     shape = tuple(key.extents)
 

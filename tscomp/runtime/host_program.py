@@ -198,8 +198,8 @@ class _Writer:
         self.keys[group] = key
         if key is None:
             return f"picks[{g}]"
-        terms = [f"ts_min(ts_max({self.c(e)} - {lo}, 0), {n - 1}) * INT64_C({st})"
-                 for e, lo, n, st in zip(key.exprs, key.mins, key.extents, key.strides())]
+        terms = [f"ts_min(ts_max({self.c(e)} - {lo}, 0){f' / {step}' if step > 1 else ''}, {n - 1}) * INT64_C({st})"
+                 for e, lo, n, step, st in zip(key.exprs, key.mins, key.extents, key.axis_steps(), key.strides())]
         return f"(picks[{g}] >= 0 ? picks[{g}] : (int)tables[{g}][{' + '.join(terms) or '0'}])"
 
     # ------------------------------------------------------------ calls
