@@ -48,7 +48,7 @@ double bench_generated(int64_t kl, int64_t reps)
     for (int i = 0; i < NR * 1024 * 2; ++i) wp[i] = 1e-3f * (i % 5);
     double t = tscomp_now();
     for (int64_t r = 0; r < reps; ++r)
-        micro_kernel(kl, xp, wp, wp + kl * NR, ct, 1, 0, NULL, 0, 0, MR, NR);
+        micro_kernel(kl, xp, wp, wp + kl * NR, 1, 0, ct, 1, 0, NULL, 0, 0, MR, NR);   /* pull the panel, stream wn every k step */
     t = tscomp_now() - t;
     return 2.0 * MR * NR * kl * reps / t / 1e9 + 0.0f * ct[3];
 }
