@@ -320,17 +320,14 @@ class _RowTiles:
         return [(-(-rows // k.tile) * -(-cols // k.width), positions * 0 + k.tile * k.width)]
 
 
-def test_a_key_extent_that_is_a_product_of_others_is_computed_per_cell_not_made_a_table_axis(monkeypatch):
-    """A Conv's task classes may read its output rows, its columns and their product: the table is
-    indexed by the rows and columns alone (the product computed per cell), so a 32..448 image gets
-    a table of 105 x 105 cells instead of a grid with the product as a third axis (105 x 105 x
-    12,481, too large to make, which left ResNet-50's 3x3 Convs picked in Python at every new image
-    size), and the table's pick is the wave model's at every cell."""
+@pytest.fixture
+def row_tile_variants(monkeypatch):
+    """(symbol table, rows, cols, two _RowTiles variants) over 32..448 images: rows and cols
+    floor((H + 3) / 4) and floor((W + 3) / 4), 105 values each; the task classes registered."""
     import sympy
 
     from tscomp.graph.symbols import SymbolTable
-    from tscomp.runtime import dispatch, wave
-    from tscomp.schedule.target import host_cpu
+    from tscomp.runtime import wave
 
     symtab = SymbolTable()
     h = symtab.new_symbol("height", origin="test", min=32, max=448)
@@ -340,6 +337,19 @@ def test_a_key_extent_that_is_a_product_of_others_is_computed_per_cell_not_made_
     variants = [_RowTiles(symtab, tile, width) for tile, width in ((4, 16), (7, 8))]
     for k in variants:
         k.rows, k.cols = rows, cols
+    return symtab, rows, cols, variants
+
+
+def test_a_key_extent_that_is_a_product_of_others_is_computed_per_cell_not_made_a_table_axis(row_tile_variants):
+    """A Conv's task classes may read its output rows, its columns and their product: the table is
+    indexed by the rows and columns alone (the product computed per cell), so a 32..448 image gets
+    a table of 105 x 105 cells instead of a grid with the product as a third axis (105 x 105 x
+    12,481, too large to make, which left ResNet-50's 3x3 Convs picked in Python at every new image
+    size), and the table's pick is the wave model's at every cell."""
+    from tscomp.runtime import dispatch
+    from tscomp.schedule.target import host_cpu
+
+    symtab, rows, cols, variants = row_tile_variants
     key = dispatch.dispatch_key(variants, symtab)
     assert key is not None and set(key.exprs) == {symtab.canon(rows), symtab.canon(cols)}
     assert key.cells == 105 * 105
@@ -364,28 +374,18 @@ def test_table_axes_keep_rounded_and_foreign_extents_and_drop_integer_polynomial
     assert set(_table_axes([a, sympy.floor(a / 2), a * c])) == {a, sympy.floor(a / 2), a * c}
 
 
-def test_a_key_beyond_max_grid_is_tabled_coarser_and_decided_at_each_cells_least_value(monkeypatch):
+def test_a_key_beyond_max_grid_is_tabled_coarser_and_decided_at_each_cells_least_value(row_tile_variants, monkeypatch):
     """Where a key's values exceed MAX_GRID cells, the longest axes cover 2, 4, ... values per cell:
     the table fits, and each cell holds the wave model's pick at the least value it covers."""
-    import sympy
-
-    from tscomp.graph.symbols import SymbolTable
-    from tscomp.runtime import dispatch, wave
+    from tscomp.runtime import dispatch
     from tscomp.schedule.target import host_cpu
 
-    symtab = SymbolTable()
-    h = symtab.new_symbol("height", origin="test", min=32, max=448)
-    w = symtab.new_symbol("width", origin="test", min=32, max=448)
-    rows, cols = sympy.floor((h + 3) / 4), sympy.floor((w + 3) / 4)
-    monkeypatch.setitem(wave.CLASSES, _RowTiles.family, _RowTiles.classes)
+    symtab, rows, cols, variants = row_tile_variants
     monkeypatch.setattr(dispatch, "MAX_GRID", 2000)
-    variants = [_RowTiles(symtab, tile, width) for tile, width in ((4, 16), (7, 8))]
-    for k in variants:
-        k.rows, k.cols = rows, cols
     target = host_cpu(threads=2)
     table = dispatch.build_tables({"g": variants}, symtab, target)["g"]
     key = table.key
-    assert key.cells <= 2000 < 105 * 105 and max(key.axis_steps()) > 1
+    assert key.cells <= 2000 < 105 * 105 and max(key.steps) > 1
     assert table.choice.size == key.cells
     checked = 0
     for r in key.cell_values()[key.exprs.index(symtab.canon(rows))][::3]:
@@ -393,8 +393,11 @@ def test_a_key_beyond_max_grid_is_tabled_coarser_and_decided_at_each_cells_least
             binding = {"height": 4 * int(r) - 3, "width": 4 * int(c) - 3}       # rows = r, cols = c exactly
             want = pick_variant(variants, binding, target, table.surcharge, table.margin)
             assert variants[table.pick(binding)] is want, binding
-            neighbour = {"height": binding["height"] + 4, "width": binding["width"]}   # the same cell or the next
-            assert 0 <= table.pick(neighbour) < len(variants)
+            neighbour = {"height": binding["height"] + 4, "width": binding["width"]}   # rows r + 1: same cell or next
+            r_axis = key.exprs.index(symtab.canon(rows))
+            lo, step = key.mins[r_axis], key.steps[r_axis]
+            least = int(r) + 1 - (int(r) + 1 - lo) % step
+            assert table.pick(neighbour) == table.pick({"height": 4 * least - 3, "width": binding["width"]})
             checked += 1
     assert checked > 20
 
@@ -418,10 +421,10 @@ def test_a_model_compiled_with_coarse_tables_serves_every_request_in_c_and_match
     ranges = symbol_ranges("bert", "tiny")
     model = compile_model(str(onnx_path), [f"{k}={lo}:{hi}" for k, (lo, hi) in ranges.items()], max_variants=2)
     rt = Runtime(write_artifact(model, tmp_path / "bert.tsc"), num_threads=2)
-    coarse = [t for t in rt._dispatch.values() if max(t.key.axis_steps()) > 1]
+    coarse = [t for t in rt._dispatch.values() if max(t.key.steps) > 1]
     assert coarse and all(t.key.cells <= 64 for t in rt._dispatch.values())
     assert rt._native.picked_per_call == [] and rt.request_path_note == "native (C)"
-    steps = {step for t in coarse for step in t.key.axis_steps() if step > 1}
+    steps = {step for t in coarse for step in t.key.steps if step > 1}
     assert all(f", 0) / {step}, " in rt._native.program.source for step in steps)   # C indexes by cell too
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     from tscomp.sample_inputs import random_inputs

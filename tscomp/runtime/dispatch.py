@@ -49,6 +49,7 @@ L = 1..512 before, 96 after, at +0.27% predicted cost (geomean).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -83,19 +84,15 @@ class DispatchKey:
     exprs: tuple[sympy.Expr, ...]
     mins: tuple[int, ...]
     extents: tuple[int, ...]
-    steps: tuple[int, ...] = ()
+    steps: tuple[int, ...]
 
     @property
     def cells(self) -> int:
         return math.prod(self.extents)
 
-    def axis_steps(self) -> tuple[int, ...]:
-        return self.steps or (1,) * len(self.exprs)
-
     def cell_values(self) -> list[np.ndarray]:
         """Per axis, the value each cell is decided at: the least of the values it covers."""
-        return [lo + step * np.arange(n, dtype=np.int64)
-                for lo, n, step in zip(self.mins, self.extents, self.axis_steps())]
+        return [lo + step * np.arange(n, dtype=np.int64) for lo, n, step in zip(self.mins, self.extents, self.steps)]
 
     def strides(self) -> tuple[int, ...]:
         """Row-major strides of the table over the key axes."""
@@ -118,8 +115,7 @@ class DispatchTable:
         if self._fns is None:
             self._fns = tuple(compile_int_expr(e) for e in self.key.exprs)
         index = 0
-        for f, lo, n, step, stride in zip(self._fns, self.key.mins, self.key.extents, self.key.axis_steps(),
-                                          self.key.strides()):
+        for f, lo, n, step, stride in zip(self._fns, self.key.mins, self.key.extents, self.key.steps, self.key.strides()):
             index += min(max(int(f(binding)) - lo, 0) // step, n - 1) * stride
         return int(self.choice.reshape(-1)[index])
 
@@ -162,7 +158,7 @@ def _cells_within(values: list[int], limit: int) -> tuple[tuple[int, ...], tuple
         a = max(range(len(cells)), key=lambda i: cells[i])
         steps[a] *= 2
         cells[a] = -(-values[a] // steps[a])
-    return tuple(cells), (tuple(steps) if any(s > 1 for s in steps) else ())
+    return tuple(cells), tuple(steps)
 
 
 def _table_axes(exprs: list) -> tuple:
@@ -191,6 +187,14 @@ def _over_axes(expr, axes) -> tuple[tuple, sympy.Expr] | None:
     return dummies, form
 
 
+@functools.lru_cache(maxsize=256)
+def _over_axes_fn(expr, axes: tuple):
+    """``expr``, an integer polynomial of ``axes``, as a numpy function of their values (int64
+    arithmetic per cell); made once per key, not once per variant costed over it."""
+    dummies, form = _over_axes(expr, axes)
+    return sympy.lambdify(dummies, form, "numpy")
+
+
 def _costs(kernel, key: DispatchKey, target: Target, symtab) -> np.ndarray:
     axes = np.meshgrid(*key.cell_values(), indexing="ij") if key.exprs else []
     grid = dict(zip(key.exprs, axes))
@@ -202,8 +206,7 @@ def _costs(kernel, key: DispatchKey, target: Target, symtab) -> np.ndarray:
             return np.full(shape, int(e), np.int64)
         if e in grid:
             return grid[e]
-        dummies, form = _over_axes(e, key.exprs)      # a product of axes: int64 arithmetic per cell
-        return np.broadcast_to(sympy.lambdify(dummies, form, "numpy")(*axes), shape).astype(np.int64)
+        return np.broadcast_to(_over_axes_fn(e, key.exprs)(*axes), shape).astype(np.int64)
 
     per_wave = max(1, target.blocks_per_wave(kernel.resources()))
     return np.broadcast_to(cost_of(kernel, classes_fn(kernel)(kernel, ev, target.threads), per_wave), shape)

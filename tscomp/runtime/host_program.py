@@ -199,7 +199,7 @@ class _Writer:
         if key is None:
             return f"picks[{g}]"
         terms = [f"ts_min(ts_max({self.c(e)} - {lo}, 0){f' / {step}' if step > 1 else ''}, {n - 1}) * INT64_C({st})"
-                 for e, lo, n, step, st in zip(key.exprs, key.mins, key.extents, key.axis_steps(), key.strides())]
+                 for e, lo, n, step, st in zip(key.exprs, key.mins, key.extents, key.steps, key.strides())]
         return f"(picks[{g}] >= 0 ? picks[{g}] : (int)tables[{g}][{' + '.join(terms) or '0'}])"
 
     # ------------------------------------------------------------ calls
