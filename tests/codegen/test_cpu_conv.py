@@ -305,6 +305,42 @@ def test_a_few_uneven_tasks_are_evened_out_over_the_threads():
     assert conv_task_grid(0, 1, 4, row, 2) == (0, 0)
 
 
+def test_position_blocks_share_the_register_tiles_evenly():
+    """ceil(P / nr) register tiles of positions are dealt to the blocks so that no block holds more
+    than one tile over another: P = 784 under 64-position tiles in 4 blocks is 3 + 3 + 3 + 4 tiles,
+    not 4 + 4 + 4 + 1 (2 threads: 7 tiles against 6, not 8 against 5)."""
+    from tscomp.codegen.cpu_conv import position_block_tiles
+    assert position_block_tiles(784, 4, 64) == [(3, 3), (1, 4)]
+    for P in (1, 31, 32, 33, 196, 784, 3136):
+        for n_pb in range(1, -(-P // 32) + 1):
+            blocks = [t for c, t in position_block_tiles(P, n_pb, 32) for _ in range(c)]
+            assert len(blocks) == n_pb and sum(blocks) == -(-P // 32) and max(blocks) - min(blocks) <= 1, (P, n_pb)
+
+
+def test_the_wave_model_costs_the_conv_position_blocks_the_kernel_runs(tmp_path):
+    """The task classes of an implicit-GEMM Conv are its blocks as the macro-kernel deals them: every
+    task counted once, and together they cover the register tiles of P once per run of channel
+    blocks (column tiles pad the last tile; row-vector tiles, with a tail kernel of the exact width,
+    do not)."""
+    from tscomp.codegen.build import get_num_threads
+    from tscomp.codegen.cpu_conv import CompiledConv
+    from tscomp.runtime.wave import task_classes
+    plan = _plan(tmp_path, [("wide", 64, (3, 3), dict(pads=[1, 1, 1, 1]), ("relu",))], channels=16)
+    analysis = ConvAnalysis(plan, plan.groups[0])
+    configs = conv_candidate_configs("avx512", analysis.OCg, analysis.K)
+    assert {c.vector_axis for c in configs} == {0, 1}
+    for k in (CompiledConv(analysis, cfg, "avx512") for cfg in configs):
+        a = k.analysis
+        for n, h, w in ((1, 1, 1), (1, 5, 7), (2, 17, 17), (1, 28, 28), (3, 40, 97)):
+            binding = {"batch": n, "H": h, "W": w}
+            classes = task_classes(k, binding, get_num_threads())
+            assert sum(c for c, _ in classes) == k.tasks(binding), (k.func, binding)
+            P, nr = h * w, k.cfg.nr                   # 3x3, pads 1: as many positions as pixels
+            covered = n * (-(-P // nr) * nr if k.cfg.vector_axis == 1 else P)
+            channels = sum(c * wk for c, wk in classes) // (a.Cg * 9)
+            assert channels % covered == 0 and channels // covered >= a.OCg, (k.func, binding, classes)
+
+
 def test_row_vector_configs_are_refused_by_the_gemm_kernels():
     from tscomp.codegen.cpu_gemm import generate_gemm
     from tscomp.codegen.tile_config import TileConfig, TileConfigError

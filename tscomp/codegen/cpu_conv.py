@@ -736,20 +736,29 @@ def conv_candidate_configs(isa: str, OCg: int, K: int, *, caches: CacheSizes | N
 
 # ============================================================================ source
 
+def position_block_tiles(P, n_pb, nr: int) -> list[tuple]:
+    """``[(count, register tiles)]`` of the ``n_pb`` position blocks of a Conv call (ints or numpy
+    arrays): the macro-kernel gives block ``pb`` the tiles ``[pb * T / n_pb, (pb + 1) * T / n_pb)`` of the
+    ``T = ceil(P / nr)`` tiles, so blocks differ by at most one tile (the larger ones last)."""
+    tiles = -(-P // nr)
+    n_pb = np.maximum(n_pb, 1)
+    small, larger = tiles // n_pb, tiles % n_pb
+    return [(n_pb - larger, small), (larger, small + 1)]
+
+
 def conv_task_grid(P: int, images: int, n_ob: int, cfg: TileConfig, threads: int) -> tuple[int, int]:
     """(position blocks, channel-block runs) of an implicit-GEMM Conv call (``images`` = batch x
     groups, ``n_ob`` channel blocks of ``cfg.mc``), as the macro-kernel computes them: ceil(P / nc)
     position blocks; a few tasks that do not divide among the threads are evened out -- column
     vectors cut P finer, row vectors (whose tasks each stream their channels' weights: cutting P would
-    stream them once per block) cut the channel blocks into runs. Tasks = images x blocks x runs."""
+    stream them once per block) cut the channel blocks into runs. Tasks = images x blocks x runs.
+    The blocks share the ceil(P / nr) register tiles of positions evenly (:func:`position_block_tiles`)."""
     if P <= 0 or images <= 0:
         return 0, 0
     n_pb = -(-P // cfg.nc)
     uneven = images * n_pb < BALANCE_TASKS_PER_THREAD * threads and (images * n_pb) % threads
     if cfg.vector_axis == 1 and uneven:
         n_pb = evened_count(n_pb, images, threads, -(-P // cfg.nr))
-    ncw = min(cfg.nc, _round_up(-(-P // n_pb), cfg.nr))
-    n_pb = -(-P // ncw)
     base = images * n_pb
     runs = 1 if base >= threads else min(n_ob, -(-threads // base))
     if cfg.vector_axis == 0 and (base < threads or (base < BALANCE_TASKS_PER_THREAD * threads and base % threads)):
@@ -1210,19 +1219,20 @@ void {name}({_runtime_params()}{params})
 {{
     const int64_t P = OH * OW;
     if (NB <= 0 || P <= 0) return;{_prologue_call(a, pro_names)}
-    /* position blocks: ceil(P / NC) of them, balanced (P = 196 at NC = 192: 112 + 84, not 192 + 4).
-     * A few tasks that do not divide among the threads (5 over 2: one thread idle a fifth of the
-     * time) are evened out: column vectors cut P into a multiple of the thread count; row vectors,
-     * whose tasks each stream their channel blocks' weights, cut the channels into runs instead
-     * (conv_task_grid in Python: the same rule) */
+    /* position blocks: ceil(P / NC) of them, balanced in whole register tiles of NR positions (P =
+     * 784 at NC = 256, NR = 64: 13 tiles as 3 + 3 + 3 + 4, not 4 + 4 + 4 + 1: on 2 threads the
+     * second gets 7 tiles, not 8 against 5). A few tasks that do not divide among the threads (5
+     * over 2: one thread idle a fifth of the time) are evened out: column vectors cut P into a
+     * multiple of the thread count; row vectors, whose tasks each stream their channel blocks'
+     * weights, cut the channels into runs instead (conv_task_grid in Python: the same rule) */
     const int64_t nth = omp_get_max_threads(), n_ob = (OCG + MC - 1) / MC;
+    const int64_t p_tiles = (P + NR - 1) / NR;
     int64_t n_pb = (P + NC - 1) / NC;
     const int uneven = NB * G * n_pb < BALANCE_TASKS_PER_THREAD * nth && (NB * G * n_pb) % nth;
     if (COLUMN_VECTORS && uneven)
-        for (int64_t want = n_pb + 1; want <= (P + NR - 1) / NR; ++want)
+        for (int64_t want = n_pb + 1; want <= p_tiles; ++want)
             if ((NB * G * want) % nth == 0) {{ n_pb = want; break; }}
-    const int64_t ncw = min_i64(NC, ((P + n_pb - 1) / n_pb + NR - 1) / NR * NR);
-    n_pb = (P + ncw - 1) / ncw;
+    const int64_t ncw = (p_tiles + n_pb - 1) / n_pb * NR;     /* the widest block */
     /* channel blocks per task: all of them (the column block is gathered once per K step for every
      * channel block), cut into balanced runs only when there are fewer other tasks than threads
      * (row vectors: or when those tasks do not divide among the threads) */
@@ -1243,7 +1253,9 @@ void {name}({_runtime_params()}{params})
         for (int64_t t = 0; t < n_tasks; ++t) {{
             const int64_t og = t % n_obt, pb = (t / n_obt) % n_pb, g = (t / (n_obt * n_pb)) % G;
             const int64_t n = t / (n_obt * n_pb * G);
-            const int64_t p0 = pb * ncw, nvb = min_i64(ncw, P - p0), ldb = (nvb + NR - 1) / NR * NR;
+            /* block pb: register tiles [pb * p_tiles / n_pb, (pb + 1) * p_tiles / n_pb) */
+            const int64_t p0 = pb * p_tiles / n_pb * NR, nvb = min_i64((pb + 1) * p_tiles / n_pb * NR, P) - p0;
+            const int64_t ldb = (nvb + NR - 1) / NR * NR;
             const int64_t ob_first = og * obt, ob_end = min_i64(n_ob, ob_first + obt);
             const float* xg = X + (n * C_IN + g * CG) * H * W;{_task_phases(a)}
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{

@@ -42,7 +42,7 @@ def evened_count(n, per: int, threads: int, cap):
     """The smallest block count >= ``n`` whose tasks (count x ``per``) divide among the threads, or
     ``n`` itself where that count exceeds ``cap`` (ints or numpy arrays; the macro-kernels' C loops
     search the same count upwards)."""
-    step = threads // math.gcd(per, threads)      # counts whose tasks divide: multiples of step
+    step = threads // np.gcd(per, threads)        # counts whose tasks divide: multiples of step
     evened = -(-n // step) * step
     out = np.where(evened <= cap, evened, n)
     return int(out) if out.ndim == 0 else out

@@ -59,7 +59,7 @@ from tscomp.runtime.plain_data import BlobReader, BlobWriter, PlainDataError, re
 from tscomp.schedule.target import Target
 
 FORMAT = "tscomp-artifact"
-FORMAT_VERSION = 10    # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
+FORMAT_VERSION = 11    # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
                        # 4: GEMM row tails (the wave model counts a GEMM task's exact rows);
                        # 5: bf16 weight K blocks padded to 32 (one layout for VDPBF16PS and AMX);
                        # 6: GEMM weights in nr-column panels over all of K (variants of one nr share them);
@@ -67,7 +67,9 @@ FORMAT_VERSION = 10    # 2: the target as data, per-variant schedule provenance;
                        # 8: int8 GEMMs (a kernel's x_offset, its weights' int32 column corrections);
                        # 9: int8 Convs (a Conv kernel's precision and x_offset, s8 quad panels);
                        # 10: int8 GEMM weight K blocks padded to 64 (one layout for VPDPBUSD and AMX
-                       #     int8 tiles: a format-9 kernel would read the new panels wrong)
+                       #     int8 tiles: a format-9 kernel would read the new panels wrong);
+                       # 11: Conv position blocks dealt by register tile (the wave model's task classes
+                       #     of a format-10 Conv kernel would not match how its C splits the positions)
 
 
 class ArtifactError(TscompError):

@@ -54,7 +54,7 @@ import numpy as np
 
 from tscomp.codegen.build import get_num_threads
 from tscomp.codegen.cpu_gemm import row_block_classes
-from tscomp.codegen.tile_config import TileConfig
+from tscomp.codegen.tile_config import BALANCE_TASKS_PER_THREAD, TileConfig, evened_count
 from tscomp.graph.symbols import numel
 from tscomp.schedule.samples import shape_size
 from tscomp.schedule.target import Target
@@ -93,15 +93,23 @@ def _conv_classes(k, ev, threads: int):
     if not isinstance(cfg, TileConfig):       # the Winograd strategy: its own split
         from tscomp.codegen.cpu_conv_winograd import winograd_classes
         return winograd_classes(k, ev, threads)
-    n, P = ev(a.x_shape[0]), ev(numel(a.out_shape[2:]))
-    n_pb, n_ob = -(-np.maximum(P, 1) // cfg.nc), -(-a.OCg // cfg.mc)
+    from tscomp.codegen.cpu_conv import position_block_tiles
+    n, P = ev(a.x_shape[0]), np.maximum(ev(numel(a.out_shape[2:])), 1)
+    n_pb, n_ob = -(-P // cfg.nc), -(-a.OCg // cfg.mc)
+    if cfg.vector_axis == 1:       # a few tasks that do not divide among the threads: P cut finer
+        uneven = (n * a.G * n_pb < BALANCE_TASKS_PER_THREAD * threads) & ((n * a.G * n_pb) % threads != 0)
+        n_pb = np.where(uneven, evened_count(n_pb, n * a.G, threads, -(-P // cfg.nr)), n_pb)
     base = n * a.G * n_pb
     runs = np.where(base >= threads, 1, np.minimum(n_ob, -(-threads // np.maximum(base, 1))))
     obt = -(-n_ob // runs)
     per_block = -(-n_ob // obt)
-    depth = a.Cg * a.geo.kh * a.geo.kw
-    granule = cfg.nr if cfg.vector_axis == 1 else 1
-    return [(n * a.G * c * per_block, w * obt * cfg.mc * depth) for c, w in _axis_classes(P, cfg.nc, granule)]
+    per_task = obt * cfg.mc * a.Cg * a.geo.kh * a.geo.kw
+    (n_small, small), (n_larger, larger) = position_block_tiles(P, n_pb, cfg.nr)
+    # the last block is a larger one where there are any; row-vector tiles pad none of its positions
+    last_tiles = np.where(n_larger > 0, larger, small)
+    last = last_tiles * cfg.nr if cfg.vector_axis == 1 else P - (-(-P // cfg.nr) - last_tiles) * cfg.nr
+    blocks = [(n_small - (n_larger == 0), small * cfg.nr), (n_larger - (n_larger > 0), larger * cfg.nr), (1, last)]
+    return [(n * a.G * c * per_block, w * per_task) for c, w in blocks]
 
 
 def _depthwise_classes(k, ev, threads: int):
