@@ -317,15 +317,18 @@ def test_position_blocks_share_the_register_tiles_evenly():
             assert len(blocks) == n_pb and sum(blocks) == -(-P // 32) and max(blocks) - min(blocks) <= 1, (P, n_pb)
 
 
-def test_the_wave_model_costs_the_conv_position_blocks_the_kernel_runs(tmp_path):
+@pytest.mark.parametrize("out_channels,kernel", [(64, 3), (512, 1)])
+def test_the_wave_model_costs_the_conv_position_blocks_the_kernel_runs(tmp_path, out_channels, kernel):
     """The task classes of an implicit-GEMM Conv are its blocks as the macro-kernel deals them: every
     task counted once, and together they cover the register tiles of P once per run of channel
     blocks (column tiles pad the last tile; row-vector tiles, with a tail kernel of the exact width,
-    do not)."""
+    do not). 512 channels: a few blocks whose tiles do not divide among the threads are cut into
+    channel runs too (MIN_RUN_CHANNELS)."""
     from tscomp.codegen.build import get_num_threads
     from tscomp.codegen.cpu_conv import CompiledConv
     from tscomp.runtime.wave import task_classes
-    plan = _plan(tmp_path, [("wide", 64, (3, 3), dict(pads=[1, 1, 1, 1]), ("relu",))], channels=16)
+    pads = [kernel // 2] * 4
+    plan = _plan(tmp_path, [("wide", out_channels, (kernel, kernel), dict(pads=pads), ("relu",))], channels=16)
     analysis = ConvAnalysis(plan, plan.groups[0])
     configs = conv_candidate_configs("avx512", analysis.OCg, analysis.K)
     assert {c.vector_axis for c in configs} == {0, 1}
@@ -335,9 +338,9 @@ def test_the_wave_model_costs_the_conv_position_blocks_the_kernel_runs(tmp_path)
             binding = {"batch": n, "H": h, "W": w}
             classes = task_classes(k, binding, get_num_threads())
             assert sum(c for c, _ in classes) == k.tasks(binding), (k.func, binding)
-            P, nr = h * w, k.cfg.nr                   # 3x3, pads 1: as many positions as pixels
+            P, nr = h * w, k.cfg.nr                   # "same" padding: as many positions as pixels
             covered = n * (-(-P // nr) * nr if k.cfg.vector_axis == 1 else P)
-            channels = sum(c * wk for c, wk in classes) // (a.Cg * 9)
+            channels = sum(c * wk for c, wk in classes) // (a.Cg * kernel * kernel)
             assert channels % covered == 0 and channels // covered >= a.OCg, (k.func, binding, classes)
 
 

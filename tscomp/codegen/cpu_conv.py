@@ -171,7 +171,7 @@ class Geometry2D:
 #: symbol of the epilogue (a model dim called ``G`` or ``KH``) can collide with them
 MACROS = ("C_IN", "CG", "OCG", "G", "OC", "KH", "KW", "SH", "SW", "DH", "DW", "KDIM", "MR", "NR", "MC", "NC", "KC",
           "N_KBLOCKS", "N_OCP", "L1_FLOATS", "BALANCE_TASKS_PER_THREAD", "COLUMN_VECTORS", "LANES", "TILES", "V_FLOATS",
-          "XLO", "KQALL", "KPAD", "AMX_K")
+          "XLO", "KQALL", "KPAD", "AMX_K", "MIN_RUN_CHANNELS")
 _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 
 
@@ -667,6 +667,11 @@ ROW_VECTOR_TILES = {"avx512": [(64, 4), (48, 8), (32, 12)], "avx2": [(24, 4), (1
 #: 512-channel 3x3 conv at 2x2 and 7x7 positions, caches flushed before each call: 10-15% faster
 #: at 16-64 steps ahead than without
 ROW_VECTOR_PREFETCH_K = 32
+#: output channels a run of channel blocks keeps when a column-vector Conv's few position blocks
+#: are also cut by channel (every run gathers the column block again: its cost per FMA grows as
+#: the run's channels shrink). ResNet-50's 1x1 1024->512 conv at 14x14 (7 position tiles), C
+#: harness, 2 threads: 2 runs of 256 channels 946 -> 874 us; a 128-channel conv keeps one run
+MIN_RUN_CHANNELS = 128
 
 
 def _round_up(x: int, m: int) -> int:
@@ -761,6 +766,8 @@ def conv_task_grid(P: int, images: int, n_ob: int, cfg: TileConfig, threads: int
         n_pb = evened_count(n_pb, images, threads, -(-P // cfg.nr))
     base = images * n_pb
     runs = 1 if base >= threads else min(n_ob, -(-threads // base))
+    if cfg.vector_axis == 1 and base < BALANCE_TASKS_PER_THREAD * threads and (images * -(-P // cfg.nr)) % threads:
+        runs = max(runs, min(n_ob, -(-BALANCE_TASKS_PER_THREAD * threads // base), n_ob * cfg.mc // MIN_RUN_CHANNELS))
     if cfg.vector_axis == 0 and (base < threads or (base < BALANCE_TASKS_PER_THREAD * threads and base % threads)):
         runs = next((r for r in range(1, n_ob + 1) if base * r >= threads and (base * r) % threads == 0), runs)
     obt = -(-n_ob // runs)
@@ -1179,7 +1186,7 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str, precision: st
         emit("#include <immintrin.h>")
     emit(c_defines(C_IN=a.C, CG=a.Cg, OCG=a.OCg, G=a.G, OC=a.OC, KH=geo.kh, KW=geo.kw, SH=geo.sh, SW=geo.sw,
                    DH=geo.dh, DW=geo.dw, KDIM=a.K, MR=MR, NR=NR, MC=MC, NC=NC, KC=KC, N_KBLOCKS=n_kb,
-                   N_OCP=n_ocp, BALANCE_TASKS_PER_THREAD=BALANCE_TASKS_PER_THREAD,
+                   N_OCP=n_ocp, BALANCE_TASKS_PER_THREAD=BALANCE_TASKS_PER_THREAD, MIN_RUN_CHANNELS=MIN_RUN_CHANNELS,
                    COLUMN_VECTORS=cfg.vector_axis, LANES=max(a.x_lanes, a.y_lanes, 1),
                    **(dict(XLO=a.int8_x_offset, KQALL=-(-a.K // INT8_K_QUAD)) if int8 else {}),
                    **(dict(KPAD=amx_k_padded(a.K), AMX_K=AMX_INT8_K) if amx else {})))
@@ -1238,6 +1245,12 @@ void {name}({_runtime_params()}{params})
      * (row vectors: or when those tasks do not divide among the threads) */
     const int64_t base = NB * G * n_pb;
     int64_t runs = base >= nth ? 1 : min_i64(n_ob, (nth + base - 1) / base);
+    /* column vectors, a few blocks whose position tiles do not divide among the threads (7 tiles
+     * over 2: 4 against 3): their channel blocks in runs too, as long as each run keeps
+     * MIN_RUN_CHANNELS channels to share its gathered column block */
+    if (COLUMN_VECTORS && base < BALANCE_TASKS_PER_THREAD * nth && (NB * G * p_tiles) % nth)
+        runs = max_i64(runs, min_i64(min_i64(n_ob, (BALANCE_TASKS_PER_THREAD * nth + base - 1) / base),
+                                     n_ob * MC / MIN_RUN_CHANNELS));
     if (!COLUMN_VECTORS && (base < nth || (base < BALANCE_TASKS_PER_THREAD * nth && base % nth)))
         for (int64_t r = 1; r <= n_ob; ++r)
             if (base * r >= nth && (base * r) % nth == 0) {{ runs = r; break; }}

@@ -93,7 +93,7 @@ def _conv_classes(k, ev, threads: int):
     if not isinstance(cfg, TileConfig):       # the Winograd strategy: its own split
         from tscomp.codegen.cpu_conv_winograd import winograd_classes
         return winograd_classes(k, ev, threads)
-    from tscomp.codegen.cpu_conv import position_block_tiles
+    from tscomp.codegen.cpu_conv import MIN_RUN_CHANNELS, position_block_tiles
     n, P = ev(a.x_shape[0]), np.maximum(ev(numel(a.out_shape[2:])), 1)
     n_pb, n_ob = -(-P // cfg.nc), -(-a.OCg // cfg.mc)
     if cfg.vector_axis == 1:       # a few tasks that do not divide among the threads: P cut finer
@@ -101,6 +101,11 @@ def _conv_classes(k, ev, threads: int):
         n_pb = np.where(uneven, evened_count(n_pb, n * a.G, threads, -(-P // cfg.nr)), n_pb)
     base = n * a.G * n_pb
     runs = np.where(base >= threads, 1, np.minimum(n_ob, -(-threads // np.maximum(base, 1))))
+    if cfg.vector_axis == 1:       # few blocks whose tiles do not divide among the threads: channel runs too
+        split = (base < BALANCE_TASKS_PER_THREAD * threads) & ((n * a.G * -(-P // cfg.nr)) % threads != 0)
+        finer = np.minimum(np.minimum(n_ob, -(-BALANCE_TASKS_PER_THREAD * threads // np.maximum(base, 1))),
+                           n_ob * cfg.mc // MIN_RUN_CHANNELS)
+        runs = np.where(split, np.maximum(runs, finer), runs)
     obt = -(-n_ob // runs)
     per_block = -(-n_ob // obt)
     per_task = obt * cfg.mc * a.Cg * a.geo.kh * a.geo.kw
