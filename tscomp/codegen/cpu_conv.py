@@ -26,8 +26,10 @@ Two strategies (two families of :mod:`tscomp.codegen.families`):
   kernel 0.90x the time, a 3x3 stride-1 0.89x, same tiles). Tiles are TSCompiler §5.1's: block
   ⟨T_Mb = mc output channels, T_Nb = nc positions, T_Kb = kc⟩; one OpenMP task covers (n, g, a position block) and a run of channel
   blocks that all consume each gathered column block (the whole OCg, cut into balanced runs only
-  when there are fewer other tasks than threads; a few position blocks are cut into a multiple of
-  the thread count); register tile ⟨T_Mi, T_Ni⟩ = ``mr × nr`` accumulators (AVX-512 / AVX2 FMA
+  when there are fewer other tasks than threads, or when a few position blocks' register tiles do
+  not divide among the threads and each run keeps :data:`MIN_RUN_CHANNELS`; a few position blocks
+  are cut into a multiple of the thread count; the blocks share the position tiles evenly,
+  :func:`position_block_tiles`); register tile ⟨T_Mi, T_Ni⟩ = ``mr × nr`` accumulators (AVX-512 / AVX2 FMA
   intrinsics by the target's ISA, portable C for ``scalar``), partial sums between K steps in a
   per-thread buffer. Outputs go straight into the runtime's arena views (``takes_out``).
   The SIMD lanes run along the positions (``TileConfig.vector_axis`` 1: ``nr`` a whole number of
