@@ -289,6 +289,66 @@ def test_row_vector_tiles_match_onnxruntime_at_few_and_many_positions(tmp_path, 
         np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4, err_msg=f"{n}x{h}x{w}")
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("branch,channels", [
+    (("same3", 70, (3, 3), dict(pads=[1, 1, 1, 1]), ("bn", "relu", "res")), 24),  # partial tile, K steps, residual
+    (("stride2", 40, (3, 3), dict(pads=[1, 0, 1, 2], strides=[2, 2]), ("relu",)), 8),   # asymmetric pads
+    (("stem", 16, (7, 7), dict(pads=[3, 3, 3, 3], strides=[2, 2]), ("relu",)), 3),
+    (("dilated", 12, (5, 3), dict(pads=[4, 1, 4, 1], dilations=[2, 1]), ("silu",)), 6),
+    (("grouped", 36, (3, 3), dict(group=2, pads=[1, 2, 1, 2], dilations=[1, 2]), ()), 16),
+    (("asym", 6, (2, 5), dict(pads=[0, 2, 1, 2], strides=[1, 2]), ()), 8),
+])
+def test_padded_plane_tiles_match_onnxruntime(tmp_path, isa, branch, channels):
+    """``planes``: the tiles read the task's zero-padded input planes in place (one plane per channel
+    and stride phase, the positions along the padded width), no im2col gather; every output row's
+    padding columns are computed and dropped when the tile is stored. Strides, dilations, asymmetric
+    padding, channel groups, a partial channel tile, several K steps and position blocks, images of
+    one pixel, one row, one column and prime sizes, a batch."""
+    from tscomp.codegen.build import host_isa
+    from tscomp.codegen.cpu_conv import plane_configs
+    from tscomp.codegen.cpu_gemm import ISA_RANK
+    if ISA_RANK[host_isa()] < ISA_RANK[isa]:
+        pytest.skip(f"{isa} kernels do not run on this host ({host_isa()})")
+    path = tmp_path / "planes.onnx"
+    residual = ["batch", 70, "H", "W"] if "res" in branch[4] else None
+    _model(path, [branch], channels=channels, residual=residual)
+    plan = fuse(load_model(str(path), ["batch=1:3", "H=1:100", "W=1:100"]))
+    analysis = ConvAnalysis(plan, plan.groups[0])
+    (cfg,) = plane_configs(isa, analysis)
+    for cfg in (cfg, TileConfig(mr=cfg.mr, nr=cfg.nr, mc=2 * cfg.mr, nc=2 * cfg.nr, kc=min(analysis.K, 16), planes=True)):
+        kernel = CompiledConv(analysis, cfg, isa)
+        assert "build_planes(" in kernel.source and "pack_b" not in kernel.source and "p_b" in kernel.func
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(0)
+        env0 = {name: plan.graph.values[name].const for name in plan.groups[0].inputs if name not in ("x", "r")}
+        for n, h, w in [(1, 1, 1), (1, 1, 37), (1, 29, 1), (2, 7, 13), (1, 23, 17), (1, 61, 53)]:
+            feed = {"x": rng.standard_normal((n, channels, h, w)).astype(np.float32)}
+            if residual:
+                feed["r"] = rng.standard_normal((n, 70, h, w)).astype(np.float32)
+            got = kernel.run(env0 | feed, {"batch": n, "H": h, "W": w})
+            want = sess.run(None, feed)[0]
+            np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{cfg.slug()} {n}x{h}x{w}")
+
+
+def test_padded_planes_are_offered_beside_the_gathering_tiles_for_convs_with_taps(tmp_path):
+    """A Conv with taps gets the padded-planes strategy beside its tiles (fp32, NCHW); a 1x1 (whose
+    gather is a copy) does not, and the wave model counts its positions along the padded width."""
+    from tscomp.codegen.cpu_conv import plane_configs, plane_positions
+    from tscomp.runtime.wave import task_classes
+    plan = _plan(tmp_path, [("a", 64, (3, 3), dict(pads=[1, 1, 1, 1]), ("relu",)),
+                            ("b", 64, (1, 1), dict(), ())], channels=64)
+    three, one = (ConvAnalysis(plan, g) for g in plan.groups)
+    assert one.pointwise and plane_configs("avx512", one) == [] and plane_configs("scalar", three) == []
+    (cfg,) = plane_configs("avx512", three)
+    assert cfg.planes and cfg.vector_axis == 1 and cfg.kc % 8 == 0 and cfg.kc <= three.K
+    k = CompiledConv(three, cfg, "avx512")
+    classes = task_classes(k, {"batch": 1, "H": 56, "W": 56}, 2)
+    assert plane_positions(56, 56, three.geo) == 55 * 58 + 56
+    tiles = -(-plane_positions(56, 56, three.geo) // cfg.nr)
+    assert sum(c * w for c, w in classes) == tiles * cfg.nr * -(-64 // cfg.mc) * cfg.mc * three.K
+
+
 def test_a_few_uneven_tasks_are_evened_out_over_the_threads():
     from tscomp.codegen.cpu_conv import conv_task_grid
     from tscomp.codegen.tile_config import TileConfig
@@ -325,13 +385,13 @@ def test_the_wave_model_costs_the_conv_position_blocks_the_kernel_runs(tmp_path,
     do not). 512 channels: a few blocks whose tiles do not divide among the threads are cut into
     channel runs too (MIN_RUN_CHANNELS)."""
     from tscomp.codegen.build import get_num_threads
-    from tscomp.codegen.cpu_conv import CompiledConv
+    from tscomp.codegen.cpu_conv import CompiledConv, plane_configs, plane_positions
     from tscomp.runtime.wave import task_classes
     pads = [kernel // 2] * 4
     plan = _plan(tmp_path, [("wide", out_channels, (kernel, kernel), dict(pads=pads), ("relu",))], channels=16)
     analysis = ConvAnalysis(plan, plan.groups[0])
-    configs = conv_candidate_configs("avx512", analysis.OCg, analysis.K)
-    assert {c.vector_axis for c in configs} == {0, 1}
+    configs = conv_candidate_configs("avx512", analysis.OCg, analysis.K) + plane_configs("avx512", analysis)
+    assert {c.vector_axis for c in configs} == {0, 1} and any(c.planes for c in configs) == (kernel > 1)
     for k in (CompiledConv(analysis, cfg, "avx512") for cfg in configs):
         a = k.analysis
         for n, h, w in ((1, 1, 1), (1, 5, 7), (2, 17, 17), (1, 28, 28), (3, 40, 97)):
@@ -339,6 +399,8 @@ def test_the_wave_model_costs_the_conv_position_blocks_the_kernel_runs(tmp_path,
             classes = task_classes(k, binding, get_num_threads())
             assert sum(c for c, _ in classes) == k.tasks(binding), (k.func, binding)
             P, nr = h * w, k.cfg.nr                   # "same" padding: as many positions as pixels
+            if k.cfg.planes:                          # along the padded width
+                P = plane_positions(h, w, a.geo)
             covered = n * (-(-P // nr) * nr if k.cfg.vector_axis == 1 else P)
             channels = sum(c * wk for c, wk in classes) // (a.Cg * kernel * kernel)
             assert channels % covered == 0 and channels // covered >= a.OCg, (k.func, binding, classes)

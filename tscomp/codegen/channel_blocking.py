@@ -171,8 +171,9 @@ def _apply(t: BlockedTensor, choices, schedules, target) -> bool:
         s = schedules.groups[name]
         if choices[name].family.name == "conv-depthwise":
             s.variants = [v for v in s.variants if _channel_blocked(v.config)]
-        else:           # the Winograd strategy reads and writes NCHW only
-            s.variants = [v for v in s.variants if not isinstance(v.config, WinogradConfig)]
+        else:           # the Winograd and the padded-planes strategies read and write NCHW only
+            s.variants = [v for v in s.variants
+                          if not isinstance(v.config, WinogradConfig) and not getattr(v.config, "planes", False)]
     if choices[t.producer].family.name == "conv" and producer.pointwise:
         _add_row_vector_tiles(schedules.groups[t.producer], choices[t.producer], target)
     return True

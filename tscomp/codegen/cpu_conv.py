@@ -741,6 +741,33 @@ def conv_candidate_configs(isa: str, OCg: int, K: int, *, caches: CacheSizes | N
     return out
 
 
+#: the padded-planes strategy's register tile per ISA (rows = output channels, columns = positions):
+#: on the development Xeon (AVX-512), ResNet-50's 64->64 3x3 conv at 56x56 in a C harness, 2 threads:
+#: 8x48 883 us, 6x64 941, 8x32 931 (the gathered 6x64 tiles: 953-980)
+PLANE_TILES = {"avx512": (8, 48), "avx2": (6, 16)}
+
+
+def plane_configs(isa: str, analysis, caches: CacheSizes | None = None) -> list[TileConfig]:
+    """The padded-planes strategy (``TileConfig.planes``) for a Conv with taps (empty for a 1x1, whose
+    gather is a plain copy, and where the ISA has no such tile): the register tiles read the task's
+    zero-padded input planes in place, with no im2col gather (which costs a 64-channel 3x3 conv
+    ~13% of its time), computing the ``(KW - 1) * DW // SW`` padding columns of every output row
+    and dropping them (4% at 56 columns, 29% at 7): the dispatch weighs it against the gathering
+    tiles per shape. ``kc``: the planes' rows a K step reads (each input row serves the KW taps of
+    a kernel row) and its weight slice fill L1; ``mc`` as the gathering tiles'; 4 tiles of positions
+    per block."""
+    if isa not in PLANE_TILES or analysis.pointwise or analysis.geo.kh * analysis.geo.kw == 1:
+        return []
+    caches = caches or host_caches()
+    mr, nr = PLANE_TILES[isa]
+    geo, K = analysis.geo, analysis.K
+    per_k = 4 * (mr + (nr + geo.kw * geo.dw) // geo.kw)
+    kc_cap = max(8, caches.l1 // per_k // 8 * 8)
+    kc = K if K <= kc_cap else min(K, _round_up(-(-K // -(-K // kc_cap)), 8))
+    mc = _round_up(-(-analysis.OCg // -(-analysis.OCg // 96)), mr)
+    return [TileConfig(mr=mr, nr=nr, mc=mc, nc=4 * nr, kc=kc, planes=True).validate(isa)]
+
+
 # ============================================================================ source
 
 def position_block_tiles(P, n_pb, nr: int) -> list[tuple]:
@@ -791,7 +818,7 @@ def conv_precision(analysis, cfg, isa: str, precision: str) -> str:
     only for implicit-GEMM tiles with the lanes along the positions on AVX-512 (VPDPBUSD) and
     operands that fit it; every other configuration of the group (Winograd, row vectors, the
     depthwise kernels) stays fp32 -- the dispatch measures them side by side per shape."""
-    fits = (isinstance(cfg, TileConfig) and cfg.vector_axis == 1 and isa in ("avx512", "amx")
+    fits = (isinstance(cfg, TileConfig) and cfg.vector_axis == 1 and not cfg.planes and isa in ("avx512", "amx")
             and getattr(analysis, "int8_x_offset", None) is not None)
     return precision if precision == "fp32" or fits else "fp32"
 
@@ -877,26 +904,30 @@ def x_prologue_function(plan: Plan, group: Group, x: Expr, xshape: tuple, counte
 #: by its last k step the next call's weights are there)
 _MICRO_PARAMS = """int64_t kl, const float* restrict ap, const float* restrict bp, int64_t ldb, float* restrict ct,
     int first, int last, float* restrict tile"""
+#: the planes form's: row k of the column operand at ``bp + koff[k]`` (PLANES_C)
+_MICRO_PARAMS_PLANES = _MICRO_PARAMS.replace("int64_t ldb", "const int64_t* restrict koff")
 
 
 def _emit_micro_kernel(emit, isa: str, MR: int, NR: int, column_vectors: bool = True,
-                       position_major: bool = False, direct_lanes: int = 0) -> None:
+                       position_major: bool = False, direct_lanes: int = 0, planes: bool = False) -> None:
     lanes = ("the SIMD lanes along the positions: per k, NR/W column vectors times MR broadcast weights"
              if column_vectors or isa == "scalar" else
              "the SIMD lanes along the channels: per k, MR/W weight vectors times NR broadcast positions")
+    rows = "padded input planes (row k at bp + koff[k])" if planes else "gathered column block (row k at bp + k*ldb)"
     emit(f"""/* Micro-kernel: an MR x NR tile (output channels x positions) over kl steps of k, {lanes}.
- *   ap: prepacked weight panel (k-major, MR per k); bp: gathered column block (row k at bp + k*ldb);
+ *   ap: prepacked weight panel (k-major, MR per k); bp: {rows};
  *   ct: partial sums (MR*NR) between K steps; last: the finished tile goes to `tile` (MR x NR). */
 static inline __attribute__((always_inline)) void micro_kernel(
-    {_MICRO_PARAMS})
+    {_MICRO_PARAMS_PLANES if planes else _MICRO_PARAMS})
 {{""")
+    row_k = "bp + koff[k]" if planes else "bp + k * ldb"
     if isa == "scalar":
         emit("""    float acc_t[MR][NR];
     for (int r = 0; r < MR; ++r)
         for (int c = 0; c < NR; ++c)
             acc_t[r][c] = first ? 0.0f : ct[r * NR + c];
     for (int64_t k = 0; k < kl; ++k) {
-        const float* restrict bk = bp + k * ldb;
+        const float* restrict bk = ROW_K;
         const float* restrict ak = ap + k * MR;
         for (int r = 0; r < MR; ++r)
             for (int c = 0; c < NR; ++c)
@@ -907,7 +938,7 @@ static inline __attribute__((always_inline)) void micro_kernel(
         for (int c = 0; c < NR; ++c)
             dst[r * NR + c] = acc_t[r][c];
 }
-""")
+""".replace("ROW_K", row_k))
         return
     v = _Vec(isa)
     W = v.width
@@ -917,7 +948,7 @@ static inline __attribute__((always_inline)) void micro_kernel(
         return
     accs = emit_accumulators(emit, v, MR, NR)
     emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
-    emit("        const float* restrict bk = bp + k * ldb;")
+    emit(f"        const float* restrict bk = {row_k};")
     emit("        const float* restrict ak = ap + k * MR;")
     for line in range(0, MR * 4, 64):
         emit(f"        _mm_prefetch((const char*)(ak + (int64_t)KDIM * MR) + {line}, _MM_HINT_T1);"
@@ -1153,6 +1184,169 @@ static void pack_b_phased(const float* restrict xp, int64_t r0, int64_t HR, int6
 """)
 
 
+#: C, the task grid of an implicit-GEMM Conv call over POSITIONS positions (P; a planes kernel's PJ):
+#: position blocks, the widest block ``ncw``, channel-block runs (conv_task_grid in Python: the same
+#: rule); it ends with ``n_obt`` runs of ``obt`` channel blocks
+_TASK_GRID_C = """    /* position blocks: ceil(P / NC) of them, balanced in whole register tiles of NR positions (P =
+     * 784 at NC = 256, NR = 64: 13 tiles as 3 + 3 + 3 + 4, not 4 + 4 + 4 + 1: on 2 threads the
+     * second gets 7 tiles, not 8 against 5). A few tasks that do not divide among the threads (5
+     * over 2: one thread idle a fifth of the time) are evened out: column vectors cut P into a
+     * multiple of the thread count; row vectors, whose tasks each stream their channel blocks'
+     * weights, cut the channels into runs instead (conv_task_grid in Python: the same rule) */
+    const int64_t nth = omp_get_max_threads(), n_ob = (OCG + MC - 1) / MC;
+    const int64_t p_tiles = (P + NR - 1) / NR;
+    int64_t n_pb = (P + NC - 1) / NC;
+    const int uneven = NB * G * n_pb < BALANCE_TASKS_PER_THREAD * nth && (NB * G * n_pb) % nth;
+    if (COLUMN_VECTORS && uneven)
+        for (int64_t want = n_pb + 1; want <= p_tiles; ++want)
+            if ((NB * G * want) % nth == 0) { n_pb = want; break; }
+    const int64_t ncw = (p_tiles + n_pb - 1) / n_pb * NR;     /* the widest block */
+    /* channel blocks per task: all of them (the column block is gathered once per K step for every
+     * channel block), cut into balanced runs only when there are fewer other tasks than threads
+     * (row vectors: or when those tasks do not divide among the threads) */
+    const int64_t base = NB * G * n_pb;
+    int64_t runs = base >= nth ? 1 : min_i64(n_ob, (nth + base - 1) / base);
+    /* column vectors, a few blocks whose position tiles do not divide among the threads (7 tiles
+     * over 2: 4 against 3): their channel blocks in runs too, as long as each run keeps
+     * MIN_RUN_CHANNELS channels to share its gathered column block */
+    if (COLUMN_VECTORS && base < BALANCE_TASKS_PER_THREAD * nth && (NB * G * p_tiles) % nth)
+        runs = max_i64(runs, min_i64(min_i64(n_ob, (BALANCE_TASKS_PER_THREAD * nth + base - 1) / base),
+                                     n_ob * MC / MIN_RUN_CHANNELS));
+    if (!COLUMN_VECTORS && (base < nth || (base < BALANCE_TASKS_PER_THREAD * nth && base % nth)))
+        for (int64_t r = 1; r <= n_ob; ++r)
+            if (base * r >= nth && (base * r) % nth == 0) { runs = r; break; }
+    const int64_t obt = (n_ob + runs - 1) / runs;
+    const int64_t n_obt = (n_ob + obt - 1) / obt;
+"""
+
+
+def _task_grid_c(positions: str) -> str:
+    return re.sub(r"\bP\b", positions, _TASK_GRID_C)
+
+
+#: PLANES_C: a task's zero-padded input planes, the column operand of the padded-planes tiles
+PLANES_C = """/* A task's zero-padded input planes. Plane (c, rp, cp) holds, for the output rows oh0 .. oh0 + HRQ - 1,
+ * the padded input row (oh0 + rr) * SH + rp at the columns q * SW + cp, q < WQ. Tap (kh, kw) of output
+ * position (oh, ow) is then element (oh - oh0 + kh*DH/SH) * WQ + ow + kw*DW/SW of plane
+ * (c, kh*DH % SH, kw*DW % SW): along J = oh * WQ + ow every row k of the implicit im2col matrix is one
+ * run of the planes at the constant offset koff[k], read in place by the micro-kernel (no gather). */
+static void build_planes(const float* restrict xg, int64_t H, int64_t W, int64_t PT, int64_t PL, int64_t WQ,
+                         int64_t HRQ, int64_t oh0, float* restrict xp)
+{
+    for (int64_t c = 0; c < CG; ++c)
+        for (int64_t rp = 0; rp < SH; ++rp)
+            for (int64_t cp = 0; cp < SW; ++cp) {
+                float* restrict plane = xp + ((c * SH + rp) * SW + cp) * HRQ * WQ;
+                const float* restrict xc = xg + c * H * W;
+                const int64_t shift = PL - cp;                 /* iw = q * SW - shift */
+                const int64_t lo = min_i64(WQ, shift > 0 ? (shift + SW - 1) / SW : 0);
+                const int64_t hi = max_i64(lo, min_i64(WQ, W - 1 + shift >= 0 ? (W - 1 + shift) / SW + 1 : 0));
+                for (int64_t rr = 0; rr < HRQ; ++rr) {
+                    float* restrict d = plane + rr * WQ;
+                    const int64_t ih = (oh0 + rr) * SH + rp - PT;
+                    if (ih < 0 || ih >= H) {
+                        for (int64_t q = 0; q < WQ; ++q) d[q] = 0.0f;
+                        continue;
+                    }
+                    const float* restrict src = xc + ih * W;
+                    for (int64_t q = 0; q < lo; ++q) d[q] = 0.0f;
+                    for (int64_t q = lo; q < hi; ++q) d[q] = src[q * SW - shift];
+                    for (int64_t q = hi; q < WQ; ++q) d[q] = 0.0f;
+                }
+            }
+}
+
+/* koff[k]: where row k = (c, kh, kw) of the implicit im2col matrix starts in a task's planes */
+static void plane_offsets(int64_t HRQ, int64_t WQ, int64_t* restrict koff)
+{
+    for (int64_t k = 0; k < KDIM; ++k) {
+        const int64_t c = k / (KH * KW), kh = (k / KW) % KH, kw = k % KW;
+        koff[k] = ((c * SH + kh * DH % SH) * SW + kw * DW % SW) * HRQ * WQ + kh * DH / SH * WQ + kw * DW / SW;
+    }
+}
+"""
+
+
+def plane_positions(OH, OW, geo):
+    """Positions a padded-planes Conv call computes (ints or numpy arrays): its output rows laid
+    along the padded width ``WQ = OW + (KW - 1) * DW // SW``, the last row's dropped columns not
+    computed -- ``(OH - 1) * WQ + OW``."""
+    return (OH - 1) * (OW + (geo.kw - 1) * geo.dw // geo.sw) + OW
+
+
+def _emit_planes_kernel(emit, a, cfg: TileConfig, isa: str, name: str, params: str, names: str, pro_names: str,
+                        n_kb: int) -> None:
+    """The padded-planes form of the macro-kernel (``cfg.planes``): per task, the input rows its
+    positions read as zero-padded planes (:data:`PLANES_C`), the register tiles reading them in place
+    at a per-k offset; the positions run along the padded width and each finished tile is stored a
+    row segment at a time, the columns past OW dropped."""
+    emit(PHASE_WORKSPACE_C)
+    emit(PLANES_C)
+    _emit_micro_kernel(emit, isa, cfg.mr, cfg.nr, True, planes=True)
+    single = n_kb == 1
+    emit(f"""/* Macro-kernel: tasks = NB x G x position blocks (PJ = (OH - 1) * WQ + OW positions along the padded
+ * width, balanced in register tiles) x runs of channel blocks; each builds its planes once and walks K in
+ * N_KBLOCKS steps of KC, every MR x NR tile of its channel blocks reading the planes in place. */
+void {name}({_runtime_params()}{params})
+{{
+    const int64_t P = OH * OW;
+    if (NB <= 0 || P <= 0) return;{_prologue_call(a, pro_names)}
+    const int64_t WQ = OW + (KW - 1) * DW / SW, PJ = (OH - 1) * WQ + OW;
+{_task_grid_c('PJ')}    const int64_t n_tasks = base * n_obt;
+    /* plane rows per task: its block's output rows, the taps' rows below them, and one more that the
+     * dropped columns of its last row read into; the planes end in WQ + NR zeros for the last one's */
+    const int64_t HRQ = (ncw + WQ - 2) / WQ + 1 + (KH - 1) * DH / SH + 1;
+    const size_t plane_floats = (size_t)CG * SH * SW * HRQ * WQ, slack = (size_t)(WQ + NR);
+    const size_t koff_at = (plane_floats + slack + 15) / 16 * 16;
+    #pragma omp parallel if (n_tasks > 1)
+    {{
+        float* xp = tscomp_phase_workspace(koff_at + 2 * (size_t)KDIM);
+        int64_t* koff = (int64_t*)(xp + koff_at);
+        for (size_t q = plane_floats; q < plane_floats + slack; ++q) xp[q] = 0.0f;
+        plane_offsets(HRQ, WQ, koff);
+        float* cbuf = {'NULL' if single else 'tscomp_thread_workspace((size_t)(obt * MC * ncw))'};
+        float tile[MR * NR] __attribute__((aligned(64)));
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < n_tasks; ++t) {{
+            const int64_t og = t % n_obt, pb = (t / n_obt) % n_pb, g = (t / (n_obt * n_pb)) % G;
+            const int64_t n = t / (n_obt * n_pb * G);
+            const int64_t J0 = pb * p_tiles / n_pb * NR, nvb = min_i64((pb + 1) * p_tiles / n_pb * NR, PJ) - J0;
+            const int64_t ob_first = og * obt, ob_end = min_i64(n_ob, ob_first + obt);
+            const int64_t oh0 = J0 / WQ;
+            build_planes(X + (n * C_IN + g * CG) * H * W, H, W, PT, PL, WQ, HRQ, oh0, xp);
+            const float* xb = xp + (J0 - oh0 * WQ);
+            for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
+                const int64_t k0 = kb * KC, kl = min_i64(KC, KDIM - k0);
+                for (int64_t ob = ob_first; ob < ob_end; ++ob) {{
+                    const int64_t oc0 = ob * MC, mvb = min_i64(MC, OCG - oc0);
+                    float* cb = {'NULL' if single else 'cbuf + (ob - ob_first) * (MC * ncw)'};
+                    for (int64_t jp = 0; jp * NR < nvb; ++jp) {{
+                        for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
+                            float* ct = {'NULL' if single else 'cb + (jp * (MC / MR) + ip) * (MR * NR)'};
+                            const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
+                            micro_kernel(kl, ap, xb + jp * NR, koff + k0, ct, {"1, 1" if single else "kb == 0, kb == N_KBLOCKS - 1"}, tile);
+                            if ({'1' if single else 'kb == N_KBLOCKS - 1'}) {{
+                                /* the tile's columns J as row segments of the output, those past OW dropped */
+                                const int64_t jt = J0 + jp * NR, jend = min_i64(jt + NR, J0 + nvb);
+                                for (int64_t j = jt; j < jend; ) {{
+                                    const int64_t oh = j / WQ, ow = j - oh * WQ;
+                                    if (ow >= OW) {{ j += WQ - ow; continue; }}
+                                    const int64_t len = min_i64(OW - ow, jend - j);
+                                    conv_epilogue(tile + (j - jt), NR, n, g * OCG + oc0 + ip * MR, oh * OW + ow,
+                                                  min_i64(MR, mvb - ip * MR), len{names});
+                                    j += len;
+                                }}
+                            }}
+                        }}
+                    }}
+                }}
+            }}
+        }}
+    }}
+}}
+""")
+
+
 def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str, precision: str = "fp32") -> str:
     """The source step of the ``conv`` family (pure): C text of the implicit-GEMM macro-kernel; with
     ``precision="int8"`` its VPDPBUSD form (:mod:`tscomp.codegen.cpu_conv_int8`)."""
@@ -1174,6 +1368,10 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str, precision: st
         L.append(ts_macros(text))
 
     direct = reads_blocks_in_place(a, cfg, KC)
+    if cfg.planes and (int8 or a.x_lanes or a.y_lanes or isa == "scalar"):
+        raise UnsupportedOperatorError(
+            f"group {a.group.name}: the padded-planes Conv tiles are fp32 SIMD over NCHW tensors (here "
+            f"precision {precision}, isa {isa}, X lanes {a.x_lanes}, output lanes {a.y_lanes})")
     emit(a.header("implicit GEMM", f"{cfg.describe()} on {isa}; K = Cg*KH*KW = {a.K} in {n_kb} step(s) of {KC}; "
                   f"one OpenMP task per (image, group, {NC}-position block, run of {MC}-channel blocks)"
                   + _layout_words(a, direct)
@@ -1203,6 +1401,9 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str, precision: st
         emit(transpose_block_c("avx512" if amx else isa))     # (AMX kernels: AVX-512 around the tiles)
     emit(a.epilogue_c)
     emit(a.prologue_c)
+    if cfg.planes:
+        _emit_planes_kernel(emit_t, a, cfg, isa, name, params, names, pro_names, n_kb)
+        return "\n".join(L)
     _emit_pack_b(emit_t, a.pointwise, a.phased, a.x_lanes)
     if amx:
         from tscomp.codegen.cpu_gemm import _emit_amx_setup
@@ -1228,37 +1429,7 @@ void {name}({_runtime_params()}{params})
 {{
     const int64_t P = OH * OW;
     if (NB <= 0 || P <= 0) return;{_prologue_call(a, pro_names)}
-    /* position blocks: ceil(P / NC) of them, balanced in whole register tiles of NR positions (P =
-     * 784 at NC = 256, NR = 64: 13 tiles as 3 + 3 + 3 + 4, not 4 + 4 + 4 + 1: on 2 threads the
-     * second gets 7 tiles, not 8 against 5). A few tasks that do not divide among the threads (5
-     * over 2: one thread idle a fifth of the time) are evened out: column vectors cut P into a
-     * multiple of the thread count; row vectors, whose tasks each stream their channel blocks'
-     * weights, cut the channels into runs instead (conv_task_grid in Python: the same rule) */
-    const int64_t nth = omp_get_max_threads(), n_ob = (OCG + MC - 1) / MC;
-    const int64_t p_tiles = (P + NR - 1) / NR;
-    int64_t n_pb = (P + NC - 1) / NC;
-    const int uneven = NB * G * n_pb < BALANCE_TASKS_PER_THREAD * nth && (NB * G * n_pb) % nth;
-    if (COLUMN_VECTORS && uneven)
-        for (int64_t want = n_pb + 1; want <= p_tiles; ++want)
-            if ((NB * G * want) % nth == 0) {{ n_pb = want; break; }}
-    const int64_t ncw = (p_tiles + n_pb - 1) / n_pb * NR;     /* the widest block */
-    /* channel blocks per task: all of them (the column block is gathered once per K step for every
-     * channel block), cut into balanced runs only when there are fewer other tasks than threads
-     * (row vectors: or when those tasks do not divide among the threads) */
-    const int64_t base = NB * G * n_pb;
-    int64_t runs = base >= nth ? 1 : min_i64(n_ob, (nth + base - 1) / base);
-    /* column vectors, a few blocks whose position tiles do not divide among the threads (7 tiles
-     * over 2: 4 against 3): their channel blocks in runs too, as long as each run keeps
-     * MIN_RUN_CHANNELS channels to share its gathered column block */
-    if (COLUMN_VECTORS && base < BALANCE_TASKS_PER_THREAD * nth && (NB * G * p_tiles) % nth)
-        runs = max_i64(runs, min_i64(min_i64(n_ob, (BALANCE_TASKS_PER_THREAD * nth + base - 1) / base),
-                                     n_ob * MC / MIN_RUN_CHANNELS));
-    if (!COLUMN_VECTORS && (base < nth || (base < BALANCE_TASKS_PER_THREAD * nth && base % nth)))
-        for (int64_t r = 1; r <= n_ob; ++r)
-            if (base * r >= nth && (base * r) % nth == 0) {{ runs = r; break; }}
-    const int64_t obt = (n_ob + runs - 1) / runs;
-    const int64_t n_obt = (n_ob + obt - 1) / obt;
-    const int64_t n_tasks = base * n_obt;{_phase_setup(a)}
+{_task_grid_c('P')}    const int64_t n_tasks = base * n_obt;{_phase_setup(a)}
     #pragma omp parallel if (n_tasks > 1)
     {{{_phase_build(a)}{_amx_tiles_on(amx)}
         float* bpack = tscomp_thread_workspace((size_t)(KC * ncw + {quads}{partials}));{_quad_block(int8, amx)}
@@ -1849,7 +2020,8 @@ class CompiledConv(PicklableKernel):
             rows = int(channel_block_rows(self.cfg, a.geo, xshape[0], a.OC, OH, OW, get_num_threads()))
             return xshape[0] * -(-a.OC // self.cfg.lanes) * -(-OH // rows)
         images = xshape[0] * a.G                                  # the kernel's own rule (conv_source)
-        n_pb, n_obt = conv_task_grid(OH * OW, images, -(-a.OCg // self.cfg.mc), self.cfg, get_num_threads())
+        positions = plane_positions(OH, OW, a.geo) if self.cfg.planes else OH * OW
+        n_pb, n_obt = conv_task_grid(positions, images, -(-a.OCg // self.cfg.mc), self.cfg, get_num_threads())
         return images * n_pb * n_obt
 
     def size_exprs(self) -> tuple:

@@ -255,7 +255,7 @@ def _conv_executor(analysis, cfg, target: Target):
     from tscomp.codegen.cpu_conv import CompiledConv
     from tscomp.codegen.tile_config import TileConfig
     target = conv_target(analysis, target)
-    column_tiles = isinstance(cfg, TileConfig) and cfg.vector_axis == 1
+    column_tiles = isinstance(cfg, TileConfig) and cfg.vector_axis == 1 and not cfg.planes   # (planes: fp32 SIMD)
     return CompiledConv(analysis, cfg, conv_tile_isa(target) if column_tiles else target.isa, target.spec.l1,
                         target.precision)
 
@@ -280,8 +280,14 @@ def _conv_heuristic(analysis, target: Target, limit: int) -> list:
 
 
 def _conv_strategies(analysis, target: Target) -> list:
+    from tscomp.codegen.cpu_conv import plane_configs
     from tscomp.codegen.cpu_conv_winograd import winograd_configs
-    return winograd_configs(target.isa, analysis) if isinstance(target.spec, CpuSpec) else []
+    if not isinstance(target.spec, CpuSpec):
+        return []
+    from tscomp.codegen.tile_config import CacheSizes
+    s = target.spec
+    return winograd_configs(target.isa, analysis) + plane_configs(target.isa, analysis,
+                                                                  CacheSizes(l1=s.l1, l2=s.l2, l3=s.l3))
 
 
 def _conv_space(analysis, target: Target):

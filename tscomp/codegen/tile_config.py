@@ -81,6 +81,9 @@ class TileConfig:
     columns (``nr`` a whole number of vectors, each of the ``mr`` rows a broadcast operand), 0 rows
     (``mr`` whole vectors, the ``nr`` columns broadcast). Only the Conv family offers 0: its rows are
     output channels, and a late stage's few output positions fill no column vector.
+    ``planes`` — (Conv only, column vectors) the tile's columns are read in place from the task's
+    zero-padded input planes at a per-k offset, the positions running along the padded width (a few
+    columns per output row computed and dropped), instead of from a gathered im2col block.
     """
 
     mr: int
@@ -89,6 +92,7 @@ class TileConfig:
     nc: int
     kc: int
     vector_axis: int = 1
+    planes: bool = False
 
     def __post_init__(self):
         for field in ("mr", "nr", "mc", "nc", "kc"):
@@ -101,6 +105,11 @@ class TileConfig:
             raise TileConfigError(f"TileConfig mc={self.mc} is not a multiple of mr={self.mr}")
         if self.nc % self.nr:
             raise TileConfigError(f"TileConfig nc={self.nc} is not a multiple of nr={self.nr}")
+        if self.planes not in (False, True) or (self.planes and self.vector_axis != 1):
+            raise TileConfigError(f"TileConfig.planes must be a bool (or 0/1, as tuning records store it), and "
+                                  f"True only with vector_axis 1 (got planes={self.planes!r}, "
+                                  f"vector_axis={self.vector_axis!r})")
+        object.__setattr__(self, "planes", bool(self.planes))
 
     def accumulators(self, isa: str) -> int:
         """Registers (vectors) the ``mr × nr`` accumulator tile occupies under ``isa``."""
@@ -127,12 +136,14 @@ class TileConfig:
 
     def describe(self) -> str:
         lanes = "" if self.vector_axis == 1 else " (vectors along its rows)"
+        planes = ", columns read in place from padded input planes" if self.planes else ""
         return (f"register tile T_Mi x T_Ni = {self.mr}x{self.nr}{lanes}, "
-                f"block tile T_Mb x T_Nb x T_Kb = {self.mc}x{self.nc}x{self.kc}")
+                f"block tile T_Mb x T_Nb x T_Kb = {self.mc}x{self.nc}x{self.kc}{planes}")
 
     def slug(self) -> str:
         """Short identifier usable in C symbol and file names."""
-        return f"r{self.mr}x{self.nr}{'' if self.vector_axis == 1 else 'v'}_b{self.mc}x{self.nc}x{self.kc}"
+        lanes = ("" if self.vector_axis == 1 else "v") + ("p" if self.planes else "")
+        return f"r{self.mr}x{self.nr}{lanes}_b{self.mc}x{self.nc}x{self.kc}"
 
 
 def _check_isa(isa: str) -> str:

@@ -93,8 +93,13 @@ def _conv_classes(k, ev, threads: int):
     if not isinstance(cfg, TileConfig):       # the Winograd strategy: its own split
         from tscomp.codegen.cpu_conv_winograd import winograd_classes
         return winograd_classes(k, ev, threads)
-    from tscomp.codegen.cpu_conv import MIN_RUN_CHANNELS, position_block_tiles
-    n, P = ev(a.x_shape[0]), np.maximum(ev(numel(a.out_shape[2:])), 1)
+    from tscomp.codegen.cpu_conv import MIN_RUN_CHANNELS, plane_positions, position_block_tiles
+    n = ev(a.x_shape[0])
+    if cfg.planes:               # positions along the padded width (the rows' dropped columns computed)
+        OH, OW = (1, ev(a.out_shape[2])) if len(a.out_shape) == 3 else (ev(a.out_shape[2]), ev(a.out_shape[3]))
+        P = np.maximum(plane_positions(OH, OW, a.geo), 1)
+    else:
+        P = np.maximum(ev(numel(a.out_shape[2:])), 1)
     n_pb, n_ob = -(-P // cfg.nc), -(-a.OCg // cfg.mc)
     if cfg.vector_axis == 1:       # a few tasks that do not divide among the threads: P cut finer
         uneven = (n * a.G * n_pb < BALANCE_TASKS_PER_THREAD * threads) & ((n * a.G * n_pb) % threads != 0)
