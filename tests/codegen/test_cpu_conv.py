@@ -305,7 +305,7 @@ def test_padded_plane_tiles_match_onnxruntime(tmp_path, isa, branch, channels):
     padding, channel groups, a partial channel tile, several K steps and position blocks, images of
     one pixel, one row, one column and prime sizes, a batch."""
     from tscomp.codegen.build import host_isa
-    from tscomp.codegen.cpu_conv import plane_configs
+    from tscomp.codegen.cpu_conv import PLANE_TILES, plane_configs
     from tscomp.codegen.cpu_gemm import ISA_RANK
     if ISA_RANK[host_isa()] < ISA_RANK[isa]:
         pytest.skip(f"{isa} kernels do not run on this host ({host_isa()})")
@@ -314,8 +314,10 @@ def test_padded_plane_tiles_match_onnxruntime(tmp_path, isa, branch, channels):
     _model(path, [branch], channels=channels, residual=residual)
     plan = fuse(load_model(str(path), ["batch=1:3", "H=1:100", "W=1:100"]))
     analysis = ConvAnalysis(plan, plan.groups[0])
-    (cfg,) = plane_configs(isa, analysis)
-    for cfg in (cfg, TileConfig(mr=cfg.mr, nr=cfg.nr, mc=2 * cfg.mr, nc=2 * cfg.nr, kc=min(analysis.K, 16), planes=True)):
+    offered = plane_configs(isa, analysis)          # (strided Convs: not offered, the kernel takes them)
+    assert len(offered) == (analysis.geo.sh * analysis.geo.sw == 1)
+    (mr, nr), kc = PLANE_TILES[isa], min(analysis.K, 16)
+    for cfg in offered + [TileConfig(mr=mr, nr=nr, mc=2 * mr, nc=2 * nr, kc=kc, planes=True)]:
         kernel = CompiledConv(analysis, cfg, isa)
         assert "build_planes(" in kernel.source and "pack_b" not in kernel.source and "p_b" in kernel.func
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -332,14 +334,17 @@ def test_padded_plane_tiles_match_onnxruntime(tmp_path, isa, branch, channels):
 
 
 def test_padded_planes_are_offered_beside_the_gathering_tiles_for_convs_with_taps(tmp_path):
-    """A Conv with taps gets the padded-planes strategy beside its tiles (fp32, NCHW); a 1x1 (whose
-    gather is a copy) does not, and the wave model counts its positions along the padded width."""
+    """A unit-stride Conv with taps gets the padded-planes strategy beside its tiles (fp32, NCHW); a 1x1
+    (whose gather is a copy) and a strided one do not, and the wave model counts its positions along
+    the padded width."""
     from tscomp.codegen.cpu_conv import plane_configs, plane_positions
     from tscomp.runtime.wave import task_classes
     plan = _plan(tmp_path, [("a", 64, (3, 3), dict(pads=[1, 1, 1, 1]), ("relu",)),
-                            ("b", 64, (1, 1), dict(), ())], channels=64)
-    three, one = (ConvAnalysis(plan, g) for g in plan.groups)
+                            ("b", 64, (1, 1), dict(), ()),
+                            ("c", 64, (3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2]), ())], channels=64)
+    three, one, strided = (ConvAnalysis(plan, g) for g in plan.groups)
     assert one.pointwise and plane_configs("avx512", one) == [] and plane_configs("scalar", three) == []
+    assert plane_configs("avx512", strided) == []
     (cfg,) = plane_configs("avx512", three)
     assert cfg.planes and cfg.vector_axis == 1 and cfg.kc % 8 == 0 and cfg.kc <= three.K
     k = CompiledConv(three, cfg, "avx512")

@@ -748,19 +748,22 @@ PLANE_TILES = {"avx512": (8, 48), "avx2": (6, 16)}
 
 
 def plane_configs(isa: str, analysis, caches: CacheSizes | None = None) -> list[TileConfig]:
-    """The padded-planes strategy (``TileConfig.planes``) for a Conv with taps (empty for a 1x1, whose
-    gather is a plain copy, and where the ISA has no such tile): the register tiles read the task's
-    zero-padded input planes in place, with no im2col gather (which costs a 64-channel 3x3 conv
-    ~13% of its time), computing the ``(KW - 1) * DW // SW`` padding columns of every output row
-    and dropping them (4% at 56 columns, 29% at 7): the dispatch weighs it against the gathering
-    tiles per shape. ``kc``: the planes' rows a K step reads (each input row serves the KW taps of
+    """The padded-planes strategy (``TileConfig.planes``) for a unit-stride Conv with taps (empty for a
+    1x1, whose gather is a plain copy, a strided Conv, and where the ISA has no such tile): the
+    register tiles read the task's zero-padded input planes in place, with no im2col gather (which
+    costs a 64-channel 3x3 conv ~13% of its time), computing the ``KW - 1`` padding columns of every
+    output row and dropping them (4% at 56 columns, 29% at 7): the dispatch weighs it against the
+    gathering tiles per shape. The kernel takes any stride (one plane per stride phase), but where
+    the taps are strided the gather is cheaper per FMA and the planes were 4-5% slower (ResNet-50's
+    stride-2 3x3 convs, C harness), so they are not offered there. ``kc``: the planes' rows a K step reads (each input row serves the KW taps of
     a kernel row) and its weight slice fill L1; ``mc`` as the gathering tiles'; 4 tiles of positions
     per block."""
-    if isa not in PLANE_TILES or analysis.pointwise or analysis.geo.kh * analysis.geo.kw == 1:
+    geo = analysis.geo
+    if isa not in PLANE_TILES or analysis.pointwise or geo.kh * geo.kw == 1 or geo.sh * geo.sw != 1:
         return []
     caches = caches or host_caches()
     mr, nr = PLANE_TILES[isa]
-    geo, K = analysis.geo, analysis.K
+    K = analysis.K
     per_k = 4 * (mr + (nr + geo.kw * geo.dw) // geo.kw)
     kc_cap = max(8, caches.l1 // per_k // 8 * 8)
     kc = K if K <= kc_cap else min(K, _round_up(-(-K // -(-K // kc_cap)), 8))
@@ -1229,15 +1232,16 @@ PLANES_C = """/* A task's zero-padded input planes. Plane (c, rp, cp) holds, for
  * the padded input row (oh0 + rr) * SH + rp at the columns q * SW + cp, q < WQ. Tap (kh, kw) of output
  * position (oh, ow) is then element (oh - oh0 + kh*DH/SH) * WQ + ow + kw*DW/SW of plane
  * (c, kh*DH % SH, kw*DW % SW): along J = oh * WQ + ow every row k of the implicit im2col matrix is one
- * run of the planes at the constant offset koff[k], read in place by the micro-kernel (no gather). */
-static void build_planes(const float* restrict xg, int64_t H, int64_t W, int64_t PT, int64_t PL, int64_t WQ,
-                         int64_t HRQ, int64_t oh0, float* restrict xp)
+ * run of the planes at the constant offset koff[k], read in place by the micro-kernel (no gather). A task
+ * builds the planes of one K step's channels at a time (all of a 256-channel conv's would not stay in L2). */
+static void build_planes(const float* restrict xg, int64_t c_first, int64_t channels, int64_t H, int64_t W,
+                         int64_t PT, int64_t PL, int64_t WQ, int64_t HRQ, int64_t oh0, float* restrict xp)
 {
-    for (int64_t c = 0; c < CG; ++c)
+    for (int64_t c = 0; c < channels; ++c)
         for (int64_t rp = 0; rp < SH; ++rp)
             for (int64_t cp = 0; cp < SW; ++cp) {
                 float* restrict plane = xp + ((c * SH + rp) * SW + cp) * HRQ * WQ;
-                const float* restrict xc = xg + c * H * W;
+                const float* restrict xc = xg + (c_first + c) * H * W;
                 const int64_t shift = PL - cp;                 /* iw = q * SW - shift */
                 const int64_t lo = min_i64(WQ, shift > 0 ? (shift + SW - 1) / SW : 0);
                 const int64_t hi = max_i64(lo, min_i64(WQ, W - 1 + shift >= 0 ? (W - 1 + shift) / SW + 1 : 0));
@@ -1256,11 +1260,12 @@ static void build_planes(const float* restrict xg, int64_t H, int64_t W, int64_t
             }
 }
 
-/* koff[k]: where row k = (c, kh, kw) of the implicit im2col matrix starts in a task's planes */
+/* koff[k]: where row k = (c, kh, kw) of the implicit im2col matrix starts in the planes of its K step
+ * (which hold the step's channels, from the first one it reads) */
 static void plane_offsets(int64_t HRQ, int64_t WQ, int64_t* restrict koff)
 {
     for (int64_t k = 0; k < KDIM; ++k) {
-        const int64_t c = k / (KH * KW), kh = (k / KW) % KH, kw = k % KW;
+        const int64_t c = k / (KH * KW) - k / KC * KC / (KH * KW), kh = (k / KW) % KH, kw = k % KW;
         koff[k] = ((c * SH + kh * DH % SH) * SW + kw * DW % SW) * HRQ * WQ + kh * DH / SH * WQ + kw * DW / SW;
     }
 }
@@ -1285,8 +1290,8 @@ def _emit_planes_kernel(emit, a, cfg: TileConfig, isa: str, name: str, params: s
     _emit_micro_kernel(emit, isa, cfg.mr, cfg.nr, True, planes=True)
     single = n_kb == 1
     emit(f"""/* Macro-kernel: tasks = NB x G x position blocks (PJ = (OH - 1) * WQ + OW positions along the padded
- * width, balanced in register tiles) x runs of channel blocks; each builds its planes once and walks K in
- * N_KBLOCKS steps of KC, every MR x NR tile of its channel blocks reading the planes in place. */
+ * width, balanced in register tiles) x runs of channel blocks; each walks K in N_KBLOCKS steps of KC,
+ * building the planes of the step's channels, every MR x NR tile of its channel blocks reading them in place. */
 void {name}({_runtime_params()}{params})
 {{
     const int64_t P = OH * OW;
@@ -1296,7 +1301,8 @@ void {name}({_runtime_params()}{params})
     /* plane rows per task: its block's output rows, the taps' rows below them, and one more that the
      * dropped columns of its last row read into; the planes end in WQ + NR zeros for the last one's */
     const int64_t HRQ = (ncw + WQ - 2) / WQ + 1 + (KH - 1) * DH / SH + 1;
-    const size_t plane_floats = (size_t)CG * SH * SW * HRQ * WQ, slack = (size_t)(WQ + NR);
+    const int64_t step_channels = min_i64(CG, (KC - 1) / (KH * KW) + 2);   /* the most a K step reads */
+    const size_t plane_floats = (size_t)step_channels * SH * SW * HRQ * WQ, slack = (size_t)(WQ + NR);
     const size_t koff_at = (plane_floats + slack + 15) / 16 * 16;
     #pragma omp parallel if (n_tasks > 1)
     {{
@@ -1313,10 +1319,12 @@ void {name}({_runtime_params()}{params})
             const int64_t J0 = pb * p_tiles / n_pb * NR, nvb = min_i64((pb + 1) * p_tiles / n_pb * NR, PJ) - J0;
             const int64_t ob_first = og * obt, ob_end = min_i64(n_ob, ob_first + obt);
             const int64_t oh0 = J0 / WQ;
-            build_planes(X + (n * C_IN + g * CG) * H * W, H, W, PT, PL, WQ, HRQ, oh0, xp);
+            const float* xg = X + (n * C_IN + g * CG) * H * W;
             const float* xb = xp + (J0 - oh0 * WQ);
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
                 const int64_t k0 = kb * KC, kl = min_i64(KC, KDIM - k0);
+                const int64_t c_first = k0 / (KH * KW), c_end = (k0 + kl - 1) / (KH * KW) + 1;
+                build_planes(xg, c_first, c_end - c_first, H, W, PT, PL, WQ, HRQ, oh0, xp);
                 for (int64_t ob = ob_first; ob < ob_end; ++ob) {{
                     const int64_t oc0 = ob * MC, mvb = min_i64(MC, OCG - oc0);
                     float* cb = {'NULL' if single else 'cbuf + (ob - ob_first) * (MC * ncw)'};
