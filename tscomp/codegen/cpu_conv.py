@@ -37,7 +37,13 @@ Two strategies (two families of :mod:`tscomp.codegen.families`):
   along the channels (``vector_axis`` 0: ``mr`` whole vectors loaded from the same weight panels,
   each gathered position broadcast, the weights prefetched ahead; the finished tile is transposed
   into the [channel, position] tile the epilogue reads). Both are points of one search space
-  (:mod:`tscomp.schedule.conv_space`); the runtime picks per shape.
+  (:mod:`tscomp.schedule.conv_space`); the runtime picks per shape. A unit-stride Conv with taps is
+  also offered as *padded-plane* tiles (``TileConfig.planes``, :func:`plane_configs`, beside
+  Winograd as a strategy): no gather at all -- per K step a task lays the step's channels out as
+  zero-padded planes of its output rows' input rows (one per stride phase), the positions run
+  along the padded width ``WQ = OW + KW - 1``, so every row k of the im2col matrix is one run of
+  the planes at a constant offset the micro-kernel reads in place; each row's ``KW - 1`` padding
+  columns are computed and dropped when the tile is stored (:data:`PLANES_C`).
 * **direct depthwise** (:class:`DepthwiseAnalysis`, family ``conv-depthwise``): one input channel
   per group (``group = C``, channel multiplier allowed), where the GEMM would have K = KH·KW and
   one row. A task (image, block of channels, block of output rows sized for L1) copies each
