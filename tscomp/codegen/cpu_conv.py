@@ -1285,6 +1285,45 @@ def plane_positions(OH, OW, geo):
     return (OH - 1) * (OW + (geo.kw - 1) * geo.dw // geo.sw) + OW
 
 
+#: C (the planes kernel): one register tile's call, its weight panel first
+PLANES_MICRO_CALL = """const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
+                            micro_kernel(kl, ap, xb + jp * NR, koff + k0, ct, FIRST_LAST, tile);"""
+#: C (the planes kernel): a finished tile stored a row segment at a time, the columns past OW dropped
+PLANES_STORE_C = """                            {   /* the tile's columns J as row segments of the output, those past OW dropped */
+                                const int64_t jt = J0 + jp * NR, jend = min_i64(jt + NR, J0 + nvb);
+                                for (int64_t j = jt; j < jend; ) {
+                                    const int64_t oh = j / WQ, ow = j - oh * WQ;
+                                    if (ow >= OW) { j += WQ - ow; continue; }
+                                    const int64_t len = min_i64(OW - ow, jend - j);
+                                    conv_epilogue(tile + (j - jt), NR, n, g * OCG + oc0 + ip * MR, oh * OW + ow,
+                                                  min_i64(MR, mvb - ip * MR), lenNAMES);
+                                    j += len;
+                                }
+                            }"""
+
+
+def _first_last(single: bool) -> str:
+    """C: the micro-kernel's (first, last) K-step flags."""
+    return "1, 1" if single else "kb == 0, kb == N_KBLOCKS - 1"
+
+
+def _channel_tile_loops(single: bool, micro_call: str, store: str) -> str:
+    """C: one K step of a task over its channel blocks' register tiles -- ``micro_call`` per tile
+    (partial sums ``ct`` in the task's buffer between K steps), ``store`` after the last step."""
+    return f"""                for (int64_t ob = ob_first; ob < ob_end; ++ob) {{
+                    const int64_t oc0 = ob * MC, mvb = min_i64(MC, OCG - oc0);
+                    float* cb = {'NULL' if single else 'cbuf + (ob - ob_first) * (MC * ncw)'};
+                    for (int64_t jp = 0; jp * NR < nvb; ++jp) {{
+                        for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
+                            float* ct = {'NULL' if single else 'cb + (jp * (MC / MR) + ip) * (MR * NR)'};
+                            {micro_call}
+                            if ({'1' if single else 'kb == N_KBLOCKS - 1'})
+{store}
+                        }}
+                    }}
+                }}"""
+
+
 def _emit_planes_kernel(emit, a, cfg: TileConfig, isa: str, name: str, params: str, names: str, pro_names: str,
                         n_kb: int) -> None:
     """The padded-planes form of the macro-kernel (``cfg.planes``): per task, the input rows its
@@ -1295,6 +1334,7 @@ def _emit_planes_kernel(emit, a, cfg: TileConfig, isa: str, name: str, params: s
     emit(PLANES_C)
     _emit_micro_kernel(emit, isa, cfg.mr, cfg.nr, True, planes=True)
     single = n_kb == 1
+    store = PLANES_STORE_C.replace("NAMES", names)
     emit(f"""/* Macro-kernel: tasks = NB x G x position blocks (PJ = (OH - 1) * WQ + OW positions along the padded
  * width, balanced in register tiles) x runs of channel blocks; each walks K in N_KBLOCKS steps of KC,
  * building the planes of the step's channels, every MR x NR tile of its channel blocks reading them in place. */
@@ -1331,29 +1371,7 @@ void {name}({_runtime_params()}{params})
                 const int64_t k0 = kb * KC, kl = min_i64(KC, KDIM - k0);
                 const int64_t c_first = k0 / (KH * KW), c_end = (k0 + kl - 1) / (KH * KW) + 1;
                 build_planes(xg, c_first, c_end - c_first, H, W, PT, PL, WQ, HRQ, oh0, xp);
-                for (int64_t ob = ob_first; ob < ob_end; ++ob) {{
-                    const int64_t oc0 = ob * MC, mvb = min_i64(MC, OCG - oc0);
-                    float* cb = {'NULL' if single else 'cbuf + (ob - ob_first) * (MC * ncw)'};
-                    for (int64_t jp = 0; jp * NR < nvb; ++jp) {{
-                        for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
-                            float* ct = {'NULL' if single else 'cb + (jp * (MC / MR) + ip) * (MR * NR)'};
-                            const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
-                            micro_kernel(kl, ap, xb + jp * NR, koff + k0, ct, {"1, 1" if single else "kb == 0, kb == N_KBLOCKS - 1"}, tile);
-                            if ({'1' if single else 'kb == N_KBLOCKS - 1'}) {{
-                                /* the tile's columns J as row segments of the output, those past OW dropped */
-                                const int64_t jt = J0 + jp * NR, jend = min_i64(jt + NR, J0 + nvb);
-                                for (int64_t j = jt; j < jend; ) {{
-                                    const int64_t oh = j / WQ, ow = j - oh * WQ;
-                                    if (ow >= OW) {{ j += WQ - ow; continue; }}
-                                    const int64_t len = min_i64(OW - ow, jend - j);
-                                    conv_epilogue(tile + (j - jt), NR, n, g * OCG + oc0 + ip * MR, oh * OW + ow,
-                                                  min_i64(MR, mvb - ip * MR), len{names});
-                                    j += len;
-                                }}
-                            }}
-                        }}
-                    }}
-                }}
+{_channel_tile_loops(single, PLANES_MICRO_CALL.replace("FIRST_LAST", _first_last(single)), store)}
             }}
         }}
     }}
@@ -1461,18 +1479,8 @@ void {name}({_runtime_params()}{params})
             for (int64_t kb = 0; kb < N_KBLOCKS; ++kb) {{
                 const int64_t k0 = kb * KC, kl = min_i64(KC, KDIM - k0);
                 {_gather_call(a, direct, int8)}{_signed_quads_call(amx)}
-                for (int64_t ob = ob_first; ob < ob_end; ++ob) {{
-                    const int64_t oc0 = ob * MC, mvb = min_i64(MC, OCG - oc0);
-                    float* cb = {'NULL' if single else 'cbuf + (ob - ob_first) * (MC * ncw)'};
-                    for (int64_t jp = 0; jp * NR < nvb; ++jp) {{
-                        for (int64_t ip = 0; ip * MR < mvb; ++ip) {{
-                            float* ct = {'NULL' if single else 'cb + (jp * (MC / MR) + ip) * (MR * NR)'};
-                            {_micro_kernel_call(cfg, isa, "1, 1" if single else "kb == 0, kb == N_KBLOCKS - 1", direct, int8, amx)}
-                            if ({'1' if single else 'kb == N_KBLOCKS - 1'})
-{_tile_epilogue_call(a, cfg, names)}
-                        }}
-                    }}
-                }}
+{_channel_tile_loops(single, _micro_kernel_call(cfg, isa, _first_last(single), direct, int8, amx),
+                      _tile_epilogue_call(a, cfg, names))}
             }}
         }}{_amx_tiles_off(amx)}
     }}
