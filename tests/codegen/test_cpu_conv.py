@@ -17,7 +17,7 @@ from tscomp.codegen.build import build_object
 from tscomp.codegen.cpu_conv import (CompiledConv, ConvAnalysis, conv_candidate_configs, conv_source,
                                     phase_planes_pay)
 from tscomp.codegen.families import choose_family
-from tscomp.codegen.tile_config import TileConfig
+from tscomp.codegen.tile_config import TileConfig, TileConfigError
 from tscomp.compiler import compile_model
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.graph import load_model
@@ -345,6 +345,10 @@ def test_padded_planes_are_offered_beside_the_gathering_tiles_for_convs_with_tap
     three, one, strided = (ConvAnalysis(plan, g) for g in plan.groups)
     assert one.pointwise and plane_configs("avx512", one) == [] and plane_configs("scalar", three) == []
     assert plane_configs("avx512", strided) == []
+    with pytest.raises(TileConfigError, match="planes"):          # the planes are read along the positions
+        TileConfig(mr=64, nr=4, mc=64, nc=64, kc=64, vector_axis=0, planes=True)
+    recorded = TileConfig(mr=8, nr=48, mc=64, nc=192, kc=288, planes=1)   # as a tuning record stores it
+    assert recorded.planes is True and recorded.slug() == "r8x48p_b64x192x288"
     (cfg,) = plane_configs("avx512", three)
     assert cfg.planes and cfg.vector_axis == 1 and cfg.kc % 8 == 0 and cfg.kc <= three.K
     k = CompiledConv(three, cfg, "avx512")
