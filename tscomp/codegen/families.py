@@ -286,8 +286,11 @@ def _conv_strategies(analysis, target: Target) -> list:
         return []
     from tscomp.codegen.tile_config import CacheSizes
     s = target.spec
-    return winograd_configs(target.isa, analysis) + plane_configs(target.isa, analysis,
-                                                                  CacheSizes(l1=s.l1, l2=s.l2, l3=s.l3))
+    # the padded planes are fp32 tiles: an int8 Conv keeps its integer tiles (Winograd, whose 2.25x
+    # fewer multiply-adds compete with them, stays offered)
+    planes = [] if conv_target(analysis, target).precision == "int8" else \
+        plane_configs(target.isa, analysis, CacheSizes(l1=s.l1, l2=s.l2, l3=s.l3))
+    return winograd_configs(target.isa, analysis) + planes
 
 
 def _conv_space(analysis, target: Target):
