@@ -686,13 +686,24 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+def _k_step(K: int, cap: int) -> int:
+    """A K step of at most ``cap`` (rounded down to 8, at least 8): all of K if it fits, else K in
+    balanced steps rounded up to 8."""
+    cap = max(8, cap // 8 * 8)
+    return min(K, K if K <= cap else _round_up(-(-K // -(-K // cap)), 8))
+
+
+def _channel_block(OCg: int, mr: int) -> int:
+    """Output channels per block: OCg in balanced blocks of at most ~96, whole register tiles."""
+    return _round_up(-(-OCg // -(-OCg // 96)), mr)
+
+
 def _conv_tile(mr: int, nr: int, OCg: int, K: int, caches: CacheSizes, narrow: bool,
                vector_axis: int = 1) -> TileConfig:
     if vector_axis == 0:
         return _row_vector_tile(mr, nr, OCg, K, caches)
-    kc_cap = max(8, (caches.l1 // 2) // (4 * (nr + mr)) // 8 * 8)
-    kc = min(K, K if K <= kc_cap else _round_up(-(-K // -(-K // kc_cap)), 8))
-    mc = _round_up(-(-OCg // -(-OCg // 96)), mr)     # <= ~96 channels per block, blocks balanced
+    kc = _k_step(K, (caches.l1 // 2) // (4 * (nr + mr)))
+    mc = _channel_block(OCg, mr)
     nc_cap = max(nr, (caches.l2 // 4) // (4 * kc) // nr * nr)
     nc = min(nc_cap, _round_up(64 if narrow else 256, nr))
     return TileConfig(mr=mr, nr=nr, mc=mc, nc=max(nr, nc), kc=kc, vector_axis=vector_axis)
@@ -706,8 +717,7 @@ def _row_vector_tile(mr: int, nr: int, OCg: int, K: int, caches: CacheSizes) -> 
     where OCg has two register tiles (a few positions give one position block: the channel blocks are
     the threads' work); 64 positions per block."""
     nc = _round_up(64, nr)
-    kc_cap = max(8, min((caches.l1 // 2) // (4 * nr), (caches.l2 // 4) // (4 * nc)) // 8 * 8)
-    kc = min(K, K if K <= kc_cap else _round_up(-(-K // -(-K // kc_cap)), 8))
+    kc = _k_step(K, min((caches.l1 // 2) // (4 * nr), (caches.l2 // 4) // (4 * nc)))
     mc = max(mr, min(4 * mr, _round_up(-(-OCg // 2), mr)))
     return TileConfig(mr=mr, nr=nr, mc=mc, nc=nc, kc=kc, vector_axis=0)
 
@@ -769,12 +779,8 @@ def plane_configs(isa: str, analysis, caches: CacheSizes | None = None) -> list[
         return []
     caches = caches or host_caches()
     mr, nr = PLANE_TILES[isa]
-    K = analysis.K
-    per_k = 4 * (mr + (nr + geo.kw * geo.dw) // geo.kw)
-    kc_cap = max(8, caches.l1 // per_k // 8 * 8)
-    kc = K if K <= kc_cap else min(K, _round_up(-(-K // -(-K // kc_cap)), 8))
-    mc = _round_up(-(-analysis.OCg // -(-analysis.OCg // 96)), mr)
-    return [TileConfig(mr=mr, nr=nr, mc=mc, nc=4 * nr, kc=kc, planes=True).validate(isa)]
+    kc = _k_step(analysis.K, caches.l1 // (4 * (mr + (nr + geo.kw * geo.dw) // geo.kw)))
+    return [TileConfig(mr=mr, nr=nr, mc=_channel_block(analysis.OCg, mr), nc=4 * nr, kc=kc, planes=True).validate(isa)]
 
 
 # ============================================================================ source
@@ -1131,6 +1137,7 @@ static void pack_b(const float* restrict xg, int64_t H, int64_t W, int64_t OW, i
 """)
     if phased:
         emit(PHASE_WORKSPACE_C)
+        emit(PADDED_PHASE_C)
         emit("""/* Phase planes of one channel's zero-padded input row: dst[ph * WQ + q] = Xpad[hp, q*SW + ph] for
  * ph < SW, q < WQ, where Xpad is the channel plane ``xc`` with PT rows and PL columns of zeros before it
  * (and zeros past it). Plane ph then holds, contiguous, every input column a tap of phase ph reads
@@ -1139,20 +1146,9 @@ static void phase_row(const float* restrict xc, int64_t H, int64_t W, int64_t PT
                       int64_t hp, float* restrict dst)
 {
     const int64_t ih = hp - PT;
-    if (ih < 0 || ih >= H) {
-        for (int64_t q = 0; q < SW * WQ; ++q) dst[q] = 0.0f;
-        return;
-    }
-    const float* restrict src = xc + ih * W;
-    for (int64_t ph = 0; ph < SW; ++ph) {
-        float* restrict d = dst + ph * WQ;
-        const int64_t shift = PL - ph;                 /* iw = q * SW - shift */
-        const int64_t lo = min_i64(WQ, shift > 0 ? (shift + SW - 1) / SW : 0);
-        const int64_t hi = max_i64(lo, min_i64(WQ, W - 1 + shift >= 0 ? (W - 1 + shift) / SW + 1 : 0));
-        for (int64_t q = 0; q < lo; ++q) d[q] = 0.0f;
-        for (int64_t q = lo; q < hi; ++q) d[q] = src[q * SW - shift];
-        for (int64_t q = hi; q < WQ; ++q) d[q] = 0.0f;
-    }
+    const float* src = ih < 0 || ih >= H ? NULL : xc + ih * W;
+    for (int64_t ph = 0; ph < SW; ++ph)
+        padded_phase(src, W, PL, WQ, ph, dst + ph * WQ);
 }
 
 /* A task's phase planes: for each of the group's CG channels, padded rows [r0, r0 + HR) (the rows its
@@ -1233,8 +1229,23 @@ def _task_grid_c(positions: str) -> str:
     return re.sub(r"\bP\b", positions, _TASK_GRID_C)
 
 
+#: C: one stride phase of a zero-padded input row (the phase-plane gather's rows, the padded planes)
+PADDED_PHASE_C = """/* One stride phase of a zero-padded input row: d[q] = Xpad[row, q*SW + ph] for q < WQ, where ``src`` is
+ * the input row (NULL: a row of the padding) with PL columns of zeros before it and zeros past it. */
+static void padded_phase(const float* restrict src, int64_t W, int64_t PL, int64_t WQ, int64_t ph, float* restrict d)
+{
+    const int64_t shift = PL - ph;                 /* iw = q * SW - shift */
+    const int64_t lo = src ? min_i64(WQ, shift > 0 ? (shift + SW - 1) / SW : 0) : WQ;
+    const int64_t hi = src ? max_i64(lo, min_i64(WQ, W - 1 + shift >= 0 ? (W - 1 + shift) / SW + 1 : 0)) : WQ;
+    for (int64_t q = 0; q < lo; ++q) d[q] = 0.0f;
+    for (int64_t q = lo; q < hi; ++q) d[q] = src[q * SW - shift];
+    for (int64_t q = hi; q < WQ; ++q) d[q] = 0.0f;
+}
+"""
+
 #: PLANES_C: a task's zero-padded input planes, the column operand of the padded-planes tiles
-PLANES_C = """/* A task's zero-padded input planes. Plane (c, rp, cp) holds, for the output rows oh0 .. oh0 + HRQ - 1,
+PLANES_C = PADDED_PHASE_C + """
+/* A task's zero-padded input planes. Plane (c, rp, cp) holds, for the output rows oh0 .. oh0 + HRQ - 1,
  * the padded input row (oh0 + rr) * SH + rp at the columns q * SW + cp, q < WQ. Tap (kh, kw) of output
  * position (oh, ow) is then element (oh - oh0 + kh*DH/SH) * WQ + ow + kw*DW/SW of plane
  * (c, kh*DH % SH, kw*DW % SW): along J = oh * WQ + ow every row k of the implicit im2col matrix is one
@@ -1246,22 +1257,11 @@ static void build_planes(const float* restrict xg, int64_t c_first, int64_t chan
     for (int64_t c = 0; c < channels; ++c)
         for (int64_t rp = 0; rp < SH; ++rp)
             for (int64_t cp = 0; cp < SW; ++cp) {
-                float* restrict plane = xp + ((c * SH + rp) * SW + cp) * HRQ * WQ;
-                const float* restrict xc = xg + (c_first + c) * H * W;
-                const int64_t shift = PL - cp;                 /* iw = q * SW - shift */
-                const int64_t lo = min_i64(WQ, shift > 0 ? (shift + SW - 1) / SW : 0);
-                const int64_t hi = max_i64(lo, min_i64(WQ, W - 1 + shift >= 0 ? (W - 1 + shift) / SW + 1 : 0));
+                float* plane = xp + ((c * SH + rp) * SW + cp) * HRQ * WQ;
+                const float* xc = xg + (c_first + c) * H * W;
                 for (int64_t rr = 0; rr < HRQ; ++rr) {
-                    float* restrict d = plane + rr * WQ;
                     const int64_t ih = (oh0 + rr) * SH + rp - PT;
-                    if (ih < 0 || ih >= H) {
-                        for (int64_t q = 0; q < WQ; ++q) d[q] = 0.0f;
-                        continue;
-                    }
-                    const float* restrict src = xc + ih * W;
-                    for (int64_t q = 0; q < lo; ++q) d[q] = 0.0f;
-                    for (int64_t q = lo; q < hi; ++q) d[q] = src[q * SW - shift];
-                    for (int64_t q = hi; q < WQ; ++q) d[q] = 0.0f;
+                    padded_phase(ih < 0 || ih >= H ? NULL : xc + ih * W, W, PL, WQ, cp, plane + rr * WQ);
                 }
             }
 }

@@ -268,10 +268,14 @@ def _depthwise_heuristic(analysis, target: Target, limit: int) -> list:
     return ([None] + ([blocked] if blocked is not None else []))[:max(1, limit)]
 
 
-def _conv_heuristic(analysis, target: Target, limit: int) -> list:
+def _cpu_caches(target: Target):
     from tscomp.codegen.tile_config import CacheSizes
     s = target.spec
-    caches = CacheSizes(l1=s.l1, l2=s.l2, l3=s.l3)
+    return CacheSizes(l1=s.l1, l2=s.l2, l3=s.l3)
+
+
+def _conv_heuristic(analysis, target: Target, limit: int) -> list:
+    caches = _cpu_caches(target)
     int8 = conv_target(analysis, target)
     if int8.precision == "int8":     # int8 tiles run their lanes along the positions
         return [c for c in analysis.heuristic_configs(conv_tile_isa(int8), None, caches=caches)
@@ -284,12 +288,10 @@ def _conv_strategies(analysis, target: Target) -> list:
     from tscomp.codegen.cpu_conv_winograd import winograd_configs
     if not isinstance(target.spec, CpuSpec):
         return []
-    from tscomp.codegen.tile_config import CacheSizes
-    s = target.spec
     # the padded planes are fp32 tiles: an int8 Conv keeps its integer tiles (Winograd, whose 2.25x
     # fewer multiply-adds compete with them, stays offered)
     planes = [] if conv_target(analysis, target).precision == "int8" else \
-        plane_configs(target.isa, analysis, CacheSizes(l1=s.l1, l2=s.l2, l3=s.l3))
+        plane_configs(target.isa, analysis, _cpu_caches(target))
     return winograd_configs(target.isa, analysis) + planes
 
 
