@@ -374,6 +374,21 @@ def test_a_few_uneven_tasks_are_evened_out_over_the_threads():
     assert conv_task_grid(0, 1, 4, row, 2) == (0, 0)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_the_conv_task_grid_over_a_grid_of_shapes_is_the_grid_of_each_shape(threads):
+    """The dispatch evaluates the task grid over numpy arrays of shapes; each entry must be what
+    the scalar call (the runtime's task count, the kernel's rule) gives for that shape."""
+    from tscomp.codegen.cpu_conv import conv_task_grid
+    from tscomp.codegen.tile_config import TileConfig
+    P, images, n_ob = np.meshgrid([0, 1, 6, 20, 40, 150, 784, 1080, 3136], [0, 1, 2, 3], [1, 2, 4, 7, 16],
+                                  indexing="ij")
+    for cfg in (TileConfig(mr=8, nr=32, mc=64, nc=256, kc=64), TileConfig(mr=64, nr=4, mc=256, nc=64, kc=64, vector_axis=0)):
+        n_pb, runs = conv_task_grid(P, images, n_ob, cfg, threads)
+        for i in np.ndindex(P.shape):
+            assert (n_pb[i], runs[i]) == conv_task_grid(int(P[i]), int(images[i]), int(n_ob[i]), cfg, threads)
+            assert all(isinstance(v, int) for v in conv_task_grid(int(P[i]), int(images[i]), int(n_ob[i]), cfg, threads))
+
+
 def test_position_blocks_share_the_register_tiles_evenly():
     """ceil(P / nr) register tiles of positions are dealt to the blocks so that no block holds more
     than one tile over another: P = 784 under 64-position tiles in 4 blocks is 3 + 3 + 3 + 4 tiles,
@@ -403,8 +418,8 @@ def test_the_wave_model_costs_the_conv_position_blocks_the_kernel_runs(tmp_path,
     assert {c.vector_axis for c in configs} == {0, 1} and any(c.planes for c in configs) == (kernel > 1)
     for k in (CompiledConv(analysis, cfg, "avx512") for cfg in configs):
         a = k.analysis
-        for n, h, w in ((1, 1, 1), (1, 5, 7), (2, 17, 17), (1, 28, 28), (3, 40, 97)):
-            binding = {"batch": n, "H": h, "W": w}
+        for n, h, w in ((1, 1, 1), (1, 5, 7), (1, 10, 15), (2, 17, 17), (1, 28, 28), (3, 40, 97)):
+            binding = {"batch": n, "H": h, "W": w}      # 10 x 15: 3 row-vector blocks, evened by runs
             classes = task_classes(k, binding, get_num_threads())
             assert sum(c for c, _ in classes) == k.tasks(binding), (k.func, binding)
             P, nr = h * w, k.cfg.nr                   # "same" padding: as many positions as pixels

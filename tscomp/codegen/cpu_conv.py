@@ -795,27 +795,38 @@ def position_block_tiles(P, n_pb, nr: int) -> list[tuple]:
     return [(n_pb - larger, small), (larger, small + 1)]
 
 
-def conv_task_grid(P: int, images: int, n_ob: int, cfg: TileConfig, threads: int) -> tuple[int, int]:
+def conv_task_grid(P, images, n_ob, cfg: TileConfig, threads: int) -> tuple:
     """(position blocks, channel-block runs) of an implicit-GEMM Conv call (``images`` = batch x
-    groups, ``n_ob`` channel blocks of ``cfg.mc``), as the macro-kernel computes them: ceil(P / nc)
-    position blocks; a few tasks that do not divide among the threads are evened out -- column
-    vectors cut P finer, row vectors (whose tasks each stream their channels' weights: cutting P would
-    stream them once per block) cut the channel blocks into runs. Tasks = images x blocks x runs.
-    The blocks share the ceil(P / nr) register tiles of positions evenly (:func:`position_block_tiles`)."""
-    if P <= 0 or images <= 0:
-        return 0, 0
+    groups, ``n_ob`` channel blocks of ``cfg.mc``), as the macro-kernel computes them (ints, or numpy
+    arrays over a grid of shapes for the dispatch): ceil(P / nc) position blocks; a few tasks that do
+    not divide among the threads are evened out -- column vectors cut P finer, row vectors (whose
+    tasks each stream their channels' weights: cutting P would stream them once per block) cut the
+    channel blocks into runs. Tasks = images x blocks x runs. The blocks share the ceil(P / nr)
+    register tiles of positions evenly (:func:`position_block_tiles`). ``(0, 0)`` where P or
+    ``images`` is 0. The one rule of the kernel's C task grid (``_TASK_GRID_C``), the runtime's task
+    count and the wave model's task classes."""
+    P, images, n_ob = np.asarray(P), np.asarray(images), np.asarray(n_ob)
+    empty = (P <= 0) | (images <= 0)
+    P, images = np.maximum(P, 1), np.maximum(images, 1)
+    p_tiles = -(-P // cfg.nr)
     n_pb = -(-P // cfg.nc)
-    uneven = images * n_pb < BALANCE_TASKS_PER_THREAD * threads and (images * n_pb) % threads
-    if cfg.vector_axis == 1 and uneven:
-        n_pb = evened_count(n_pb, images, threads, -(-P // cfg.nr))
+    few = images * n_pb < BALANCE_TASKS_PER_THREAD * threads
+    if cfg.vector_axis == 1:
+        n_pb = np.where(few & ((images * n_pb) % threads != 0), evened_count(n_pb, images, threads, p_tiles), n_pb)
     base = images * n_pb
-    runs = 1 if base >= threads else min(n_ob, -(-threads // base))
-    if cfg.vector_axis == 1 and base < BALANCE_TASKS_PER_THREAD * threads and (images * -(-P // cfg.nr)) % threads:
-        runs = max(runs, min(n_ob, -(-BALANCE_TASKS_PER_THREAD * threads // base), n_ob * cfg.mc // MIN_RUN_CHANNELS))
-    if cfg.vector_axis == 0 and (base < threads or (base < BALANCE_TASKS_PER_THREAD * threads and base % threads)):
-        runs = next((r for r in range(1, n_ob + 1) if base * r >= threads and (base * r) % threads == 0), runs)
-    obt = -(-n_ob // runs)
-    return n_pb, -(-n_ob // obt)
+    few = base < BALANCE_TASKS_PER_THREAD * threads
+    runs = np.where(base >= threads, 1, np.minimum(n_ob, -(-threads // base)))
+    if cfg.vector_axis == 1:    # a few blocks whose tiles do not divide: channel runs of MIN_RUN_CHANNELS or more
+        finer = np.minimum(np.minimum(n_ob, -(-BALANCE_TASKS_PER_THREAD * threads // base)),
+                           n_ob * cfg.mc // MIN_RUN_CHANNELS)
+        runs = np.where(few & ((images * p_tiles) % threads != 0), np.maximum(runs, finer), runs)
+    else:                       # the fewest runs that make the tasks a multiple of the threads (if any)
+        even = threads // np.gcd(base, threads)
+        uneven = (base < threads) | (few & (base % threads != 0))
+        runs = np.where(uneven & (even <= n_ob), even, runs)
+    obt = -(-n_ob // np.maximum(runs, 1))
+    n_pb, n_obt = np.where(empty, 0, n_pb), np.where(empty, 0, -(-n_ob // np.maximum(obt, 1)))
+    return (int(n_pb), int(n_obt)) if n_pb.ndim == 0 else (n_pb, n_obt)
 
 
 def conv_func_name(analysis: _ConvBase, cfg: TileConfig | None, isa: str, precision: str = "fp32") -> str:

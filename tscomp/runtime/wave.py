@@ -93,26 +93,16 @@ def _conv_classes(k, ev, threads: int):
     if not isinstance(cfg, TileConfig):       # the Winograd strategy: its own split
         from tscomp.codegen.cpu_conv_winograd import winograd_classes
         return winograd_classes(k, ev, threads)
-    from tscomp.codegen.cpu_conv import MIN_RUN_CHANNELS, plane_positions, position_block_tiles
+    from tscomp.codegen.cpu_conv import conv_task_grid, plane_positions, position_block_tiles
     n = ev(a.x_shape[0])
     if cfg.planes:               # positions along the padded width (the rows' dropped columns computed)
         OH, OW = (1, ev(a.out_shape[2])) if len(a.out_shape) == 3 else (ev(a.out_shape[2]), ev(a.out_shape[3]))
         P = np.maximum(plane_positions(OH, OW, a.geo), 1)
     else:
         P = np.maximum(ev(numel(a.out_shape[2:])), 1)
-    n_pb, n_ob = -(-P // cfg.nc), -(-a.OCg // cfg.mc)
-    if cfg.vector_axis == 1:       # a few tasks that do not divide among the threads: P cut finer
-        uneven = (n * a.G * n_pb < BALANCE_TASKS_PER_THREAD * threads) & ((n * a.G * n_pb) % threads != 0)
-        n_pb = np.where(uneven, evened_count(n_pb, n * a.G, threads, -(-P // cfg.nr)), n_pb)
-    base = n * a.G * n_pb
-    runs = np.where(base >= threads, 1, np.minimum(n_ob, -(-threads // np.maximum(base, 1))))
-    if cfg.vector_axis == 1:       # few blocks whose tiles do not divide among the threads: channel runs too
-        split = (base < BALANCE_TASKS_PER_THREAD * threads) & ((n * a.G * -(-P // cfg.nr)) % threads != 0)
-        finer = np.minimum(np.minimum(n_ob, -(-BALANCE_TASKS_PER_THREAD * threads // np.maximum(base, 1))),
-                           n_ob * cfg.mc // MIN_RUN_CHANNELS)
-        runs = np.where(split, np.maximum(runs, finer), runs)
-    obt = -(-n_ob // runs)
-    per_block = -(-n_ob // obt)
+    n_ob = -(-a.OCg // cfg.mc)
+    n_pb, per_block = conv_task_grid(P, n * a.G, n_ob, cfg, threads)
+    obt = -(-n_ob // per_block)
     per_task = obt * cfg.mc * a.Cg * a.geo.kh * a.geo.kw
     (n_small, small), (n_larger, larger) = position_block_tiles(P, n_pb, cfg.nr)
     # the last block is a larger one where there are any; row-vector tiles pad none of its positions
