@@ -290,6 +290,55 @@ def test_row_vector_tiles_match_onnxruntime_at_few_and_many_positions(tmp_path, 
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("planes", [False, True])
+@pytest.mark.parametrize("branch,channels", [
+    (("same3", 21, (3, 3), dict(pads=[1, 1, 1, 1]), ("bn", "relu")), 24),     # partial channel tile, K steps
+    (("wide1x1", 40, (1, 1), dict(), ("relu",)), 48),
+])
+def test_column_tiles_run_a_last_partial_position_tile_in_whole_vectors(tmp_path, isa, branch, channels, planes):
+    """fp32 column-vector tiles of 4 vectors (AVX2: 3) compute a last position tile of fewer vectors'
+    worth of positions with the narrow kernel of just that many vectors (its partial sums kept at the
+    tile's row stride across K steps): positions leaving tails of 1 to 4 vectors (1, 17, 40, 50,
+    97, 144, 3 x 37 images) against onnxruntime; the wave model counts those vectors (3 x 11: 33 or,
+    along the padded width, 37 positions -- fewer vectors than a whole tile)."""
+    from tscomp.codegen.build import host_isa
+    from tscomp.codegen.cpu_conv import column_tail_granule, conv_task_grid, plane_positions
+    from tscomp.codegen.cpu_gemm import ISA_RANK
+    from tscomp.runtime.wave import task_classes
+    if ISA_RANK[host_isa()] < ISA_RANK[isa]:
+        pytest.skip(f"{isa} kernels do not run on this host ({host_isa()})")
+    if planes and branch[2] == (1, 1):
+        pytest.skip("the padded planes are for Convs with taps")
+    path = tmp_path / "narrow.onnx"
+    _model(path, [branch], channels=channels)
+    plan = fuse(load_model(str(path), ["batch=1:3", "H=1:100", "W=1:100"]))
+    analysis = ConvAnalysis(plan, plan.groups[0])
+    width, vectors = {"avx512": (16, 4), "avx2": (8, 3)}[isa]
+    cfg = TileConfig(mr=4, nr=vectors * width, mc=8, nc=2 * vectors * width, kc=min(analysis.K, 40), planes=planes)
+    kernel = CompiledConv(analysis, cfg, isa)
+    assert column_tail_granule(cfg, isa) == width
+    assert all(f"micro_kernel_v{n}(" in kernel.source for n in range(1, vectors))
+    assert f"micro_kernel_v{vectors}(" not in kernel.source
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    env0 = {name: plan.graph.values[name].const for name in plan.groups[0].inputs if name != "x"}
+    for n, h, w in [(1, 1, 1), (1, 1, 17), (1, 5, 8), (1, 5, 10), (1, 1, 97), (2, 12, 12), (3, 37, 3)]:
+        x = rng.standard_normal((n, channels, h, w)).astype(np.float32)
+        got = kernel.run(env0 | {"x": x}, {"batch": n, "H": h, "W": w})
+        want = sess.run(None, {"x": x})[0]
+        np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4,
+                                   err_msg=f"{cfg.slug()} {n}x{h}x{w}")
+    P = plane_positions(3, 11, analysis.geo) if planes else 3 * 11     # one partial tile: 33 or 37 positions
+    classes = task_classes(kernel, {"batch": 1, "H": 3, "W": 11}, 2)
+    n_ob = -(-analysis.OCg // 8)
+    _, runs = conv_task_grid(P, 1, n_ob, cfg, 2)
+    channels = runs * -(-n_ob // runs) * 8            # each run counted at its widest
+    tiles = -(-P // cfg.nr)
+    computed = (tiles - 1) * cfg.nr + -(-(P - (tiles - 1) * cfg.nr) // width) * width
+    assert computed < tiles * cfg.nr and sum(c * wk for c, wk in classes) == computed * channels * analysis.K, P
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
 @pytest.mark.parametrize("branch,channels", [
     (("same3", 70, (3, 3), dict(pads=[1, 1, 1, 1]), ("bn", "relu", "res")), 24),  # partial tile, K steps, residual
     (("stride2", 40, (3, 3), dict(pads=[1, 0, 1, 2], strides=[2, 2]), ("relu",)), 8),   # asymmetric pads
@@ -354,8 +403,9 @@ def test_padded_planes_are_offered_beside_the_gathering_tiles_for_convs_with_tap
     k = CompiledConv(three, cfg, "avx512")
     classes = task_classes(k, {"batch": 1, "H": 56, "W": 56}, 2)
     assert plane_positions(56, 56, three.geo) == 55 * 58 + 56
-    tiles = -(-plane_positions(56, 56, three.geo) // cfg.nr)
-    assert sum(c * w for c, w in classes) == tiles * cfg.nr * -(-64 // cfg.mc) * cfg.mc * three.K
+    tiles = -(-plane_positions(56, 56, three.geo) // cfg.nr)    # 67 full tiles and 30 positions in 2 vectors
+    computed = (tiles - 1) * cfg.nr + 32
+    assert sum(c * w for c, w in classes) == computed * -(-64 // cfg.mc) * cfg.mc * three.K
 
 
 def test_a_few_uneven_tasks_are_evened_out_over_the_threads():
@@ -409,7 +459,7 @@ def test_the_wave_model_costs_the_conv_position_blocks_the_kernel_runs(tmp_path,
     do not). 512 channels: a few blocks whose tiles do not divide among the threads are cut into
     channel runs too (MIN_RUN_CHANNELS)."""
     from tscomp.codegen.build import get_num_threads
-    from tscomp.codegen.cpu_conv import CompiledConv, plane_configs, plane_positions
+    from tscomp.codegen.cpu_conv import CompiledConv, column_tail_granule, plane_configs, plane_positions
     from tscomp.runtime.wave import task_classes
     pads = [kernel // 2] * 4
     plan = _plan(tmp_path, [("wide", out_channels, (kernel, kernel), dict(pads=pads), ("relu",))], channels=16)
@@ -425,7 +475,8 @@ def test_the_wave_model_costs_the_conv_position_blocks_the_kernel_runs(tmp_path,
             P, nr = h * w, k.cfg.nr                   # "same" padding: as many positions as pixels
             if k.cfg.planes:                          # along the padded width
                 P = plane_positions(h, w, a.geo)
-            covered = n * (-(-P // nr) * nr if k.cfg.vector_axis == 1 else P)
+            granule = column_tail_granule(k.cfg, k.isa)      # the last tile's positions, rounded up
+            covered = n * ((-(-P // nr) - 1) * nr + -(-(P - (-(-P // nr) - 1) * nr) // granule) * granule)
             channels = sum(c * wk for c, wk in classes) // (a.Cg * kernel * kernel)
             assert channels % covered == 0 and channels // covered >= a.OCg, (k.func, binding, classes)
 

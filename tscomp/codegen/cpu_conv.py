@@ -972,19 +972,76 @@ static inline __attribute__((always_inline)) void micro_kernel(
         _emit_row_vector_body(emit, v, MR, NR, position_major=position_major, direct_lanes=direct_lanes)
         _emit_row_vector_tails(emit, v, MR, NR, position_major, direct_lanes)
         return
-    accs = emit_accumulators(emit, v, MR, NR)
+    _emit_column_vector_body(emit, v, MR, NR, NR // W, row_k)
+    _emit_column_vector_tails(emit, v, MR, NR, planes)
+
+
+def _emit_column_vector_body(emit, v: _Vec, MR: int, NR: int, vectors: int, row_k: str) -> None:
+    """The micro-kernel's body with the lanes along the positions: ``vectors`` column vectors of the
+    tile's NR positions (fewer than NR / W: a narrow kernel for the last, partial position tile,
+    whose rows keep the tile's NR-float stride; its other columns are not written)."""
+    W = v.width
+    accs = emit_accumulators(emit, v, MR, vectors * W, stride=NR)
     emit("    for (int64_t k = 0; k < kl; ++k) {  /* FMA loop: no bounds tests (local padding) */")
     emit(f"        const float* restrict bk = {row_k};")
     emit("        const float* restrict ak = ap + k * MR;")
     for line in range(0, MR * 4, 64):
         emit(f"        _mm_prefetch((const char*)(ak + (int64_t)KDIM * MR) + {line}, _MM_HINT_T1);"
              + ("   /* the next channel tile's weights, the same k (NEXT_PANEL_PREFETCH) */" if not line else ""))
-    emit_fma_step(emit, v, accs, [f"bk + {c * W}" for c in range(NR // W)], lambda r: f"ak[{r}]")
+    emit_fma_step(emit, v, accs, [f"bk + {c * W}" for c in range(vectors)], lambda r: f"ak[{r}]")
     emit("    }")
     emit("    float* restrict dst = last ? tile : ct;")
     for r, row in enumerate(accs):
         emit("    " + " ".join(v.store(f"dst + {r * NR + c * W}", a) for c, a in enumerate(row)))
     emit("}\n")
+
+
+def _emit_column_vector_tails(emit, v: _Vec, MR: int, NR: int, planes: bool) -> None:
+    """Narrow column-vector kernels for a last position tile of at most NR - W positions, and
+    ``micro_kernel_narrow`` choosing the one of ceil(positions / W) vectors (FTuner's combination of
+    tile sizes, as the row-vector and GEMM row tails): P = 196 under 64-position tiles computes 3
+    tiles and one vector of 16, not a fourth tile of 60 zero-padded positions (23% of the FMAs)."""
+    W = v.width
+    if NR // W < 2:
+        return
+    params = _MICRO_PARAMS_PLANES if planes else _MICRO_PARAMS
+    row_k = "bp + koff[k]" if planes else "bp + k * ldb"
+    args = "kl, ap, bp, " + ("koff" if planes else "ldb") + ", ct, first, last, tile"
+    for n in range(1, NR // W):
+        emit(f"""/* Narrow micro-kernel: the last position tile holds at most {n * W} of NR = {NR} positions. */
+static __attribute__((noinline)) void micro_kernel_v{n}(
+    {params})
+{{""")
+        _emit_column_vector_body(emit, v, MR, NR, n, row_k)
+    cases = "\n".join(f"        case {n}: micro_kernel_v{n}({args}); return;" for n in range(1, NR // W))
+    emit(f"""/* The last position tile (0 < positions <= NR - {W} valid): the kernel of ceil(positions / {W}) vectors. */
+static __attribute__((noinline)) void micro_kernel_narrow(int64_t positions, {params})
+{{
+    switch ((positions + {W - 1}) / {W}) {{
+{cases}
+        default: __builtin_unreachable();
+    }}
+}}
+""")
+
+
+def column_tail_granule(cfg: TileConfig, isa: str, precision: str = "fp32") -> int:
+    """Positions the last position tile of a call is computed in multiples of: the vector width
+    for fp32 SIMD column-vector tiles (:func:`_emit_column_vector_tails`), 1 for row-vector tiles
+    (a tail kernel of the exact width), the whole register tile otherwise (int8, scalar)."""
+    if isa == "scalar" or precision != "fp32":
+        return cfg.nr
+    return 1 if cfg.vector_axis == 0 else min(_Vec(isa).width, cfg.nr)
+
+
+def _narrow_call(cfg: TileConfig, isa: str, full: str, positions: str) -> str:
+    """C: ``full`` (a micro_kernel call) for a full position tile, the narrow kernel for a last one
+    of at most NR - W positions (fp32 SIMD column-vector tiles with more than one vector)."""
+    W = column_tail_granule(cfg, isa)
+    if W >= cfg.nr:
+        return full
+    narrow = full.replace("micro_kernel(", f"micro_kernel_narrow({positions}, ")
+    return f"if ({positions} > NR - {W}) {full}\n                            else {narrow}"
 
 
 def _emit_row_vector_body(emit, v: _Vec, MR: int, NR: int, positions: int | None = None,
@@ -1298,7 +1355,8 @@ def plane_positions(OH, OW, geo):
 
 #: C (the planes kernel): one register tile's call, its weight panel first
 PLANES_MICRO_CALL = """const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
-                            micro_kernel(kl, ap, xb + jp * NR, koff + k0, ct, FIRST_LAST, tile);"""
+                            """
+PLANES_TILE_CALL = "micro_kernel(kl, ap, xb + jp * NR, koff + k0, ct, FIRST_LAST, tile);"
 #: C (the planes kernel): a finished tile stored a row segment at a time, the columns past OW dropped
 PLANES_STORE_C = """                            {   /* the tile's columns J as row segments of the output, those past OW dropped */
                                 const int64_t jt = J0 + jp * NR, jend = min_i64(jt + NR, J0 + nvb);
@@ -1382,7 +1440,7 @@ void {name}({_runtime_params()}{params})
                 const int64_t k0 = kb * KC, kl = min_i64(KC, KDIM - k0);
                 const int64_t c_first = k0 / (KH * KW), c_end = (k0 + kl - 1) / (KH * KW) + 1;
                 build_planes(xg, c_first, c_end - c_first, H, W, PT, PL, WQ, HRQ, oh0, xp);
-{_channel_tile_loops(single, PLANES_MICRO_CALL.replace("FIRST_LAST", _first_last(single)), store)}
+{_channel_tile_loops(single, PLANES_MICRO_CALL + _narrow_call(cfg, isa, PLANES_TILE_CALL.replace("FIRST_LAST", _first_last(single)), "nvb - jp * NR"), store)}
             }}
         }}
     }}
@@ -1596,7 +1654,7 @@ def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str, direct: bool 
     ap = "const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;\n                            "
     full = f"micro_kernel(kl, ap, {b}, {ld}, ct, {first_last}, tile);"
     if cfg.vector_axis == 1 or isa == "scalar":
-        return ap + full
+        return ap + _narrow_call(cfg, isa, full, "nvb - jp * NR")
     return (f"{ap}if (nvb - jp * NR >= NR) {full}\n"
             f"                            else micro_kernel_tail(nvb - jp * NR, kl, ap, {b}, {ld}, ct, "
             f"{first_last}, tile);")

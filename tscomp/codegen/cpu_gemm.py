@@ -1088,10 +1088,12 @@ def _x_operand(g: _Geometry, amx: bool) -> str:
     return _operand(g)
 
 
-def emit_accumulators(emit, v: "_Vec", MR: int, NR: int, start=None) -> list[list[str]]:
+def emit_accumulators(emit, v: "_Vec", MR: int, NR: int, start=None, stride: int | None = None) -> list[list[str]]:
     """Declare the MR x (NR / width) vector accumulators ``c<r>_<c>``: on the first K step zero, or
-    ``start(c)`` for column vector c, else reloaded from the partial-sum tile ``ct``."""
+    ``start(c)`` for column vector c, else reloaded from the partial-sum tile ``ct`` (rows ``stride``
+    floats apart: NR, or a wider tile's rows where a narrow tail kernel computes part of it)."""
     W = v.width
+    stride = NR if stride is None else stride
     accs = [[f"c{r}_{c}" for c in range(NR // W)] for r in range(MR)]
     emit(f"    {v.type} " + ", ".join(a for row in accs for a in row) + ";")
     emit("    if (first) {")
@@ -1099,7 +1101,7 @@ def emit_accumulators(emit, v: "_Vec", MR: int, NR: int, start=None) -> list[lis
         emit("        " + " ".join(f"{a} = {start(c) if start else v.zero()};" for c, a in enumerate(row)))
     emit("    } else {")
     for r, row in enumerate(accs):
-        emit("        " + " ".join(f"{a} = {v.load(f'ct + {r * NR + c * W}')};" for c, a in enumerate(row)))
+        emit("        " + " ".join(f"{a} = {v.load(f'ct + {r * stride + c * W}')};" for c, a in enumerate(row)))
     emit("    }")
     return accs
 

@@ -87,13 +87,14 @@ def _conv_classes(k, ev, threads: int):
     """Implicit-GEMM Conv (``cpu_conv.conv_source``'s own split): per image and channel group, blocks
     of T_Nb output positions (the last one partial); when those are fewer than the threads, the
     output-channel blocks are split into ``runs`` tasks too. A task's work: its padded positions x
-    its output channels x the reduction depth (row-vector tiles pad no positions: their last
-    position tile has a kernel of its own width)."""
+    its output channels x the reduction depth (the last position tile is computed in whole
+    :func:`~tscomp.codegen.cpu_conv.column_tail_granule` s: row-vector tiles pad no positions,
+    fp32 column vectors pad to a whole vector)."""
     a, cfg = k.analysis, k.cfg
     if not isinstance(cfg, TileConfig):       # the Winograd strategy: its own split
         from tscomp.codegen.cpu_conv_winograd import winograd_classes
         return winograd_classes(k, ev, threads)
-    from tscomp.codegen.cpu_conv import conv_task_grid, plane_positions, position_block_tiles
+    from tscomp.codegen.cpu_conv import column_tail_granule, conv_task_grid, plane_positions, position_block_tiles
     n = ev(a.x_shape[0])
     if cfg.planes:               # positions along the padded width (the rows' dropped columns computed)
         OH, OW = (1, ev(a.out_shape[2])) if len(a.out_shape) == 3 else (ev(a.out_shape[2]), ev(a.out_shape[3]))
@@ -105,9 +106,12 @@ def _conv_classes(k, ev, threads: int):
     obt = -(-n_ob // per_block)
     per_task = obt * cfg.mc * a.Cg * a.geo.kh * a.geo.kw
     (n_small, small), (n_larger, larger) = position_block_tiles(P, n_pb, cfg.nr)
-    # the last block is a larger one where there are any; row-vector tiles pad none of its positions
+    # the last block is a larger one where there are any; its last tile is computed in whole granules
+    # (row-vector tiles: its exact positions; fp32 column vectors: whole vectors; int8: the full tile)
     last_tiles = np.where(n_larger > 0, larger, small)
-    last = last_tiles * cfg.nr if cfg.vector_axis == 1 else P - (-(-P // cfg.nr) - last_tiles) * cfg.nr
+    granule = column_tail_granule(cfg, k.isa, getattr(k, "precision", "fp32"))
+    rest = P - (-(-P // cfg.nr) - 1) * cfg.nr
+    last = (last_tiles - 1) * cfg.nr + -(-rest // granule) * granule
     blocks = [(n_small - (n_larger == 0), small * cfg.nr), (n_larger - (n_larger > 0), larger * cfg.nr), (1, last)]
     return [(n * a.G * c * per_block, w * per_task) for c, w in blocks]
 
