@@ -252,6 +252,22 @@ def test_scalar_kernel_runs_and_matches_onnxruntime(tmp_path):
     np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4)
 
 
+def _assert_kernel_matches_onnxruntime(kernel, plan, path, channels: int, sizes, residual: int | None = None):
+    """Run ``kernel`` (the plan's one Conv group) at each (n, h, w) of ``sizes`` on random inputs (and a
+    residual of ``residual`` channels) and compare it with onnxruntime on the model at ``path``."""
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    env0 = {name: plan.graph.values[name].const for name in plan.groups[0].inputs if name not in ("x", "r")}
+    for n, h, w in sizes:
+        feed = {"x": rng.standard_normal((n, channels, h, w)).astype(np.float32)}
+        if residual:
+            feed["r"] = rng.standard_normal((n, residual, h, w)).astype(np.float32)
+        got = kernel.run(env0 | feed, {"batch": n, "H": h, "W": w})
+        want = sess.run(None, feed)[0]
+        np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4,
+                                   err_msg=f"{kernel.func} {n}x{h}x{w}")
+
+
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 @pytest.mark.parametrize("branch,channels", [
     (("deep", 70, (3, 3), dict(pads=[1, 1, 1, 1]), ("bn", "relu")), 64),       # partial channel tile, K steps
@@ -279,14 +295,7 @@ def test_row_vector_tiles_match_onnxruntime_at_few_and_many_positions(tmp_path, 
     kernel = CompiledConv(analysis, cfg, isa)
     assert "the SIMD lanes along the channels" in kernel.source and "x5v_b" in kernel.func
     assert all(f"micro_kernel_{n}(" in kernel.source for n in range(1, 5)) and "micro_kernel_5(" not in kernel.source
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    env0 = {name: plan.graph.values[name].const for name in plan.groups[0].inputs if name != "x"}
-    for n, h, w in [(1, 1, 1), (1, 2, 2), (2, 7, 13), (1, 23, 17)]:
-        x = rng.standard_normal((n, channels, h, w)).astype(np.float32)
-        got = kernel.run(env0 | {"x": x}, {"batch": n, "H": h, "W": w})
-        want = sess.run(None, {"x": x})[0]
-        np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4, err_msg=f"{n}x{h}x{w}")
+    _assert_kernel_matches_onnxruntime(kernel, plan, path, channels, [(1, 1, 1), (1, 2, 2), (2, 7, 13), (1, 23, 17)])
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
@@ -319,15 +328,8 @@ def test_column_tiles_run_a_last_partial_position_tile_in_whole_vectors(tmp_path
     assert column_tail_granule(cfg, isa) == width
     assert all(f"micro_kernel_v{n}(" in kernel.source for n in range(1, vectors))
     assert f"micro_kernel_v{vectors}(" not in kernel.source
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    env0 = {name: plan.graph.values[name].const for name in plan.groups[0].inputs if name != "x"}
-    for n, h, w in [(1, 1, 1), (1, 1, 17), (1, 5, 8), (1, 5, 10), (1, 1, 97), (2, 12, 12), (3, 37, 3)]:
-        x = rng.standard_normal((n, channels, h, w)).astype(np.float32)
-        got = kernel.run(env0 | {"x": x}, {"batch": n, "H": h, "W": w})
-        want = sess.run(None, {"x": x})[0]
-        np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4,
-                                   err_msg=f"{cfg.slug()} {n}x{h}x{w}")
+    _assert_kernel_matches_onnxruntime(kernel, plan, path, channels,
+                                       [(1, 1, 1), (1, 1, 17), (1, 5, 8), (1, 5, 10), (1, 1, 97), (2, 12, 12), (3, 37, 3)])
     P = plane_positions(3, 11, analysis.geo) if planes else 3 * 11     # one partial tile: 33 or 37 positions
     classes = task_classes(kernel, {"batch": 1, "H": 3, "W": 11}, 2)
     n_ob = -(-analysis.OCg // 8)
@@ -369,17 +371,9 @@ def test_padded_plane_tiles_match_onnxruntime(tmp_path, isa, branch, channels):
     for cfg in offered + [TileConfig(mr=mr, nr=nr, mc=2 * mr, nc=2 * nr, kc=kc, planes=True)]:
         kernel = CompiledConv(analysis, cfg, isa)
         assert "build_planes(" in kernel.source and "pack_b" not in kernel.source and "p_b" in kernel.func
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        rng = np.random.default_rng(0)
-        env0 = {name: plan.graph.values[name].const for name in plan.groups[0].inputs if name not in ("x", "r")}
-        for n, h, w in [(1, 1, 1), (1, 1, 37), (1, 29, 1), (2, 7, 13), (1, 23, 17), (1, 61, 53)]:
-            feed = {"x": rng.standard_normal((n, channels, h, w)).astype(np.float32)}
-            if residual:
-                feed["r"] = rng.standard_normal((n, 70, h, w)).astype(np.float32)
-            got = kernel.run(env0 | feed, {"batch": n, "H": h, "W": w})
-            want = sess.run(None, feed)[0]
-            np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-4, atol=1e-4,
-                                       err_msg=f"{cfg.slug()} {n}x{h}x{w}")
+        _assert_kernel_matches_onnxruntime(kernel, plan, path, channels,
+                                           [(1, 1, 1), (1, 1, 37), (1, 29, 1), (2, 7, 13), (1, 23, 17), (1, 61, 53)],
+                                           residual=70 if residual else None)
 
 
 def test_padded_planes_are_offered_beside_the_gathering_tiles_for_convs_with_taps(tmp_path):

@@ -998,7 +998,7 @@ def _emit_column_vector_body(emit, v: _Vec, MR: int, NR: int, vectors: int, row_
 
 def _emit_column_vector_tails(emit, v: _Vec, MR: int, NR: int, planes: bool) -> None:
     """Narrow column-vector kernels for a last position tile of at most NR - W positions, and
-    ``micro_kernel_narrow`` choosing the one of ceil(positions / W) vectors (FTuner's combination of
+    ``micro_kernel_tail`` choosing the one of ceil(positions / W) vectors (FTuner's combination of
     tile sizes, as the row-vector and GEMM row tails): P = 196 under 64-position tiles computes 3
     tiles and one vector of 16, not a fourth tile of 60 zero-padded positions (23% of the FMAs)."""
     W = v.width
@@ -1013,11 +1013,20 @@ static __attribute__((noinline)) void micro_kernel_v{n}(
     {params})
 {{""")
         _emit_column_vector_body(emit, v, MR, NR, n, row_k)
-    cases = "\n".join(f"        case {n}: micro_kernel_v{n}({args}); return;" for n in range(1, NR // W))
-    emit(f"""/* The last position tile (0 < positions <= NR - {W} valid): the kernel of ceil(positions / {W}) vectors. */
-static __attribute__((noinline)) void micro_kernel_narrow(int64_t positions, {params})
+    _emit_tail_dispatch(emit, params, args, f"(positions + {W - 1}) / {W}",
+                        [(n, f"micro_kernel_v{n}") for n in range(1, NR // W)],
+                        f"0 < positions <= NR - {W} valid): the kernel of ceil(positions / {W}) vectors")
+
+
+def _emit_tail_dispatch(emit, params: str, args: str, selector: str, kernels: list[tuple[int, str]],
+                        what: str) -> None:
+    """C: ``micro_kernel_tail(positions, ...)``, the last position tile's call, switching on
+    ``selector`` (an expression of ``positions``) to the tail kernel of that case."""
+    cases = "\n".join(f"        case {n}: {fn}({args}); return;" for n, fn in kernels)
+    emit(f"""/* The last position tile ({what}. */
+static __attribute__((noinline)) void micro_kernel_tail(int64_t positions, {params})
 {{
-    switch ((positions + {W - 1}) / {W}) {{
+    switch ({selector}) {{
 {cases}
         default: __builtin_unreachable();
     }}
@@ -1034,14 +1043,16 @@ def column_tail_granule(cfg: TileConfig, isa: str, precision: str = "fp32") -> i
     return 1 if cfg.vector_axis == 0 else min(_Vec(isa).width, cfg.nr)
 
 
-def _narrow_call(cfg: TileConfig, isa: str, full: str, positions: str) -> str:
-    """C: ``full`` (a micro_kernel call) for a full position tile, the narrow kernel for a last one
-    of at most NR - W positions (fp32 SIMD column-vector tiles with more than one vector)."""
-    W = column_tail_granule(cfg, isa)
-    if W >= cfg.nr:
+def _tail_call(cfg: TileConfig, isa: str, full: str, positions: str) -> str:
+    """C: ``full`` (a micro_kernel call) for a position tile of more than NR - granule positions,
+    ``micro_kernel_tail`` with the same arguments for a last, narrower one (row-vector tiles: any
+    partial tile; fp32 SIMD column vectors: one of fewer vectors); ``full`` alone where the tiles
+    have no tail kernels (:func:`column_tail_granule`)."""
+    granule = column_tail_granule(cfg, isa)
+    if granule >= cfg.nr:
         return full
-    narrow = full.replace("micro_kernel(", f"micro_kernel_narrow({positions}, ")
-    return f"if ({positions} > NR - {W}) {full}\n                            else {narrow}"
+    tail = full.replace("micro_kernel(", f"micro_kernel_tail({positions}, ")
+    return f"if ({positions} > NR - {granule}) {full}\n                            else {tail}"
 
 
 def _emit_row_vector_body(emit, v: _Vec, MR: int, NR: int, positions: int | None = None,
@@ -1106,17 +1117,9 @@ static __attribute__((noinline)) void micro_kernel_{n}(
 {{""")
         _emit_row_vector_body(emit, v, MR, NR, positions=n, position_major=position_major,
                               direct_lanes=direct_lanes)
-    cases = "\n".join(f"        case {n}: micro_kernel_{n}(kl, ap, bp, ldb, ct, first, last, tile); return;"
-                      for n in range(1, NR))
-    emit(f"""/* The last position tile (0 < positions < NR valid): the kernel of exactly that width. */
-static __attribute__((noinline)) void micro_kernel_tail(int64_t positions, {_MICRO_PARAMS})
-{{
-    switch (positions) {{
-{cases}
-        default: __builtin_unreachable();
-    }}
-}}
-""")
+    _emit_tail_dispatch(emit, _MICRO_PARAMS, "kl, ap, bp, ldb, ct, first, last, tile", "positions",
+                        [(n, f"micro_kernel_{n}") for n in range(1, NR)],
+                        "0 < positions < NR valid): the kernel of exactly that width")
 
 
 def _emit_pack_b(emit, pointwise: bool, phased: bool = False, x_lanes: int = 0) -> None:
@@ -1440,7 +1443,7 @@ void {name}({_runtime_params()}{params})
                 const int64_t k0 = kb * KC, kl = min_i64(KC, KDIM - k0);
                 const int64_t c_first = k0 / (KH * KW), c_end = (k0 + kl - 1) / (KH * KW) + 1;
                 build_planes(xg, c_first, c_end - c_first, H, W, PT, PL, WQ, HRQ, oh0, xp);
-{_channel_tile_loops(single, PLANES_MICRO_CALL + _narrow_call(cfg, isa, PLANES_TILE_CALL.replace("FIRST_LAST", _first_last(single)), "nvb - jp * NR"), store)}
+{_channel_tile_loops(single, PLANES_MICRO_CALL + _tail_call(cfg, isa, PLANES_TILE_CALL.replace("FIRST_LAST", _first_last(single)), "nvb - jp * NR"), store)}
             }}
         }}
     }}
@@ -1633,9 +1636,9 @@ def _gather_call(a, direct: bool, int8: bool) -> str:
 def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str, direct: bool = False, int8: bool = False,
                        amx: bool = False) -> str:
     """The macro-kernel's call of the register tile at position tile jp (its weight panel ``ap``
-    first): row-vector tiles run the exact-width tail kernel on the last, partial position tile
-    (which so reads no position past the image where the tiles read a blocked input in place);
-    int8 tiles read the quad panel, the quad block and the panel's corrections."""
+    first): a last, partial position tile runs its tail kernel (:func:`_tail_call`; row-vector
+    tiles: the exact width, so no position past the image is read where the tiles read a blocked
+    input in place); int8 tiles read the quad panel, the quad block and the panel's corrections."""
     if amx:        # the panel's weight rows at column k0; the corrections after every group's rows
         panel = "(g * N_OCP + oc0 / MR + ip)"
         return (f"const uint8_t* ap = (const uint8_t*)Wp + {panel} * MR * (int64_t)KPAD + k0;\n"
@@ -1652,12 +1655,7 @@ def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str, direct: bool 
                 f"{first_last}, tile);")
     b, ld = ("xk + jp * NR * LANES", "H * W * LANES") if direct else ("bpack + jp * NR", "ldb")
     ap = "const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;\n                            "
-    full = f"micro_kernel(kl, ap, {b}, {ld}, ct, {first_last}, tile);"
-    if cfg.vector_axis == 1 or isa == "scalar":
-        return ap + _narrow_call(cfg, isa, full, "nvb - jp * NR")
-    return (f"{ap}if (nvb - jp * NR >= NR) {full}\n"
-            f"                            else micro_kernel_tail(nvb - jp * NR, kl, ap, {b}, {ld}, ct, "
-            f"{first_last}, tile);")
+    return ap + _tail_call(cfg, isa, f"micro_kernel(kl, ap, {b}, {ld}, ct, {first_last}, tile);", "nvb - jp * NR")
 
 
 def _phase_setup(a) -> str:

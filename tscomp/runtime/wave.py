@@ -54,7 +54,7 @@ import numpy as np
 
 from tscomp.codegen.build import get_num_threads
 from tscomp.codegen.cpu_gemm import row_block_classes
-from tscomp.codegen.tile_config import BALANCE_TASKS_PER_THREAD, TileConfig, evened_count
+from tscomp.codegen.tile_config import TileConfig
 from tscomp.graph.symbols import numel
 from tscomp.schedule.samples import shape_size
 from tscomp.schedule.target import Target
