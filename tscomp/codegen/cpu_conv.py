@@ -1356,10 +1356,8 @@ def plane_positions(OH, OW, geo):
     return (OH - 1) * (OW + (geo.kw - 1) * geo.dw // geo.sw) + OW
 
 
-#: C (the planes kernel): one register tile's call, its weight panel first
-PLANES_MICRO_CALL = """const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;
-                            """
-PLANES_TILE_CALL = "micro_kernel(kl, ap, xb + jp * NR, koff + k0, ct, FIRST_LAST, tile);"
+#: C: the fp32 register tile's weight panel ``ap`` (before its micro-kernel call, gathering or planes)
+FP32_PANEL_C = "const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;\n" + " " * 28
 #: C (the planes kernel): a finished tile stored a row segment at a time, the columns past OW dropped
 PLANES_STORE_C = """                            {   /* the tile's columns J as row segments of the output, those past OW dropped */
                                 const int64_t jt = J0 + jp * NR, jend = min_i64(jt + NR, J0 + nvb);
@@ -1443,7 +1441,7 @@ void {name}({_runtime_params()}{params})
                 const int64_t k0 = kb * KC, kl = min_i64(KC, KDIM - k0);
                 const int64_t c_first = k0 / (KH * KW), c_end = (k0 + kl - 1) / (KH * KW) + 1;
                 build_planes(xg, c_first, c_end - c_first, H, W, PT, PL, WQ, HRQ, oh0, xp);
-{_channel_tile_loops(single, PLANES_MICRO_CALL + _tail_call(cfg, isa, PLANES_TILE_CALL.replace("FIRST_LAST", _first_last(single)), "nvb - jp * NR"), store)}
+{_channel_tile_loops(single, FP32_PANEL_C + _tail_call(cfg, isa, f"micro_kernel(kl, ap, xb + jp * NR, koff + k0, ct, {_first_last(single)}, tile);", "nvb - jp * NR"), store)}
             }}
         }}
     }}
@@ -1654,8 +1652,7 @@ def _micro_kernel_call(cfg: TileConfig, isa: str, first_last: str, direct: bool 
                 f"                            micro_kernel_int8(kl, ap, bq + jp * NR, ldb, corr, (int32_t*)ct, "
                 f"{first_last}, tile);")
     b, ld = ("xk + jp * NR * LANES", "H * W * LANES") if direct else ("bpack + jp * NR", "ldb")
-    ap = "const float* ap = Wp + ((g * N_OCP + oc0 / MR + ip) * (int64_t)KDIM + k0) * MR;\n                            "
-    return ap + _tail_call(cfg, isa, f"micro_kernel(kl, ap, {b}, {ld}, ct, {first_last}, tile);", "nvb - jp * NR")
+    return FP32_PANEL_C + _tail_call(cfg, isa, f"micro_kernel(kl, ap, {b}, {ld}, ct, {first_last}, tile);", "nvb - jp * NR")
 
 
 def _phase_setup(a) -> str:
