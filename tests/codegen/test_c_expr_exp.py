@@ -1,5 +1,5 @@
 """``expf`` in generated C is the vectorizable ``ts_expf`` (:data:`tscomp.codegen.c_expr.EXP_HELPER`):
-the registry's Sigmoid / Exp / Softplus templates call ``expf``, and libm's is a scalar call that
+the registry's Exp / Softplus templates call ``expf`` (Sigmoid its own ``ts_sigmoidf`` on the same core), and libm's is a scalar call that
 kept every loop around it scalar (a MobileViT 1x1 Conv + SiLU ran 3.4x slower). Accurate to fp32
 tolerance against numpy over the whole finite range, special values as libm's, no libm ``expf``
 left in a kernel that calls it, and a Sigmoid / SiLU / Exp model still matches onnxruntime."""
@@ -46,10 +46,33 @@ def test_a_kernel_calling_expf_or_tanhf_imports_neither_from_libm(call, helper):
     assert call not in symbols, symbols
 
 
+def test_sigmoid_matches_float64_to_3e_7_relative_and_saturates_at_the_range_ends():
+    # the logistic's own helper (the registry's Sigmoid for float): an argument clamped to [-87, 87]
+    # instead of expf's special-case selects
+    _, run = elementwise_library("ts_sigmoidf", "ts_sigmoidf")
+    x = np.concatenate([np.linspace(-87, 87, 1_000_001, dtype=np.float32),
+                        np.float32([0.0, -0.0, 1e-30, -1e-30, 1.0, -1.0, 16.6, -16.6])])
+    want = 1 / (1 + np.exp(-x.astype(np.float64)))
+    np.testing.assert_allclose(run(x), want, rtol=3e-7, atol=0)
+    got = run(np.float32([np.inf, -np.inf, np.nan, 100.0, -100.0, 88.0, -88.0]))
+    assert got[0] == 1 and got[3] == 1 and got[5] == 1
+    assert np.all((got[[1, 4, 6]] >= 0) & (got[[1, 4, 6]] < 2e-38))   # the exact values are below 1e-38
+    assert np.isnan(got[2])
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm")
+def test_a_kernel_calling_the_sigmoid_imports_no_libm_exp():
+    path, _ = elementwise_library("ts_sigmoidf", "ts_sigmoidf")
+    assert "expf" not in imported_symbols(path)
+
+
 def test_the_exp_helper_only_where_exp_is_called():
     assert "ts_expf" not in math_helpers("y = tanhf(x);")
     assert "#define expf(x) ts_expf(x)" in math_helpers("y = (1 / (1 + expf(-x)));")
     assert "#define expf" not in math_helpers("y = ts_expf(x - top);")   # Softmax calls the helper itself
+    sigmoid = math_helpers("y = ts_sigmoidf(x);")      # the logistic's helper needs the exp core, not expf
+    assert "ts_expf_core" in sigmoid and "#define expf" not in sigmoid
+    assert sigmoid.index("ts_expf_core(float") < sigmoid.index("ts_sigmoidf(float")
 
 
 def _activation_model(path):

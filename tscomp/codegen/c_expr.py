@@ -107,16 +107,14 @@ static inline float tscomp_erff(float x)
 """
 
 
-#: ``ts_expf``: a vectorizable expf for kernels that call it (Softmax, LogSumExp)
+#: ``ts_expf``: a vectorizable expf for kernels that call it (Softmax, LogSumExp); ``ts_expf_core``
+#: its polynomial without the special cases, for helpers that clamp their argument first
 EXP_HELPER = """\
-/* expf that vectorizes in `omp simd` loops (libm's does not without -ffast-math): Cephes'
-   range reduction and degree-7 polynomial, relative error ~2e-7; NaN and overflow as expf, 0 below
-   -87 (where expf's results are subnormal, < 1.7e-38) */
+/* e^x for x in [-87, 88.72] (no special values): Cephes' range reduction and degree-7 polynomial,
+   relative error ~2e-7 */
 #pragma omp declare simd notinbranch
-static inline float ts_expf(float x)
+static inline float ts_expf_core(float xc)
 {
-    float xc = x < -87.0f ? -87.0f : x;          /* selects, not fminf/fmaxf: those stay libm calls */
-    xc = xc > 88.72283f ? 88.72283f : xc;        /* ln(FLT_MAX): expf overflows past it */
     const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   /* round to nearest */
     float r = fmaf(n, -0.693359375f, xc);
     r = fmaf(n, 2.12194440e-4f, r);
@@ -128,8 +126,34 @@ static inline float ts_expf(float x)
     p = fmaf(p, r, 5.0000001201e-1f);
     p = fmaf(p, r * r, r + 1.0f);
     union { int32_t i; float f; } scale = { .i = ((int32_t)n + 126) << 23 };   /* 2^(n-1) */
-    const float y = p * scale.f * 2.0f;
+    return p * scale.f * 2.0f;
+}
+/* expf that vectorizes in `omp simd` loops (libm's does not without -ffast-math): the core above,
+   NaN and overflow as expf, 0 below -87 (where expf's results are subnormal, < 1.7e-38) */
+#pragma omp declare simd notinbranch
+static inline float ts_expf(float x)
+{
+    float xc = x < -87.0f ? -87.0f : x;          /* selects, not fminf/fmaxf: those stay libm calls */
+    xc = xc > 88.72283f ? 88.72283f : xc;        /* ln(FLT_MAX): expf overflows past it */
+    const float y = ts_expf_core(xc);
     return x != x ? x : (x < -87.0f ? 0.0f : (x > 88.72283f ? INFINITY : y));
+}
+"""
+
+
+#: ``ts_sigmoidf``: the logistic function for float (the registry's Sigmoid, so SiLU's x * sigmoid(x)).
+#: Clamping the argument to [-87, 87] first makes ``ts_expf``'s three special-case selects unneeded:
+#: a third less work per element (a 16->96 1x1 Conv + SiLU at 112x112 of EfficientNet-B0 spent more
+#: time in its sigmoid than in its GEMM)
+SIGMOID_HELPER = """\
+/* 1 / (1 + e^-x) for float, vectorizable: relative error < 3e-7; at |x| > 87 the clamped argument's
+   value (1 or 1.6e-38, within 2e-38 of the exact one); NaN passes through */
+#pragma omp declare simd notinbranch
+static inline float ts_sigmoidf(float x)
+{
+    float xc = x < -87.0f ? -87.0f : x;
+    xc = xc > 87.0f ? 87.0f : xc;
+    return 1.0f / (1.0f + ts_expf_core(-xc));
 }
 """
 
@@ -199,7 +223,9 @@ static inline float ts_quotient(float x, float s, float r)
 def math_helpers(code: str) -> str:
     """The vectorizable math helpers ``code`` calls (each defined once per source)."""
     calls_expf = re.search(r"\bexpf\(", code) is not None
-    return (EXP_HELPER if calls_expf or "ts_expf(" in code else "") + (EXPF_REDIRECT if calls_expf else "") + \
+    sigmoid = "ts_sigmoidf(" in code
+    return (EXP_HELPER if calls_expf or sigmoid or "ts_expf(" in code else "") + \
+        (EXPF_REDIRECT if calls_expf else "") + (SIGMOID_HELPER if sigmoid else "") + \
         (ERF_HELPER if "tscomp_erff(" in code else "") + (TANH_HELPER if re.search(r"\btanhf\(", code) else "") + \
         (QUOTIENT_HELPER if "ts_quotient(" in code else "")
 
@@ -930,7 +956,7 @@ def c_literal(value, dtype) -> str:
     return f"INT64_C({v})"
 
 
-__all__ = ["CPrinter", "ERF_HELPER", "EXP_HELPER", "math_helpers", "IndexContext", "PRELUDE", "broadcast_index", "c_index", "c_literal",
+__all__ = ["CPrinter", "ERF_HELPER", "EXP_HELPER", "SIGMOID_HELPER", "math_helpers", "IndexContext", "PRELUDE", "broadcast_index", "c_index", "c_literal",
            "c_symbol_name",
            "compose", "delinearize", "index_var", "linearize", "reshape_index", "slice_start", "strides",
            "view_index"]

@@ -38,7 +38,7 @@ vocabulary             CUDA                            OpenCL C
 
 plus the index helpers of the CPU C (``ts_floordiv``, ``ts_mod``, ``ts_min``, ``ts_max``,
 ``ts_index`` with an error record in global memory) and the C generator's math helper names
-(``ts_expf``, ``tscomp_erff``) mapped to the dialect's own functions, so the fused expression IR's C
+(``ts_expf``, ``ts_sigmoidf``, ``tscomp_erff``) mapped to the dialect's own functions, so the fused expression IR's C
 statements (:mod:`tscomp.codegen.c_expr`, the registry's ``c_expr`` templates) drop into a body
 unchanged. A rendered source is ``header + prelude + BODY_MARK + body``: the CUDA and the OpenCL
 source of a kernel differ only in the prelude (tested).
@@ -106,6 +106,7 @@ CUDA_PRELUDE = r"""/* ---- CUDA prelude ---- */
 #define TS_NBLOCKS(d) ((int64_t)gridDim.TS_CAT(TS_DIM_, d))
 #define TS_NTHREADS(d) ((int64_t)blockDim.TS_CAT(TS_DIM_, d))
 #define ts_expf(x) expf(x)
+#define ts_sigmoidf(x) (1.0f / (1.0f + expf(-(x))))
 #define tscomp_erff(x) erff(x)
 #define TS_CAS64(p, v) (atomicCAS((unsigned long long*)(p), 0ULL, (unsigned long long)(v)) == 0ULL)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && defined(TS_WANT_ASYNC) && TS_WANT_ASYNC
@@ -197,6 +198,7 @@ typedef uchar uint8_t;
 #define fmodf fmod
 #define fmaf fma
 #define ts_expf(x) exp(x)
+#define ts_sigmoidf(x) (1.0f / (1.0f + exp(-(x))))
 #define tscomp_erff(x) erf(x)
 """
 

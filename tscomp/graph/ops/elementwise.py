@@ -366,6 +366,14 @@ def _c_erf(args, attrs, dtypes: CTypes):
     return f"{_c_erf_name(dt)}({args[0]})" if dt.kind == "f" and dt.itemsize >= 4 else None
 
 
+def _c_sigmoid(args, attrs, dtypes: CTypes):
+    # float: the codegen's vectorizable logistic (its argument clamped, no special-case selects)
+    dt = dtypes.args[0]
+    if dt.kind != "f" or dt.itemsize < 4:
+        return None
+    return f"ts_sigmoidf({args[0]})" if dt == np.float32 else f"(1 / (1 + exp(-{args[0]})))"
+
+
 def _c_alpha(template: str, **defaults: float):
     """Float-only templates with float attributes ({alpha}, {beta}) as literals."""
     def c_expr(args, attrs, dtypes: CTypes):
@@ -417,7 +425,7 @@ def _c_cast(args, attrs, dtypes: CTypes):
 UNARY: dict[str, tuple[Callable, Callable | None, Callable | None]] = {
     # op: (numpy function, symbolic element function or None, C expression)
     "Relu": (lambda x: np.maximum(x, 0), _sym(lambda x: sympy.Max(x, 0)), _c("({a} < 0 ? 0 : {a})", "fi")),
-    "Sigmoid": (sigmoid, None, _c("(1 / (1 + exp{f}(-{a})))", "f")),
+    "Sigmoid": (sigmoid, None, _c_sigmoid),
     "Tanh": (np.tanh, None, _c("tanh{f}({a})", "f")),
     "Erf": (special.erf, None, _c_erf),
     "Exp": (np.exp, None, _c("exp{f}({a})", "f")),
