@@ -179,13 +179,13 @@ def test_one_dimensional_convolutions_are_blocked_too(tmp_path):
     assert_matches_onnxruntime(Runtime.from_compiled(model, num_threads=2), path, feeds)
 
 
-def test_every_tile_form_of_a_blocked_1x1_computes_the_same(tmp_path):
-    """The dispatch picks one variant per shape; each form must be right: row-vector tiles reading a
-    blocked input in place and storing blocks as they are, column tiles gathering it by transposes
-    and transposing each finished tile -- against the NCHW kernel of the same configuration."""
-    _need_vectors()
+def _each_form_matches_nchw(path, configs) -> set:
+    """Every Conv group of ``path`` (channel-blocked by the layout pass) under each tile config,
+    against the NCHW kernel of the same config, at 1, primes and the range ends; returns the forms
+    seen: (input read "in place" / "gathered", vector axis, x lanes, y lanes, whether a channel-major
+    tile's epilogue ran in place before its blocked store)."""
     from tscomp.codegen.channel_blocking import block_conv_chains
-    from tscomp.codegen.cpu_conv import CompiledConv, TileConfig
+    from tscomp.codegen.cpu_conv import CompiledConv
     from tscomp.codegen.families import link_native
     from tscomp.compiler import choose_families
     from tscomp.graph import load_model
@@ -193,13 +193,9 @@ def test_every_tile_form_of_a_blocked_1x1_computes_the_same(tmp_path):
     from tscomp.schedule.samples import group_inputs_at
     from tscomp.schedule.schedules import TuningOptions, schedule_plan
 
-    L = VECTOR_WIDTH[host_isa()]
-    path = _inverted_residual(tmp_path / "ir.onnx", cin=32, hidden=64)
     def families():
         return choose_families(fuse(load_model(str(path), ["N=1:3", "H=1:41", "W=1:41"])))
     target = host_cpu(2)
-    configs = [TileConfig(mr=2 * L, nr=4, mc=2 * L, nc=16, kc=64, vector_axis=0),
-               TileConfig(mr=4, nr=2 * L, mc=16, nc=64, kc=64, vector_axis=1)]   # 8 accumulators on any ISA
     _, nchw = families()           # analyses of their own: the layout pass changes the ones it is given
     plain = {(name, i): link_native(CompiledConv(c.analysis, cfg, host_isa()))
              for name, c in nchw.items() if c.family.name == "conv" for i, cfg in enumerate(configs)}
@@ -212,15 +208,84 @@ def test_every_tile_form_of_a_blocked_1x1_computes_the_same(tmp_path):
         a = choices[name].analysis
         k = link_native(CompiledConv(a, configs[i], host_isa()))
         seen.add(("in place" if "read in place" in k.source else "gathered", configs[i].vector_axis,
-                  a.x_lanes, a.y_lanes))
+                  a.x_lanes, a.y_lanes, "conv_epilogue_in_place(tile" in k.source))
         for n, h, w in ((1, 1, 1), (2, 13, 7), (3, 41, 41)):
             binding = {sym["N"]: n, sym["H"]: h, sym["W"]: w}
             env = group_inputs_at(plan, choices[name].group, binding, rng)
             want = ref.run(env, binding)
             for out, arr in k.run(env, binding).items():
                 np.testing.assert_allclose(arr, want[out], rtol=1e-4, atol=1e-4, err_msg=f"{k.func} {binding}")
+    return seen
+
+
+def test_every_tile_form_of_a_blocked_1x1_computes_the_same(tmp_path):
+    """The dispatch picks one variant per shape; each form must be right: row-vector tiles reading a
+    blocked input in place and storing blocks as they are, column tiles gathering it by transposes
+    and storing each finished tile through the in-place epilogue and a transpose -- against the NCHW
+    kernel of the same configuration."""
+    _need_vectors()
+    from tscomp.codegen.cpu_conv import TileConfig
+    L = VECTOR_WIDTH[host_isa()]
+    path = _inverted_residual(tmp_path / "ir.onnx", cin=32, hidden=64)
+    configs = [TileConfig(mr=2 * L, nr=4, mc=2 * L, nc=16, kc=64, vector_axis=0),
+               TileConfig(mr=4, nr=2 * L, mc=16, nc=64, kc=64, vector_axis=1)]   # 8 accumulators on any ISA
+    seen = _each_form_matches_nchw(path, configs)
     # the projection reads blocks (in place, gathered), the expansion writes them (row and column tiles)
-    assert {("in place", 0, L, 0), ("gathered", 1, L, 0), ("gathered", 0, 0, L), ("gathered", 1, 0, L)} <= seen
+    assert {("in place", 0, L, 0, False), ("gathered", 1, L, 0, False), ("gathered", 0, 0, L, False),
+            ("gathered", 1, 0, L, True)} <= seen
+
+
+def _silu_expand(path, *, hidden=48, blocked_residual=False):
+    """x -> 1x1 expand (bias, SiLU, times a per-channel constant, plus ``r``) -> depthwise 3x3 -> y:
+    the expand's output is stored channel-blocked. ``r`` is a model input (NCHW), or with
+    ``blocked_residual`` the block's own blocked tensor: x -> expand0 -> dw0 -> d, then
+    r = d, the expand reading d as X and as its residual."""
+    rng = np.random.default_rng(7)
+
+    def t(name, *shape):
+        return helper.make_tensor(name, TP.FLOAT, shape, (rng.standard_normal(shape) * 0.5).astype(np.float32).ravel())
+    inits = [t("we", hidden, hidden if blocked_residual else 16, 1, 1), t("be", hidden), t("scale", hidden, 1, 1),
+             t("wd", hidden, 1, 3, 3), t("bd", hidden)]
+    nodes, inputs, x, r = [], [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 16, "H", "W"])], "x", "r"
+    if blocked_residual:
+        inits += [t("w0", hidden, 16, 1, 1), t("b0", hidden), t("w1", hidden, 1, 3, 3), t("b1", hidden)]
+        nodes += [helper.make_node("Conv", ["x", "w0", "b0"], ["e0"], kernel_shape=[1, 1]),
+                  helper.make_node("Conv", ["e0", "w1", "b1"], ["d"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                                   group=hidden)]
+        x = r = "d"
+    else:
+        inputs.append(helper.make_tensor_value_info("r", TP.FLOAT, ["N", hidden, "H", "W"]))
+    nodes += [helper.make_node("Conv", [x, "we", "be"], ["e"], kernel_shape=[1, 1]),
+              helper.make_node("Sigmoid", ["e"], ["s"]), helper.make_node("Mul", ["e", "s"], ["silu"]),
+              helper.make_node("Mul", ["silu", "scale"], ["m"]), helper.make_node("Add", ["m", r], ["a"]),
+              helper.make_node("Conv", ["a", "wd", "bd"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=hidden)]
+    g = helper.make_graph(nodes, "silu", inputs, [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def test_a_column_tile_runs_its_epilogue_in_place_unless_it_reads_a_blocked_operand(tmp_path):
+    """A column-vector tile is channel-major: its fused math (SiLU, a per-channel constant, an NCHW
+    residual) runs in place along the positions, whole vectors, then each run of channels within
+    one block is transposed into the output -- 6-channel tiles start mid-block and cross blocks. An
+    epilogue reading a channel-blocked residual keeps the blocked form (that read would be strided
+    along the positions). Both against the NCHW kernel, and the model against onnxruntime."""
+    _need_vectors()
+    from tscomp.codegen.cpu_conv import TileConfig
+    L = VECTOR_WIDTH[host_isa()]
+    configs = [TileConfig(mr=6, nr=2 * L, mc=12, nc=64, kc=64, vector_axis=1),
+               TileConfig(mr=L, nr=4, mc=L, nc=16, kc=64, vector_axis=0)]
+    nchw_residual = _each_form_matches_nchw(_silu_expand(tmp_path / "silu.onnx"), configs)
+    assert ("gathered", 1, 0, L, True) in nchw_residual
+    blocked = _each_form_matches_nchw(_silu_expand(tmp_path / "silu_rb.onnx", blocked_residual=True), configs)
+    # the expand reading d (X and residual): blocked form; the first expand (bias only): in place
+    assert ("gathered", 1, L, L, False) in blocked and ("gathered", 1, L, L, True) not in blocked
+    assert ("gathered", 1, 0, L, True) in blocked
+    rng = np.random.default_rng(2)
+    feeds = [(label, {"x": rng.standard_normal((n, 16, h, w)).astype(np.float32),
+                      "r": rng.standard_normal((n, 48, h, w)).astype(np.float32)}) for label, n, h, w in SIZES]
+    path = tmp_path / "silu.onnx"
+    assert_matches_onnxruntime(Runtime.from_compiled(_compile(path), num_threads=2), path, feeds)
 
 
 def test_avx2_blocks_of_eight_match_onnxruntime(tmp_path):

@@ -256,6 +256,8 @@ class TileEpilogue(GroupGenerator):
         self.pos = delinearize(self.p, self.spatial, self.ctx)
         self.flat = self.ctx.simplify(linearize((self.n, self.ch) + tuple(self.pos), self.hshape))
         self.probe: list | None = None
+        #: loads of channel-blocked operands emitted (the in-place form declines them: strided there)
+        self.blocked_reads = 0
 
     # ------------------------------------------------------------------ the backbone's value
     def heavy_value(self, e: Op, idx) -> str:
@@ -286,6 +288,7 @@ class TileEpilogue(GroupGenerator):
         the tile's own lane (``ts_cb``, ``ts_l0 + ts_el``): a unit-stride load along the lanes;
         anywhere else, the division and remainder spelled out."""
         L = self.blocked_inputs[e.name]
+        self.blocked_reads += 1
         shape = self.shape(e)
         C, P = shape[1], numel(shape[2:])
         n, c, pos = idx[0], idx[1], tuple(idx[2:])
@@ -425,7 +428,49 @@ class TileEpilogue(GroupGenerator):
         self.pop()
         return self._function_text(name, outputs, "int64_t ts_cb, int64_t ts_l0")
 
-    def _function_text(self, name: str, outputs: Mapping[str, Expr], channel_params: str) -> tuple[str, list[tuple], str]:
+    def generate_blocked_in_place(self, name: str, outputs: Mapping[str, Expr],
+                                  lanes: int) -> tuple[str, list[tuple], str] | None:
+        """The channel-blocked store from a *channel-major* tile (a column-vector register tile,
+        ``ts_tile[c * ts_ldt + p]``, channels ``ts_ch0 ..``): the fused math in place on the tile, the
+        positions the simd loop (whole vectors whatever the tile's channel count: the blocked form
+        runs a column tile's 8 channels per position, half an AVX-512 vector, and its SiLU cost
+        twice what it does here), then each run of channels within one block transposed straight
+        into the output. None when the epilogue reads a channel-blocked operand: along the
+        positions of one channel that is a stride-``lanes`` gather, where the blocked form loads
+        whole vectors."""
+        self.lanes = 0
+        (oname, e), = outputs.items()
+        if not all(same(a, b) for a, b in zip(self.shape(e), self.hshape)) or len(self.shape(e)) != len(self.hshape):
+            self.fail(f"output {oname} is not the Conv's own output space: it cannot be stored channel-blocked")
+        rows = _Block([("for (int64_t ts_er = 0; ts_er < ts_mv; ++ts_er) {", 0)], [("}", 0)])
+        self.push(rows, [self.ch])
+        self.emit("const int64_t ts_c = ts_ch0 + ts_er;")
+        cols = _Block([("#pragma omp simd", 0), ("for (int64_t ts_ec = 0; ts_ec < ts_nv; ++ts_ec) {", 0)], [("}", 0)])
+        self.push(cols, [self.p])
+        self.emit("const int64_t ts_p = ts_p0 + ts_ec;")
+        self.emit("float* restrict ts_a = ts_tile + ts_er * ts_ldt + ts_ec;")
+        self.emit("const float ts_acc = *ts_a;")
+        self.where["ts_acc"] = cols
+        v = self.value(e, (self.n, self.ch) + tuple(self.pos))
+        self.emit(f"*ts_a = {v};  /* in place: stored channel-blocked below */")
+        self.pop()
+        self.pop()
+        if self.blocked_reads:
+            return None
+        block = f"ts_n * {int(self.C) // lanes} + ts_c / {lanes}"
+        store = f"""for (int64_t ts_er = 0; ts_er < ts_mv; ) {{   /* runs of channels within one block of {lanes} */
+    const int64_t ts_c = ts_ch0 + ts_er, ts_l = ts_c % {lanes};
+    const int64_t ts_w = {lanes} - ts_l < ts_mv - ts_er ? {lanes} - ts_l : ts_mv - ts_er;
+    ts_transpose_matrix(ts_tile + ts_er * ts_ldt, ts_ldt, ts_w, ts_nv,
+                        {self.out_c[oname]} + ((({block}) * ({self.c(self.P)}) + ts_p0) * {lanes} + ts_l), {lanes});
+    ts_er += ts_w;
+}}"""
+        for line in store.splitlines():
+            self.emit(line)
+        return self._function_text(name, outputs, "int64_t ts_ch0", tile="float* restrict")
+
+    def _function_text(self, name: str, outputs: Mapping[str, Expr], channel_params: str,
+                       tile: str = "const float* restrict") -> tuple[str, list[tuple], str]:
         if self.index_checks:
             self.fail("a data-dependent index (Gather) in a convolution epilogue is not supported")
         if self.scratch:
@@ -444,7 +489,7 @@ class TileEpilogue(GroupGenerator):
         for s in syms:
             args.append(("symbol", s.name, c_symbol_name(s.name), s))
         params = "".join(f", {param_of(a)}" for a in args)
-        text = (f"static inline __attribute__((always_inline)) void {name}(const float* restrict ts_tile, "
+        text = (f"static inline __attribute__((always_inline)) void {name}({tile} ts_tile, "
                 f"int64_t ts_ldt, int64_t ts_n, {channel_params}, int64_t ts_p0, int64_t ts_mv, int64_t ts_nv{params})\n"
                 f"{{\n{body}\n}}\n")
         return text, args, "\n".join(self.statics)
@@ -580,6 +625,7 @@ class _ConvBase:
         self.epilogue_c, epi_args, self.statics = gen.generate_function("conv_epilogue", self.group.outputs,
                                                                         lanes=self.y_lanes)
         self.scattered_store = gen.scattered
+        self.epilogue_in_place_c = self._in_place_epilogue(epi_args)
         pro_args, self.prologue_c = [], ""
         if self.prologue:
             self.prologue_c, pro_args, statics = x_prologue_function(self.plan, self.group, self.heavy.args[0],
@@ -590,9 +636,23 @@ class _ConvBase:
         keys = [a[:2] for a in self.arg_roles]
         self.epi_args = [keys.index(a[:2]) for a in epi_args]
         self.pro_args = [keys.index(a[:2]) for a in pro_args]
-        self.math = math_helpers(self.epilogue_c + self.prologue_c + self.statics)
+        self.math = math_helpers(self.epilogue_c + self.epilogue_in_place_c + self.prologue_c + self.statics)
         _, _, epi = self.group.prologue_epilogue()
         self.fused = ["bias"] * (self.bias is not None) + [o.op_type for o in epi]
+
+    def _in_place_epilogue(self, epi_args: list) -> str:
+        """C of ``conv_epilogue_in_place`` (:meth:`TileEpilogue.generate_blocked_in_place`), the
+        store of a column-vector tile into a channel-blocked output; "" where the output is NCHW or
+        that form does not apply (it then goes through the blocked form, transposed first)."""
+        if not self.y_lanes:
+            return ""
+        gen = TileEpilogue(self.plan, self.group, self.heavy, self.out_shape, self.bias, dict(self.blocked_operands))
+        gen.const_stem = "kp"       # its constant arrays beside the blocked form's (k0, k1, ..)
+        made = gen.generate_blocked_in_place("conv_epilogue_in_place", self.group.outputs, self.y_lanes)
+        if made is None or made[1] != epi_args:     # the macro-kernel passes the blocked form's arguments
+            return ""
+        text, _, statics = made
+        return (statics + "\n" if statics else "") + text
 
     # ------------------------------------------------------------------ what the schedule stage reads
     def signature(self) -> str:
@@ -1502,6 +1562,8 @@ def conv_source(analysis: ConvAnalysis, cfg: TileConfig, isa: str, precision: st
         from tscomp.codegen.cpu_depthwise_channels import transpose_block_c
         emit(transpose_block_c("avx512" if amx else isa))     # (AMX kernels: AVX-512 around the tiles)
     emit(a.epilogue_c)
+    if a.epilogue_in_place_c and cfg.vector_axis != 0:
+        emit(a.epilogue_in_place_c)
     emit(a.prologue_c)
     if cfg.planes:
         _emit_planes_kernel(emit_t, a, cfg, isa, name, params, names, pro_names, n_kb)
@@ -1580,8 +1642,9 @@ def _tile_epilogue_call(a, cfg: TileConfig, names: str) -> str:
 {ind}        conv_epilogue(tile + yc, MR, n, (ych + yc) / LANES, 0, p0 + jp * NR, min_i64(LANES, ymv - yc),
 {ind}                      min_i64(NR, nvb - jp * NR){names});
 {ind}}}"""
-    if not a.y_lanes:
-        return (f"{ind}conv_epilogue(tile, NR, n, g * OCG + oc0 + ip * MR, p0 + jp * NR,\n"
+    if not a.y_lanes or a.epilogue_in_place_c:
+        fn = "conv_epilogue_in_place" if a.y_lanes else "conv_epilogue"
+        return (f"{ind}{fn}(tile, NR, n, g * OCG + oc0 + ip * MR, p0 + jp * NR,\n"
                 f"{ind}              min_i64(MR, mvb - ip * MR), min_i64(NR, nvb - jp * NR){names});")
     return f"""{ind}{{
 {ind}    const int64_t ych = g * OCG + oc0 + ip * MR, ymv = min_i64(MR, mvb - ip * MR);
