@@ -372,12 +372,7 @@ class TileEpilogue(GroupGenerator):
         self.scattered = False
         if lanes:
             return self._generate_blocked(name, outputs, lanes)
-        rows = _Block([("for (int64_t ts_er = 0; ts_er < ts_mv; ++ts_er) {", 0)], [("}", 0)])
-        self.push(rows, [self.ch])
-        self.emit("const int64_t ts_c = ts_ch0 + ts_er;")
-        cols = _Block([("#pragma omp simd", 0), ("for (int64_t ts_ec = 0; ts_ec < ts_nv; ++ts_ec) {", 0)], [("}", 0)])
-        self.push(cols, [self.p])
-        self.emit("const int64_t ts_p = ts_p0 + ts_ec;")
+        cols = self._channel_major_loops()
         self.emit("const float ts_acc = ts_tile[ts_er * ts_ldt + ts_ec];")
         self.where["ts_acc"] = cols
         for oname, e in outputs.items():
@@ -401,14 +396,30 @@ class TileEpilogue(GroupGenerator):
         self.pop()
         return self._function_text(name, outputs, "int64_t ts_ch0")
 
-    def _generate_blocked(self, name: str, outputs: Mapping[str, Expr], lanes: int) -> tuple[str, list[tuple], str]:
-        """The channel-blocked form of :meth:`generate_function`."""
-        self.lanes = lanes
+    def _channel_major_loops(self) -> _Block:
+        """Open the loops over a channel-major tile: its rows, output channels ``ts_c``, then the
+        simd loop over its columns, positions ``ts_p`` (returned)."""
+        rows = _Block([("for (int64_t ts_er = 0; ts_er < ts_mv; ++ts_er) {", 0)], [("}", 0)])
+        self.push(rows, [self.ch])
+        self.emit("const int64_t ts_c = ts_ch0 + ts_er;")
+        cols = _Block([("#pragma omp simd", 0), ("for (int64_t ts_ec = 0; ts_ec < ts_nv; ++ts_ec) {", 0)], [("}", 0)])
+        self.push(cols, [self.p])
+        self.emit("const int64_t ts_p = ts_p0 + ts_ec;")
+        return cols
+
+    def _own_output(self, outputs: Mapping[str, Expr]) -> tuple[str, Expr]:
+        """The one output a channel-blocked store writes: the Conv's own [N, OC, *spatial]."""
         if len(outputs) != 1:
             self.fail("a channel-blocked Conv output must be the group's only output")
         (oname, e), = outputs.items()
         if not all(same(a, b) for a, b in zip(self.shape(e), self.hshape)) or len(self.shape(e)) != len(self.hshape):
             self.fail(f"output {oname} is not the Conv's own output space: it cannot be stored channel-blocked")
+        return oname, e
+
+    def _generate_blocked(self, name: str, outputs: Mapping[str, Expr], lanes: int) -> tuple[str, list[tuple], str]:
+        """The channel-blocked form of :meth:`generate_function`."""
+        self.lanes = lanes
+        oname, e = self._own_output(outputs)
         if not (self.C.is_Integer and int(self.C) % lanes == 0):
             self.fail(f"{self.C} output channels are not whole blocks of {lanes}")
         self.emit("const int64_t ts_ch0 = ts_cb * " + str(lanes) + " + ts_l0;")
@@ -439,15 +450,8 @@ class TileEpilogue(GroupGenerator):
         positions of one channel that is a stride-``lanes`` gather, where the blocked form loads
         whole vectors."""
         self.lanes = 0
-        (oname, e), = outputs.items()
-        if not all(same(a, b) for a, b in zip(self.shape(e), self.hshape)) or len(self.shape(e)) != len(self.hshape):
-            self.fail(f"output {oname} is not the Conv's own output space: it cannot be stored channel-blocked")
-        rows = _Block([("for (int64_t ts_er = 0; ts_er < ts_mv; ++ts_er) {", 0)], [("}", 0)])
-        self.push(rows, [self.ch])
-        self.emit("const int64_t ts_c = ts_ch0 + ts_er;")
-        cols = _Block([("#pragma omp simd", 0), ("for (int64_t ts_ec = 0; ts_ec < ts_nv; ++ts_ec) {", 0)], [("}", 0)])
-        self.push(cols, [self.p])
-        self.emit("const int64_t ts_p = ts_p0 + ts_ec;")
+        oname, e = self._own_output(outputs)
+        cols = self._channel_major_loops()
         self.emit("float* restrict ts_a = ts_tile + ts_er * ts_ldt + ts_ec;")
         self.emit("const float ts_acc = *ts_a;")
         self.where["ts_acc"] = cols
