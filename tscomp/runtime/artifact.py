@@ -59,7 +59,7 @@ from tscomp.runtime.plain_data import BlobReader, BlobWriter, PlainDataError, re
 from tscomp.schedule.target import Target
 
 FORMAT = "tscomp-artifact"
-FORMAT_VERSION = 12    # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
+FORMAT_VERSION = 13    # 2: the target as data, per-variant schedule provenance; 3: plain data, no pickle;
                        # 4: GEMM row tails (the wave model counts a GEMM task's exact rows);
                        # 5: bf16 weight K blocks padded to 32 (one layout for VDPBF16PS and AMX);
                        # 6: GEMM weights in nr-column panels over all of K (variants of one nr share them);
@@ -72,6 +72,8 @@ FORMAT_VERSION = 12    # 2: the target as data, per-variant schedule provenance;
                        #     of a format-10 Conv kernel would not match how its C splits the positions)
                        # 12: Conv column-vector tiles compute a last partial position tile in whole
                        #     vectors (a format-11 kernel pads it to the full tile: costed otherwise)
+                       # 13: a Conv analysis records its in-place epilogue for column-vector tiles into
+                       #     a channel-blocked output (epilogue_in_place_c; a format-12 one lacks it)
 
 
 class ArtifactError(TscompError):
