@@ -52,10 +52,11 @@ ACTIVATIONS: dict[str, tuple[Callable, float | None, float | None]] = {
 }
 
 #: the same functions as C expressions of a float ``x`` (``a``, ``b``: alpha and beta literals), in
-#: selects and ``expf`` so that a loop over them vectorizes (tanh as ``1 - 2 / (1 + e^2x)``, within
-#: 2e-7 of tanhf: GCC left a loop over the rational ``ts_tanhf`` scalar, its division not speculated)
+#: selects, ``expf`` and the registry Sigmoid's own ``ts_sigmoidf`` so that a loop over them
+#: vectorizes (tanh as ``1 - 2 / (1 + e^2x)``, within 2e-7 of tanhf: GCC left a loop over the
+#: rational ``ts_tanhf`` scalar, its division not speculated)
 ACTIVATIONS_C: dict[str, str] = {
-    "Sigmoid": "1.0f / (1.0f + expf(-x))",
+    "Sigmoid": "ts_sigmoidf(x)",
     "Tanh": "(1.0f - 2.0f / (1.0f + expf(2.0f * x)))",
     "Relu": "(x > 0.0f ? x : 0.0f)",
     "Affine": "{a} * x + {b}",
