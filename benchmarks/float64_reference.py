@@ -47,6 +47,14 @@ def widened(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
+def float64_outputs(model_path, inputs: dict) -> list[np.ndarray]:
+    """The model's outputs evaluated in float64 (:func:`widened` on onnx's reference evaluator),
+    its float32 inputs widened too."""
+    exact = ReferenceEvaluator(widened(onnx.load(str(model_path))))
+    wide = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in inputs.items()}
+    return [np.asarray(o) for o in exact.run(None, wide)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="the ONNX model (external data beside it is read)")
@@ -58,10 +66,8 @@ def main() -> None:
     rt = Runtime(args.artifact, num_threads=args.threads)
     binding = shape_binding(rt.graph, {k: int(v) for k, v in (s.split("=") for s in args.shape)})
     inputs = random_inputs(rt.graph, binding, np.random.default_rng(args.seed))
-    exact = ReferenceEvaluator(widened(onnx.load(args.model)))
-    wide = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in inputs.items()}
     names = [o.name for o in onnx.load(args.model, load_external_data=False).graph.output]
-    want = dict(zip(names, exact.run(None, wide)))
+    want = dict(zip(names, float64_outputs(args.model, inputs)))
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
     sess = ort.InferenceSession(args.model, so, providers=["CPUExecutionProvider"])

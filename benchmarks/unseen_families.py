@@ -560,13 +560,9 @@ def _float64_distances(path, inp: dict, got: np.ndarray, ref: np.ndarray) -> dic
     """The largest absolute distance of tscomp's and onnxruntime's outputs from a float64 evaluation
     of the model (:mod:`benchmarks.float64_reference`): a MISMATCH where both are about as far off is
     the model's fp32 conditioning (MobileNetV1 at full size: 1.15e-4 and 1.12e-4), not a bug."""
-    import onnx
-    from onnx.reference import ReferenceEvaluator
-    from benchmarks.float64_reference import widened
+    from benchmarks.float64_reference import float64_outputs
     try:
-        exact = ReferenceEvaluator(widened(onnx.load(str(path))))
-        wide = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in inp.items()}
-        want = np.asarray(exact.run(None, wide)[0], np.float64)
+        want = np.asarray(float64_outputs(path, inp)[0], np.float64)
     except Exception as e:      # noqa: BLE001 - onnx's evaluator lacks an operator: no verdict
         return {"error": f"{type(e).__name__}: {str(e)[:120]}"}
     if want.shape != got.shape:
