@@ -7,8 +7,9 @@ policies.
 
 libgomp reads its wait policy once, when it is loaded, so each policy runs in its own process:
 ``tscomp`` (tscomp's default: GOMP_SPINCOUNT=10000, :mod:`tscomp.runtime.threads`), ``passive``
-(OMP_WAIT_POLICY=passive: sleep at once) and ``active`` (libgomp's default spin, 300,000
-iterations: what tscomp did before). In each process, per sequence length (batch 1), tscomp and
+(OMP_WAIT_POLICY=passive: sleep at once), ``active`` (OMP_WAIT_POLICY=active: spin without end)
+and ``spin<N>`` (GOMP_SPINCOUNT=N; libgomp's own default is 300,000 iterations, what tscomp did
+before). In each process, per sequence length (batch 1), tscomp and
 onnxruntime run in alternating blocks of ``--repeats`` calls (same inputs, same thread count; an
 idle pause before each block so neither runs beside the other's spinning pool), each the best
 block median; then the competing process starts and the same is measured again. Printed per policy: the
@@ -27,6 +28,15 @@ import sys
 import time
 
 POLICIES = {"tscomp": {}, "passive": {"OMP_WAIT_POLICY": "passive"}, "active": {"OMP_WAIT_POLICY": "active"}}
+
+
+def _policy_env(name: str) -> dict[str, str]:
+    """A policy's environment: one of :data:`POLICIES`, or ``spin<N>`` (GOMP_SPINCOUNT=N)."""
+    if name in POLICIES:
+        return POLICIES[name]
+    if name.startswith("spin") and name[4:].isdigit():
+        return {"GOMP_SPINCOUNT": name[4:]}
+    raise SystemExit(f"unknown policy {name!r}: one of {sorted(POLICIES)} or spin<N> (GOMP_SPINCOUNT=N)")
 BUSY = "import numpy as np\na = np.random.rand(256, 256)\nwhile True:\n    a = (a @ a) * 1e-3 + 1.0\n"
 
 
@@ -110,7 +120,7 @@ def main() -> None:
     summary = []
     for name in args.policies.split(","):
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-        env.update(POLICIES[name])
+        env.update(_policy_env(name))
         cmd = [sys.executable, "-m", "benchmarks.contention", "--worker", "--artifact", args.artifact, "--onnx",
                args.onnx, "--threads", str(args.threads), "--lengths", args.lengths, "--repeats", str(args.repeats)]
         res = subprocess.run(cmd, env=env, capture_output=True, text=True)
