@@ -75,12 +75,8 @@ def measure(args) -> dict:
         rt = Runtime(args.artifact, num_threads=args.threads)
         call = rt.run
     else:
-        import onnxruntime as ort
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = args.threads
-        sess = ort.InferenceSession(args.onnx, so, providers=["CPUExecutionProvider"])
-        names = [i.name for i in sess.get_inputs()]
-        call = lambda x: sess.run(None, {n: x[n] for n in names})     # noqa: E731
+        from benchmarks.first_call import _ort_call
+        call = _ort_call(args.onnx, args.threads)
     gaps = [0.0] + [float(g) / 1e3 for g in args.gaps_ms.split(",")]
     curve = _curve(call, requests, gaps, args.repeats, args.wait)
     return {"system": args.system, "binding": binding, "curve": {str(g): t for g, t in curve.items()},
