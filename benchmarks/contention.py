@@ -28,6 +28,7 @@ import sys
 import time
 
 POLICIES = {"tscomp": {}, "passive": {"OMP_WAIT_POLICY": "passive"}, "active": {"OMP_WAIT_POLICY": "active"}}
+BUSY = "import numpy as np\na = np.random.rand(256, 256)\nwhile True:\n    a = (a @ a) * 1e-3 + 1.0\n"
 
 
 def _policy_env(name: str) -> dict[str, str]:
@@ -37,7 +38,6 @@ def _policy_env(name: str) -> dict[str, str]:
     if name.startswith("spin") and name[4:].isdigit():
         return {"GOMP_SPINCOUNT": name[4:]}
     raise SystemExit(f"unknown policy {name!r}: one of {sorted(POLICIES)} or spin<N> (GOMP_SPINCOUNT=N)")
-BUSY = "import numpy as np\na = np.random.rand(256, 256)\nwhile True:\n    a = (a @ a) * 1e-3 + 1.0\n"
 
 
 def _busy_process() -> subprocess.Popen:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -58,29 +57,29 @@ def _curve(call, requests: list, gaps: list[float], repeats: int, wait: str) -> 
     return {g: statistics.median(v) for g, v in times.items()}
 
 
-def _requests(artifact: str, sequence: int) -> tuple[list[dict], dict]:
-    from tscomp.runtime import Runtime
+def _requests(rt, sequence: int) -> tuple[list[dict], dict]:
+    """64 requests of one shape (``sequence``, every other symbol at its least), each its own contents."""
     from tscomp.sample_inputs import random_inputs
-    rt = Runtime(artifact, warmup=False)
     binding = {i.name: i.min for i in rt.graph.symbols.live_symbols()} | {"sequence": sequence}
     rng = np.random.default_rng(sequence)
     return [random_inputs(rt.graph, binding, rng) for _ in range(64)], binding
 
 
 def measure(args) -> dict:
-    """One system's curve, in this process (JSON-ready)."""
-    requests, binding = _requests(args.artifact, args.sequence)
+    """One system's curve, in this process (JSON-ready). The artifact is loaded once: it makes the
+    requests, and serves them when the system is tscomp (warmed up only then, so onnxruntime's
+    process runs no kernel of tscomp's)."""
+    from tscomp.runtime import Runtime
+    rt = Runtime(args.artifact, num_threads=args.threads, warmup=args.system == "tscomp")
+    requests, binding = _requests(rt, args.sequence)
     if args.system == "tscomp":
-        from tscomp.runtime import Runtime
-        rt = Runtime(args.artifact, num_threads=args.threads)
         call = rt.run
     else:
         from benchmarks.first_call import _ort_call
         call = _ort_call(args.onnx, args.threads)
     gaps = [0.0] + [float(g) / 1e3 for g in args.gaps_ms.split(",")]
     curve = _curve(call, requests, gaps, args.repeats, args.wait)
-    return {"system": args.system, "binding": binding, "curve": {str(g): t for g, t in curve.items()},
-            "wait_env": {v: os.environ.get(v, "") for v in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}}
+    return {"system": args.system, "binding": binding, "curve": {str(g): t for g, t in curve.items()}}
 
 
 def main() -> None:
