@@ -61,7 +61,17 @@ typedef struct {
     ts_use_threads use_threads;     /* the OpenMP thread count, set where it differs (build.py's) */
     ts_team_enter team_enter;
     ts_relations relations;         /* NULL: the model has none to check */
+    /* solo calls (tscomp.runtime.solo_calls): a request of at most solo_max_elements input elements
+     * (0: none) runs on the calling thread alone while this thread's team is asleep (it last ran
+     * more than solo_window_ns ago), for up to solo_burst requests in a row that each follow the
+     * previous one within the window; the next wakes the team */
+    int64_t solo_window_ns, solo_max_elements, solo_burst;
 } ts_model;
+
+/* this thread's requests: when the last one with its OpenMP team ended (its workers spin from then
+ * until the spin window passes, then sleep), when the last one of any kind ended, and how many solo
+ * requests in a row followed each other within the window */
+static __thread int64_t team_last_ns = INT64_MIN / 2, call_last_ns = INT64_MIN / 2, solo_run = 0;
 
 static void model_free(ts_model *m)
 {
@@ -242,7 +252,25 @@ static int64_t now_ns(void)
 }
 
 /* run(model, inputs, call address) -> outputs dict, or None: take the Python path. The time inside
- * the host program goes to err[6] (ns), for the runtime's overhead report. */
+ * the host program goes to err[6] (ns), for the runtime's overhead report, its thread count to err[7]. */
+static int64_t input_elements(const ts_model *m, PyObject *const *held)
+{
+    int64_t n = 0;
+    for (int i = 0; i < m->n_inputs; ++i) n += (int64_t)PyArray_SIZE((PyArrayObject *)held[i]);
+    return n;
+}
+
+/* the OpenMP thread count of this request (see solo_window_ns). Back-to-back short requests keep
+ * running solo until what they lost against the team would have paid for waking it (solo_burst:
+ * the ski-rental rule, within 2x of knowing the burst's length in advance). */
+static int call_threads(const ts_model *m, int64_t elements, int64_t now)
+{
+    if (m->threads < 2 || elements > m->solo_max_elements || now - team_last_ns <= m->solo_window_ns)
+        return m->threads;                          /* a long request, or the workers still spin */
+    solo_run = now - call_last_ns > m->solo_window_ns ? 1 : solo_run + 1;
+    return solo_run <= m->solo_burst ? 1 : m->threads;
+}
+
 static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3) {
@@ -262,17 +290,23 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     for (int i = 0; i < m->n_inputs; ++i) Py_INCREF(held[i]);   /* the caller's dict may change meanwhile */
-    int rc;
+    const int64_t elements = input_elements(m, held);
+    int rc, threads;
     int64_t start, end;
     Py_BEGIN_ALLOW_THREADS
-    m->use_threads(m->threads);
-    if (m->team_enter) m->team_enter(m->threads);
+    threads = call_threads(m, elements, now_ns());
+    m->use_threads(threads);
+    if (m->team_enter && threads > 1) m->team_enter(threads);
     start = now_ns();
     rc = m->run(0, call);
     end = now_ns();
+    if (threads > 1) team_last_ns = end;
+    else if (threads != m->threads) m->use_threads(m->threads);   /* the thread's setting stays the model's */
+    call_last_ns = end;
     Py_END_ALLOW_THREADS
     for (int i = 0; i < m->n_inputs; ++i) Py_DECREF(held[i]);
     call->err[6] = end - start;
+    call->err[7] = threads;
     if (rc) {                       /* an arena to grow or an index error: the Python path handles it, */
         memset(call->err, 0, 6 * sizeof *call->err);   /* recording afresh (a checked kernel fails on any record) */
         Py_DECREF(outputs);
@@ -281,8 +315,23 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return outputs;
 }
 
+/* set_solo(model, window_ns, max_elements, burst): the solo-call policy (0 elements: never) */
+static PyObject *set_solo(PyObject *self, PyObject *args)
+{
+    PyObject *capsule;
+    long long window, elements, burst;
+    if (!PyArg_ParseTuple(args, "OLLL", &capsule, &window, &elements, &burst)) return NULL;
+    ts_model *m = PyCapsule_GetPointer(capsule, "tscomp.request_path");
+    if (!m) return NULL;
+    m->solo_window_ns = window;
+    m->solo_max_elements = elements;
+    m->solo_burst = burst;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"model", model, METH_VARARGS, "A model's description for run() (a capsule)."},
+    {"set_solo", set_solo, METH_VARARGS, "The solo-call policy: set_solo(model, window_ns, max_elements, burst)."},
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL, "One request: outputs dict, or None (take the Python path)."},
     {NULL, NULL, 0, NULL},
 };

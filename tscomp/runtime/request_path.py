@@ -125,12 +125,22 @@ class RequestPath:
         self._run = ext.run
         self._executor = executor
 
+        self._set_solo = ext.set_solo
+        self.last_threads = 0
+
     def __call__(self, inputs):
         st = self._executor.call_state()
         out = self._run(self._model, inputs, st.address)
         if out is not None:
             self._executor.last_kernel_seconds = int(st.err[6]) * 1e-9
+            self.last_threads = int(st.err[7])
         return out
+
+    def set_solo(self, window_ns: int, max_elements: int, burst: int = 1) -> None:
+        """Requests of at most ``max_elements`` input elements run on one thread while the calling
+        thread's team last ran more than ``window_ns`` ago, up to ``burst`` of them back to back
+        (:mod:`tscomp.runtime.solo_calls`)."""
+        self._set_solo(self._model, int(window_ns), int(max_elements), int(burst))
 
 
 def request_path_for(executor, graph, ranges: dict, relations, threads: int) -> tuple[RequestPath | None, str]:

@@ -43,6 +43,7 @@ from tscomp.runtime.buffers import BufferPlan, MemoryPool
 from tscomp.runtime.dispatch import build_tables
 from tscomp.runtime.symbolic_buffers import SymbolicBufferPlan, SymbolicLifetime, plan_buffers_symbolic
 from tscomp.runtime.request_path import request_path_for
+from tscomp.runtime.solo_calls import SoloPolicy, calibrate
 from tscomp.runtime.threads import blas_single_threaded, team_placement
 from tscomp.runtime.wave import pick_variant
 
@@ -100,11 +101,13 @@ class Runtime:
     maps input names to numpy arrays and returns the model's outputs by name. Loading verifies the
     artifact's hashes and (``warmup=True``) runs every kernel variant once at the smallest shape.
     ``expected_digest`` (the manifest's ``digest``, printed by ``tscomp compile``) pins the exact
-    artifact: any other is refused before anything but its manifest is read."""
+    artifact: any other is refused before anything but its manifest is read. After the warm-up,
+    ``solo_calls=True`` measures which short requests run on the calling thread alone when they
+    arrive after the OpenMP workers fell asleep (``solo_policy``; :mod:`tscomp.runtime.solo_calls`)."""
 
     def __init__(self, path, device: str = "cpu", num_threads: int | None = None, *,
                  allow_out_of_range: bool = False, verify: bool = True, warmup: bool = True,
-                 expected_digest: str | None = None, executor: str = "native"):
+                 expected_digest: str | None = None, executor: str = "native", solo_calls: bool = True):
         if device in ("opencl", "cuda"):    # a CUDA-target artifact on a SIMT device (issue 9)
             from tscomp.runtime.simt_artifact import is_cuda_artifact, load_cuda_artifact
             if not is_cuda_artifact(path):
@@ -121,6 +124,8 @@ class Runtime:
         self._init(model, num_threads, allow_out_of_range, executor)
         if warmup:
             self.warm_up()
+            if solo_calls:
+                self.calibrate_solo_calls()
 
     @classmethod
     def from_compiled(cls, model: CompiledModel, num_threads: int | None = None, *,
@@ -161,6 +166,8 @@ class Runtime:
         # the request path in C where the model allows it (else None: run() binds in Python)
         self._request, self.request_path_note = request_path_for(self._native, self.graph, self._ranges,
                                                                  self._relations, self.num_threads)
+        self.solo_policy = SoloPolicy(reason="not calibrated (warmup=False, solo_calls=False or from_compiled: "
+                                             "calibrate_solo_calls() measures it)")
 
     def _native_executor(self):
         """The host program's executor (:mod:`tscomp.runtime.native_executor`), or None with
@@ -210,6 +217,28 @@ class Runtime:
         else:
             with contextlib.suppress(TscompError):   # and the host program's own pages, once
                 self._native.run(random_inputs(self.graph, binding, rng), binding, self._pick)
+    def calibrate_solo_calls(self) -> SoloPolicy:
+        """Measure which requests run on this thread alone after the OpenMP workers fell asleep
+        (:mod:`tscomp.runtime.solo_calls`; ``Runtime`` does it after its warm-up) and use it."""
+        if self._request is None:
+            self.solo_policy = SoloPolicy(reason=f"no C request path ({self.request_path_note})")
+        else:
+            self.solo_policy = calibrate(self._request, self.graph, self.num_threads, self._admits)
+        return self.solo_policy
+
+    def _admits(self, binding: dict[str, int]) -> bool:
+        """Whether the model's relations between its symbols hold at ``binding``."""
+        try:
+            self._check_relations(binding)
+        except (TscompError, ArithmeticError, ValueError):   # a relation that fails, or cannot be evaluated there
+            return False
+        return True
+
+    @property
+    def last_call_threads(self) -> int | None:
+        """The OpenMP thread count of the last request the C request path served (None: none yet)."""
+        return (self._request.last_threads or None) if self._request is not None else None
+
     # ------------------------------------------------------------------ public
     @property
     def input_names(self) -> list[str]:
