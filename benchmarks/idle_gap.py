@@ -3,7 +3,7 @@
 
     .venv/bin/python -m benchmarks.idle_gap [--artifact .cache/bert-tiny.tsc]
         [--onnx .cache/models/bert-tiny-dynamo.onnx] [--sequence 1] [--gaps-ms 0.1,0.3,1,3,10,60]
-        [--wait spin|sleep] [--repeats 20]
+        [--wait spin|sleep] [--repeats 20] [--systems tscomp,tscomp-team,onnxruntime]
 
 Per system, in one process each: a warm-up, then -- gaps in a shuffled order, ``--repeats`` times
 each -- one call, a pause of the gap (``spin``: the calling thread busy-waits in Python, its core
@@ -17,6 +17,10 @@ VM, where the idle vCPU halted); a longer spin hides it for the gaps it covers b
 workers take a competing process's CPU (``benchmarks.contention --policies tscomp,spin100000``).
 And with every gap the caches lose more of the call's code and data to whatever else the host runs:
 after 10-60 ms a 30 us call runs 2-5x slower with one thread too, and onnxruntime's likewise.
+
+``tscomp`` runs a short request that finds the workers asleep on the calling thread alone (solo
+calls, :mod:`tscomp.runtime.solo_calls`; the policy the load measured is printed under the table);
+``tscomp-team`` is the same runtime with ``solo_calls=False``, every call on the team.
 """
 from __future__ import annotations
 
@@ -80,7 +84,8 @@ def measure(args) -> dict:
         call = _ort_call(args.onnx, args.threads)
     gaps = [0.0] + [float(g) / 1e3 for g in args.gaps_ms.split(",")]
     curve = _curve(call, requests, gaps, args.repeats, args.wait)
-    return {"system": args.system, "binding": binding, "curve": {str(g): t for g, t in curve.items()}}
+    return {"system": args.system, "binding": binding, "curve": {str(g): t for g, t in curve.items()},
+            "policy": rt.solo_policy.describe() if ours else ""}
 
 
 def main() -> None:
@@ -113,6 +118,9 @@ def main() -> None:
         print(f"{row['system']:>12}  " + "  ".join(f"{row['curve'][g] * 1e6:6.0f}us" + (f" {row['curve'][g] / base:4.2f}"
               if g != gaps[0] else "     ") for g in gaps))
     print("(each cell: the call's median time, and its ratio to the back-to-back call, gap 0)")
+    for row in rows:
+        if row["policy"]:
+            print(f"{row['system']}: {row['policy']}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Solo calls: a short request that arrives while the OpenMP workers sleep runs on the calling
-thread alone, a burst of them wakes the team after the measured number, long requests and requests
-that find the team spinning use it -- and every one gives the team's results exactly."""
+thread alone, a burst of them wakes the team once it lost what a wake-up costs, long requests and
+requests that find the team spinning use it -- and every one gives the team's results exactly."""
 from __future__ import annotations
 
 import math
@@ -64,7 +64,7 @@ def test_requests_run_solo_only_while_the_team_sleeps_and_the_request_is_short(b
     reference._request = None                      # the Python path: always the team
     short, long_ = _inputs(3, seed=1), _inputs(64, seed=2)
     want = {n: reference.run(x) for n, x in (("short", short), ("long", long_))}
-    bert._request.set_solo(WINDOW_NS, 3 * 8, 2)    # requests of <= 8 tokens; two solo ones in a row
+    bert._request.set_solo(WINDOW_NS, 3 * 8, 1, 1.0)   # requests of <= 8 tokens; the first solo one ends a run
     try:
         seen = []
 
@@ -79,12 +79,16 @@ def test_requests_run_solo_only_while_the_team_sleeps_and_the_request_is_short(b
         call("short", short)       # finds it spinning
         time.sleep(PAUSE)
         call("short", short)       # asleep: solo
-        call("short", short)       # still asleep, second in a row: solo
-        call("short", short)       # the third wakes it
+        call("short", short)       # right after: the run lost more than the (1 ns) wake-up: the team
         call("short", short)       # spinning again
         time.sleep(PAUSE)
         call("long", long_)        # asleep, but long: the team
-        assert seen == [2, 2, 1, 1, 2, 2, 2]
+        time.sleep(PAUSE)
+        bert._request.set_solo(WINDOW_NS, 3 * 8, 1 << 40, 0.0)   # solo calls that lose nothing never wake it
+        call("short", short)
+        call("short", short)
+        call("short", short)
+        assert seen == [2, 2, 1, 2, 2, 2, 1, 1, 1]
     finally:
         bert.calibrate_solo_calls()
 
@@ -98,7 +102,7 @@ def test_calibration_bounds_solo_calls_at_the_last_rung_one_thread_won(bert):
     won = [r for r in policy.rungs if r.solo < r.team * (1 - SOLO_MARGIN)]
     assert policy.max_elements == won[-1].elements
     assert policy.rungs.index(won[-1]) == len(won) - 1          # the bound is the last of the first winners
-    assert policy.window > 0 and policy.burst >= 1
+    assert policy.window > 0 and policy.wake >= 0 and 0 <= policy.loss < 1
     assert f"<= {policy.max_elements} input elements" in policy.describe()
 
 

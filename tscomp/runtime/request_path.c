@@ -62,16 +62,18 @@ typedef struct {
     ts_team_enter team_enter;
     ts_relations relations;         /* NULL: the model has none to check */
     /* solo calls (tscomp.runtime.solo_calls): a request of at most solo_max_elements input elements
-     * (0: none) runs on the calling thread alone while this thread's team is asleep (it last ran
-     * more than solo_window_ns ago), for up to solo_burst requests in a row that each follow the
-     * previous one within the window; the next wakes the team */
-    int64_t solo_window_ns, solo_max_elements, solo_burst;
+     * (-1: none) runs on the calling thread alone while this thread's team is asleep (it last ran
+     * more than solo_window_ns ago) -- in a run of requests that each follow the previous one within
+     * the window, until the time they lost against an awake team (solo_loss times their own) adds
+     * up to what waking it costs (solo_wake_ns); the next wakes the team */
+    int64_t solo_window_ns, solo_max_elements, solo_wake_ns;
+    double solo_loss;
 } ts_model;
 
 /* this thread's requests: when the last one with its OpenMP team ended (its workers spin from then
- * until the spin window passes, then sleep), when the last one of any kind ended, and how many solo
- * requests in a row followed each other within the window */
-static __thread int64_t team_last_ns = INT64_MIN / 2, call_last_ns = INT64_MIN / 2, solo_run = 0;
+ * until the spin window passes, then sleep), when the last one of any kind ended, and the time the
+ * current run of solo requests lost against an awake team */
+static __thread int64_t team_last_ns = INT64_MIN / 2, call_last_ns = INT64_MIN / 2, solo_lost_ns = 0;
 
 static void model_free(ts_model *m)
 {
@@ -261,14 +263,14 @@ static int64_t input_elements(const ts_model *m, PyObject *const *held)
 }
 
 /* the OpenMP thread count of this request (see solo_window_ns). Back-to-back short requests keep
- * running solo until what they lost against the team would have paid for waking it (solo_burst:
- * the ski-rental rule, within 2x of knowing the burst's length in advance). */
+ * running solo until what they lost against the team would have paid for waking it: the
+ * ski-rental rule, within 2x of knowing the run's length in advance. */
 static int call_threads(const ts_model *m, int64_t elements, int64_t now)
 {
     if (m->threads < 2 || elements > m->solo_max_elements || now - team_last_ns <= m->solo_window_ns)
         return m->threads;                          /* a long request, or the workers still spin */
-    solo_run = now - call_last_ns > m->solo_window_ns ? 1 : solo_run + 1;
-    return solo_run <= m->solo_burst ? 1 : m->threads;
+    if (now - call_last_ns > m->solo_window_ns) solo_lost_ns = 0;   /* after a pause: a new run */
+    return solo_lost_ns < m->solo_wake_ns ? 1 : m->threads;
 }
 
 static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -301,7 +303,10 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     rc = m->run(0, call);
     end = now_ns();
     if (threads > 1) team_last_ns = end;
-    else if (threads != m->threads) m->use_threads(m->threads);   /* the thread's setting stays the model's */
+    else if (threads != m->threads) {
+        solo_lost_ns += (int64_t)(m->solo_loss * (double)(end - start));
+        m->use_threads(m->threads);                 /* the thread's setting stays the model's */
+    }
     call_last_ns = end;
     Py_END_ALLOW_THREADS
     for (int i = 0; i < m->n_inputs; ++i) Py_DECREF(held[i]);
@@ -315,23 +320,25 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return outputs;
 }
 
-/* set_solo(model, window_ns, max_elements, burst): the solo-call policy (0 elements: never) */
+/* set_solo(model, window_ns, max_elements, wake_ns, loss): the solo-call policy (-1 elements: never) */
 static PyObject *set_solo(PyObject *self, PyObject *args)
 {
     PyObject *capsule;
-    long long window, elements, burst;
-    if (!PyArg_ParseTuple(args, "OLLL", &capsule, &window, &elements, &burst)) return NULL;
+    long long window, elements, wake;
+    double loss;
+    if (!PyArg_ParseTuple(args, "OLLLd", &capsule, &window, &elements, &wake, &loss)) return NULL;
     ts_model *m = PyCapsule_GetPointer(capsule, "tscomp.request_path");
     if (!m) return NULL;
     m->solo_window_ns = window;
     m->solo_max_elements = elements;
-    m->solo_burst = burst;
+    m->solo_wake_ns = wake;
+    m->solo_loss = loss;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"model", model, METH_VARARGS, "A model's description for run() (a capsule)."},
-    {"set_solo", set_solo, METH_VARARGS, "The solo-call policy: set_solo(model, window_ns, max_elements, burst)."},
+    {"set_solo", set_solo, METH_VARARGS, "The solo-call policy: set_solo(model, window_ns, max_elements, wake_ns, loss)."},
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL, "One request: outputs dict, or None (take the Python path)."},
     {NULL, NULL, 0, NULL},
 };

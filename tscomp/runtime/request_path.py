@@ -136,11 +136,11 @@ class RequestPath:
             self.last_threads = int(st.err[7])
         return out
 
-    def set_solo(self, window_ns: int, max_elements: int, burst: int = 1) -> None:
-        """Requests of at most ``max_elements`` input elements run on one thread while the calling
-        thread's team last ran more than ``window_ns`` ago, up to ``burst`` of them back to back
-        (:mod:`tscomp.runtime.solo_calls`)."""
-        self._set_solo(self._model, int(window_ns), int(max_elements), int(burst))
+    def set_solo(self, window_ns: int, max_elements: int, wake_ns: int = 0, loss: float = 0.0) -> None:
+        """Requests of at most ``max_elements`` input elements (-1: none) run on one thread while
+        the calling thread's team last ran more than ``window_ns`` ago, back to back until ``loss``
+        times their time adds up to ``wake_ns`` (:mod:`tscomp.runtime.solo_calls`)."""
+        self._set_solo(self._model, int(window_ns), int(max_elements), int(wake_ns), float(loss))
 
 
 def request_path_for(executor, graph, ranges: dict, relations, threads: int) -> tuple[RequestPath | None, str]:

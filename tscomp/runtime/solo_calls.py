@@ -26,9 +26,9 @@ So the C request path (``request_path.c``) runs a request on one thread when bot
 
 A request that does use the team wakes it, and short requests that follow within the window find
 it spinning and use it too. Short requests back to back while it sleeps (a burst after a pause)
-stay solo until what they lost against an awake team would have paid for waking it: after
-``burst`` = wake-up cost / the awake team's saving per call (both measured at the smallest shape),
-the next one wakes it -- the ski-rental rule, within 2x of knowing the burst's length in advance.
+stay solo until what they lost against an awake team -- ``loss`` times their own time -- adds up
+to what waking it costs (``wake``; both measured at the smallest shape), and the next one wakes
+it: the ski-rental rule, within 2x of knowing the burst's length in advance.
 Where the workers never sleep (``OMP_WAIT_POLICY=active``), the runtime has one thread, or the
 window is too long to measure at load (:data:`MAX_WINDOW`), solo calls are off, and
 :class:`SoloPolicy` says why.
@@ -159,9 +159,8 @@ class SoloPolicy:
     """When a request runs on the calling thread alone (``max_elements`` 0: never)."""
     window: float = 0.0               # seconds after the team's last call from which it counts as asleep
     max_elements: int = 0
-    burst: int = 0                    # back-to-back solo requests before one wakes the team
     wake: float = 0.0                 # measured: what waking the team adds to a call at the smallest shape
-    gain: float = 0.0                 # measured: what the awake team saves there, back to back
+    loss: float = 0.0                 # measured: the fraction of a solo call's time an awake team saves there
     reason: str = ""                  # why solo calls are off
     rungs: list[Rung] = field(default_factory=list)
 
@@ -172,10 +171,11 @@ class SoloPolicy:
     def describe(self) -> str:
         if not self.active:
             return f"solo calls off: {self.reason}"
-        burst = "never" if self.burst >= MAX_BURST else f"after {self.burst} back to back"
+        wakes = (f"back to back, they wake it once {self.loss:.0%} of their time adds up to the "
+                 f"{self.wake * 1e6:.0f} us a wake-up costs" if self.loss > 0 else
+                 "back to back too (the awake team saved nothing there)")
         return (f"solo calls: requests of <= {self.max_elements} input elements run on one thread while the "
-                f"team is asleep (it last ran > {self.window * 1e6:.0f} us ago); the team is woken {burst} "
-                f"(a wake-up costs {self.wake * 1e6:.0f} us, the awake team saves {self.gain * 1e6:.1f} us a call)")
+                f"team is asleep (it last ran > {self.window * 1e6:.0f} us ago); {wakes}")
 
     def table(self) -> str:
         """The calibration ladder, one line per rung."""
@@ -183,10 +183,6 @@ class SoloPolicy:
         for r in self.rungs:
             lines.append(f"{r.elements:>15} {r.solo * 1e6:>9.1f} us {r.team * 1e6:>7.1f} us")
         return "\n".join(lines)
-
-
-#: solo requests in a row at most (where the awake team saves nothing: never wake it for them)
-MAX_BURST = 1 << 20
 
 
 def ladder(symbols) -> list[dict]:
@@ -220,13 +216,14 @@ def calibrate(request, graph, threads: int, admits=lambda binding: True) -> Solo
     try:
         _measure(request, graph, admits, policy, pause=2 * window + 2e-4)
     finally:
-        request.set_solo(int(policy.window * 1e9), policy.max_elements if policy.active else -1, policy.burst)
+        request.set_solo(int(policy.window * 1e9), policy.max_elements if policy.active else -1,
+                         int(policy.wake * 1e9), policy.loss)
     return policy
 
 
 def _measure(request, graph, admits, policy: SoloPolicy, pause: float) -> None:
     """Fill ``policy`` from the ladder (the first rung also back to back: the wake-up's cost and the
-    awake team's gain, which set the burst)."""
+    awake team's saving, which end a burst of solo requests)."""
     from tscomp.sample_inputs import random_inputs
 
     rng = np.random.default_rng(0)
@@ -248,10 +245,8 @@ def _measure(request, graph, admits, policy: SoloPolicy, pause: float) -> None:
                 policy.reason = "a calibration request did not run in C"
                 return
             solo_now, team_now = now
-            policy.wake, policy.gain = max(0.0, team - team_now), solo_now - team_now
+            policy.wake, policy.loss = max(0.0, team - team_now), max(0.0, 1.0 - team_now / solo_now)
         policy.max_elements = policy.rungs[-1].elements
-    policy.burst = (MAX_BURST if policy.gain <= 0 else
-                    int(min(MAX_BURST, max(1, math.ceil(policy.wake / policy.gain)))))
     if not policy.active:
         first = policy.rungs[0] if policy.rungs else None
         policy.reason = (f"waking the team pays at every shape (smallest: one thread {first.solo * 1e6:.0f} us, "
@@ -260,7 +255,7 @@ def _measure(request, graph, admits, policy: SoloPolicy, pause: float) -> None:
 
 
 def _off(request, reason: str) -> SoloPolicy:
-    request.set_solo(0, -1, 0)
+    request.set_solo(0, -1)
     return SoloPolicy(reason=reason)
 
 
@@ -271,7 +266,7 @@ def _timed(request, inputs, pause: float) -> tuple[float, float] | None:
     times: tuple[list, list] = ([], [])
     for k in range(2 * SAMPLES * (1 if pause else BACK_TO_BACK_SAMPLES)):
         solo = k % 2 == 0
-        request.set_solo(-1 if solo else 0, 1 << 62 if solo else -1, MAX_BURST)
+        request.set_solo(-1, 1 << 62, 1 << 62) if solo else request.set_solo(0, -1)
         if pause:
             time.sleep(pause)
         elif request(inputs) is None:
@@ -283,5 +278,5 @@ def _timed(request, inputs, pause: float) -> tuple[float, float] | None:
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-__all__ = ["MAX_BURST", "Rung", "SoloPolicy", "calibrate", "ladder", "seconds_per_spin", "spin_iterations",
+__all__ = ["Rung", "SoloPolicy", "calibrate", "ladder", "seconds_per_spin", "spin_iterations",
            "spin_window"]
