@@ -230,6 +230,7 @@ def test_compile_then_run_prints_shapes_and_latency(mlp_file, tmp_path):
     assert "output y: float32[3, 37, 80]" in result.stdout
     assert "first call" in result.stdout and "steady" in result.stdout
     assert "native executor" in result.stdout
+    assert "solo calls" in result.stdout                      # how a request after an idle pause runs
     result = run_cli("run", out, "--shape", "sequence=5", "--repeat", "1", "--executor", "python")
     assert result.returncode == 0 and "python executor" in result.stdout, result.stderr
     result = run_cli("run", out, "--device", "opencl")

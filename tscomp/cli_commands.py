@@ -199,6 +199,8 @@ def cmd_run(args) -> int:
     overhead = sorted(overheads)[len(overheads) // 2] if overheads else None
     print(f"latency: first call {first * 1e3:.3f} ms, steady {steady * 1e3:.3f} ms (median of {len(times)}), {where}"
           + (f"; runtime overhead per call {overhead * 1e6:.0f} us (median)" if overhead is not None else ""))
+    if args.device == "cpu":
+        print(rt.solo_policy.describe())    # how a request that follows an idle pause runs
     return 0
 
 
