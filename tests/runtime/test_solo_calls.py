@@ -120,3 +120,28 @@ def test_solo_calls_are_off_where_the_workers_never_sleep_or_there_is_one_thread
     finally:
         monkeypatch.undo()
         bert.calibrate_solo_calls()
+
+
+class _FakeRequest:
+    """A request path whose one-thread outputs differ from its team's in the last bit."""
+
+    def __init__(self):
+        self.settings = []
+
+    def set_solo(self, window_ns, max_elements, wake_ns=0, loss=0.0):
+        self.settings.append((window_ns, max_elements))
+
+    def __call__(self, inputs):
+        solo = self.settings[-1][1] > 0
+        one = np.float32(1.0)
+        return {"y": np.array([one, np.nextafter(one, np.float32(2.0)) if solo else one], np.float32)}
+
+
+def test_a_model_whose_results_depend_on_the_thread_count_never_runs_solo(monkeypatch):
+    monkeypatch.setattr("tscomp.sample_inputs.random_inputs", lambda graph, binding, rng: {"x": np.zeros(3)})
+    monkeypatch.setattr("tscomp.runtime.solo_calls.spin_window", lambda threads: 1e-5)
+    graph = SimpleNamespace(symbols=SimpleNamespace(live_symbols=lambda: [SimpleNamespace(name="n", min=1, max=1)]))
+    request = _FakeRequest()
+    policy = calibrate(request, graph, 2)
+    assert not policy.active and "output y on one thread differs from the team's" in policy.reason
+    assert request.settings[-1][1] == -1              # the request path was left with solo calls off

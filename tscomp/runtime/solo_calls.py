@@ -31,7 +31,14 @@ to what waking it costs (``wake``; both measured at the smallest shape), and the
 it: the ski-rental rule, within 2x of knowing the burst's length in advance.
 Where the workers never sleep (``OMP_WAIT_POLICY=active``), the runtime has one thread, or the
 window is too long to measure at load (:data:`MAX_WINDOW`), solo calls are off, and
-:class:`SoloPolicy` says why.
+:class:`SoloPolicy` says why. They are off too where any calibration call's outputs on one thread
+differ in a single bit from the team's (:class:`ThreadCountChangesResults`): a request's result
+must not depend on when it arrived. (Tiny BERT, ALBERT, DistilBERT, GPT-2, RoBERTa and ViT all
+give identical bits: every kernel's task computes the same thing whichever thread runs it.)
+
+Not modelled: libgomp throttles the spin to ~100 iterations when its threads outnumber the CPUs
+(several calling threads with a team each); the window then reads long, the team is taken for
+awake, and those calls wake it as before.
 """
 from __future__ import annotations
 
@@ -215,6 +222,8 @@ def calibrate(request, graph, threads: int, admits=lambda binding: True) -> Solo
     policy = SoloPolicy(window=window * WINDOW_SAFETY)
     try:
         _measure(request, graph, admits, policy, pause=2 * window + 2e-4)
+    except ThreadCountChangesResults as exc:    # a request's result must not depend on when it came
+        policy.max_elements, policy.reason = 0, f"{exc} (a kernel's arithmetic depends on the thread count)"
     finally:
         request.set_solo(int(policy.window * 1e9), policy.max_elements if policy.active else -1,
                          int(policy.wake * 1e9), policy.loss)
@@ -262,8 +271,10 @@ def _off(request, reason: str) -> SoloPolicy:
 def _timed(request, inputs, pause: float) -> tuple[float, float] | None:
     """Median seconds (one thread, the team) of calls made ``pause`` seconds after the previous
     one (0: back to back, each after an untimed call of its own kind), the two kinds alternating so
-    that both meet the same machine; None where a call did not run in C."""
+    that both meet the same machine; None where a call did not run in C. Raises
+    :class:`ThreadCountChangesResults` where the two kinds' outputs differ in any bit."""
     times: tuple[list, list] = ([], [])
+    outputs: list = [None, None]
     for k in range(2 * SAMPLES * (1 if pause else BACK_TO_BACK_SAMPLES)):
         solo = k % 2 == 0
         request.set_solo(-1, 1 << 62, 1 << 62) if solo else request.set_solo(0, -1)
@@ -272,11 +283,25 @@ def _timed(request, inputs, pause: float) -> tuple[float, float] | None:
         elif request(inputs) is None:
             return None
         t = time.perf_counter()
-        if request(inputs) is None:
+        out = request(inputs)
+        if out is None:
             return None
         times[0 if solo else 1].append(time.perf_counter() - t)
+        outputs[0 if solo else 1] = out
+    _check_same(*outputs)
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-__all__ = ["Rung", "SoloPolicy", "calibrate", "ladder", "seconds_per_spin", "spin_iterations",
+class ThreadCountChangesResults(Exception):
+    """A model whose outputs on one thread differ from its team's: it never runs solo."""
+
+
+def _check_same(solo: dict, team: dict) -> None:
+    for name, want in team.items():
+        got = solo[name]
+        if got.shape != want.shape or got.tobytes() != want.tobytes():
+            raise ThreadCountChangesResults(f"output {name} on one thread differs from the team's")
+
+
+__all__ = ["Rung", "SoloPolicy", "ThreadCountChangesResults", "calibrate", "ladder", "seconds_per_spin", "spin_iterations",
            "spin_window"]
