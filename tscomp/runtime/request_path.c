@@ -4,7 +4,8 @@
  * Python before and after the host program: look the inputs up, check each one's type, rank and
  * fixed sizes, bind the shape symbols from their axes and check the declared ranges, allocate the
  * outputs (their shapes from the host program's tscomp_host_output_dims), put the addresses in the
- * pointer table, set the OpenMP thread count (tscomp_omp_use_threads, as set_num_threads does),
+ * pointer table, set the OpenMP thread count (tscomp_omp_use_threads, as set_num_threads does; one
+ * thread for a short request that finds the team asleep: tscomp.runtime.solo_calls),
  * keep the workers off the caller's CPU (tscomp_team_enter) and make the one host-program call
  * with the GIL released.
  *
@@ -253,8 +254,6 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* run(model, inputs, call address) -> outputs dict, or None: take the Python path. The time inside
- * the host program goes to err[6] (ns), for the runtime's overhead report, its thread count to err[7]. */
 static int64_t input_elements(const ts_model *m, PyObject *const *held)
 {
     int64_t n = 0;
@@ -273,6 +272,8 @@ static int call_threads(const ts_model *m, int64_t elements, int64_t now)
     return solo_lost_ns < m->solo_wake_ns ? 1 : m->threads;
 }
 
+/* run(model, inputs, call address) -> outputs dict, or None: take the Python path. The time inside
+ * the host program goes to err[6] (ns), for the runtime's overhead report, its thread count to err[7]. */
 static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3) {
