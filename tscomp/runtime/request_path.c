@@ -9,8 +9,9 @@
  * keep the workers off the caller's CPU (tscomp_team_enter) and make the one host-program call
  * with the GIL released.
  *
- * It decides nothing the Python path does not: anything unusual -- a missing or extra input, a
- * non-ndarray, a wrong dtype or rank, a non-contiguous or byte-swapped array, an axis that
+ * It decides nothing about a request the Python path does not (but its thread count): anything
+ * unusual -- a missing or extra input, a non-ndarray, a wrong dtype or rank, a non-contiguous or
+ * byte-swapped array, an axis that
  * disagrees with another, a value outside its range, an arena too small, a kernel's index error --
  * returns None, and the caller then runs the Python path, which raises the specific error or
  * handles the case (grows the arena, converts, runs out of range).
