@@ -265,10 +265,11 @@ static int64_t input_elements(const ts_model *m, PyObject *const *held)
 /* the OpenMP thread count of this request (see solo_window_ns). Back-to-back short requests keep
  * running solo until what they lost against the team would have paid for waking it: the
  * ski-rental rule, within 2x of knowing the run's length in advance. */
-static int call_threads(const ts_model *m, int64_t elements, int64_t now)
+static int call_threads(const ts_model *m, PyObject *const *held, int64_t now)
 {
-    if (m->threads < 2 || elements > m->solo_max_elements || now - team_last_ns <= m->solo_window_ns)
-        return m->threads;                          /* a long request, or the workers still spin */
+    if (m->threads < 2 || m->solo_max_elements < 0 || now - team_last_ns <= m->solo_window_ns ||
+        input_elements(m, held) > m->solo_max_elements)
+        return m->threads;                          /* solo calls off, the workers still spin, or a long request */
     if (now - call_last_ns > m->solo_window_ns) solo_lost_ns = 0;   /* after a pause: a new run */
     return solo_lost_ns < m->solo_wake_ns ? 1 : m->threads;
 }
@@ -294,11 +295,10 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     for (int i = 0; i < m->n_inputs; ++i) Py_INCREF(held[i]);   /* the caller's dict may change meanwhile */
-    const int64_t elements = input_elements(m, held);
     int rc, threads;
     int64_t start, end;
     Py_BEGIN_ALLOW_THREADS
-    threads = call_threads(m, elements, now_ns());
+    threads = call_threads(m, held, now_ns());      /* the arrays are held: their sizes need no GIL */
     m->use_threads(threads);
     if (m->team_enter && threads > 1) m->team_enter(threads);
     start = now_ns();

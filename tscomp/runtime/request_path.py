@@ -122,11 +122,9 @@ class RequestPath:
         checks = executor.relations_address(len(relations)) if relations else 0
         self._model = ext.model(inputs, outputs, lo, hi, int(threads), executor.run_address(), dims,
                                 use_threads_address(), team_enter_address(), checks)
-        self._run = ext.run
+        self._run, self._set_solo = ext.run, ext.set_solo
         self._executor = executor
-
-        self._set_solo = ext.set_solo
-        self.last_threads = 0
+        self.last_threads = 0           # the OpenMP thread count of the last request served (err[7])
 
     def __call__(self, inputs):
         st = self._executor.call_state()

@@ -217,6 +217,7 @@ class Runtime:
         else:
             with contextlib.suppress(TscompError):   # and the host program's own pages, once
                 self._native.run(random_inputs(self.graph, binding, rng), binding, self._pick)
+
     def calibrate_solo_calls(self) -> SoloPolicy:
         """Measure which requests run on this thread alone after the OpenMP workers fell asleep
         (:mod:`tscomp.runtime.solo_calls`; ``Runtime`` does it after its warm-up) and use it."""

@@ -224,6 +224,8 @@ def calibrate(request, graph, threads: int, admits=lambda binding: True) -> Solo
         _measure(request, graph, admits, policy, pause=2 * window + 2e-4)
     except ThreadCountChangesResults as exc:    # a request's result must not depend on when it came
         policy.max_elements, policy.reason = 0, f"{exc} (a kernel's arithmetic depends on the thread count)"
+    except _NotInC:
+        policy.reason = "a calibration request did not run in C"
     finally:
         request.set_solo(int(policy.window * 1e9), policy.max_elements if policy.active else -1,
                          int(policy.wake * 1e9), policy.loss)
@@ -240,20 +242,12 @@ def _measure(request, graph, admits, policy: SoloPolicy, pause: float) -> None:
         if not admits(binding):
             continue
         inputs = random_inputs(graph, binding, rng)
-        paused = _timed(request, inputs, pause)
-        if paused is None:
-            policy.reason = "a calibration request did not run in C"
-            return
-        solo, team = paused
+        solo, team = _timed(request, inputs, pause)
         policy.rungs.append(Rung(binding, sum(int(a.size) for a in inputs.values()), solo, team))
         if solo >= team * (1.0 - SOLO_MARGIN):
             break
         if not policy.active:      # the smallest shape runs solo: what waking costs and saves there
-            now = _timed(request, inputs, 0.0)
-            if now is None:
-                policy.reason = "a calibration request did not run in C"
-                return
-            solo_now, team_now = now
+            solo_now, team_now = _timed(request, inputs, 0.0)
             policy.wake, policy.loss = max(0.0, team - team_now), max(0.0, 1.0 - team_now / solo_now)
         policy.max_elements = policy.rungs[-1].elements
     if not policy.active:
@@ -268,11 +262,11 @@ def _off(request, reason: str) -> SoloPolicy:
     return SoloPolicy(reason=reason)
 
 
-def _timed(request, inputs, pause: float) -> tuple[float, float] | None:
+def _timed(request, inputs, pause: float) -> tuple[float, float]:
     """Median seconds (one thread, the team) of calls made ``pause`` seconds after the previous
     one (0: back to back, each after an untimed call of its own kind), the two kinds alternating so
-    that both meet the same machine; None where a call did not run in C. Raises
-    :class:`ThreadCountChangesResults` where the two kinds' outputs differ in any bit."""
+    that both meet the same machine. Raises :class:`ThreadCountChangesResults` where the two kinds'
+    outputs differ in any bit, ``_NotInC`` where a call was handed to the Python path."""
     times: tuple[list, list] = ([], [])
     outputs: list = [None, None]
     for k in range(2 * SAMPLES * (1 if pause else BACK_TO_BACK_SAMPLES)):
@@ -281,11 +275,11 @@ def _timed(request, inputs, pause: float) -> tuple[float, float] | None:
         if pause:
             time.sleep(pause)
         elif request(inputs) is None:
-            return None
+            raise _NotInC
         t = time.perf_counter()
         out = request(inputs)
         if out is None:
-            return None
+            raise _NotInC
         times[0 if solo else 1].append(time.perf_counter() - t)
         outputs[0 if solo else 1] = out
     _check_same(*outputs)
@@ -294,6 +288,10 @@ def _timed(request, inputs, pause: float) -> tuple[float, float] | None:
 
 class ThreadCountChangesResults(Exception):
     """A model whose outputs on one thread differ from its team's: it never runs solo."""
+
+
+class _NotInC(Exception):
+    """A calibration request the C request path handed back to the Python path."""
 
 
 def _check_same(solo: dict, team: dict) -> None:
