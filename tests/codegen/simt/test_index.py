@@ -114,6 +114,18 @@ def test_resize_antialias_by_a_run_time_factor_is_refused_by_name(tmp_path):
     assert any("simt-index" in r and "known only at run time" in r for r in k.reasons), k.reasons
 
 
+def test_a_dft_is_refused_by_name_for_its_work_buffer(tmp_path):
+    """The DFT's C kernel plans into a per-call work buffer, which SIMT kernels do not allocate:
+    the family says so (the group runs on the numpy fallback there), nothing is half-rendered."""
+    from tests.graph.ops.test_signal_ops import _dft_model
+    path = tmp_path / "dft.onnx"
+    path.write_bytes(_dft_model(axis=1, parts=2).SerializeToString())     # its input a group input, no view
+    plan = fuse(G.load_model(str(path), ["batch=1:2", "seq=1:64", "hidden=1:8"]))
+    k = simt_kernel_for_group(plan, plan.groups[-1])
+    assert k.family == "numpy"
+    assert any("simt-index" in r and "DFT" in r and "work buffer" in r for r in k.reasons), k.reasons
+
+
 @pytest.mark.parametrize("axis,reverse,exclusive", [(1, 0, 0), (0, 1, 1), (-1, 1, 0)])
 def test_cumsum_matches_onnxruntime(simt_device, tmp_path, axis, reverse, exclusive):
     nodes = [helper.make_node("CumSum", ["x", "ax"], ["y"], reverse=reverse, exclusive=exclusive)]

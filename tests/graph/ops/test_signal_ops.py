@@ -1,5 +1,6 @@
 """DFT: symbolic output shapes (ONNX's conformance cases have static ones only), errors that name
-the node, and a compiled model around DFTs agreeing with onnxruntime at awkward lengths."""
+the node, and compiled models around DFTs on the native kernel agreeing with onnxruntime at awkward
+lengths and with a float64 FFT at long ones."""
 from __future__ import annotations
 
 import numpy as np
@@ -60,29 +61,73 @@ def test_the_complex_parts_axis_and_a_complex_rfft_are_refused_naming_the_node()
         propagated(_dft_model(onesided=1, axis=1, parts=2), "batch=1:4", "seq=1:8", "hidden=1:8")
 
 
-@pytest.mark.parametrize("kind", ["rfft-seq", "complex-hidden", "inverse-seq", "padded-seq"])
-def test_compiled_dft_models_match_onnxruntime_at_awkward_lengths(tmp_path, kind):
-    """Compiled end to end (the DFT on the numpy fallback between native groups): sequence lengths
-    1, 2, 7, 13 and the range end."""
+KINDS = {"rfft-seq": dict(onesided=1, axis=1), "complex-hidden": dict(axis=2, parts=2),
+         "inverse-seq": dict(inverse=1, axis=-2, parts=2), "padded-seq": dict(axis=1, dft_length=20),
+         "irfft-seq": dict(inverse=1, onesided=1, axis=1, parts=2), "full-seq-opset17": dict(axis=1, opset=17)}
+
+
+def _compiled(tmp_path, kind: str, seq_max: int, threads: int = 2):
+    """(the compiled model, a runtime of its artifact, the ONNX model's path) for ``KINDS[kind]``."""
     from tscomp.compiler import compile_model
     from tscomp.runtime import Runtime
     from tscomp.runtime.artifact import write_artifact
 
-    opts = {"rfft-seq": dict(onesided=1, axis=1), "complex-hidden": dict(axis=2, parts=2),
-            "inverse-seq": dict(inverse=1, axis=-2, parts=2), "padded-seq": dict(axis=1, dft_length=20)}[kind]
-    model = _dft_model(**opts)
-    path = tmp_path / "dft.onnx"
-    path.write_bytes(model.SerializeToString())
-    art = write_artifact(compile_model(str(path), ["batch=1:3", "seq=1:64", "hidden=1:16"]), tmp_path / "dft.tsc")
-    rt = Runtime(art, num_threads=2)
+    path = tmp_path / f"{kind}.onnx"
+    path.write_bytes(_dft_model(**KINDS[kind]).SerializeToString())
+    model = compile_model(str(path), ["batch=1:3", f"seq=1:{seq_max}", "hidden=1:16"])
+    return model, Runtime(write_artifact(model, tmp_path / f"{kind}.tsc"), num_threads=threads), path
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_compiled_dft_models_run_natively_and_match_onnxruntime_at_awkward_lengths(tmp_path, kind):
+    """Every group native (the DFT on its C kernel); sequence lengths 1, 2, 7, 13, 37 (a prime past
+    the direct radixes: Bluestein), 60 (radixes 4, 3 and 5) and the range end."""
+    model, rt, path = _compiled(tmp_path, kind, 64)
+    assert model.fallback_groups() == []
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
-    for b, L, h in [(1, 1, 1), (2, 2, 5), (1, 7, 16), (3, 13, 3), (1, 64, 8)]:
+    for b, L, h in [(1, 1, 1), (2, 2, 5), (1, 7, 16), (3, 13, 3), (1, 37, 8), (2, 60, 3), (1, 64, 8)]:
         x = rng.standard_normal((b, L, h)).astype(np.float32)
         want = sess.run(None, {"x": x})[0]
         got = rt.run({"x": x})["y"]
         assert got.shape == want.shape, (kind, b, L, h)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max(initial=0))))
+
+
+def _numpy_float64(kind: str, x: np.ndarray) -> np.ndarray:
+    """The transform of ``KINDS[kind]`` on ``x`` [batch, seq, hidden], in float64 (numpy's FFT)."""
+    if kind == "rfft-seq":
+        y = np.fft.rfft(x.astype(np.float64), axis=1)
+    elif kind == "irfft-seq":
+        return np.fft.irfft(x + 2j * x.astype(np.float64), axis=1)[..., None]
+    else:
+        y = np.fft.fft(x.astype(np.float64), axis=1)
+    return np.stack([y.real, y.imag], axis=-1)
+
+
+@pytest.mark.parametrize("kind", ["rfft-seq", "irfft-seq", "full-seq-opset17"])
+def test_the_dft_kernel_agrees_with_a_float64_fft_at_long_awkward_lengths(tmp_path, kind):
+    """Primes (Bluestein), smooth and power-of-two lengths up to 1024, to float32 rounding of a
+    float64 FFT (onnxruntime's own DFT drifts to ~1e-3 of the largest value at a prime like 509,
+    so it is no reference there)."""
+    _, rt, _ = _compiled(tmp_path, kind, 1024)
+    rng = np.random.default_rng(1)
+    for L in (97, 360, 509, 512, 1000, 1021, 1024):
+        x = rng.standard_normal((2, L, 3)).astype(np.float32)
+        want = _numpy_float64(kind, x)
+        got = rt.run({"x": x})["y"]
+        assert got.shape == want.shape, (kind, L)
+        assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max(), (kind, L)
+
+
+def test_a_dft_gives_the_same_bits_on_one_thread_as_on_two(tmp_path):
+    """Each signal is transformed wholly by one thread, in lanes whose arithmetic does not depend
+    on their neighbours: the thread count cannot change a result (solo calls rely on it)."""
+    _, two, _ = _compiled(tmp_path, "complex-hidden", 256, threads=2)
+    (tmp_path / "one").mkdir()
+    _, one, _ = _compiled(tmp_path / "one", "complex-hidden", 256, threads=1)
+    x = np.random.default_rng(2).standard_normal((3, 251, 13)).astype(np.float32)
+    assert np.array_equal(two.run({"x": x})["y"], one.run({"x": x})["y"])
 
 
 def test_the_reference_matches_numpy_fft_for_an_irfft():

@@ -12,6 +12,7 @@ from tscomp.graph.ops import recurrent  # noqa: F401
 from tscomp.graph.ops import sampling  # noqa: F401
 from tscomp.graph.ops import quantization  # noqa: F401
 from tscomp.graph.ops import c_kernels  # noqa: F401  (attaches the index ops' C kernels)
+from tscomp.graph.ops import signal_c  # noqa: F401  (attaches the DFT's C kernel)
 
 from tscomp.graph.ops.registry import REGISTRY, FusionClass, OpDef, lookup
 

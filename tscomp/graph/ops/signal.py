@@ -1,9 +1,11 @@
 """Signal-processing operators: ``DFT`` (opsets 17 and 20).
 
-A DFT runs on the numpy fallback (``numpy.fft``: there is no native kernel for it); what the
-registry gives it is the symbolic shape rule, so a model around an FFT (FNet's token mixing, a
-spectrogram front end) compiles with every other group native and the DFT's output length an
-expression of the symbols (``floor(n/2) + 1`` for a one-sided spectrum).
+The registry entry gives the symbolic shape rule (the output length an expression of the symbols:
+``floor(n/2) + 1`` for a one-sided spectrum), the numpy reference below (the semantics), and a
+native kernel (:mod:`tscomp.graph.ops.signal_c`: a mixed-radix FFT with Bluestein's algorithm in
+double precision), so a model around an FFT (FNet's token mixing, a spectrogram front end) runs
+every group native; a DFT whose axis or ``dft_length`` only run time knows keeps the numpy
+fallback.
 
 The layout is ONNX's: the last axis holds a value's real part (size 1: a real signal) or its real
 and imaginary parts (size 2); the transform runs along ``axis`` (opset 17: an attribute, default
