@@ -28,7 +28,8 @@ test: $(STAMP)
 # Oclgrind's, in tests/codegen/simt).
 test-asan: $(STAMP)
 	TSCOMP_SANITIZE=address ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$$($${CC:-cc} -print-file-name=libasan.so) \
-		$(PY) -m pytest -p no:xdist -q --ignore=tests/codegen/simt tests/codegen tests/runtime/test_native_executor.py tests/runtime/test_request_path.py tests/graph/ops/test_signal_ops.py
+		$(PY) -m pytest -p no:xdist -q --ignore=tests/codegen/simt tests/codegen tests/runtime/test_native_executor.py tests/runtime/test_request_path.py tests/graph/ops/test_signal_ops.py \
+		tests/graph/ops/test_sampling_ops.py
 
 demo: $(STAMP)
 	$(VENV)/bin/python -m models.export bert --size tiny --exporter dynamo -o .cache/models

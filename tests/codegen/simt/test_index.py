@@ -114,6 +114,21 @@ def test_resize_antialias_by_a_run_time_factor_is_refused_by_name(tmp_path):
     assert any("simt-index" in r and "known only at run time" in r for r in k.reasons), k.reasons
 
 
+@pytest.mark.parametrize("mode,padding", [("bilinear", "zeros"), ("bicubic", "reflection"), ("nearest", "border")])
+def test_grid_sample_matches_onnxruntime(simt_device, tmp_path, mode, padding):
+    """One thread per output point, its taps in private arrays; grid points well outside [-1, 1]."""
+    import onnx
+    from tests.graph.ops.test_sampling_ops import _model as grid_sample_model
+    path = tmp_path / "gs.onnx"
+    onnx.save(grid_sample_model(mode=mode, padding_mode=padding, align_corners=0), path)
+    _, kernels, runner = _runner(path, ["B=1:3", "H=1:97", "W=1:97", "gh=1:13", "gw=1:13"])
+    _index_kernels(kernels)
+    rng = np.random.default_rng(8)
+    for (H, W), (p, q) in zip(AWKWARD, [(1, 1), (13, 7), (1, 13), (7, 1), (13, 13)]):
+        _check(path, runner, {"x": rng.standard_normal((2, 3, H, W)).astype(np.float32),
+                              "grid": rng.uniform(-2.5, 2.5, (2, p, q, 2)).astype(np.float32)})
+
+
 def test_a_dft_is_refused_by_name_for_its_work_buffer(tmp_path):
     """The DFT's C kernel plans into a per-call work buffer, which SIMT kernels do not allocate:
     the family says so (the group runs on the numpy fallback there), nothing is half-rendered."""

@@ -589,6 +589,118 @@ def eye_like_c(w) -> None:
     w.emit("}")
 
 
+# =========================================================================== GridSample
+#: taps per spatial axis of each mode, and the most tap combinations a point may gather
+GRID_SAMPLE_TAPS = {"nearest": 1, "linear": 2, "cubic": 4}
+GRID_SAMPLE_MAX_COMBOS = 64
+
+
+def grid_sample_c(w) -> None:
+    """``GridSample`` as its numpy reference (:func:`tscomp.graph.ops.sampling.grid_sample_ref`),
+    in double: one parallel iteration per output point, which maps its coordinates to each spatial
+    axis (``align_corners``), applies the padding mode to the coordinate (border clamps it, except
+    for cubic; reflection folds it into range) and to each tap (zeros drops an outside tap, border
+    clamps it, reflection folds it), then sums the product of its axes' taps for every channel.
+    A coordinate past any range (or NaN) converts to an index outside the image, never to an
+    undefined cast."""
+    from tscomp.graph.ops.sampling import _MODES
+    x, grid, y = w.arg(0), w.arg(1), w.out(0)
+    if x.dtype.kind != "f" or grid.dtype.kind != "f":
+        w.fail(f"GridSample of {x.dtype} at {grid.dtype} coordinates (only floating point has a C kernel)")
+    mode = _MODES[_str_attr(w, "mode", "linear")]
+    padding = _str_attr(w, "padding_mode", "zeros")
+    align = bool(w.attr("align_corners", 0))
+    r = len(x.shape) - 2
+    taps = GRID_SAMPLE_TAPS[mode]
+    combos = taps ** r
+    if combos > GRID_SAMPLE_MAX_COMBOS:
+        w.fail(f"{mode} sampling over {r} spatial axes gathers {combos} taps per point "
+               f"(at most {GRID_SAMPLE_MAX_COMBOS} in the C kernel)")
+    dims = [w.c(d) for d in x.shape[2:]]
+    w.emit(f"/* GridSample {mode}, padding {padding}, align_corners {int(align)}: {r} spatial axes, "
+           f"{combos} taps per point */")
+    w.emit(f"const int64_t gs_n = {w.c(x.shape[0])}, gs_c = {w.c(x.shape[1])}, gs_points = "
+           f"{w.numel(y.shape[2:])}, gs_plane = {w.numel(x.shape[2:])};")
+    w.parallel_for([("i", "gs_n * gs_points")], work=f"gs_n * gs_points * gs_c * {combos}")
+    w.emit("    const int64_t n = i / gs_points;")
+    w.emit(f"    int64_t off[{combos}]; double wt[{combos}];")
+    w.emit("    off[0] = 0; wt[0] = 1.0;")
+    for k in range(r):
+        _grid_sample_axis(w, grid, k, r, dims[k], w.numel(x.shape[3 + k:]), mode, padding, align, taps)
+    w.emit("    for (int64_t c = 0; c < gs_c; ++c) {")
+    w.emit(f"        const int64_t base = (n * gs_c + c) * gs_plane;")
+    w.emit("        double acc = 0.0;")
+    w.emit(f"        for (int t = 0; t < {combos}; ++t) acc += wt[t] * (double){x.at('base + off[t]')};")
+    w.emit(f"        {y.at('(n * gs_c + c) * gs_points + i % gs_points')} = ({y.ctype})acc;")
+    w.emit("    }")
+    w.emit("}")
+
+
+def _grid_sample_reflect(w, v: str, lo: str, hi: str, indent: str) -> None:
+    """``v`` (a double lvalue) reflected at ``lo`` and ``hi`` until inside, in place."""
+    w.emit(f"{indent}{{ const double span = {hi} - {lo};")
+    w.emit(f"{indent}  if (span <= 0) {v} = {lo};")
+    w.emit(f"{indent}  else if ({v} < {lo} || {v} > {hi}) {{")
+    w.emit(f"{indent}    const int below = {v} < {lo};")
+    w.emit(f"{indent}    const double dist = below ? {lo} - {v} : {v} - {hi}, m = floor(dist / span), rest = dist - m * span;")
+    w.emit(f"{indent}    const int even = fmod(m, 2.0) == 0;")
+    w.emit(f"{indent}    {v} = below ? (even ? {lo} + rest : {hi} - rest) : (even ? {hi} - rest : {lo} + rest);")
+    w.emit(f"{indent}  }} }}")
+
+
+def _grid_sample_axis(w, grid, k: int, r: int, d: str, stride: str, mode: str, padding: str, align: bool,
+                      taps: int) -> None:
+    """Spatial axis ``k``'s taps of the point, folded into the running offsets and weights of the
+    tap combinations (``off``/``wt``, ``taps ** k`` of them so far)."""
+    ind = "    "
+    w.emit(f"{ind}{{ /* spatial axis {k}: extent {d}, grid coordinate {r - 1 - k} */")
+    w.emit(f"{ind}const double d = (double)({d});")
+    w.emit(f"{ind}const double g = (double){grid.at(f'i * {r} + {r - 1 - k}')};")
+    w.emit(f"{ind}double x = {'(g + 1) / 2 * (d - 1)' if align else '((g + 1) * d - 1) / 2'};")
+    if mode == "nearest":
+        w.emit(f"{ind}x = rint(x);")
+    lo, hi = ("0.0", "d - 1") if align else ("-0.5", "d - 0.5")
+    w.emit(f"{ind}const double lo = {lo}, hi = {hi};")
+    if padding == "border" and mode != "cubic":     # cubic clamps its taps only (onnxruntime, torch)
+        w.emit(f"{ind}if (x < lo || x > hi) x = fmin(fmax(x, 0.0), d - 1);")
+    elif padding == "reflection":
+        _grid_sample_reflect(w, "x", "lo", "hi", ind)
+    w.emit(f"{ind}double tx[{taps}]; double tw[{taps}];")
+    if mode == "nearest":
+        w.emit(f"{ind}tx[0] = x; tw[0] = 1.0;")
+    else:
+        w.emit(f"{ind}const double b = floor(x), t = x - b;")
+        if mode == "linear":
+            w.emit(f"{ind}tx[0] = b; tw[0] = 1 - t; tx[1] = b + 1; tw[1] = t;")
+        else:       # Keys' cubic convolution weights, alpha -0.75, of the taps at -1, 0, 1, 2
+            w.emit(f"{ind}const double a = -0.75;")
+            for j, dist in enumerate(("t + 1", "t", "1 - t", "2 - t")):
+                e = (f"((a * ({dist}) - 5 * a) * ({dist}) + 8 * a) * ({dist}) - 4 * a" if j in (0, 3)
+                     else f"((a + 2) * ({dist}) - (a + 3)) * ({dist}) * ({dist}) + 1")
+                w.emit(f"{ind}tx[{j}] = b + {j - 1}; tw[{j}] = {e};")
+    w.emit(f"{ind}int64_t ti[{taps}];")
+    w.emit(f"{ind}for (int j = 0; j < {taps}; ++j) {{")
+    # truncation toward zero as the reference's casts; past the image (or NaN): a sure outside index
+    w.emit(f"{ind}    double v = tx[j];")
+    w.emit(f"{ind}    v = v == v ? fmin(fmax(v, -8.0), d + 8.0) : -8.0;")
+    w.emit(f"{ind}    int64_t ix = (int64_t)v;")
+    if padding == "zeros":
+        w.emit(f"{ind}    if (ix < 0 || ix >= ({d})) tw[j] = tw[j] * 0.0;")
+    elif padding == "reflection":
+        w.emit(f"{ind}    double fx = (double)ix;")
+        _grid_sample_reflect(w, "fx", "lo", "hi", ind + "    ")
+        w.emit(f"{ind}    ix = (int64_t)fx;")
+    w.emit(f"{ind}    ti[j] = ix < 0 ? 0 : (ix >= ({d}) ? ({d}) - 1 : ix);")
+    w.emit(f"{ind}}}")
+    so_far = taps ** k
+    w.emit(f"{ind}for (int q = {so_far} - 1; q >= 0; --q)     /* each combination so far times each tap */")
+    w.emit(f"{ind}    for (int j = {taps} - 1; j >= 0; --j) {{")
+    w.emit(f"{ind}        off[q * {taps} + j] = off[q] + ti[j] * ({stride});")
+    w.emit(f"{ind}        wt[q * {taps} + j] = wt[q] * tw[j];")
+    w.emit(f"{ind}    }}")
+    w.emit(f"{ind}}}")
+
+
 C_KERNELS = {
     "CumSum": _scan_c("+", "0"),
     "CumProd": _scan_c("*", "1"),
@@ -604,6 +716,7 @@ C_KERNELS = {
     "OneHot": onehot_c,
     "EyeLike": eye_like_c,
     "TopK": topk_c,
+    "GridSample": grid_sample_c,
     **{op: reduce_c for op in REDUCTIONS},
 }
 

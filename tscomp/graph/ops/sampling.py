@@ -1,9 +1,10 @@
 """``GridSample`` (opsets 16 and 20): sample an image at the points a grid gives (torch's
 ``F.grid_sample``: deformable attention in DETR-style detectors, optical flow, keypoint sampling).
 
-The registry gives it the symbolic shape rule -- ``[N, C, *grid's spatial extents]`` -- and a
-vectorized numpy reference, which the compiled model runs on the numpy fallback (every tap is a
-data-dependent gather). Semantics as the operator definition: the grid's last axis holds the
+The registry gives it the symbolic shape rule -- ``[N, C, *grid's spatial extents]`` --, a
+vectorized numpy reference (the semantics) and a native C kernel
+(:func:`tscomp.graph.ops.c_kernels.grid_sample_c`: every tap a data-dependent gather, indices
+clamped into the image). Semantics as the operator definition: the grid's last axis holds the
 coordinates in ``[-1, 1]``, innermost spatial axis first (x, then y, ...); ``align_corners`` maps
 -1 and 1 to the corner pixels' centres (else to their outer edges); ``mode`` nearest (round half to
 even), (bi)linear or (bi)cubic (Keys' kernel, alpha -0.75), separable over every spatial axis;
