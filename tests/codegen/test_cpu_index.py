@@ -1,6 +1,7 @@
 """The index kernel family (:mod:`tscomp.codegen.cpu_index`, writers in
 :mod:`tscomp.graph.ops.c_kernels`): one-op groups (CumSum, Range, ConstantOfShape, ArgMax/ArgMin, TopK,
-ScatterElements, ScatterND, Reduce* over non-trailing axes) compile to native kernels, match onnxruntime at awkward shapes (1,
+ScatterElements, ScatterND, Reduce* over non-trailing axes, LpNormalization, LRN, Hardmax, Det,
+ReverseSequence) compile to native kernels, match onnxruntime at awkward shapes (1,
 primes, range ends), and range-check their data-dependent indices with an error naming the node,
 the index input and the value."""
 from __future__ import annotations
@@ -428,3 +429,80 @@ def test_a_reduction_over_non_trailing_axes_is_an_index_kernel_matching_onnxrunt
         if op == "ReduceProd":
             x = rng.uniform(0.97, 1.03, x.shape).astype(np.float32)   # a product of up to 1600 terms stays finite
         _check(path, rt, {"x": x})
+
+
+# ------------------------------------------------------------------ LpNormalization, LRN, Hardmax, Det, ReverseSequence
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_lp_normalization_matches_onnxruntime_including_all_zero_lines(tmp_path, p, axis):
+    nodes = [helper.make_node("LpNormalization", ["x"], ["y"], axis=axis, p=p)]
+    path = _model(tmp_path, "lpnorm", nodes, [("x", F, ["B", "L", 5])], [("y", F, ["B", "L", 5])])
+    model, rt = _compile(path, ["B=1:4", "L=1:128"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(p + axis)
+    for B, L in SHAPES:
+        x = rng.standard_normal((B, L, 5)).astype(np.float32)
+        x[0, 0] = 0          # a zero line (axis -1) / zero column entries (axis 1)
+        _check(path, rt, {"x": x})
+
+
+@pytest.mark.parametrize("size", [1, 3, 4, 5])
+def test_lrn_matches_onnxruntime_with_windows_clipped_at_the_first_and_last_channel(tmp_path, size):
+    """An even size (onnxruntime takes odd ones only) against the reference: one channel more after."""
+    from tscomp.graph.ops.nn import lrn_ref
+    from tscomp.graph.ops.registry import OpCall
+    attrs = dict(size=size, alpha=2e-3, beta=0.6, bias=1.5)
+    nodes = [helper.make_node("LRN", ["x"], ["y"], **attrs)]
+    path = _model(tmp_path, "lrn", nodes, [("x", F, ["B", 6, "H", "W"])], [("y", F, ["B", 6, "H", "W"])])
+    model, rt = _compile(path, ["B=1:4", "H=1:31", "W=1:31"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(size)
+    for B, H, W in [(1, 1, 1), (2, 7, 13), (4, 31, 3)]:
+        x = 3 * rng.standard_normal((B, 6, H, W)).astype(np.float32)
+        if size % 2:
+            _check(path, rt, {"x": x})
+        else:
+            np.testing.assert_allclose(rt.run({"x": x})["y"], lrn_ref(OpCall("n", "LRN", attrs, 18, 1), x), rtol=1e-5)
+
+
+@pytest.mark.parametrize("opset,axis", [(13, -1), (13, 1), (11, 1)])
+def test_hardmax_marks_the_first_largest_element_as_onnxruntime(tmp_path, opset, axis):
+    """Ties (rounded inputs) go to the first; before opset 13 the lines are the input flattened at the axis."""
+    nodes = [helper.make_node("Hardmax", ["x"], ["y"], axis=axis)]
+    path = _model(tmp_path, "hardmax", nodes, [("x", F, ["B", "L", 4])], [("y", F, ["B", "L", 4])], opset=opset)
+    model, rt = _compile(path, ["B=1:4", "L=1:128"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(opset + axis)
+    for B, L in SHAPES:
+        _check(path, rt, {"x": np.round(rng.standard_normal((B, L, 4))).astype(np.float32)})
+
+
+def test_det_matches_onnxruntime_for_singular_and_pivoting_matrices(tmp_path):
+    nodes = [helper.make_node("Det", ["x"], ["y"])]
+    path = _model(tmp_path, "det", nodes, [("x", F, ["B", 4, 4])], [("y", F, ["B"])])
+    model, rt = _compile(path, ["B=1:97"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(3)
+    for B in (1, 7, 97):
+        x = rng.standard_normal((B, 4, 4)).astype(np.float32)
+        x[0, 0] = 0                      # a zero leading entry: the first column must pivot
+        if B > 1:
+            x[1, 3] = x[1, 2]            # two equal rows: singular
+        _check(path, rt, {"x": x})
+
+
+@pytest.mark.parametrize("batch_axis,time_axis", [(1, 0), (0, 1)])
+def test_reverse_sequence_reverses_each_prefix_and_refuses_a_length_past_the_steps(tmp_path, batch_axis, time_axis):
+    nodes = [helper.make_node("ReverseSequence", ["x", "lens"], ["y"], batch_axis=batch_axis, time_axis=time_axis)]
+    dims = ["T", "B", 3] if time_axis == 0 else ["B", "T", 3]
+    path = _model(tmp_path, "revseq", nodes, [("x", F, dims), ("lens", I64, ["B"])], [("y", F, dims)])
+    model, rt = _compile(path, ["B=1:5", "T=1:64"])
+    assert _index_groups(model)
+    rng = np.random.default_rng(batch_axis)
+    for B, T in [(1, 1), (3, 13), (5, 64)]:
+        shape = (T, B, 3) if time_axis == 0 else (B, T, 3)
+        lens = rng.integers(0, T + 1, B).astype(np.int64)
+        _check(path, rt, {"x": rng.standard_normal(shape).astype(np.float32), "lens": lens})
+    shape = (4, 2, 3) if time_axis == 0 else (2, 4, 3)
+    with pytest.raises(IndexOutOfRangeError, match=r"ReverseSequence node .*'lens' has value 5 at \(1,\)"):
+        rt.run({"x": np.zeros(shape, np.float32), "lens": np.array([1, 5], np.int64)})

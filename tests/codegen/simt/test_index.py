@@ -129,6 +129,32 @@ def test_grid_sample_matches_onnxruntime(simt_device, tmp_path, mode, padding):
                               "grid": rng.uniform(-2.5, 2.5, (2, p, q, 2)).astype(np.float32)})
 
 
+def test_lp_normalization_lrn_hardmax_det_and_reverse_sequence_match_onnxruntime(simt_device, tmp_path):
+    """The registry writers of five more opaque ops, each a SIMT kernel (Det's LU in private
+    arrays), at awkward sizes."""
+    nodes = [helper.make_node("LpNormalization", ["x"], ["lp"], axis=-1, p=2),
+             helper.make_node("LRN", ["x"], ["lrn"], size=3),
+             helper.make_node("Hardmax", ["x"], ["hm"], axis=1),
+             helper.make_node("Det", ["m"], ["det"]),
+             helper.make_node("ReverseSequence", ["x3", "lens"], ["rev"], batch_axis=0, time_axis=1)]
+    path = _model(tmp_path, "five", nodes,
+                  [("x", F, ["B", 5, "H", "W"]), ("m", F, ["B", 3, 3]), ("x3", F, ["B", "H", 2]), ("lens", I64, ["B"])],
+                  [("lp", F, [None] * 4), ("lrn", F, [None] * 4), ("hm", F, [None] * 4), ("det", F, [None]),
+                   ("rev", F, [None] * 3)], opset=17)
+    _, kernels, runner = _runner(path, ["B=1:13", "H=1:97", "W=1:13"])
+    assert len(_index_kernels(kernels)) == 5
+    rng = np.random.default_rng(9)
+    for B, H, W in [(1, 1, 1), (7, 13, 3), (13, 97, 1)]:
+        _check(path, runner, {"x": rng.standard_normal((B, 5, H, W)).astype(np.float32),
+                              "m": rng.standard_normal((B, 3, 3)).astype(np.float32),
+                              "x3": rng.standard_normal((B, H, 2)).astype(np.float32),
+                              "lens": rng.integers(0, H + 1, B).astype(np.int64)})
+    bad = {"x": np.zeros((2, 5, 4, 1), np.float32), "m": np.zeros((2, 3, 3), np.float32),
+           "x3": np.zeros((2, 4, 2), np.float32), "lens": np.array([1, 5], np.int64)}
+    with pytest.raises(IndexOutOfRangeError, match=r"ReverseSequence node .*'lens' has value 5"):
+        runner.run(bad)
+
+
 def test_a_dft_is_refused_by_name_for_its_work_buffer(tmp_path):
     """The DFT's C kernel plans into a per-call work buffer, which SIMT kernels do not allocate:
     the family says so (the group runs on the numpy fallback there), nothing is half-rendered."""

@@ -64,14 +64,15 @@ TS_DEVICE int64_t ts_max(int64_t a, int64_t b) { return a > b ? a : b; }
 #define ts_quotient(x, s, r) ((x) / (s))
 /* a data-dependent index checked against [0, extent) (negative counts from the end); the first
    failing thread records (check + 1, value, position, extent) in the kernel's error record and the
-   lookup reads element 0 instead */
+   lookup reads element 0 instead (ts_index_fail alone: a count checked against [0, limit]) */
+TS_DEVICE void ts_index_fail(TS_GLOBAL int64_t* err, int64_t check, int64_t value, int64_t pos, int64_t extent)
+{
+    if (TS_CAS64(err, check + 1)) { err[1] = value; err[2] = pos; err[3] = extent; }
+}
 TS_DEVICE int64_t ts_index(int64_t v, int64_t extent, int64_t check, int64_t pos, TS_GLOBAL int64_t* err)
 {
     const int64_t g = v < 0 ? v + extent : v;
-    if (g < 0 || g >= extent) {
-        if (TS_CAS64(err, check + 1)) { err[1] = v; err[2] = pos; err[3] = extent; }
-        return 0;
-    }
+    if (g < 0 || g >= extent) { ts_index_fail(err, check, v, pos, extent); return 0; }
     return g;
 }
 """

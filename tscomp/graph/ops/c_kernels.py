@@ -589,6 +589,129 @@ def eye_like_c(w) -> None:
     w.emit("}")
 
 
+# =========================================================================== LpNormalization, LRN, Hardmax, Det
+def lp_normalization_c(w) -> None:
+    """Each line along ``axis`` over its L1 or L2 norm (accumulated in double); 0 where the norm is 0."""
+    x, y = w.arg(0), w.out(0)
+    p = int(w.attr("p", 2))
+    if p not in (1, 2):
+        w.fail(f"p = {p} (ONNX defines 1 and 2)")
+    a = int(w.attr("axis", -1)) % len(x.shape)
+    outer, n, inner = _axis_split(w, x.shape, a)
+    w.emit(f"/* LpNormalization (L{p}) over axis {a}: [{outer}] x [{n}] x [{inner}] */")
+    w.parallel_for([("o", outer), ("q", inner)], work=f"({outer}) * ({n}) * ({inner})")
+    w.emit("    double s = 0.0;")
+    w.emit(f"    for (int64_t t = 0; t < {n}; ++t) {{")
+    w.emit(f"        const double v = (double){x.at(f'(o * ({n}) + t) * ({inner}) + q')};")
+    w.emit(f"        s += {'fabs(v)' if p == 1 else 'v * v'};")
+    w.emit("    }")
+    w.emit(f"    const {x.ctype} norm = ({x.ctype})({'s' if p == 1 else 'sqrt(s)'});")
+    w.emit(f"    for (int64_t t = 0; t < {n}; ++t) {{")
+    w.emit(f"        const int64_t at = (o * ({n}) + t) * ({inner}) + q;")
+    w.emit(f"        {y.at('at')} = norm == 0 ? ({y.ctype})0 : {x.at('at')} / norm;")
+    w.emit("    }")
+    w.emit("}")
+
+
+def lrn_c(w) -> None:
+    """Across channels: every element over ``(bias + alpha / size * the sum of squares of the
+    size channels around its own) ** beta``, the window clipped at the first and last channel
+    (sums in double, as the reference)."""
+    x, y = w.arg(0), w.out(0)
+    if len(x.shape) < 3:
+        w.fail(f"LRN of a rank-{len(x.shape)} input (it normalizes [N, C, spatial...])")
+    size = int(w.attr("size"))
+    alpha, beta, bias = (float(w.attr(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+    channels, plane = w.c(x.shape[1]), w.numel(x.shape[2:])
+    w.emit(f"/* LRN size {size} (channels c - {lo} .. c + {hi}), alpha {alpha!r}, beta {beta!r}, bias {bias!r} */")
+    w.emit(f"const int64_t lrn_c = {channels}, lrn_plane = {plane};")
+    w.parallel_for([("p", w.numel(x.shape))], work=f"({w.numel(x.shape)}) * {size}")
+    w.emit("    const int64_t c = p / lrn_plane % lrn_c;")
+    w.emit(f"    const int64_t first = c - {lo} < 0 ? 0 : c - {lo}, last = c + {hi} >= lrn_c ? lrn_c - 1 : c + {hi};")
+    w.emit("    double s = 0.0;")
+    w.emit("    for (int64_t i = first; i <= last; ++i) {")
+    w.emit(f"        const double v = (double){x.at('p + (i - c) * lrn_plane')};")
+    w.emit("        s += v * v;")
+    w.emit("    }")
+    w.emit(f"    {y.at('p')} = ({y.ctype})((double){x.at('p')} / pow({bias!r} + {alpha!r} / {size} * s, {beta!r}));")
+    w.emit("}")
+
+
+def hardmax_c(w) -> None:
+    """1 at each line's first largest element (NaN counting as the largest, as numpy's argmax), 0
+    elsewhere; before opset 13 the lines are the input flattened to 2-d at ``axis``."""
+    x, y = w.arg(0), w.out(0)
+    if not x.shape:
+        w.fail("Hardmax of a scalar")
+    r = len(x.shape)
+    if w.opset < 13:
+        a = int(w.attr("axis", 1)) % r
+        outer, n, inner = w.numel(x.shape[:a]), w.numel(x.shape[a:]), "1"
+    else:
+        a = int(w.attr("axis", -1)) % r
+        outer, n, inner = _axis_split(w, x.shape, a)
+    w.emit(f"/* Hardmax: [{outer}] x [{n}] x [{inner}] lines */")
+    w.parallel_for([("o", outer), ("q", inner)], work=f"({outer}) * ({n}) * ({inner})")
+    w.emit("    int64_t bi = 0;")
+    w.emit(f"    {x.ctype} best = {n} > 0 ? {x.at(f'o * ({n}) * ({inner}) + q')} : 0;")
+    w.emit(f"    for (int64_t t = 1; t < {n}; ++t) {{")
+    w.emit(f"        const {x.ctype} v = {x.at(f'(o * ({n}) + t) * ({inner}) + q')};")
+    w.emit("        if (best == best && (v > best || v != v)) { best = v; bi = t; }")
+    w.emit("    }")
+    w.emit(f"    for (int64_t t = 0; t < {n}; ++t) {y.at(f'(o * ({n}) + t) * ({inner}) + q')} = t == bi;")
+    w.emit("}")
+
+
+#: the largest static matrix order Det's kernel factors in registers and on the stack
+DET_MAX_ORDER = 32
+
+
+def det_c(w) -> None:
+    """Each matrix's determinant by LU factorization with partial pivoting, in double."""
+    x, y = w.arg(0), w.out(0)
+    m = x.shape[-1]
+    if not m.is_Integer or not 1 <= int(m) <= DET_MAX_ORDER:
+        w.fail(f"matrices of order {m} (the C kernel factors static orders 1 to {DET_MAX_ORDER})")
+    m = int(m)
+    w.emit(f"/* Det of [{w.numel(x.shape[:-2])}] matrices {m}x{m}: LU with partial pivoting */")
+    w.parallel_for([("b", w.numel(x.shape[:-2]))], work=f"({w.numel(x.shape[:-2])}) * {m * m * m}")
+    w.emit(f"    double a[{m * m}], det = 1.0;")
+    w.emit(f"    for (int64_t i = 0; i < {m * m}; ++i) a[i] = (double){x.at(f'b * {m * m} + i')};")
+    w.emit(f"    for (int64_t k = 0; k < {m}; ++k) {{")
+    w.emit("        int64_t piv = k;")
+    w.emit(f"        for (int64_t i = k + 1; i < {m}; ++i) if (fabs(a[i * {m} + k]) > fabs(a[piv * {m} + k])) piv = i;")
+    w.emit("        if (piv != k) {")
+    w.emit(f"            for (int64_t j = 0; j < {m}; ++j) {{ const double t = a[k * {m} + j]; "
+           f"a[k * {m} + j] = a[piv * {m} + j]; a[piv * {m} + j] = t; }}")
+    w.emit("            det = -det;")
+    w.emit("        }")
+    w.emit(f"        const double d = a[k * {m} + k];")
+    w.emit("        det *= d;")
+    w.emit("        if (d == 0) break;")
+    w.emit(f"        for (int64_t i = k + 1; i < {m}; ++i) {{")
+    w.emit(f"            const double f = a[i * {m} + k] / d;")
+    w.emit(f"            for (int64_t j = k + 1; j < {m}; ++j) a[i * {m} + j] -= f * a[k * {m} + j];")
+    w.emit("        }")
+    w.emit("    }")
+    w.emit(f"    {y.at('b')} = ({y.ctype})det;")
+    w.emit("}")
+
+
+# =========================================================================== ReverseSequence
+def reverse_sequence_c(w) -> None:
+    """Each batch entry's first ``lens[b]`` steps along the time axis reversed, the rest copied;
+    a length outside ``[0, time steps]`` is an error naming the node, the input and the value."""
+    x, lens, y = w.arg(0), w.arg(1), w.out(0)
+    batch_axis, time_axis = int(w.attr("batch_axis", 1)), int(w.attr("time_axis", 0))
+    steps, stride = w.c(x.shape[time_axis]), w.numel(x.shape[time_axis + 1:])
+    _each_element(w, y.shape, f"ReverseSequence (batch axis {batch_axis}, time axis {time_axis})")
+    n = w.count_check(lens.at(f"c{batch_axis}"), steps, 1, f"c{batch_axis}")
+    w.emit(f"    const int64_t n = {n}, t = c{time_axis};")
+    w.emit(f"    {y.at('p')} = {x.at(f'p + (t < n ? n - 1 - 2 * t : 0) * ({stride})')};")
+    w.emit("}")
+
+
 # =========================================================================== GridSample
 #: taps per spatial axis of each mode, and the most tap combinations a point may gather
 GRID_SAMPLE_TAPS = {"nearest": 1, "linear": 2, "cubic": 4}
@@ -717,6 +840,11 @@ C_KERNELS = {
     "EyeLike": eye_like_c,
     "TopK": topk_c,
     "GridSample": grid_sample_c,
+    "LpNormalization": lp_normalization_c,
+    "LRN": lrn_c,
+    "Hardmax": hardmax_c,
+    "Det": det_c,
+    "ReverseSequence": reverse_sequence_c,
     **{op: reduce_c for op in REDUCTIONS},
 }
 
