@@ -47,6 +47,11 @@
 * **float16 computed in float32**: every operator with float16 operands computes in float32 and
   rounds its float16 results to float16 (:mod:`tscomp.graph.half_precision`); float16 stays at the
   graph's inputs and outputs.
+* **CastLike as Cast**: ``CastLike(x, like)`` takes only ``like``'s element type, which shape
+  propagation knows, so it becomes ``Cast(x, to=that type)``: one input, as the elementwise
+  families expect of a cast (the bodies of opset 23's ``Attention`` and ``RotaryEmbedding``
+  functions cast with CastLike against whole score tensors, which read as a broadcast operand ran
+  those groups on the numpy fallback).
 * **Dead-node elimination**.
 
 Compound operators: LayerNormalization, Softmax and Gelu are *kept* as
@@ -86,6 +91,7 @@ class SimplifyReport:
     convs_merged: int = 0
     group_norm_rows: int = 0
     unit_softmaxes: int = 0
+    cast_likes: int = 0
     dead_removed: int = 0
 
     def __str__(self) -> str:
@@ -98,7 +104,7 @@ class SimplifyReport:
                 f"{self.unit_softmaxes} one-element Softmaxes as x * 0 + 1, split {self.recurrences_split} "
                 f"recurrences into projections + recurrence, merged {self.convs_merged} parallel Convs, "
                 f"kept the channel axis in "
-                f"{self.group_norm_rows} GroupNorm rows, "
+                f"{self.group_norm_rows} GroupNorm rows, rewrote {self.cast_likes} CastLikes as Casts, removed "
                 f"{self.dead_removed} dead nodes")
 
 
@@ -116,9 +122,24 @@ def simplify(graph: Graph) -> SimplifyReport:
     report.unit_softmaxes = unit_softmaxes(graph)
     report.recurrences_split = recurrences_as_projections(graph)
     report.group_norm_rows = group_norm_rows(graph)
+    report.cast_likes = cast_likes_as_casts(graph)
     report.dead_removed = eliminate_dead_nodes(graph)
     release_unused_constants(graph)
     return report
+
+
+def cast_likes_as_casts(graph: Graph) -> int:
+    """Every ``CastLike(x, like)`` as ``Cast(x, to=like's element type)`` (its ``saturate`` kept)."""
+    from onnx.helper import np_dtype_to_tensor_dtype
+    count = 0
+    for n in graph.nodes:
+        if n.op_type == "CastLike" and not n.domain:
+            like = graph.values[n.inputs[1]].dtype
+            n.op_type, n.inputs = "Cast", n.inputs[:1]
+            n.attrs = {"to": int(np_dtype_to_tensor_dtype(np.dtype(like)))} | (
+                {"saturate": n.attrs["saturate"]} if "saturate" in n.attrs else {})
+            count += 1
+    return count
 
 
 def remove_folded_nodes(graph: Graph) -> int:
