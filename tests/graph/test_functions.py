@@ -86,6 +86,18 @@ def test_mean_variance_normalization_takes_its_default_axes(tmp_path):
     _check(path, ["B=1:3", "H=1:9", "W=1:9"], [[(1, 3, 1, 2)], [(3, 3, 9, 4)], [(2, 3, 5, 9)]], rng, native=False)
 
 
+@pytest.mark.parametrize("opset", [21, 23])
+def test_group_normalization_takes_the_newest_body_at_or_below_the_model_opset(tmp_path, opset):
+    """GroupNormalization's schema has bodies for opsets 18 and 21 only: a model at opset 23 (torch's
+    opset-23 export of HuBERT) expands the opset-21 body."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), n) for n in ("scale", "bias")]
+    path = _save(tmp_path, "gn", [helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["y"], num_groups=3,
+                                                   epsilon=1e-5)],
+                 [helper.make_tensor_value_info("x", TP.FLOAT, ["B", 6, "T"])], inits, opset=opset)
+    _check(path, ["B=1:3", "T=1:50"], [[(1, 6, 1)], [(3, 6, 17)], [(2, 6, 50)]], rng)
+
+
 def test_a_model_local_function_is_inlined(tmp_path):
     # local.scaled_tanh(x) = tanh(x) * 2, called from the graph
     two = helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(np.array(2.0, np.float32)))

@@ -87,6 +87,14 @@ def _body_types(nodes: list[onnx.NodeProto], types: dict, opset: dict[str, int])
     return {vi.name: vi.type for vi in inferred.graph.value_info}
 
 
+def _body_version(body_versions, version: int) -> int:
+    """The opset of the body a model at opset ``version`` uses: the newest body at or below it (a
+    schema lists a body per opset that changed it -- GroupNormalization's at 18 and 21 -- and asked
+    at a later opset, 23, returns none)."""
+    older = [v for v in body_versions if v <= version]
+    return max(older) if older else version
+
+
 def function_body(node: onnx.NodeProto, version: int, types: dict[str, onnx.TypeProto]) -> onnx.FunctionProto | None:
     """The operator's function body at opset ``version``: static, or built for this node and its
     input types; None where the schema has none (or its types are unknown)."""
@@ -95,7 +103,8 @@ def function_body(node: onnx.NodeProto, version: int, types: dict[str, onnx.Type
     except onnx.defs.SchemaError:
         return None
     if schema.has_function:
-        body = schema.get_function_with_opset_version(version) or schema.function_body
+        body = schema.get_function_with_opset_version(_body_version(schema.function_opset_versions, version)) \
+            or schema.function_body
         if isinstance(body, bytes):
             parsed = onnx.FunctionProto()
             parsed.ParseFromString(body)
@@ -109,8 +118,9 @@ def function_body(node: onnx.NodeProto, version: int, types: dict[str, onnx.Type
             return None
         input_types.append(types[name].SerializeToString() if name else onnx.TypeProto().SerializeToString())
     try:
-        built = schema.get_context_dependent_function_with_opset_version(version, node.SerializeToString(),
-                                                                         input_types)
+        built = schema.get_context_dependent_function_with_opset_version(
+            _body_version(schema.context_dependent_function_opset_versions, version), node.SerializeToString(),
+            input_types)
     except Exception:  # noqa: BLE001 - the builder refuses this node (an unsupported attribute combination)
         return None
     if not built:
