@@ -61,12 +61,14 @@ def test_attention_at_opset_23_compiles_and_matches_onnxruntime(tmp_path):
     q, k, v = (helper.make_tensor_value_info(n, TP.FLOAT, ["B", 2, "L", 8]) for n in "qkv")
     path = _save(tmp_path, "attention", [helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=1)],
                  [q, k, v])
-    _check(path, ["B=1:2", "L=1:40"], [[(1, 2, 1, 8)] * 3, [(2, 2, 17, 8)] * 3, [(1, 2, 40, 8)] * 3], rng)
+    model = _check(path, ["B=1:2", "L=1:40"], [[(1, 2, 1, 8)] * 3, [(2, 2, 17, 8)] * 3, [(1, 2, 40, 8)] * 3], rng)
+    assert "attention" in {ks[0].family for ks in model.kernels.values()}     # one fused group, as opset 20's
 
 
 def test_attention_with_fewer_kv_heads_and_a_mask_at_opset_23_runs_every_group_natively(tmp_path):
     """Grouped KV heads and an additive mask, as torch's opset-23 export writes them: the body's
-    CastLikes against whole score tensors are Casts (no numpy group)."""
+    CastLikes against whole score tensors are Casts (no numpy group), and with its same-type Casts
+    gone and its safe-softmax Where after P.V, the fused attention family compiles it."""
     rng = np.random.default_rng(3)
     q = helper.make_tensor_value_info("q", TP.FLOAT, ["B", 4, "L", 8])
     k, v = (helper.make_tensor_value_info(n, TP.FLOAT, ["B", 2, "L", 8]) for n in "kv")
@@ -75,8 +77,9 @@ def test_attention_with_fewer_kv_heads_and_a_mask_at_opset_23_runs_every_group_n
                  [q, k, v, mask])
     graph = load_model(path, ["B=1:2", "L=1:40"])
     assert "CastLike" not in {n.op_type for n in graph.nodes}
-    _check(path, ["B=1:2", "L=1:40"], [[(1, 4, 1, 8), (1, 2, 1, 8), (1, 2, 1, 8), (1, 1, 1, 1)],
-                                      [(2, 4, 17, 8), (2, 2, 17, 8), (2, 2, 17, 8), (2, 1, 17, 17)]], rng)
+    model = _check(path, ["B=1:2", "L=1:40"], [[(1, 4, 1, 8), (1, 2, 1, 8), (1, 2, 1, 8), (1, 1, 1, 1)],
+                                              [(2, 4, 17, 8), (2, 2, 17, 8), (2, 2, 17, 8), (2, 1, 17, 17)]], rng)
+    assert "attention" in {ks[0].family for ks in model.kernels.values()}
 
 
 def test_mean_variance_normalization_takes_its_default_axes(tmp_path):

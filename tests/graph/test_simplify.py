@@ -241,3 +241,54 @@ def test_parallel_convs_of_different_dilations_stay_apart(tmp_path):
     _branches_model(path, (1, 1), [((3, 3), (1, 1, 1, 1)), ((3, 3), (2, 2, 2, 2))], dilations=[None, [2, 2]])
     graph = load_model(path, ["N=1:2", "H=3:40", "W=3:40"])
     assert [n.op_type for n in graph.nodes] == ["Conv", "Conv", "Add", "Relu"]
+
+
+def _zeroed_rows_model(path, *, per_key: bool = False):
+    """P = Softmax(S), c = ReduceMax(mask, last axis, keepdims) == -inf (rows the mask blocks
+    entirely; ``per_key``: mask == -inf itself, varying along the keys), y = MatMul(Where(c, 0, P),
+    V): opset 23's "safe softmax" as its Attention body writes it (CastLikes and a Cast included)."""
+    blocked = [helper.make_node("Equal", ["mask", "neginf_t"], ["c"])] if per_key else [
+        helper.make_node("ReduceMax", ["mask", "last"], ["rowmax"], keepdims=1),
+        helper.make_node("Equal", ["rowmax", "neginf_t"], ["c"])]
+    nodes = [helper.make_node("Softmax", ["s"], ["p0"], axis=-1),
+             helper.make_node("CastLike", ["p0", "s"], ["p"]),
+             helper.make_node("CastLike", ["neginf", "mask"], ["neginf_t"]), *blocked,
+             helper.make_node("Cast", ["zero"], ["zero_t"], to=TP.FLOAT),
+             helper.make_node("Where", ["c", "zero_t", "p"], ["safe"]),
+             helper.make_node("MatMul", ["safe", "v"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([-1], np.int64), "last"),
+             numpy_helper.from_array(np.array(-np.inf, np.float32), "neginf"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
+    inputs = [helper.make_tensor_value_info("s", TP.FLOAT, ["B", 2, "L", "L"]),
+              helper.make_tensor_value_info("mask", TP.FLOAT, ["B", 1, "L", "L"]),
+              helper.make_tensor_value_info("v", TP.FLOAT, ["B", 2, "L", 8])]
+    graph = helper.make_graph(nodes, "safe", inputs, [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), path)
+
+
+def test_rows_zeroed_before_a_matmul_are_zeroed_after_it_and_match_onnxruntime(tmp_path):
+    """Where(c, 0, P) @ V with c constant along P's last axis becomes Where(c, 0, P @ V) (the
+    CastLikes gone, the constant one folded); fully masked rows -- NaN probabilities -- give 0."""
+    path = tmp_path / "safe.onnx"
+    _zeroed_rows_model(path)
+    graph = load_model(path, ["B=1:2", "L=1:33"])
+    order = [n.op_type for n in graph.nodes]
+    assert "CastLike" not in order and order.index("MatMul") < order.index("Where")
+    rt = Runtime.from_compiled(compile_model(str(path), ["B=1:2", "L=1:33"], max_variants=1))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    for b, L in [(1, 1), (2, 7), (1, 33)]:
+        mask = np.where(rng.random((b, 1, L, L)) < 0.3, -np.inf, 0.0).astype(np.float32)
+        mask[0, 0, 0] = -np.inf                              # a row blocked entirely
+        s = (rng.standard_normal((b, 2, L, L)) + mask).astype(np.float32)
+        feeds = {"s": s, "mask": mask, "v": rng.standard_normal((b, 2, L, 8)).astype(np.float32)}
+        got, want = rt.run(feeds)["y"], sess.run(None, feeds)[0]
+        assert not np.isnan(want).any()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_where_that_varies_along_the_keys_stays_before_the_matmul(tmp_path):
+    path = tmp_path / "per_key.onnx"
+    _zeroed_rows_model(path, per_key=True)
+    order = [n.op_type for n in load_model(path, ["B=1:2", "L=1:33"]).nodes]
+    assert order.index("Where") < order.index("MatMul")

@@ -8,7 +8,7 @@
   expressions over the symbols, so the nodes computing it leave the compute
   graph too. Consumers such as Reshape read the expressions, evaluated at the
   run-time binding — shape arithmetic never runs as tensor code.
-* **Identity/Dropout removal** (inference: Dropout is the identity).
+* **Identity/Dropout removal** (inference: Dropout is the identity), and of Casts to their input's own type.
 * **Pad folding**: a zero-valued constant Pad of the spatial axes in front of a
   Conv becomes the Conv's own padding (TensorFlow-style "SAME" ports emit one
   before every Conv; TSCompiler Fig. 7 fuses pad + conv into one kernel), so
@@ -52,6 +52,12 @@
   families expect of a cast (the bodies of opset 23's ``Attention`` and ``RotaryEmbedding``
   functions cast with CastLike against whole score tensors, which read as a broadcast operand ran
   those groups on the numpy fallback).
+* **Zeroed rows after the product**: ``MatMul(Where(c, 0, P), V)`` with ``c`` constant along
+  ``P``'s last axis (extent 1 there) is ``Where(c, 0, MatMul(P, V))`` -- a zero row of ``P`` is a
+  zero row of the product, and the row's other values, NaN included, never reach it. Opset 23's
+  ``Attention`` body zeroes the probabilities of rows its mask blocks entirely ("safe softmax");
+  with the ``Where`` after the product, the chain QKᵀ -> Softmax -> P·V closes again and compiles
+  as one fused attention group.
 * **Dead-node elimination**.
 
 Compound operators: LayerNormalization, Softmax and Gelu are *kept* as
@@ -92,11 +98,12 @@ class SimplifyReport:
     group_norm_rows: int = 0
     unit_softmaxes: int = 0
     cast_likes: int = 0
+    zeroed_rows_moved: int = 0
     dead_removed: int = 0
 
     def __str__(self) -> str:
         return (f"folded {self.folded} constant/shape nodes, removed {self.pass_through_removed} "
-                f"Identity/Dropout, folded {self.pads_folded} Pads into Convs, rewrote {self.batch_norms_as_affine} "
+                f"Identity/Dropout/identity Casts, folded {self.pads_folded} Pads into Convs, rewrote {self.batch_norms_as_affine} "
                 f"BatchNormalizations as Mul + Add, {self.einsums_lowered} Einsums as MatMuls, "
                 f"{self.volumetric_as_planar} 3-D Convs and pools as 2-D ones, "
                 f"{self.quantized_as_arithmetic} quantized operators as float arithmetic, "
@@ -104,7 +111,8 @@ class SimplifyReport:
                 f"{self.unit_softmaxes} one-element Softmaxes as x * 0 + 1, split {self.recurrences_split} "
                 f"recurrences into projections + recurrence, merged {self.convs_merged} parallel Convs, "
                 f"kept the channel axis in "
-                f"{self.group_norm_rows} GroupNorm rows, rewrote {self.cast_likes} CastLikes as Casts, removed "
+                f"{self.group_norm_rows} GroupNorm rows, rewrote {self.cast_likes} CastLikes as Casts, moved "
+                f"{self.zeroed_rows_moved} row-zeroing Wheres after their MatMul, removed "
                 f"{self.dead_removed} dead nodes")
 
 
@@ -113,6 +121,7 @@ def simplify(graph: Graph) -> SimplifyReport:
     report.half_as_float32 = float16_as_float32(graph)      # refolds folded float16 nodes in float32
     report.quantized_as_arithmetic = quantized_ops_as_arithmetic(graph)     # sees the folded weights' DQ
     report.folded = remove_folded_nodes(graph)
+    report.cast_likes = cast_likes_as_casts(graph)
     report.pass_through_removed = remove_pass_through(graph)
     report.pads_folded = fold_pads_into_convs(graph)
     report.convs_merged = merge_parallel_convs(graph)
@@ -122,24 +131,78 @@ def simplify(graph: Graph) -> SimplifyReport:
     report.unit_softmaxes = unit_softmaxes(graph)
     report.recurrences_split = recurrences_as_projections(graph)
     report.group_norm_rows = group_norm_rows(graph)
-    report.cast_likes = cast_likes_as_casts(graph)
+    report.zeroed_rows_moved = zeroed_rows_after_products(graph)
     report.dead_removed = eliminate_dead_nodes(graph)
     release_unused_constants(graph)
     return report
 
 
 def cast_likes_as_casts(graph: Graph) -> int:
-    """Every ``CastLike(x, like)`` as ``Cast(x, to=like's element type)`` (its ``saturate`` kept)."""
+    """Every ``CastLike(x, like)`` as ``Cast(x, to=like's element type)`` (its ``saturate`` kept);
+    of a constant ``x`` (folding left it: ``like`` is computed), the cast constant itself."""
     from onnx.helper import np_dtype_to_tensor_dtype
     count = 0
+    nodes: list[Node] = []
     for n in graph.nodes:
-        if n.op_type == "CastLike" and not n.domain:
-            like = graph.values[n.inputs[1]].dtype
-            n.op_type, n.inputs = "Cast", n.inputs[:1]
-            n.attrs = {"to": int(np_dtype_to_tensor_dtype(np.dtype(like)))} | (
-                {"saturate": n.attrs["saturate"]} if "saturate" in n.attrs else {})
-            count += 1
+        if n.op_type != "CastLike" or n.domain:
+            nodes.append(n)
+            continue
+        like, x = graph.values[n.inputs[1]].dtype, graph.values[n.inputs[0]]
+        count += 1
+        if x.const is not None and x.const.dtype.kind in "biuf" and np.dtype(like).kind in "biuf":
+            graph.values[n.outputs[0]].const = np.asarray(x.const).astype(like)
+            continue
+        n.op_type, n.inputs = "Cast", n.inputs[:1]
+        n.attrs = {"to": int(np_dtype_to_tensor_dtype(np.dtype(like)))} | (
+            {"saturate": n.attrs["saturate"]} if "saturate" in n.attrs else {})
+        nodes.append(n)
+    graph.nodes = nodes
     return count
+
+
+def zeroed_rows_after_products(graph: Graph) -> int:
+    """Every ``MatMul(Where(c, 0, P), V)`` whose condition is constant along ``P``'s last axis, and
+    whose Where only that MatMul reads, as ``Where(c, 0, MatMul(P, V))``."""
+    producers, consumers = graph.producers(), graph.consumers()
+    outputs = set(graph.outputs)
+    moved: dict[str, Node] = {}        # MatMul name -> the Where emitted after it
+    skip: set[str] = set()
+    for node in graph.nodes:
+        if node.op_type != "MatMul" or node.domain:
+            continue
+        where = producers.get(node.inputs[0])
+        if where is None or not _zeroes_whole_rows(graph, where) or where.outputs[0] in outputs \
+                or [c.name for c in consumers.get(where.outputs[0], [])] != [node.name]:
+            continue
+        out = graph.values[node.outputs[0]]
+        product = graph.add_value(f"{node.name}/unzeroed", out.dtype, out.shape)
+        moved[node.name] = Node(f"{where.name}/after_product", "Where",
+                                [where.inputs[0], where.inputs[1], product], list(node.outputs))
+        node.inputs = [where.inputs[2], node.inputs[1]]
+        node.outputs = [product]
+        skip.add(where.name)
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        if node.name in skip:
+            continue
+        nodes.append(node)
+        if node.name in moved:
+            nodes.append(moved[node.name])
+    graph.nodes = nodes
+    return len(moved)
+
+
+def _zeroes_whole_rows(graph: Graph, where: Node) -> bool:
+    """``where`` is ``Where(c, 0, P)`` with a scalar zero constant and ``c`` of extent 1 along
+    ``P``'s last axis (absent there, or broadcast from 1)."""
+    if where.op_type != "Where" or where.domain or len(where.inputs) != 3:
+        return False
+    zero = graph.values[where.inputs[1]].const
+    if zero is None or np.asarray(zero).size != 1 or float(np.asarray(zero).reshape(-1)[0]) != 0.0:
+        return False
+    cond, p = graph.values[where.inputs[0]].shape, graph.values[where.inputs[2]].shape
+    return cond is not None and p is not None and len(p) >= 2 and (not cond or cond[-1] == 1) \
+        and len(cond) <= len(p)
 
 
 def remove_folded_nodes(graph: Graph) -> int:
@@ -154,7 +217,8 @@ def remove_pass_through(graph: Graph) -> int:
     rename: dict[str, str] = {}
     keep: list[Node] = []
     for n in graph.nodes:
-        if n.op_type in PASS_THROUGH_OPS and n.outputs[0] not in outputs and not _uses_dropout_mask(n, graph):
+        if (n.op_type in PASS_THROUGH_OPS or _identity_cast(n, graph)) and n.outputs[0] not in outputs \
+                and not _uses_dropout_mask(n, graph):
             src = n.inputs[0]
             rename[n.outputs[0]] = rename.get(src, src)
         else:
@@ -163,6 +227,13 @@ def remove_pass_through(graph: Graph) -> int:
         n.inputs = [_resolve(rename, i) for i in n.inputs]
     graph.nodes = keep
     return len(rename)
+
+
+def _identity_cast(node: Node, graph: Graph) -> bool:
+    """A Cast to its input's own element type (opset 23's Attention body casts every score tensor
+    to the type it has)."""
+    return (node.op_type == "Cast" and not node.domain
+            and graph.values[node.inputs[0]].dtype == graph.values[node.outputs[0]].dtype)
 
 
 def _resolve(rename: dict[str, str], name: str) -> str:
