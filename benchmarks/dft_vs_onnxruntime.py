@@ -12,15 +12,14 @@ untimed ones, each system in turn. Nothing else may run meanwhile.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from tests.graph.ops.test_signal_ops import _dft_model
+from tscomp.bench import _timed as median_time
 from tscomp.compiler import compile_model
 from tscomp.runtime import Runtime
 from tscomp.runtime.artifact import write_artifact
@@ -30,14 +29,10 @@ AXES = {"hidden": 2, "sequence": 1}
 
 
 def _median_time(call, repeats: int = 15) -> float:
+    """The median of ``repeats`` timed calls after two untimed ones."""
     for _ in range(2):
         call()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return median_time(call, repeats)
 
 
 def main() -> None:
