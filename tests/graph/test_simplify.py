@@ -292,3 +292,22 @@ def test_a_where_that_varies_along_the_keys_stays_before_the_matmul(tmp_path):
     _zeroed_rows_model(path, per_key=True)
     order = [n.op_type for n in load_model(path, ["B=1:2", "L=1:33"]).nodes]
     assert order.index("Where") < order.index("MatMul")
+
+
+def test_a_where_before_a_matrix_vector_product_stays(tmp_path):
+    """MatMul(Where(c, 0, P), v) with a vector v drops the last axis c is constant along: moving
+    the Where would broadcast c [M, 1] against the [M] product into [M, M]."""
+    nodes = [helper.make_node("Less", ["p", "zero"], ["neg"]),
+             helper.make_node("Cast", ["neg"], ["neg_f"], to=TP.FLOAT),
+             helper.make_node("ReduceMax", ["neg_f", "last"], ["rowmax"], keepdims=1),    # c: [M, 1]
+             helper.make_node("Greater", ["rowmax", "zero"], ["c"]),
+             helper.make_node("Where", ["c", "zero", "p"], ["safe"]),
+             helper.make_node("MatMul", ["safe", "v"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([-1], np.int64), "last"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
+    inputs = [helper.make_tensor_value_info("p", TP.FLOAT, ["M", 6]), helper.make_tensor_value_info("v", TP.FLOAT, [6])]
+    graph = helper.make_graph(nodes, "mv", inputs, [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    path = tmp_path / "mv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+    order = [n.op_type for n in load_model(path, ["M=1:9"]).nodes]
+    assert order.index("Where") < order.index("MatMul")

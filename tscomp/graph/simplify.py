@@ -161,8 +161,9 @@ def cast_likes_as_casts(graph: Graph) -> int:
 
 
 def zeroed_rows_after_products(graph: Graph) -> int:
-    """Every ``MatMul(Where(c, 0, P), V)`` whose condition is constant along ``P``'s last axis, and
-    whose Where only that MatMul reads, as ``Where(c, 0, MatMul(P, V))``."""
+    """Every ``MatMul(Where(c, 0, P), V)`` whose condition is constant along ``P``'s last axis, whose
+    Where only that MatMul reads, and whose V is a matrix (a vector V drops the product's last axis,
+    which c's would then broadcast against), as ``Where(c, 0, MatMul(P, V))``."""
     producers, consumers = graph.producers(), graph.consumers()
     outputs = set(graph.outputs)
     moved: dict[str, Node] = {}        # MatMul name -> the Where emitted after it
@@ -171,7 +172,9 @@ def zeroed_rows_after_products(graph: Graph) -> int:
         if node.op_type != "MatMul" or node.domain:
             continue
         where = producers.get(node.inputs[0])
-        if where is None or not _zeroes_whole_rows(graph, where) or where.outputs[0] in outputs \
+        v = graph.values[node.inputs[1]].shape
+        if where is None or v is None or len(v) < 2 or not _zeroes_whole_rows(graph, where) \
+                or where.outputs[0] in outputs \
                 or [c.name for c in consumers.get(where.outputs[0], [])] != [node.name]:
             continue
         out = graph.values[node.outputs[0]]
