@@ -103,8 +103,8 @@ class SimplifyReport:
 
     def __str__(self) -> str:
         return (f"folded {self.folded} constant/shape nodes, removed {self.pass_through_removed} "
-                f"Identity/Dropout/identity Casts, folded {self.pads_folded} Pads into Convs, rewrote {self.batch_norms_as_affine} "
-                f"BatchNormalizations as Mul + Add, {self.einsums_lowered} Einsums as MatMuls, "
+                f"Identity/Dropout/identity Casts, folded {self.pads_folded} Pads into Convs, rewrote "
+                f"{self.batch_norms_as_affine} BatchNormalizations as Mul + Add, {self.einsums_lowered} Einsums as MatMuls, "
                 f"{self.volumetric_as_planar} 3-D Convs and pools as 2-D ones, "
                 f"{self.quantized_as_arithmetic} quantized operators as float arithmetic, "
                 f"{self.half_as_float32} float16 operators in float32 and "

@@ -35,6 +35,30 @@ def _axis_split(w, shape, axis: int) -> tuple[str, str, str]:
     return w.numel(shape[:axis]), w.c(shape[axis]), w.numel(shape[axis + 1:])
 
 
+def _each_line(w, outer: str, n: str, inner: str) -> None:
+    """Open a parallel loop over the ``outer x inner`` lines of ``n`` elements (``o``, ``q``)."""
+    w.parallel_for([("o", outer), ("q", inner)], work=f"({outer}) * ({n}) * ({inner})")
+
+
+def _line_at(n: str, inner: str, t: str) -> str:
+    """The flat offset (C) of element ``t`` of line ``(o, q)``."""
+    return f"(o * ({n}) + {t}) * ({inner}) + q"
+
+
+def _line_extreme(w, x, n: str, inner: str, better: str, last: bool, indent: str = "    ") -> None:
+    """``bi``: the index of the line's first extreme (the last with ``last``) under ``better``,
+    NaN counting as the extreme as in numpy's argmax/argmin; 0 for an empty line."""
+    take = f"v {better} best || v == best || v != v" if last else f"v {better} best || (v != v && best == best)"
+    w.emit(f"{indent}int64_t bi = 0;")
+    w.emit(f"{indent}if ({n} > 0) {{")
+    w.emit(f"{indent}    {x.ctype} best = {x.at(f'o * ({n}) * ({inner}) + q')};")
+    w.emit(f"{indent}    for (int64_t t = 1; t < {n}; ++t) {{")
+    w.emit(f"{indent}        const {x.ctype} v = {x.at(_line_at(n, inner, 't'))};")
+    w.emit(f"{indent}        if ({take}) {{ best = v; bi = t; }}")
+    w.emit(f"{indent}    }}")
+    w.emit(f"{indent}}}")
+
+
 # =========================================================================== CumSum, CumProd
 def _scan_c(update: str, identity: str):
     """CumSum / CumProd: one sequential scan per (outer, inner) line, lines in parallel; the
@@ -54,7 +78,7 @@ def _scan_c(update: str, identity: str):
         w.parallel_for([("o", outer), ("q", inner)], work=f"({outer}) * ({inner})", min_work=64)
         w.emit(f"    {y.ctype} acc = {identity};")
         w.emit(f"    for (int64_t t = 0; t < {n}; ++t) {{")
-        w.emit(f"        const int64_t p = (o * ({n}) + {f'({n}) - 1 - t' if rev else 't'}) * ({inner}) + q;")
+        w.emit(f"        const int64_t p = {_line_at(n, inner, f'({n}) - 1 - t' if rev else 't')};")
         if exc:
             w.emit(f"        {y.at('p')} = acc;")
             w.emit(f"        acc {update}= {x.at('p')};")
@@ -97,18 +121,10 @@ def _arg_c(better: str):
         a = int(w.attr("axis", 0)) % len(x.shape)
         outer, n, inner = _axis_split(w, x.shape, a)
         last = bool(w.attr("select_last_index", 0))
-        take = f"v {better} best || v == best || v != v" if last else f"v {better} best || (v != v && best == best)"
         w.emit(f"/* {w.op_type} over axis {a} ({'last' if last else 'first'} index): "
                f"[{outer}] x [{n}] x [{inner}] */")
-        w.parallel_for([("o", outer), ("q", inner)], work=f"({outer}) * ({n}) * ({inner})")
-        w.emit("    int64_t bi = 0;")
-        w.emit(f"    if ({n} > 0) {{")
-        w.emit(f"        {x.ctype} best = {x.at(f'o * ({n}) * ({inner}) + q')};")
-        w.emit(f"        for (int64_t t = 1; t < {n}; ++t) {{")
-        w.emit(f"            const {x.ctype} v = {x.at(f'(o * ({n}) + t) * ({inner}) + q')};")
-        w.emit(f"            if ({take}) {{ best = v; bi = t; }}")
-        w.emit("        }")
-        w.emit("    }")
+        _each_line(w, outer, n, inner)
+        _line_extreme(w, x, n, inner, better, last)
         w.emit(f"    {y.at(f'o * ({inner}) + q')} = bi;")
         w.emit("}")
     return arg_c
@@ -131,10 +147,10 @@ def topk_c(w) -> None:
     w.emit(f"/* TopK ({'largest' if cmp == '>' else 'smallest'}) over axis {a}: [{outer}] x [{n}] x [{inner}], "
            f"K = {k}, sorted, ties in index order */")
     w.parallel_for([("o", outer), ("q", inner), ("t", n)], work=f"({outer}) * ({inner}) * ({n}) * ({n})")
-    w.emit(f"    const {x.ctype} v = {x.at(f'(o * ({n}) + t) * ({inner}) + q')};")
+    w.emit(f"    const {x.ctype} v = {x.at(_line_at(n, inner, 't'))};")
     w.emit("    int64_t r = 0;")
     w.emit(f"    for (int64_t s = 0; s < {n}; ++s) {{")
-    w.emit(f"        const {x.ctype} u = {x.at(f'(o * ({n}) + s) * ({inner}) + q')};")
+    w.emit(f"        const {x.ctype} u = {x.at(_line_at(n, inner, 's'))};")
     w.emit(f"        r += (u {cmp} v) || (u == u && v != v) || (s < t && (u == v || (u != u && v != v)));")
     w.emit("    }")
     w.emit(f"    if (r < {k}) {{")
@@ -599,15 +615,15 @@ def lp_normalization_c(w) -> None:
     a = int(w.attr("axis", -1)) % len(x.shape)
     outer, n, inner = _axis_split(w, x.shape, a)
     w.emit(f"/* LpNormalization (L{p}) over axis {a}: [{outer}] x [{n}] x [{inner}] */")
-    w.parallel_for([("o", outer), ("q", inner)], work=f"({outer}) * ({n}) * ({inner})")
+    _each_line(w, outer, n, inner)
     w.emit("    double s = 0.0;")
     w.emit(f"    for (int64_t t = 0; t < {n}; ++t) {{")
-    w.emit(f"        const double v = (double){x.at(f'(o * ({n}) + t) * ({inner}) + q')};")
+    w.emit(f"        const double v = (double){x.at(_line_at(n, inner, 't'))};")
     w.emit(f"        s += {'fabs(v)' if p == 1 else 'v * v'};")
     w.emit("    }")
     w.emit(f"    const {x.ctype} norm = ({x.ctype})({'s' if p == 1 else 'sqrt(s)'});")
     w.emit(f"    for (int64_t t = 0; t < {n}; ++t) {{")
-    w.emit(f"        const int64_t at = (o * ({n}) + t) * ({inner}) + q;")
+    w.emit(f"        const int64_t at = {_line_at(n, inner, 't')};")
     w.emit(f"        {y.at('at')} = norm == 0 ? ({y.ctype})0 : {x.at('at')} / norm;")
     w.emit("    }")
     w.emit("}")
@@ -639,8 +655,8 @@ def lrn_c(w) -> None:
 
 
 def hardmax_c(w) -> None:
-    """1 at each line's first largest element (NaN counting as the largest, as numpy's argmax), 0
-    elsewhere; before opset 13 the lines are the input flattened to 2-d at ``axis``."""
+    """1 at each line's first largest element (ArgMax's scan: NaN counting as the largest, as
+    numpy's argmax), 0 elsewhere; before opset 13 the lines are the input flattened to 2-d at ``axis``."""
     x, y = w.arg(0), w.out(0)
     if not x.shape:
         w.fail("Hardmax of a scalar")
@@ -652,14 +668,9 @@ def hardmax_c(w) -> None:
         a = int(w.attr("axis", -1)) % r
         outer, n, inner = _axis_split(w, x.shape, a)
     w.emit(f"/* Hardmax: [{outer}] x [{n}] x [{inner}] lines */")
-    w.parallel_for([("o", outer), ("q", inner)], work=f"({outer}) * ({n}) * ({inner})")
-    w.emit("    int64_t bi = 0;")
-    w.emit(f"    {x.ctype} best = {n} > 0 ? {x.at(f'o * ({n}) * ({inner}) + q')} : 0;")
-    w.emit(f"    for (int64_t t = 1; t < {n}; ++t) {{")
-    w.emit(f"        const {x.ctype} v = {x.at(f'(o * ({n}) + t) * ({inner}) + q')};")
-    w.emit("        if (best == best && (v > best || v != v)) { best = v; bi = t; }")
-    w.emit("    }")
-    w.emit(f"    for (int64_t t = 0; t < {n}; ++t) {y.at(f'(o * ({n}) + t) * ({inner}) + q')} = t == bi;")
+    _each_line(w, outer, n, inner)
+    _line_extreme(w, x, n, inner, ">", last=False)
+    w.emit(f"    for (int64_t t = 0; t < {n}; ++t) {y.at(_line_at(n, inner, 't'))} = t == bi;")
     w.emit("}")
 
 
@@ -765,7 +776,8 @@ def _grid_sample_reflect(w, v: str, lo: str, hi: str, indent: str) -> None:
     w.emit(f"{indent}  if (span <= 0) {v} = {lo};")
     w.emit(f"{indent}  else if ({v} < {lo} || {v} > {hi}) {{")
     w.emit(f"{indent}    const int below = {v} < {lo};")
-    w.emit(f"{indent}    const double dist = below ? {lo} - {v} : {v} - {hi}, m = floor(dist / span), rest = dist - m * span;")
+    w.emit(f"{indent}    const double dist = below ? {lo} - {v} : {v} - {hi}, m = floor(dist / span), "
+           f"rest = dist - m * span;")
     w.emit(f"{indent}    const int even = fmod(m, 2.0) == 0;")
     w.emit(f"{indent}    {v} = below ? (even ? {lo} + rest : {hi} - rest) : (even ? {hi} - rest : {lo} + rest);")
     w.emit(f"{indent}  }} }}")
@@ -795,7 +807,9 @@ def _grid_sample_axis(w, grid, k: int, r: int, d: str, stride: str, mode: str, p
         w.emit(f"{ind}const double b = floor(x), t = x - b;")
         if mode == "linear":
             w.emit(f"{ind}tx[0] = b; tw[0] = 1 - t; tx[1] = b + 1; tw[1] = t;")
-        else:       # Keys' cubic convolution weights, alpha -0.75, of the taps at -1, 0, 1, 2
+        else:       # Keys' cubic convolution weights, alpha -0.75, of the taps at -1, 0, 1, 2 -- each tap's
+            # own branch, as the reference (Resize's kernel picks the branch by the distance, which
+            # turns a NaN coordinate's weights into 0 where GridSample's reference gives NaN)
             w.emit(f"{ind}const double a = -0.75;")
             for j, dist in enumerate(("t + 1", "t", "1 - t", "2 - t")):
                 e = (f"((a * ({dist}) - 5 * a) * ({dist}) + 8 * a) * ({dist}) - 4 * a" if j in (0, 3)

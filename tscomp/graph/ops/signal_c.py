@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from tscomp.graph.ops.registry import attach
-from tscomp.graph.ops.signal import _axis_in_range
+from tscomp.graph.ops.signal import _axis_in_range, _kind
 
 #: the largest prime factor the mixed-radix FFT handles with a direct butterfly (O(n p)); a length
 #: with a larger one goes through Bluestein (three power-of-two FFTs of about 2n to 4n points)
@@ -232,10 +232,8 @@ def dft_c(w) -> None:
     tables = w.scratch("dft_tables", "ts_cplx", f"ts_dft_table_size({n})")
     work = w.scratch("dft_work", "ts_vc", f"(int64_t)omp_get_max_threads() * ts_dft_work_size({n})")
     w.statics.append(FFT_C)
-    kind = {(False, False): "DFT", (True, False): "inverse DFT", (False, True): "RFFT",
-            (True, True): "IRFFT"}[(inverse, onesided)]
-    w.emit(f"/* {kind} along axis {a}: [{outer}] x [{n_in} -> {n_out}] x [{inner}] signals of {parts} part(s), "
-           f"transform length {n}, {LANES} signals at a time */")
+    w.emit(f"/* {_kind(inverse, onesided)} along axis {a}: [{outer}] x [{n_in} -> {n_out}] x [{inner}] signals "
+           f"of {parts} part(s), transform length {n}, {LANES} signals at a time */")
     w.emit(f"const int64_t n = {n}, n_in = {n_in}, n_out = {n_out}, inner = {inner}, lines = ({outer}) * inner;")
     w.emit("if (n >= 1) {")
     w.emit("ts_dft_plan plan;")
