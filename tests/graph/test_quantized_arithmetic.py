@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
+from tests.integer_gemm_reference import plain_session
 from tscomp.compiler import compile_model
 from tscomp.runtime import Runtime
 
@@ -22,11 +23,7 @@ def _save(tmp_path, nodes, inputs, outputs, inits, name="quantized.onnx"):
     return path
 
 
-def _plain(path):
-    """onnxruntime running each operator as specified (its fusions change the fp32 rounding)."""
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+_plain = plain_session
 
 
 def _dynamic_linear(tmp_path, k=300, n=24, per_column=False, symmetric=False):

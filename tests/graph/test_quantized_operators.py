@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
+from tests.integer_gemm_reference import plain_session
 from tscomp.compiler import compile_model
 from tscomp.errors import UnsupportedOperatorError
 from tscomp.runtime import Runtime
@@ -33,10 +34,7 @@ def _model(tmp_path, nodes, inputs, outputs, inits, opset=20):
     return path
 
 
-def _plain(path):
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+_plain = plain_session
 
 
 def _inits(**arrays):

@@ -10,6 +10,7 @@ import onnxruntime as ort
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
+from tests.integer_gemm_reference import plain_session
 from tscomp.compiler import compile_model
 from tscomp.runtime import Runtime
 
@@ -45,10 +46,7 @@ def test_a_qdq_matmul_compiles_and_matches_onnxruntime(tmp_path):
 # MatMulInteger, ConvInteger: the references against onnxruntime, bit for bit
 def _plain_session(nodes, inputs, outputs, opset=20):
     graph = helper.make_graph(nodes, "ops", inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
-    plain = ort.SessionOptions()
-    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), plain, providers=["CPUExecutionProvider"])
+    return plain_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9))
 
 
 def _call(op_type, num_outputs=1, **attrs):
