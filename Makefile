@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 tests
+	$(PY) -m pytest -n 2 --durations=15 tests
 
 # The C-kernel and request-path tests with every generated kernel (and the request path's
 # extension) built under AddressSanitizer (TSCOMP_SANITIZE is part of the kernel cache key).

@@ -15,7 +15,9 @@ systems' worker threads spin for milliseconds after their last parallel region (
 and OpenMP alike), and on a machine with as many cores as threads a spinning neighbour halves the
 other's speed — measured here, 2 cores: BERT-base at L=9 costs 39 ms right after an onnxruntime
 call and 19 ms after a 50 ms pause, and onnxruntime likewise 29 ms vs 19 ms after tscomp. Outputs are compared at each shape (max abs error is reported), so a
-fast wrong answer cannot pass as a win.
+fast wrong answer cannot pass as a win. Where this CPU's onnxruntime sums uint8 x int8 products
+through a saturating int16 (no VNNI), the answers are those of onnxruntime on the model with its
+uint8 x int8 GEMMs made exact (:mod:`tscomp.exact_integer_reference`); the model as given is timed.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ class ShapeResult:
 class BenchResult:
     model: str
     threads: int
+    exact_reference: bool = False    # errors against onnxruntime on the exact-integer rewrite
     results: list[ShapeResult] = field(default_factory=list)
 
     def geomean(self) -> float:
@@ -89,7 +92,8 @@ def sample_bindings(runtime: Runtime, samples: int, seed: int, fixed: dict[str, 
     return sorted(out, key=lambda b: tuple(b[i.name] for i in infos))
 
 
-def ort_session(model_path: str, threads: int):
+def ort_session(model_path: str | bytes, threads: int):
+    """onnxruntime on ``model_path`` (or a serialized model) with ``threads`` intra-op threads."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -100,7 +104,21 @@ def ort_session(model_path: str, threads: int):
     try:
         return ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-        raise TscompError(f"onnxruntime cannot load {model_path}: {str(exc).splitlines()[0][:300]}") from None
+        what = model_path if isinstance(model_path, str) else "the model"
+        raise TscompError(f"onnxruntime cannot load {what}: {str(exc).splitlines()[0][:300]}") from None
+
+
+def exact_reference_session(model_path: str, threads: int):
+    """An onnxruntime session whose integer GEMMs give the ONNX semantics' exact sums on this CPU,
+    where the timed session's do not (None: the timed session is the reference)."""
+    import onnx
+
+    from tscomp.exact_integer_reference import reference_model, u8s8_saturates
+
+    if not u8s8_saturates():
+        return None
+    exact = reference_model(onnx.load(model_path))
+    return None if exact is None else ort_session(exact.SerializeToString(), threads)
 
 
 def _timed(fn, repeats: int) -> float:
@@ -112,11 +130,13 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _call_after_switch(runtime: Runtime, sess, previous: dict, inputs: dict, settle_s: float):
+def _call_after_switch(runtime: Runtime, sess, previous: dict, inputs: dict, settle_s: float, reference=None):
     """The first and the seen call's pattern: onnxruntime's call at ``inputs``, the pause, two tscomp
     calls at the previous shape (a serving process), then one timed tscomp call with ``inputs``:
-    (its seconds, its outputs, onnxruntime's outputs)."""
+    (its seconds, its outputs, onnxruntime's outputs -- ``reference``'s where given)."""
     want = sess.run(None, inputs)
+    if reference is not None:
+        want = reference.run(None, inputs)
     time.sleep(settle_s)
     for _ in range(2):
         runtime.run(previous)
@@ -128,14 +148,16 @@ def _call_after_switch(runtime: Runtime, sess, previous: dict, inputs: dict, set
 def bench(runtime: Runtime, model_path: str, bindings: list[dict[str, int]], *, threads: int,
           seed: int = 0, budget_s: float = 0.5, settle_s: float = 0.1, progress=None) -> BenchResult:
     sess = ort_session(model_path, threads)
+    reference = exact_reference_session(model_path, threads)
     names = [o.name for o in sess.get_outputs()]
-    result = BenchResult(model_path, threads)
+    result = BenchResult(model_path, threads, exact_reference=reference is not None)
     rng = np.random.default_rng(seed + 1)
     previous = random_inputs(runtime.graph, {i.name: i.min for i in runtime.graph.symbols.live_symbols()}, rng)
     for n, binding in enumerate(bindings):
         inputs = random_inputs(runtime.graph, binding, rng)
         ort_inputs = {k: v for k, v in inputs.items()}
-        first, got, want = _call_after_switch(runtime, sess, previous, ort_inputs, settle_s)  # tscomp's first call here
+        first, got, want = _call_after_switch(runtime, sess, previous, ort_inputs, settle_s,
+                                              reference)  # tscomp's first call here
         err = max(float(np.max(np.abs(got[k].astype(np.float64) - w))) if w.size else 0.0
                   for k, w in zip(names, want))
         one = max(first, _timed(lambda: sess.run(None, ort_inputs), 1))
@@ -168,6 +190,9 @@ def table(result: BenchResult) -> list[str]:
     w = result.worst()
     lines.append(f"tscomp/onnxruntime latency ratio over {len(result.results)} shapes ({result.threads} threads): "
                  f"geomean {result.geomean():.3f}, worst {w.ratio:.3f} at {w.binding}")
+    if result.exact_reference:
+        lines.append("max abs err: against onnxruntime on the model with its uint8 x int8 GEMMs as uint8 x uint8 "
+                     "(this CPU's onnxruntime saturates uint8 x int8 sums in int16: no VNNI)")
     return lines
 
 
