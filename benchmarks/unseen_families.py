@@ -479,9 +479,10 @@ def check(name: str, exporter: str, budget: str, out_dir: pathlib.Path, half: bo
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     # a quantized model on a CPU whose onnxruntime saturates uint8 x int8 sums (no VNNI): the
     # reference is the model with those GEMMs made exact (tscomp.exact_integer_reference)
-    exact = _exact_integer_model(path) if quantize else None
+    from tscomp.exact_integer_reference import onnxruntime_source
     try:
-        reference = ort.InferenceSession(exact or str(path), plain, providers=["CPUExecutionProvider"])
+        reference = ort.InferenceSession(onnxruntime_source(path) if quantize else str(path), plain,
+                                         providers=["CPUExecutionProvider"])
     except Exception as e:      # noqa: BLE001 - an export onnxruntime refuses is the exporter's failure
         return res | {"stage": "export", "error": f"onnxruntime cannot load the export: {type(e).__name__}: "
                                                   f"{str(e)[-300:]}"}
@@ -587,15 +588,6 @@ HALF_REL_L2, HALF_STEPS = 2e-3, 4
 #: the ninth, where onnxruntime's optimized session differs from its plain one by 1.6-2.2e-2 at
 #: every shape -- while a wrong scale, zero point or weight is 1e-1 and more
 QUANTIZED_REL_L2 = 5e-2
-
-
-def _exact_integer_model(path) -> bytes | None:
-    """The serialized model onnxruntime must run for exact integer GEMMs here (None: ``path``)."""
-    import onnx
-
-    from tscomp.exact_integer_reference import reference_model
-    exact = reference_model(onnx.load(str(path)))
-    return None if exact is None else exact.SerializeToString()
 
 
 def _has_qlinear_softmax(path) -> bool:

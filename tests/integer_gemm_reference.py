@@ -9,13 +9,10 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-from tscomp.exact_integer_reference import reference_model
+from tscomp.exact_integer_reference import onnxruntime_source
 
 
 def plain_session(model: onnx.ModelProto | str | Path) -> ort.InferenceSession:
-    if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(str(model))
-    model = reference_model(model) or model
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(onnxruntime_source(model), opts, providers=["CPUExecutionProvider"])

@@ -60,3 +60,18 @@ def test_the_probe_agrees_with_onnxruntimes_answer_on_a_saturating_product():
     plain = _session(model).run(None, {"a": a, "b": b})[0]
     assert u8s8_saturates() == (int(plain[0, 0]) != 255 * 127 * 40)
     assert (reference_model(model) is not None) == u8s8_saturates()
+
+
+def test_an_int8_operand_two_gemms_read_is_shifted_once_and_both_stay_exact():
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("MatMulInteger", ["a", "b"], ["y"]), helper.make_node("MatMulInteger", ["a2", "b"], ["y2"])]
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("a", TP.UINT8, [3, 40]),
+                                                helper.make_tensor_value_info("a2", TP.UINT8, [2, 40]),
+                                                helper.make_tensor_value_info("b", TP.INT8, [40, 9])],
+                              [helper.make_tensor_value_info(y, TP.INT32, None) for y in ("y", "y2")])
+    exact = exact_u8s8(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8))
+    assert [n.op_type for n in exact.graph.node].count("Cast") == 2        # one Cast/Add/Cast for b
+    a, a2 = rng.integers(0, 256, (3, 40)).astype(np.uint8), rng.integers(0, 256, (2, 40)).astype(np.uint8)
+    b = rng.integers(-128, 128, (40, 9)).astype(np.int8)
+    y, y2 = _session(exact).run(None, {"a": a, "a2": a2, "b": b})
+    assert np.array_equal(y, a.astype(np.int64) @ b) and np.array_equal(y2, a2.astype(np.int64) @ b)

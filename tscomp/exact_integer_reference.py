@@ -12,11 +12,14 @@ both are shifted by 128 into uint8 -- the rewrite onnxruntime itself applies to 
 asked of this machine's onnxruntime) and the model has such a GEMM, :func:`reference_model` is the
 model with every int8 second operand of a uint8-first-operand integer GEMM (and its zero point)
 shifted to uint8 (:func:`exact_u8s8`); elsewhere the model as it is, so machines with VNNI still
-check tscomp against onnxruntime's own u8 x s8 kernels.
+check tscomp against onnxruntime's own u8 x s8 kernels. :func:`onnxruntime_source` is what a
+reference session opens: that model, serialized, or the one given.
 """
 from __future__ import annotations
 
 import functools
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -60,6 +63,10 @@ def _element_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
+#: the uint8 zero point standing for an absent int8 one
+_ZERO_AT_128 = "exact_u8s8__zero_point_128"
+
+
 def _first_operand_type(node, types, first: int, first_zp: int):
     """The first operand's element type: inferred, else its zero point's (same type by definition)."""
     if first is None:
@@ -70,14 +77,16 @@ def _first_operand_type(node, types, first: int, first_zp: int):
     return None
 
 
-def _shifted(name: str, graph, inits: dict, tag: str) -> str:
+def _shifted(name: str, graph, inits: dict, done: dict) -> str:
     """A uint8 value equal to int8 ``name`` + 128: a new initializer, else Cast/Add/Cast nodes
-    (appended now, before the consumer being rewritten: the graph stays in topological order)."""
-    out = f"{name}__u8_{tag}"
+    (appended now, before the consumer being rewritten: the graph stays in topological order);
+    made once per value (``done``), however many GEMMs read it."""
+    if name in done:
+        return done[name]
+    out = done[name] = f"{name}__u8"
     if name in inits:
         array = numpy_helper.to_array(inits[name]).astype(np.int16) + 128
         graph.initializer.append(numpy_helper.from_array(array.astype(np.uint8), out))
-        inits[out] = graph.initializer[-1]
         return out
     offset = f"{out}__128"
     graph.initializer.append(numpy_helper.from_array(np.array(128, np.int32), offset))
@@ -103,21 +112,22 @@ def _shifted_gemms(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     inits = {i.name: i for i in graph.initializer}
     original = list(graph.node)
     del graph.node[:]
-    rewritten = 0
-    for k, node in enumerate(original):
+    rewritten, done = 0, {}
+    for node in original:
         positions = _OPERANDS.get((node.domain, node.op_type))
         if positions is not None:
             first, first_zp, second, second_zp = positions
             if (_first_operand_type(node, types, first, first_zp) == TP.UINT8
                     and types.get(node.input[second]) == TP.INT8):
                 inputs = list(node.input) + [""] * max(0, second_zp + 1 - len(node.input))
-                inputs[second] = _shifted(inputs[second], graph, inits, str(k))
+                inputs[second] = _shifted(inputs[second], graph, inits, done)
                 if inputs[second_zp]:
-                    inputs[second_zp] = _shifted(inputs[second_zp], graph, inits, f"{k}zp")
-                else:
-                    zero = f"{node.input[second]}__u8_{k}_zp"
-                    graph.initializer.append(numpy_helper.from_array(np.array(128, np.uint8), zero))
-                    inputs[second_zp] = zero
+                    inputs[second_zp] = _shifted(inputs[second_zp], graph, inits, done)
+                else:           # an absent int8 zero point is 0, which is 128 in uint8
+                    if _ZERO_AT_128 not in done:
+                        graph.initializer.append(numpy_helper.from_array(np.array(128, np.uint8), _ZERO_AT_128))
+                        done[_ZERO_AT_128] = _ZERO_AT_128
+                    inputs[second_zp] = _ZERO_AT_128
                 del node.input[:]
                 node.input.extend(inputs)
                 rewritten += 1
@@ -132,3 +142,14 @@ def reference_model(model: onnx.ModelProto) -> onnx.ModelProto | None:
         return None
     exact, rewritten = _shifted_gemms(model)
     return exact if rewritten else None
+
+
+def onnxruntime_source(model: onnx.ModelProto | str | Path) -> str | bytes:
+    """What an onnxruntime session should open to give exact integer sums here: the model as
+    given (its path, or serialized), or the serialized :func:`reference_model` where there is one
+    (the model is read only where this CPU's kernels saturate)."""
+    if u8s8_saturates():
+        exact = reference_model(model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)))
+        if exact is not None:
+            return exact.SerializeToString()
+    return model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
