@@ -13,7 +13,12 @@ then the first call at the new length, the
 median of 7 more calls at it (*steady*), and, as a control, the first call at a length the process
 has served before after the same reference calls (*seen*: what returning to a shape costs once the
 reference shape's variants and data filled the caches). ``first/seen`` isolates what a new shape
-costs beyond any shape switch: 1.0 when nothing is planned on the request path. Every call carries
+costs beyond any shape switch: 1.0 when nothing is planned on the request path. But a first call
+meets caches that last ran its code paths at the warm-up, ``SERVER_WARMUP_CALLS`` and more
+reference calls before, and the *seen* call only 3: a third control, *gap-seen*, returns to the
+length once more after as many reference calls as separate the first measured length from the
+warm-up (``--gap``), and ``first/gap-seen`` compares the two at equal distance from the shape's
+last use. Every call carries
 its own random token ids (a server's steady state at one length still sees new requests: repeating
 one request's tokens kept their embedding rows cached for the steady calls only, which made every
 first call look ~2 us dearer on tiny BERT). The last column
@@ -62,8 +67,8 @@ def _timed(call, inputs) -> float:
     return time.perf_counter() - t
 
 
-#: distinct requests made per length: the first call, 7 steady calls, the *seen* call
-REQUESTS_PER_LENGTH = 9
+#: distinct requests made per length: the first call, 7 steady calls, the *seen* and *gap-seen* calls
+REQUESTS_PER_LENGTH = 10
 
 
 def _requests(graph, binding: dict, seed: int) -> list[dict]:
@@ -111,7 +116,10 @@ def measure(args) -> list[dict]:
         for _ in range(3):
             rt.run(reference)
         seen = _timed(rt.run, requests[L][8])
-        rows.append({"L": L, "first": first, "seen": seen, "steady": statistics.median(steady),
+        for _ in range(args.gap):
+            rt.run(reference)
+        gap_seen = _timed(rt.run, requests[L][9])
+        rows.append({"L": L, "first": first, "seen": seen, "gap_seen": gap_seen, "steady": statistics.median(steady),
                      "overhead": statistics.median(over[-7:]), "load": load, "executor": rt.executor})
     used = set(lengths) | {args.reference}
     for row in rows:
@@ -156,6 +164,8 @@ def main() -> None:
     ap.add_argument("--lengths", default="1,2,3,4,5,6,7,8,9,21,39,90,139,202,287,374,498")
     ap.add_argument("--reference", type=int, default=REFERENCE_LENGTH,
                     help="the length served between the measured ones (the server's other requests)")
+    ap.add_argument("--gap", type=int, default=SERVER_WARMUP_CALLS + 3,
+                    help="reference calls before the gap-seen control (default: as many as precede the first length)")
     ap.add_argument("--processes", type=int, default=1, help="repeat in this many fresh processes (medians)")
     ap.add_argument("--onnx", default="", help="the source ONNX model: onnxruntime's first/steady under the same pattern")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -167,21 +177,24 @@ def main() -> None:
     for _ in range(args.processes):
         cmd = [sys.executable, "-m", "benchmarks.first_call", "--child", "--artifact", args.artifact,
                "--threads", str(args.threads), "--executor", args.executor, "--lengths", args.lengths,
-               "--reference", str(args.reference),
+               "--reference", str(args.reference), "--gap", str(args.gap),
                "--onnx", args.onnx]
         runs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]))
     print(f"{args.artifact}: executor {runs[0][0]['executor']}, reference length {args.reference}, load + verify + warm-up "
           f"{statistics.median(r[0]['load'] for r in runs):.2f} s; medians over {len(runs)} process(es)")
     print(f"{'sequence':>8}  {'first ms':>9}  {'seen ms':>8}  {'steady ms':>9}  {'first/steady':>12}  "
-          f"{'seen/steady':>11}  {'first/seen':>10}  {'overhead us':>11}  {'warm-first/steady':>17}"
+          f"{'seen/steady':>11}  {'first/seen':>10}  {'gap-seen/steady':>15}  {'first/gap-seen':>14}  "
+          f"{'overhead us':>11}  {'warm-first/steady':>17}"
           + (f"  {'ort first/steady':>16}" if args.onnx else ""))
-    cols = {"fs": [], "ss": [], "fn": [], "ov": [], "ort": []}
+    cols = {"fs": [], "ss": [], "fn": [], "ov": [], "gs": [], "fg": [], "ort": []}
     for k, L in enumerate(r["L"] for r in runs[0]):
         med = {key: statistics.median(run[k][key] for run in runs) for key in ("first", "seen", "steady", "overhead")}
         fs = statistics.median(run[k]["first"] / run[k]["steady"] for run in runs)
         ss = statistics.median(run[k]["seen"] / run[k]["steady"] for run in runs)
         fn = statistics.median(run[k]["first"] / run[k]["seen"] for run in runs)
-        for key, v in zip(cols, (fs, ss, fn, med["overhead"])):
+        gs = statistics.median(run[k]["gap_seen"] / run[k]["steady"] for run in runs)
+        fg = statistics.median(run[k]["first"] / run[k]["gap_seen"] for run in runs)
+        for key, v in zip(cols, (fs, ss, fn, med["overhead"], gs, fg)):
             cols[key].append(v)
         warm = [run[k]["warm"] for run in runs if run[k]["warm"] is not None]
         peer = ""
@@ -189,11 +202,12 @@ def main() -> None:
             cols["ort"].append(statistics.median(run[k]["ort_first_steady"] for run in runs))
             peer = f"  {cols['ort'][-1]:16.2f}"
         print(f"{L:>8}  {med['first'] * 1e3:9.3f}  {med['seen'] * 1e3:8.3f}  {med['steady'] * 1e3:9.3f}  {fs:12.2f}  "
-              f"{ss:11.2f}  {fn:10.2f}  {med['overhead'] * 1e6:11.1f}  "
+              f"{ss:11.2f}  {fn:10.2f}  {gs:15.2f}  {fg:14.2f}  {med['overhead'] * 1e6:11.1f}  "
               f"{statistics.median(warm) if warm else float('nan'):17.2f}{peer}")
     print(f"first/steady: max {max(cols['fs']):.2f}, median {statistics.median(cols['fs']):.2f} (target <= 1.10); "
           f"seen/steady: max {max(cols['ss']):.2f}; first/seen: max {max(cols['fn']):.2f}, "
-          f"median {statistics.median(cols['fn']):.2f}; overhead per call: median "
+          f"median {statistics.median(cols['fn']):.2f}; gap-seen/steady: max {max(cols['gs']):.2f}; first/gap-seen: "
+          f"max {max(cols['fg']):.2f}, median {statistics.median(cols['fg']):.2f}; overhead per call: median "
           f"{statistics.median(cols['ov']) * 1e6:.1f} us")
     if args.onnx:
         print(f"onnxruntime under the same pattern, first/steady: max {max(cols['ort']):.2f}, "
