@@ -4,8 +4,8 @@ acceptance 1: the first call at a never-seen length against steady state).
     .venv/bin/python -m benchmarks.cache_decay [--artifact .cache/bert-tiny.tsc] [--lengths 1,8] [--threads 1,2]
 
 Per length L and thread count: *hot* is a call at L right after three others at L (steady state);
-every other column is a call at L after ``--gap`` calls at the reference length (64), over the hot
-time, with one thing done just before it:
+every other column is a call at L after ``--gap`` calls at ``benchmarks.first_call``'s reference
+length (64), over the hot time, with one thing done just before it:
 
 - ``nothing``: the plain return after the gap (what a first call meets: ``benchmarks.first_call``);
 - ``twin``: a call at L on a second Runtime of the same artifact -- the same kernel library, so the
@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import statistics
 import time
 
 import numpy as np
 
+from benchmarks.first_call import REFERENCE_LENGTH
 from tscomp.runtime import Runtime
 from tscomp.sample_inputs import random_inputs
 
@@ -44,10 +46,11 @@ def _library_code(name: str = "kernels.so") -> list[tuple[int, int]]:
     return spans
 
 
-def measure(artifact: str, L: int, threads: int, gap: int, trials: int, reference: int = 64) -> dict[str, float]:
+def measure(artifact: str, L: int, threads: int, gap: int, trials: int,
+            reference: int = REFERENCE_LENGTH) -> dict[str, float]:
     rt, twin = Runtime(artifact, num_threads=threads), Runtime(artifact, num_threads=threads)
     base = {s.name: s.min for s in rt.graph.symbols.live_symbols()}
-    made = iter(range(10**6))
+    made = itertools.count()
 
     def request(length: int) -> dict:
         return random_inputs(rt.graph, base | {"sequence": length}, np.random.default_rng([length, next(made)]))
@@ -88,7 +91,7 @@ def main() -> None:
     ap.add_argument("--gap", type=int, default=100, help="reference calls before each measured call")
     ap.add_argument("--trials", type=int, default=15)
     args = ap.parse_args()
-    print(f"{args.artifact}: a call at L after {args.gap} calls at L = 64, over its hot time (medians of {args.trials})")
+    print(f"{args.artifact}: a call at L after {args.gap} calls at L = {REFERENCE_LENGTH}, over its hot time (medians of {args.trials})")
     print(f"{'threads':>7}  {'L':>4}  {'hot us':>7}  {'nothing':>7}  {'twin':>7}  {'code':>7}  {'self':>7}")
     for threads in (int(x) for x in args.threads.split(",")):
         for L in (int(x) for x in args.lengths.split(",")):

@@ -189,11 +189,10 @@ def main() -> None:
     cols = {"fs": [], "ss": [], "fn": [], "ov": [], "gs": [], "fg": [], "ort": []}
     for k, L in enumerate(r["L"] for r in runs[0]):
         med = {key: statistics.median(run[k][key] for run in runs) for key in ("first", "seen", "steady", "overhead")}
-        fs = statistics.median(run[k]["first"] / run[k]["steady"] for run in runs)
-        ss = statistics.median(run[k]["seen"] / run[k]["steady"] for run in runs)
-        fn = statistics.median(run[k]["first"] / run[k]["seen"] for run in runs)
-        gs = statistics.median(run[k]["gap_seen"] / run[k]["steady"] for run in runs)
-        fg = statistics.median(run[k]["first"] / run[k]["gap_seen"] for run in runs)
+        def ratio(num: str, den: str) -> float:     # per process, then the median over processes
+            return statistics.median(run[k][num] / run[k][den] for run in runs)
+        fs, ss, fn = ratio("first", "steady"), ratio("seen", "steady"), ratio("first", "seen")
+        gs, fg = ratio("gap_seen", "steady"), ratio("first", "gap_seen")
         for key, v in zip(cols, (fs, ss, fn, med["overhead"], gs, fg)):
             cols[key].append(v)
         warm = [run[k]["warm"] for run in runs if run[k]["warm"] is not None]
