@@ -54,7 +54,7 @@ import sympy
 
 from tscomp.codegen.c_expr import PRELUDE, broadcast_index, c_symbol_name, delinearize, math_helpers, reshape_index
 from tscomp.codegen.cpu_batched_gemm import _Generator
-from tscomp.codegen.cpu_gemm import BF16_ROW_C, ISA_RANK, _emit_amx_setup, _Vec
+from tscomp.codegen.cpu_gemm import BF16_ROW_C, ISA_RANK, _emit_amx_setup, _Vec, emit_tile_step
 from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
 from tscomp.codegen.tile_config import MAX_ACCUMULATORS, VECTOR_WIDTH, TileConfig, TileConfigError
@@ -882,11 +882,8 @@ static inline void ts_pv(const float* restrict p, const float* restrict v, float
     L.append(f"    {v.type} " + ", ".join(a for row in accs for a in row) + ";")
     L.extend("    " + " ".join(f"{a} = {v.zero()};" for a in row) for row in accs)
     L.append(f"    for (int k = 0; k < {dk}; ++k) {{")
-    for c in range(nj // W):
-        L.append(f"        const {v.type} w{c} = {v.load(f'kt + k * {nj} + {c * W}')};")
-    for r, row in enumerate(accs):
-        L.append(f"        {{ const {v.type} x = {v.set1(f'q[{r} * {dk} + k]')}; "
-                 + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
+    emit_tile_step(L.append, accs, [v.load(f"kt + k * {nj} + {c * W}") for c in range(nj // W)],
+                   [v.set1(f"q[{r} * {dk} + k]") for r in range(mr)], v.fma, v.type, isa, indent="        ")
     L.append("    }")
     for r, row in enumerate(accs):
         L.append("    " + " ".join(v.store(f"s + {r} * TS_NC + {c * W}", a) for c, a in enumerate(row)))
@@ -904,11 +901,8 @@ static inline void ts_pv(const float* restrict p, const float* restrict v, float
         for r, row in enumerate(accs):
             L.append("    " + " ".join(f"{a} = {v.load(f'o + {r * dvp + c * W}')};" for c, a in zip(cs, row)))
         L.append("    for (int64_t c = 0; c < nv; ++c) {")
-        for c in cs:
-            L.append(f"        const {v.type} w{c} = {v.load(f'v + c * {dvp} + {c * W}')};")
-        for r, row in enumerate(accs):
-            L.append(f"        {{ const {v.type} x = {v.set1(f'p[{r} * TS_NC + c]')}; "
-                     + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in zip(cs, row)) + " }")
+        emit_tile_step(L.append, accs, [v.load(f"v + c * {dvp} + {c * W}") for c in cs],
+                       [v.set1(f"p[{r} * TS_NC + c]") for r in range(mr)], v.fma, v.type, isa, indent="        ")
         L.append("    }")
         for r, row in enumerate(accs):
             L.append("    " + " ".join(v.store(f"o + {r * dvp + c * W}", a) for c, a in zip(cs, row)))

@@ -109,6 +109,7 @@ import numpy as np
 
 from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import GEMM_KERNEL_NAMES, math_helpers
+from tscomp.codegen.register_operands import BROADCASTS, VECTORS, held_operand, hold
 from tscomp.codegen.task_affinity import AFFINITY_C, claim_loop, shares_declaration
 from tscomp.codegen.tile_config import (AMX_K, AMX_ROW_BYTES, AMX_ROWS, AMX_TILE_REGISTERS, BALANCE_TASKS_PER_THREAD,
                                        MAX_ACCUMULATORS, OPERAND_BYTES, VECTOR_WIDTH, TileConfig, TileConfigError,
@@ -1110,14 +1111,40 @@ def emit_fma_step(emit, v: "_Vec", accs: list[list[str]], vectors: list[str], br
                   indent: str = "        ", after_loads: tuple[str, ...] = ()) -> None:
     """One k step of a register tile held in ``accs`` (rows of vector accumulators): load the
     ``vectors`` (pointer expressions) as ``w0, w1, ...``, emit ``after_loads`` (prefetches), then per
-    row one broadcast of ``broadcast(r)`` multiplied into that row's accumulators."""
-    for c, ptr in enumerate(vectors):
-        emit(f"{indent}const {v.type} w{c} = {v.load(ptr)};")
+    row one broadcast of ``broadcast(r)`` multiplied into that row's accumulators. Whichever operand
+    :func:`~tscomp.codegen.register_operands.held_operand` picks is loaded once into a register."""
+    emit_tile_step(emit, accs, [v.load(ptr) for ptr in vectors], [v.set1(broadcast(r)) for r in range(len(accs))],
+                   v.fma, v.type, v.isa, indent=indent, after_loads=after_loads)
+
+
+def emit_tile_step(emit, accs: list[list[str]], loads: list[str], broadcasts: list[str], madd, vtype: str, isa: str,
+                   *, indent: str, after_loads: tuple[str, ...] = (), live_accumulators: int | None = None,
+                   suffix: str = "") -> None:
+    """The statements of one k step: ``loads[c]`` (C expressions of the vectors), ``broadcasts[r]``
+    (of the rows' broadcast operands), ``madd(x, w, acc)`` into ``accs[r][c]``. Held vectors (the
+    default) are loaded first, then ``after_loads``, then one broadcast per row; held broadcasts are
+    made first, then each vector is loaded and multiplied into every row. ``live_accumulators``: the
+    accumulator registers live across the step (more than ``accs`` where several accumulator sets
+    interleave); ``suffix`` keeps the locals of interleaved steps apart."""
+    live = sum(map(len, accs)) if live_accumulators is None else live_accumulators
+    held = held_operand(isa, live, len(loads), len(broadcasts))
+    keep = (lambda name: " " + hold(name)) if held else (lambda name: "")
+    if held == BROADCASTS:
+        for r, x in enumerate(broadcasts):
+            emit(f"{indent}{vtype} x{r}{suffix} = {x};{keep(f'x{r}{suffix}')}")
+        for line in after_loads:
+            emit(indent + line)
+        for c, load in enumerate(loads):
+            emit(f"{indent}{{ {vtype} w = {load};{keep('w')} "
+                 + " ".join(f"{row[c]} = {madd(f'x{r}{suffix}', 'w', row[c])};" for r, row in enumerate(accs)) + " }")
+        return
+    for c, load in enumerate(loads):
+        emit(f"{indent}{vtype} w{c}{suffix} = {load};{keep(f'w{c}{suffix}')}")
     for line in after_loads:
         emit(indent + line)
     for r, row in enumerate(accs):
-        emit(f"{indent}{{ const {v.type} x = {v.set1(broadcast(r))}; "
-             + " ".join(f"{a} = {v.fma('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
+        emit(f"{indent}{{ {vtype} x = {broadcasts[r]};{keep('x')} "
+             + " ".join(f"{a} = {madd('x', f'w{c}{suffix}', a)};" for c, a in enumerate(row)) + " }")
 
 
 #: independent multiply-adds a core needs in flight to hide the FMA latency (latency 4 x up to 2
@@ -1176,7 +1203,7 @@ L2_STREAM_K_STRIDE = 2
 
 
 def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, elem: str, vtype: str, *,
-                 load, broadcast, madd, add=None, zero: str = "", acc_type: str = "", sets: int = 1,
+                 isa: str, load, broadcast, madd, add=None, zero: str = "", acc_type: str = "", sets: int = 1,
                  prefetch: int = 0, stream_lines: int = 0, indent: str = "", x_row_stride: str = "") -> None:
     """The register tile's inner loop over ``count`` packed K steps (one fp32 k, or one bf16 pair):
     per step ``nvec`` W-panel vectors, then per row of the tile one broadcast X element multiplied
@@ -1185,28 +1212,29 @@ def _emit_k_loop(emit, accs, nvec: int, W: int, k: str, count: str, what: str, e
     the loop. ``prefetch`` > 0: each step prefetches the weight panel that many steps ahead into L1
     (past the K block's end, that is the same panel's next K rows); ``stream_lines`` > 0: each step
     also pulls that many cache lines of the stretch ``wn`` into L2 (the macro-kernel's weight stream).
-    ``indent`` prefixes every line (the loop inside a branch). ``x_row_stride``: X is read in place,
+    ``indent`` prefixes every line (the loop inside a branch). ``isa`` decides which operand is held
+    in registers (:func:`emit_tile_step`). ``x_row_stride``: X is read in place,
     row r of the tile at ``xp + r * x_row_stride`` (else X is a packed panel, MR elements per k)."""
     emit = (lambda line, _emit=emit: _emit(indent + line)) if indent else emit
+    live = sum(map(len, accs)) * sets
+
     def step(kk: str, indent: str, names) -> None:
         xk = f"xp + ({kk})" if x_row_stride else f"xp + ({kk}) * MR"
         emit(f"{indent}{{ const {elem}* restrict wk = wp + ({kk}) * NR; const {elem}* restrict xk = {xk};")
-        for c in range(nvec):
-            emit(f"{indent}  const {vtype} w{c} = {load(f'wk + {c * W}')};")
+        prefetches = []
         if prefetch:          # the weight panel PREFETCH_K_STEPS ahead, one prefetch per cache line
             for line in range(0, nvec * W * 4, 64):
-                emit(f"{indent}  _mm_prefetch((const char*)(wk + {prefetch} * NR) + {line}, _MM_HINT_T0);")
+                prefetches.append(f"_mm_prefetch((const char*)(wk + {prefetch} * NR) + {line}, _MM_HINT_T0);")
         if stream_lines:   # and ``stream_lines`` lines of the stretch ``wn`` into L2 every (1 << stream_log2)-th step
             step_line = f"(({kk}) >> stream_log2)"
-            emit(f"{indent}  if (!(({kk}) & ((1 << stream_log2) - 1))) {{  /* the weight stream into L2 */")
+            prefetches.append(f"if (!(({kk}) & ((1 << stream_log2) - 1))) {{  /* the weight stream into L2 */")
             for line in range(stream_lines):
-                emit(f"{indent}    _mm_prefetch((const char*)(wn + {step_line} * {16 * stream_lines}) + {64 * line}, "
-                     f"_MM_HINT_T1);")
-            emit(f"{indent}  }}")
-        for r, row in enumerate(names):
-            x = f"xk[{r} * {x_row_stride}]" if x_row_stride else f"xk[{r}]"
-            emit(f"{indent}  {{ const {vtype} x = {broadcast(x)}; "
-                 + " ".join(f"{a} = {madd('x', f'w{c}', a)};" for c, a in enumerate(row)) + " }")
+                prefetches.append(f"  _mm_prefetch((const char*)(wn + {step_line} * {16 * stream_lines}) + {64 * line}, "
+                                  f"_MM_HINT_T1);")
+            prefetches.append("}")
+        rows = [f"xk[{r} * {x_row_stride}]" if x_row_stride else f"xk[{r}]" for r in range(len(names))]
+        emit_tile_step(emit, names, [load(f"wk + {c * W}") for c in range(nvec)], [broadcast(x) for x in rows],
+                       madd, vtype, isa, indent=indent + "  ", after_loads=tuple(prefetches), live_accumulators=live)
         emit(f"{indent}}}")
 
     if sets == 1:
@@ -1255,18 +1283,18 @@ def _emit_simd_body(emit, g: _Geometry, v: _Vec, epilogue: Epilogue | None, rows
 
     def k_loop(prefetch: int, stream_lines: int) -> None:
         if int8:
-            _emit_k_loop(emit, accs, nvec, W, "q", "kq", "VPDPBUSD loop", "uint32_t", v.type,
+            _emit_k_loop(emit, accs, nvec, W, "q", "kq", "VPDPBUSD loop", "uint32_t", v.type, isa=v.isa,
                          load=v.load, broadcast=v.set1,
                          madd=lambda x, w, acc: f"ts_dpbusd({acc}, {x}, {w})",
                          prefetch=prefetch, stream_lines=stream_lines, indent="    ", **latency)
         elif g.precision == "bf16":
-            _emit_k_loop(emit, accs, nvec, W, "q", "kq", "VDPBF16PS loop", "uint32_t", "__m512bh",
+            _emit_k_loop(emit, accs, nvec, W, "q", "kq", "VDPBF16PS loop", "uint32_t", "__m512bh", isa=v.isa,
                          load=lambda p: f"(__m512bh)_mm512_loadu_si512({p})",
                          broadcast=lambda x: f"(__m512bh)_mm512_set1_epi32((int){x})",
                          madd=lambda x, w, acc: f"_mm512_dpbf16_ps({acc}, {x}, {w})",
                          prefetch=prefetch, stream_lines=stream_lines, indent="    ", **latency)
         else:
-            _emit_k_loop(emit, accs, nvec, W, "k", "kl", "FMA loop", "float", v.type,
+            _emit_k_loop(emit, accs, nvec, W, "k", "kl", "FMA loop", "float", v.type, isa=v.isa,
                          load=v.load, broadcast=v.set1, madd=v.fma, prefetch=prefetch, stream_lines=stream_lines,
                          indent="    ", x_row_stride="K" if g.x_in_place else "", **latency)
 

@@ -22,11 +22,12 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping
 
+from tscomp.codegen.register_operands import VECTOR_REGISTERS
 from tscomp.errors import TscompError
 
-#: floats per SIMD vector, vector registers, per ISA the CPU backend generates
+#: floats per SIMD vector per ISA the CPU backend generates (its vector registers:
+#: tscomp.codegen.register_operands.VECTOR_REGISTERS)
 VECTOR_WIDTH = {"avx512": 16, "avx2": 8, "scalar": 1}
-VECTOR_REGISTERS = {"avx512": 32, "avx2": 16, "scalar": 16}
 
 
 class TargetError(TscompError):
