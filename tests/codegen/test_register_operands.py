@@ -52,3 +52,15 @@ def test_no_avx2_fma_of_a_full_tile_reads_its_operand_from_memory(tile, tmp_path
     assert loops, "no full-tile FMA loop found in the assembly"
     folded = [i for body in loops for i in body if re.match(r"vfmadd231ps\s+-?\d*\(", i)]
     assert not folded, f"FMAs with a memory operand: {folded[:4]}"
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_winograd_tiles_leave_room_to_hold_an_operand(isa, monkeypatch):
+    import tscomp.codegen.cpu_conv_winograd as winograd
+    from tscomp.codegen.tile_config import VECTOR_WIDTH
+    monkeypatch.setattr(winograd, "winograd_applies", lambda analysis: True)
+    analysis = type("Analysis", (), {"OC": 256, "Cg": 256})()
+    (cfg,) = winograd.winograd_configs(isa, analysis)
+    vectors = cfg.mr // VECTOR_WIDTH[isa]
+    assert held_operand(isa, cfg.nr * vectors, vectors, cfg.nr) is not None
+    assert cfg.nr == (6 if isa == "avx2" else 8)     # AVX2: 2 x 7 tiles held neither operand
