@@ -109,7 +109,7 @@ import numpy as np
 
 from tscomp.codegen.build import build_library, host_isa, load_library
 from tscomp.codegen.c_expr import GEMM_KERNEL_NAMES, math_helpers
-from tscomp.codegen.register_operands import BROADCASTS, VECTORS, held_operand, hold
+from tscomp.codegen.register_operands import BROADCASTS, held_operand, hold
 from tscomp.codegen.task_affinity import AFFINITY_C, claim_loop, shares_declaration
 from tscomp.codegen.tile_config import (AMX_K, AMX_ROW_BYTES, AMX_ROWS, AMX_TILE_REGISTERS, BALANCE_TASKS_PER_THREAD,
                                        MAX_ACCUMULATORS, OPERAND_BYTES, VECTOR_WIDTH, TileConfig, TileConfigError,
@@ -1118,33 +1118,28 @@ def emit_fma_step(emit, v: "_Vec", accs: list[list[str]], vectors: list[str], br
 
 
 def emit_tile_step(emit, accs: list[list[str]], loads: list[str], broadcasts: list[str], madd, vtype: str, isa: str,
-                   *, indent: str, after_loads: tuple[str, ...] = (), live_accumulators: int | None = None,
-                   suffix: str = "") -> None:
+                   *, indent: str, after_loads: tuple[str, ...] = (), live_accumulators: int | None = None) -> None:
     """The statements of one k step: ``loads[c]`` (C expressions of the vectors), ``broadcasts[r]``
-    (of the rows' broadcast operands), ``madd(x, w, acc)`` into ``accs[r][c]``. Held vectors (the
-    default) are loaded first, then ``after_loads``, then one broadcast per row; held broadcasts are
-    made first, then each vector is loaded and multiplied into every row. ``live_accumulators``: the
-    accumulator registers live across the step (more than ``accs`` where several accumulator sets
-    interleave); ``suffix`` keeps the locals of interleaved steps apart."""
+    (of the rows' broadcast operands), ``madd(x, w, acc)`` into ``accs[r][c]``. The operand held in
+    registers (:func:`~tscomp.codegen.register_operands.held_operand`; the vectors where neither is)
+    is made first, each in a local of its own, then ``after_loads``; then each element of the other
+    operand in turn, multiplied into its accumulators. ``live_accumulators``: the accumulator
+    registers live across the step (more than ``accs`` where several accumulator sets interleave)."""
     live = sum(map(len, accs)) if live_accumulators is None else live_accumulators
     held = held_operand(isa, live, len(loads), len(broadcasts))
     keep = (lambda name: " " + hold(name)) if held else (lambda name: "")
-    if held == BROADCASTS:
-        for r, x in enumerate(broadcasts):
-            emit(f"{indent}{vtype} x{r}{suffix} = {x};{keep(f'x{r}{suffix}')}")
-        for line in after_loads:
-            emit(indent + line)
-        for c, load in enumerate(loads):
-            emit(f"{indent}{{ {vtype} w = {load};{keep('w')} "
-                 + " ".join(f"{row[c]} = {madd(f'x{r}{suffix}', 'w', row[c])};" for r, row in enumerate(accs)) + " }")
-        return
-    for c, load in enumerate(loads):
-        emit(f"{indent}{vtype} w{c}{suffix} = {load};{keep(f'w{c}{suffix}')}")
+    vectors_first = held != BROADCASTS
+    outer, inner = (loads, broadcasts) if vectors_first else (broadcasts, loads)
+    o, i = ("w", "x") if vectors_first else ("x", "w")
+    for n, value in enumerate(outer):
+        emit(f"{indent}{vtype} {o}{n} = {value};{keep(f'{o}{n}')}")
     for line in after_loads:
         emit(indent + line)
-    for r, row in enumerate(accs):
-        emit(f"{indent}{{ {vtype} x = {broadcasts[r]};{keep('x')} "
-             + " ".join(f"{a} = {madd('x', f'w{c}{suffix}', a)};" for c, a in enumerate(row)) + " }")
+    operands = (lambda n: ("x", f"w{n}")) if vectors_first else (lambda n: (f"x{n}", "w"))    # (x, w) of madd
+    for m, value in enumerate(inner):
+        row = [(accs[m][n] if vectors_first else accs[n][m], *operands(n)) for n in range(len(outer))]
+        emit(f"{indent}{{ {vtype} {i} = {value};{keep(i)} "
+             + " ".join(f"{a} = {madd(x, w, a)};" for a, x, w in row) + " }")
 
 
 #: independent multiply-adds a core needs in flight to hide the FMA latency (latency 4 x up to 2
