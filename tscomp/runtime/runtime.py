@@ -275,7 +275,10 @@ class Runtime:
         Through the host program, as ``run()`` runs (it stamps the clock after every native step),
         unless ``per_group`` or the Python executor: then one Python call per group, on the
         per-shape plan (a group whose input is a view copies it in numpy there, where the host
-        program copies it in parallel C)."""
+        program copies it in parallel C). A profile always runs with the runtime's thread count:
+        it does not take the request path's solo-call decision (:mod:`tscomp.runtime.solo_calls`),
+        so a short shape profiled after a pause charges the OpenMP team's wake-up to its first
+        parallel group, where ``run()`` would have run the call on one thread."""
         binding, in_range = self._bind(inputs)
         if not in_range:
             raise ExecutionError("profile() runs compiled kernels only: the input shape is outside the "
