@@ -19,6 +19,8 @@ configurations, each with its times at the sample shapes, and where they came fr
   never measured; each kept variant carries the model's prediction.
 
 Groups with the same signature (BERT's 12 identical layers) are tuned once and share the result.
+Under a time cap (``TuningOptions.seconds``), the time goes where a request spends it: a probe
+trial per group, then shares by occurrences x probed time (:mod:`tscomp.schedule.time_split`).
 The kept set is *diverse*: greedily, the configuration that most reduces the summed log-loss against
 the best time seen at each sample shape, so each kept variant is the best somewhere in the range.
 """
@@ -38,6 +40,7 @@ from tscomp.runtime.wave import sample_point
 from tscomp.schedule.cold_start import data_key, evict_bytes, refill_seconds, resident
 from tscomp.schedule.samples import group_inputs_at, sample_bindings
 from tscomp.schedule.target import Target
+from tscomp.schedule.time_split import group_weights, share, tuning_order
 
 #: trials per distinct tunable group when no budget is given (the heuristic's ~8 candidates, then
 #: TuRBO); with ~7 distinct GEMM groups in BERT-base that is ~170 builds and measurements
@@ -144,10 +147,11 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
     bindings = sample_bindings(plan)
     objective = "geometric mean over " + ", ".join(
         "{" + ", ".join(f"{k}={v}" for k, v in b.items()) + "}" for b in bindings)
-    out: dict[str, GroupSchedule] = {}
-    tuned: dict[str, GroupSchedule] = {}         # signature -> schedule tuned on its first group
-    tunable = [c for c in choices.values() if c.family is not None and c.family.tunable]
-    distinct = len({_signature(c) for c in tunable})
+    placed: dict[str, GroupSchedule] = {}       # groups with nothing to tune
+    first_of: dict[str, str] = {}               # signature -> the group it is scheduled on
+    by_signature: dict[str, GroupSchedule] = {}
+    searches: dict[str, _GroupSearch] = {}      # signature -> its search, where one runs
+    occurrences: dict[str, int] = {}
     evict = evict_bytes(plan, target)         # weights arrive cold in the private caches: time them so
     cached_data = resident(plan, target) and not evict   # weights stay cached between requests: switches cost
     measurer = None
@@ -155,40 +159,83 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
         for name, choice in choices.items():
             fam = choice.family
             if fam is None:
-                out[name] = GroupSchedule(name, "numpy", "-", "fallback", [ScheduledVariant(None)])
+                placed[name] = GroupSchedule(name, "numpy", "-", "fallback", [ScheduledVariant(None)])
                 continue
             if not fam.tunable:     # nothing to search; a family may still offer several strategies
                 variants = [ScheduledVariant(c) for c in fam.heuristic(choice.analysis, target, options.max_variants)]
-                out[name] = GroupSchedule(name, fam.name, "-", "single", variants) if len(variants) < 2 else \
+                placed[name] = GroupSchedule(name, fam.name, "-", "single", variants) if len(variants) < 2 else \
                     GroupSchedule(name, fam.name, _signature(choice), "heuristic", variants)
                 continue
             sig = _signature(choice)
-            if sig in tuned:
-                first = tuned[sig]
-                shared = GroupSchedule(name, fam.name, sig, first.method, first.variants, first.trials,
-                                       first.space_size, 0.0, shared_with=first.group)
-                out[name] = with_strategies(shared, choice, target)
+            occurrences[sig] = occurrences.get(sig, 0) + 1
+            if sig in first_of:       # scheduled once, on its first group, below
                 continue
+            first_of[sig] = name
             if not options.tune:
-                sched = _heuristic_schedule(choice, sig, target, options.max_variants)
-            else:
-                sched = _from_record(options.records, choice, sig, target, options.max_variants)
-                if sched is None:
-                    if measurer is None:
-                        measurer = _measurer(options, target)
-                    left = None if options.seconds is None else \
-                        max(0.0, options.seconds - (time.perf_counter() - t0))
-                    per_group = None if left is None else left / max(1, distinct - len(tuned))
-                    sched = _tune_group(plan, choice, sig, target, bindings, options, measurer, per_group, log,
-                                        cached_data, evict)
-                    if sched.method == "turbo":       # not a group the spent budget left untuned
-                        _remember(options.records, sched, target, objective)
-            tuned[sig] = sched
-            out[name] = with_strategies(sched, choice, target)
+                by_signature[sig] = _heuristic_schedule(choice, sig, target, options.max_variants)
+                continue
+            recorded = _from_record(options.records, choice, sig, target, options.max_variants)
+            if recorded is not None:
+                by_signature[sig] = recorded
+                continue
+            if measurer is None:
+                measurer = _measurer(options, target)
+            searches[sig] = _GroupSearch(plan, choice, sig, target, bindings, options, measurer, cached_data, evict)
+        _run_searches(searches, occurrences, options, t0, log)
+        for sig, search in searches.items():
+            sched = search.schedule(log)
+            if sched.method == "turbo":       # not a group the spent budget left untuned
+                _remember(options.records, sched, target, objective)
+            by_signature[sig] = sched
     finally:
         if measurer is not None:
             measurer.close()
+    out: dict[str, GroupSchedule] = {}
+    for name, choice in choices.items():      # in Plan order
+        if name in placed:
+            out[name] = placed[name]
+            continue
+        sig = _signature(choice)
+        first = by_signature[sig]
+        sched = first if first_of[sig] == name else \
+            GroupSchedule(name, first.family, sig, first.method, first.variants, first.trials, first.space_size, 0.0,
+                          shared_with=first.group)
+        out[name] = with_strategies(sched, choice, target)
     return Schedules(target, out, objective, time.perf_counter() - t0)
+
+
+#: trials per group in the probe pass of a time-capped compile (:mod:`tscomp.schedule.time_split`)
+PROBE_TRIALS = 1
+
+
+def _run_searches(searches: dict[str, "_GroupSearch"], occurrences: dict[str, int], options: TuningOptions,
+                  t0: float, log) -> None:
+    """Run every group's search within the options' budget. Under a time cap with several groups,
+    the time is split by what each group costs a request (:mod:`tscomp.schedule.time_split`): a
+    probe trial each, then heaviest first, each its share of the time left."""
+    def left() -> float | None:
+        return None if options.seconds is None else max(0.0, options.seconds - (time.perf_counter() - t0))
+
+    if options.seconds is None or len(searches) < 2:
+        for search in searches.values():
+            search.run(options.trials, left())
+        return
+    probe = PROBE_TRIALS if options.trials is None else min(PROBE_TRIALS, options.trials)
+    for search in searches.values():
+        if left() <= 0:
+            break
+        search.run(probe, left())
+    weights = group_weights({s: occurrences[s] for s in searches},
+                            {s: search.best for s, search in searches.items()})
+    order = tuning_order(weights)
+    if log:
+        total = sum(weights.values())
+        log(f"tuning time: {left():.0f}s left after probing {len(searches)} groups in "
+            f"{time.perf_counter() - t0:.0f}s; split by occurrences x probed time, heaviest first: "
+            + ", ".join(f"{searches[s].group} {weights[s] / total:.0%}" for s in order[:6])
+            + (", ..." if len(order) > 6 else ""))
+    for i, sig in enumerate(order):
+        searches[sig].run(options.trials, share(left(), weights[sig], [weights[s] for s in order[i:]]))
 
 
 def _heuristic_schedule(choice, sig: str, target: Target, max_variants: int) -> GroupSchedule:
@@ -287,74 +334,95 @@ class _InlineMeasurer:
         pass
 
 
-def _tune_group(plan: Plan, choice, sig: str, target: Target, bindings, options: TuningOptions, measurer,
-                seconds: float | None, log, cached_data: bool = False, evict: int = 0) -> GroupSchedule:
-    from tscomp.schedule.measure import Workload
-    from tscomp.schedule.tuner import Budget, tune
+class _GroupSearch:
+    """One group's tile search, resumable: :meth:`run` extends it (a later run starts from every
+    trial so far, measured again never), :meth:`schedule` keeps the diverse set of what it found."""
 
-    fam, analysis, group = choice.family, choice.analysis, choice.group
-    space = fam.space(analysis, target)
-    if len(space) == 0:
-        raise ScheduleError(f"group {group.name}: the {fam.name} search space is empty on {target.key()}")
-    rng = np.random.default_rng(options.seed)
-    workload = Workload(sig, [(b, group_inputs_at(plan, group, b, rng)) for b in bindings], evict)
-    per_sample: dict[tuple, list[Sample]] = {}
-    data: dict[tuple, tuple | None] = {}      # the constant data each candidate streams (cached_data only)
-    errors: list[str] = []
-    refusals = 0              # builds the family refused (the group, not the configuration)
+    def __init__(self, plan: Plan, choice, sig: str, target: Target, bindings, options: TuningOptions, measurer,
+                 cached_data: bool = False, evict: int = 0):
+        from tscomp.schedule.measure import Workload
 
-    def objective(point: dict) -> float:
-        nonlocal refusals
+        self.choice, self.sig, self.target, self.options = choice, sig, target, options
+        self.group = choice.group.name
+        self.space = choice.family.space(choice.analysis, target)
+        if len(self.space) == 0:
+            raise ScheduleError(f"group {self.group}: the {choice.family.name} search space is empty on {target.key()}")
+        rng = np.random.default_rng(options.seed)
+        self.bindings = bindings
+        self.workload = Workload(sig, [(b, group_inputs_at(plan, choice.group, b, rng)) for b in bindings], evict)
+        self.measurer, self.cached_data = measurer, cached_data
+        self.per_sample: dict[tuple, list[Sample]] = {}
+        self.data: dict[tuple, tuple | None] = {}      # the constant data each candidate streams (cached_data only)
+        self.errors: list[str] = []
+        self.refusals = 0              # builds the family refused (the group, not the configuration)
+        self.trials: list = []         # every trial so far (tuner.Trial)
+        self.seconds = 0.0
+
+    @property
+    def best(self) -> float:
+        """The best objective so far (inf: none measured)."""
+        return min((t.value for t in self.trials), default=math.inf)
+
+    def objective(self, point: dict) -> float:
+        fam = self.choice.family
         try:
-            cfg = space.config(point)
-            kernel = fam.build(analysis, cfg, target)
+            cfg = self.space.config(point)
+            kernel = fam.build(self.choice.analysis, cfg, self.target)
         except TscompError as exc:          # a build that fails costs one trial
-            errors.append(f"{point}: {exc}")
-            refusals += isinstance(exc, UnsupportedOperatorError)
+            self.errors.append(f"{point}: {exc}")
+            self.refusals += isinstance(exc, UnsupportedOperatorError)
             return math.inf
-        m = measurer.measure(kernel, workload)
+        m = self.measurer.measure(kernel, self.workload)
         if not m.ok:
-            errors.append(f"{point}: {m.error}")
+            self.errors.append(f"{point}: {m.error}")
             return math.inf
-        per_sample[space.key(point)] = [sample_point(kernel, b, t) for b, t in zip(bindings, m.seconds)]
-        if cached_data:
-            data[space.key(point)] = data_key(kernel)
+        self.per_sample[self.space.key(point)] = [sample_point(kernel, b, t) for b, t in zip(self.bindings, m.seconds)]
+        if self.cached_data:
+            self.data[self.space.key(point)] = data_key(kernel)
         return float(np.exp(np.mean(np.log(np.maximum(m.seconds, 1e-9)))))
 
-    t0 = time.perf_counter()
-    budget = Budget(trials=options.trials, seconds=seconds)
-    progress = options.progress
-    if progress is True:
-        progress = True
-    result = tune(space, objective, budget=budget, seed=options.seed, progress=progress)
-    if not result.trials:       # the compile's tuning time was spent before this group's turn
+    def run(self, trials: int | None, seconds: float | None) -> None:
+        """Search on until ``trials`` in all (these included) or ``seconds`` more of wall time."""
+        from tscomp.schedule.tuner import Budget, tune
+
+        t0 = time.perf_counter()
+        known = {self.space.key(t.point): t.value for t in self.trials}
+        result = tune(self.space, self.objective, budget=Budget(trials=trials, seconds=seconds), seed=self.options.seed,
+                      progress=self.options.progress, initial_values=known)
+        self.trials = result.trials
+        self.seconds += time.perf_counter() - t0
+
+    def schedule(self, log) -> GroupSchedule:
+        choice, space, target, options = self.choice, self.space, self.target, self.options
+        fam, group = choice.family, choice.group
+        if not self.trials:       # the compile's tuning time was spent before this group's turn
+            if log:
+                log(f"{group.name} ({fam.name}): no tuning time left; the family's heuristic tiles")
+            return _heuristic_schedule(choice, self.sig, target, options.max_variants)
+        ok = [t for t in self.trials if math.isfinite(t.value) and space.key(t.point) in self.per_sample]
+        if not ok and self.refusals == len(self.trials):
+            # a refusal that surfaces only while the source is generated (DiffLlama's QDQ export reads
+            # the batched GEMM's result through a view no store can follow): the same schedule as an
+            # untuned compile, whose source generation then sends the group to the numpy fallback
+            # with the family's reason (compiler.generate_sources) -- a tuned compile once aborted here
+            if log:
+                log(f"{group.name} ({fam.name}): every candidate refused ({self.errors[0]}); the family's heuristic tiles")
+            return _heuristic_schedule(choice, self.sig, target, options.max_variants)
+        if not ok:
+            raise ScheduleError(f"group {group.name}: every one of {len(self.trials)} candidates failed "
+                                f"({'; '.join(self.errors[:3])})")
+        # a further variant reading other bytes pays for bringing them in (cold_start)
+        switch = [_switch_cost(self.data.get(space.key(t.point)), target) for t in ok] if self.cached_data else None
+        keep = diverse_set([(t.point, self.per_sample[space.key(t.point)], t.value) for t in ok], options.max_variants,
+                           switch=switch)
+        variants = [ScheduledVariant(space.config(p), samples, value) for p, samples, value in keep]
         if log:
-            log(f"{group.name} ({fam.name}): no tuning time left; the family's heuristic tiles")
-        return _heuristic_schedule(choice, sig, target, options.max_variants)
-    ok = [t for t in result.trials if math.isfinite(t.value) and space.key(t.point) in per_sample]
-    if not ok and refusals == len(result.trials):
-        # a refusal that surfaces only while the source is generated (DiffLlama's QDQ export reads
-        # the batched GEMM's result through a view no store can follow): the same schedule as an
-        # untuned compile, whose source generation then sends the group to the numpy fallback
-        # with the family's reason (compiler.generate_sources) -- a tuned compile once aborted here
-        if log:
-            log(f"{group.name} ({fam.name}): every candidate refused ({errors[0]}); the family's heuristic tiles")
-        return _heuristic_schedule(choice, sig, target, options.max_variants)
-    if not ok:
-        raise ScheduleError(f"group {group.name}: every one of {len(result.trials)} candidates failed "
-                            f"({'; '.join(errors[:3])})")
-    # a further variant reading other bytes pays for bringing them in (cold_start)
-    switch = [_switch_cost(data.get(space.key(t.point)), target) for t in ok] if cached_data else None
-    keep = diverse_set([(t.point, per_sample[space.key(t.point)], t.value) for t in ok], options.max_variants,
-                       switch=switch)
-    variants = [ScheduledVariant(space.config(p), samples, value) for p, samples, value in keep]
-    if log:
-        best = keep[0]
-        log(f"{group.name} ({fam.name}, {len(space)} configurations): {len(result.trials)} trials in "
-            f"{time.perf_counter() - t0:.0f}s, best {space.config(best[0]).describe()} "
-            f"{best[2] * 1e6:.0f} us; kept {len(keep)}" + (f"; {len(errors)} failed" if errors else ""))
-    return GroupSchedule(group.name, fam.name, sig, "turbo", variants, len(result.trials), len(space),
-                         time.perf_counter() - t0)
+            best = keep[0]
+            log(f"{group.name} ({fam.name}, {len(space)} configurations): {len(self.trials)} trials in "
+                f"{self.seconds:.0f}s, best {space.config(best[0]).describe()} "
+                f"{best[2] * 1e6:.0f} us; kept {len(keep)}" + (f"; {len(self.errors)} failed" if self.errors else ""))
+        return GroupSchedule(group.name, fam.name, self.sig, "turbo", variants, len(self.trials), len(space),
+                             self.seconds)
 
 
 def _switch_cost(key: tuple[str, int] | None, target: Target) -> tuple[str | None, float]:

@@ -1,0 +1,101 @@
+"""The split of a compile's tuning time among its groups: by occurrences x probed time, heaviest
+first, a floor for the light ones; and the schedule stage's two passes that use it."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tscomp.compiler import compile_model
+from tscomp.schedule import schedules
+from tscomp.schedule.schedules import TuningOptions
+from tscomp.schedule.time_split import FLOOR, group_weights, share, tuning_order
+from tests.schedule.test_schedules import DIMS, two_layer_mlp
+
+
+def test_a_group_weighs_its_occurrences_times_its_probed_time():
+    w = group_weights({"a": 5, "b": 1}, {"a": 2e-3, "b": 4e-3})
+    assert w == pytest.approx({"a": 10e-3, "b": 4e-3})
+
+
+def test_a_group_whose_probe_failed_or_did_not_run_weighs_the_mean_of_the_others():
+    w = group_weights({"a": 1, "b": 1, "c": 2, "d": 1}, {"a": 1e-3, "b": 3e-3, "c": math.inf})
+    assert w["c"] == pytest.approx(2e-3) and w["d"] == pytest.approx(2e-3)
+
+
+def test_with_no_finite_probe_every_group_weighs_its_occurrences():
+    assert group_weights({"a": 3, "b": 1}, {"a": math.inf}) == {"a": 3.0, "b": 1.0}
+
+
+def test_groups_are_tuned_heaviest_first_ties_in_plan_order():
+    assert tuning_order({"a": 1.0, "b": 5.0, "c": 1.0, "d": 2.0}) == ["b", "d", "a", "c"]
+
+
+def test_shares_are_proportional_to_the_weights_and_use_all_the_time():
+    weights = [6.0, 3.0, 1.0]
+    left, got = 100.0, []
+    for i, w in enumerate(weights):
+        s = share(left, w, weights[i:], floor=0.0)
+        got.append(s)
+        left -= s
+    assert got == pytest.approx([60.0, 30.0, 10.0]) and left == pytest.approx(0.0)
+
+
+def test_a_light_group_gets_at_least_the_floor_of_the_mean_weight():
+    weights = [100.0, 0.001]
+    light = share(10.0, 0.001, weights)
+    mean = sum(weights) / 2
+    assert light == pytest.approx(10.0 * FLOOR * mean / (100.0 + FLOOR * mean))
+    assert light > 10.0 * 0.001 / 100.001
+
+
+def test_no_time_left_gives_no_share():
+    assert share(0.0, 1.0, [1.0, 2.0]) == 0.0
+
+
+class _FakeSearch:
+    """A search whose probe 'measures' a given time; records every run's budget and spends all
+    of its time on ``clock`` (a probe: 2 s)."""
+
+    def __init__(self, group, seconds, clock=None):
+        self.group, self.probe_seconds, self.runs, self.trials = group, seconds, [], []
+        self.clock = clock if clock is not None else [0.0]
+
+    @property
+    def best(self):
+        return self.probe_seconds if self.runs else math.inf
+
+    def run(self, trials, seconds):
+        self.runs.append((trials, seconds))
+        self.clock[0] += 2.0 if len(self.runs) == 1 else seconds
+
+
+def test_under_a_time_cap_every_group_is_probed_once_then_split_heaviest_first(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(schedules.time, "perf_counter", lambda: clock[0])
+    searches = {"light": _FakeSearch("g_light", 1e-3, clock), "heavy": _FakeSearch("g_heavy", 4e-3, clock)}
+    options = TuningOptions(tune=True, trials=20, seconds=500.0)
+    lines = []
+    schedules._run_searches(searches, {"light": 1, "heavy": 3}, options, 0.0, lines.append)
+    light, heavy = searches["light"].runs, searches["heavy"].runs
+    assert light[0][0] == heavy[0][0] == schedules.PROBE_TRIALS          # the probes
+    assert light[1][0] == heavy[1][0] == 20                              # then the whole trial cap
+    # weights 12 : 1, the light one lifted to the floor, 1.625: 496 s left after the probes
+    assert heavy[1][1] == pytest.approx(496 * 12 / 13.625) and light[1][1] == pytest.approx(496 * 1.625 / 13.625)
+    assert "g_heavy 92%" in lines[0] and lines[0].index("g_heavy") < lines[0].index("g_light")
+
+
+def test_without_a_time_cap_each_group_runs_its_trials_in_one_pass():
+    searches = {"a": _FakeSearch("g_a", 1e-3), "b": _FakeSearch("g_b", 2e-3)}
+    schedules._run_searches(searches, {"a": 1, "b": 1}, TuningOptions(tune=True, trials=5, seconds=None), 0.0, None)
+    assert searches["a"].runs == [(5, None)] and searches["b"].runs == [(5, None)]
+
+
+def test_a_time_capped_compile_counts_each_probe_within_its_groups_trials(tmp_path):
+    """Two distinct GEMM groups, a trial cap that binds before the time cap: each group ends with
+    exactly the cap's trials (its probe measured once, then counted as known by the second pass)."""
+    path = two_layer_mlp(tmp_path / "mlp.onnx", layers=1)
+    model = compile_model(path, DIMS, tuning=TuningOptions(tune=True, trials=3, seconds=900.0, timeout_s=30,
+                                                           isolate=False))
+    tuned = [s for s in model.schedules.groups.values() if s.method == "turbo"]
+    assert len(tuned) == 2 and all(s.trials == 3 for s in tuned), [(s.group, s.method, s.trials) for s in tuned]
