@@ -50,7 +50,7 @@ def parse_shapes(items: list[str]) -> dict[str, int]:
 
 
 def parse_budget(text: str | None):
-    """``--budget``: ``N`` trials per distinct tunable group, ``Ns``/``Nm`` seconds for the whole
+    """``--budget``: ``N`` trials per distinct tunable group on average, ``Ns``/``Nm`` seconds for the whole
     compile, or both as ``N,Ss``. Returns (trials, seconds) with defaults filled in."""
     from tscomp.schedule.schedules import DEFAULT_SECONDS, DEFAULT_TRIALS
 
@@ -338,7 +338,8 @@ def _add_tuning_flags(p) -> None:
     p.add_argument("--no-tune", action="store_true",
                    help="skip the tile search: the families' hardware-aligned heuristic configurations")
     p.add_argument("--budget", metavar="N|Ns|N,Ss",
-                   help=f"tuning budget: trials per distinct GEMM group and/or seconds for the whole compile "
+                   help=f"tuning budget: trials per distinct tunable group on average and/or seconds for the whole compile "
+                        f"(both split among the groups by occurrences x measured time) "
                         f"(default {DEFAULT_TRIALS},{DEFAULT_SECONDS:.0f}s)")
     p.add_argument("--records", metavar="FILE.json",
                    help="tuning records to reuse and extend (a group tuned before on this target is not tuned again)")

@@ -19,8 +19,8 @@ configurations, each with its times at the sample shapes, and where they came fr
   never measured; each kept variant carries the model's prediction.
 
 Groups with the same signature (BERT's 12 identical layers) are tuned once and share the result.
-Under a time cap (``TuningOptions.seconds``), the time goes where a request spends it: a probe
-trial per group, then shares by occurrences x probed time (:mod:`tscomp.schedule.time_split`).
+The trials and the time go where a request spends its time: a probe trial per group, then
+shares of both by occurrences x probed time (:mod:`tscomp.schedule.time_split`).
 The kept set is *diverse*: greedily, the configuration that most reduces the summed log-loss against
 the best time seen at each sample shape, so each kept variant is the best somewhere in the range.
 """
@@ -42,8 +42,9 @@ from tscomp.schedule.samples import group_inputs_at, sample_bindings
 from tscomp.schedule.target import Target
 from tscomp.schedule.time_split import group_weights, share, tuning_order
 
-#: trials per distinct tunable group when no budget is given (the heuristic's ~8 candidates, then
-#: TuRBO); with ~7 distinct GEMM groups in BERT-base that is ~170 builds and measurements
+#: trials per distinct tunable group on average when no budget is given (the heuristic's ~8
+#: candidates, then TuRBO); with ~7 distinct GEMM groups in BERT-base that is ~170 builds and
+#: measurements
 DEFAULT_TRIALS = 24
 #: wall-clock seconds a compile may spend tuning when no budget is given
 DEFAULT_SECONDS = 420.0
@@ -124,7 +125,9 @@ class Schedules:
 class TuningOptions:
     """How the schedule stage chooses configurations."""
     tune: bool = True
-    trials: int | None = DEFAULT_TRIALS          # per distinct tunable group
+    #: per distinct tunable group on average: the compile's trials are this x its distinct groups,
+    #: split among them as the time is (occurrences x probed time: schedule.time_split)
+    trials: int | None = DEFAULT_TRIALS
     seconds: float | None = DEFAULT_SECONDS      # for the whole compile
     max_variants: int = 4
     records: Any = None                          # a RecordStore to reuse and extend
@@ -204,25 +207,26 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
     return Schedules(target, out, objective, time.perf_counter() - t0)
 
 
-#: trials per group in the probe pass of a time-capped compile (:mod:`tscomp.schedule.time_split`)
+#: trials per group in the probe pass (:mod:`tscomp.schedule.time_split`)
 PROBE_TRIALS = 1
 
 
 def _run_searches(searches: dict[str, "_GroupSearch"], occurrences: dict[str, int], options: TuningOptions,
                   t0: float, log) -> None:
-    """Run every group's search within the options' budget. Under a time cap with several groups,
-    the time is split by what each group costs a request (:mod:`tscomp.schedule.time_split`): a
-    probe trial each, then heaviest first, each its share of the time left."""
+    """Run every group's search within the options' budget: ``options.trials`` per group on
+    average and ``options.seconds`` for all, split by what each group costs a request
+    (:mod:`tscomp.schedule.time_split`): a probe trial each, then heaviest first, each its share
+    of the trials and of the time left."""
     def left() -> float | None:
         return None if options.seconds is None else max(0.0, options.seconds - (time.perf_counter() - t0))
 
-    if options.seconds is None or len(searches) < 2:
+    if len(searches) < 2:
         for search in searches.values():
             search.run(options.trials, left())
         return
     probe = PROBE_TRIALS if options.trials is None else min(PROBE_TRIALS, options.trials)
     for search in searches.values():
-        if left() <= 0:
+        if left() is not None and left() <= 0:
             break
         search.run(probe, left())
     weights = group_weights({s: occurrences[s] for s in searches},
@@ -230,12 +234,19 @@ def _run_searches(searches: dict[str, "_GroupSearch"], occurrences: dict[str, in
     order = tuning_order(weights)
     if log:
         total = sum(weights.values())
-        log(f"tuning time: {left():.0f}s left after probing {len(searches)} groups in "
-            f"{time.perf_counter() - t0:.0f}s; split by occurrences x probed time, heaviest first: "
+        log(f"probed {len(searches)} groups in {time.perf_counter() - t0:.0f}s; their trials and time split by "
+            f"occurrences x probed time, heaviest first: "
             + ", ".join(f"{searches[s].group} {weights[s] / total:.0%}" for s in order[:6])
             + (", ..." if len(order) > 6 else ""))
+    all_trials = None if options.trials is None else options.trials * len(searches)
     for i, sig in enumerate(order):
-        searches[sig].run(options.trials, share(left(), weights[sig], [weights[s] for s in order[i:]]))
+        search, remaining = searches[sig], [weights[s] for s in order[i:]]
+        trials = None
+        if all_trials is not None:
+            unspent = all_trials - sum(len(s.trials) for s in searches.values())
+            trials = len(search.trials) + max(0, round(share(unspent, weights[sig], remaining)))
+        seconds = None if options.seconds is None else share(left(), weights[sig], remaining)
+        search.run(trials, seconds)
 
 
 def _heuristic_schedule(choice, sig: str, target: Target, max_variants: int) -> GroupSchedule:

@@ -1,13 +1,15 @@
-"""How a compile's tuning time is split among its distinct tunable groups.
+"""How a compile's tuning budget -- its trials (``TuningOptions.trials`` per group on average) and
+its time (``TuningOptions.seconds``) -- is split among its distinct tunable groups.
 
 Split evenly, a 1x1 Conv that runs once per request gets the trials of a 3x3 Conv that five
-blocks repeat at twice its multiply-adds: ResNet-50 under tscomp compile's default time cap
-tuned each of its ~25 distinct groups with 7-11 trials, and its 3x3 stride-2 convolutions, tuned
-so, ran 1.13-1.32x onnxruntime's time where 60 trials on one alone reached 1.04-1.12x (forty-fifth
-session). What a request costs is the sum over groups of occurrences x time, so the search time
-goes where that sum is: Ansor's task scheduler (Zheng et al., OSDI 2020, §6) allocates its trials
-by each task's weight (how often the subgraph appears) times its latency, after a first round
-that measures every task once. Here the same in two passes over the groups
+blocks repeat at twice its multiply-adds. ResNet-50 under tscomp compile's default budget: on a
+Zen 3 the time cap tuned each of its ~25 distinct groups with 7-11 trials, and its 3x3 stride-2
+convolutions, tuned so, ran 1.13-1.32x onnxruntime's time where 60 trials on one alone reached
+1.04-1.12x (forty-fifth session); on a Zen 5 every group took its 24 trials in 10-18 s, whatever
+it weighed. What a request costs is the sum over groups of occurrences x time, so the search
+goes where that sum is: Ansor's task scheduler (Zheng et al., OSDI 2020, §6) allocates its
+trials by each task's weight (how often the subgraph appears) times its latency, after a first
+round that measures every task once. Here the same, in two passes over the groups
 (:func:`tscomp.schedule.schedules.schedule_plan`):
 
 1. *probe*: each distinct group's first trial (its family's top hardware-aligned candidate) --
@@ -15,8 +17,9 @@ that measures every task once. Here the same in two passes over the groups
 2. *split*: heaviest first, each group's share of the time left is its weight
    (``occurrences x probed seconds``) over the remaining groups' total, every weight lifted to
    at least :data:`FLOOR` times their mean so a light group still gets its initial population
-   measured. Shares are recomputed after every group, so time one group's trial cap leaves
-   unused flows to the groups after it.
+   measured; the same for the trials not yet spent. Shares are recomputed after every group, so
+   what one group leaves unused (its space exhausted, its trials done before its time) flows to the
+   groups after it.
 """
 from __future__ import annotations
 
