@@ -9,7 +9,7 @@ import pytest
 from tscomp.compiler import compile_model
 from tscomp.schedule import schedules
 from tscomp.schedule.schedules import TuningOptions
-from tscomp.schedule.time_split import FLOOR, group_weights, share, tuning_order
+from tscomp.schedule.time_split import FLOOR, group_weights, lifted, share, tuning_order
 from tests.schedule.test_schedules import DIMS, two_layer_mlp
 
 
@@ -35,18 +35,16 @@ def test_shares_are_proportional_to_the_weights_and_use_all_the_time():
     weights = [6.0, 3.0, 1.0]
     left, got = 100.0, []
     for i, w in enumerate(weights):
-        s = share(left, w, weights[i:], floor=0.0)
+        s = share(left, w, weights[i:])
         got.append(s)
         left -= s
     assert got == pytest.approx([60.0, 30.0, 10.0]) and left == pytest.approx(0.0)
 
 
-def test_a_light_group_gets_at_least_the_floor_of_the_mean_weight():
-    weights = [100.0, 0.001]
-    light = share(10.0, 0.001, weights)
-    mean = sum(weights) / 2
-    assert light == pytest.approx(10.0 * FLOOR * mean / (100.0 + FLOOR * mean))
-    assert light > 10.0 * 0.001 / 100.001
+def test_a_light_group_is_lifted_to_the_floor_of_the_mean_weight_and_a_heavy_one_is_not():
+    w = lifted({"heavy": 100.0, "light": 0.001, "middle": 20.0})
+    mean = (100.0 + 0.001 + 20.0) / 3
+    assert w == pytest.approx({"heavy": 100.0, "light": FLOOR * mean, "middle": 20.0})
 
 
 def test_no_time_left_gives_no_share():
@@ -70,6 +68,9 @@ class _FakeSearch:
         self.trials = [None] * trials
         self.clock[0] += 2.0 if len(self.runs) == 1 else (seconds or 0.0)
 
+    def schedule(self, log):
+        return self.group
+
 
 def test_every_group_is_probed_once_then_the_trials_and_time_are_split_heaviest_first(monkeypatch):
     clock = [0.0]
@@ -77,13 +78,14 @@ def test_every_group_is_probed_once_then_the_trials_and_time_are_split_heaviest_
     searches = {"light": _FakeSearch("g_light", 1e-3, clock), "heavy": _FakeSearch("g_heavy", 4e-3, clock)}
     options = TuningOptions(tune=True, trials=20, seconds=500.0)
     lines = []
-    schedules._run_searches(searches, {"light": 1, "heavy": 3}, options, 0.0, lines.append)
+    done = schedules._run_searches(searches, {"light": 1, "heavy": 3}, options, 0.0, lines.append)
+    assert list(done.items()) == [("heavy", "g_heavy"), ("light", "g_light")]     # each scheduled as it ends
     light, heavy = searches["light"].runs, searches["heavy"].runs
     assert light[0][0] == heavy[0][0] == schedules.PROBE_TRIALS          # the probes
     # weights 12 : 1, the light one lifted to the floor, 1.625: 38 of the 40 trials and 496 s left
     assert heavy[1] == (1 + round(38 * 12 / 13.625), pytest.approx(496 * 12 / 13.625))
     assert light[1] == (40 - heavy[1][0], pytest.approx(496 * 1.625 / 13.625))
-    assert "g_heavy 92%" in lines[0] and lines[0].index("g_heavy") < lines[0].index("g_light")
+    assert "g_heavy 88%" in lines[0] and lines[0].index("g_heavy") < lines[0].index("g_light")
 
 
 def test_without_a_time_cap_the_trials_alone_are_split():

@@ -40,7 +40,7 @@ from tscomp.runtime.wave import sample_point
 from tscomp.schedule.cold_start import data_key, evict_bytes, refill_seconds, resident
 from tscomp.schedule.samples import group_inputs_at, sample_bindings
 from tscomp.schedule.target import Target
-from tscomp.schedule.time_split import group_weights, share, tuning_order
+from tscomp.schedule.time_split import group_weights, lifted, share, tuning_order
 
 #: trials per distinct tunable group on average when no budget is given (the heuristic's ~8
 #: candidates, then TuRBO); with ~7 distinct GEMM groups in BERT-base that is ~170 builds and
@@ -184,9 +184,7 @@ def schedule_plan(plan: Plan, choices: dict, target: Target, options: TuningOpti
             if measurer is None:
                 measurer = _measurer(options, target)
             searches[sig] = _GroupSearch(plan, choice, sig, target, bindings, options, measurer, cached_data, evict)
-        _run_searches(searches, occurrences, options, t0, log)
-        for sig, search in searches.items():
-            sched = search.schedule(log)
+        for sig, sched in _run_searches(searches, occurrences, options, t0, log).items():
             if sched.method == "turbo":       # not a group the spent budget left untuned
                 _remember(options.records, sched, target, objective)
             by_signature[sig] = sched
@@ -212,25 +210,28 @@ PROBE_TRIALS = 1
 
 
 def _run_searches(searches: dict[str, "_GroupSearch"], occurrences: dict[str, int], options: TuningOptions,
-                  t0: float, log) -> None:
+                  t0: float, log) -> dict[str, GroupSchedule]:
     """Run every group's search within the options' budget: ``options.trials`` per group on
     average and ``options.seconds`` for all, split by what each group costs a request
     (:mod:`tscomp.schedule.time_split`): a probe trial each, then heaviest first, each its share
-    of the trials and of the time left."""
+    of the trials and of the time left. Returns signature -> schedule, each made (and logged) as
+    its search ends."""
     def left() -> float | None:
         return None if options.seconds is None else max(0.0, options.seconds - (time.perf_counter() - t0))
 
+    done: dict[str, GroupSchedule] = {}
     if len(searches) < 2:
-        for search in searches.values():
+        for sig, search in searches.items():
             search.run(options.trials, left())
-        return
+            done[sig] = search.schedule(log)
+        return done
     probe = PROBE_TRIALS if options.trials is None else min(PROBE_TRIALS, options.trials)
     for search in searches.values():
         if left() is not None and left() <= 0:
             break
         search.run(probe, left())
-    weights = group_weights({s: occurrences[s] for s in searches},
-                            {s: search.best for s, search in searches.items()})
+    weights = lifted(group_weights({s: occurrences[s] for s in searches},
+                                   {s: search.best for s, search in searches.items()}))
     order = tuning_order(weights)
     if log:
         total = sum(weights.values())
@@ -247,6 +248,8 @@ def _run_searches(searches: dict[str, "_GroupSearch"], occurrences: dict[str, in
             trials = len(search.trials) + max(0, round(share(unspent, weights[sig], remaining)))
         seconds = None if options.seconds is None else share(left(), weights[sig], remaining)
         search.run(trials, seconds)
+        done[sig] = search.schedule(log)
+    return done
 
 
 def _heuristic_schedule(choice, sig: str, target: Target, max_variants: int) -> GroupSchedule:

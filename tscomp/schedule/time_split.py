@@ -16,8 +16,8 @@ round that measures every task once. Here the same, in two passes over the group
    a trial the search would have measured anyway -- measures what the group costs;
 2. *split*: heaviest first, each group's share of the time left is its weight
    (``occurrences x probed seconds``) over the remaining groups' total, every weight lifted to
-   at least :data:`FLOOR` times their mean so a light group still gets its initial population
-   measured; the same for the trials not yet spent. Shares are recomputed after every group, so
+   at least :data:`FLOOR` times the mean of all so a light group still gets its initial
+   population measured; the same for the trials not yet spent. Shares are recomputed after every group, so
    what one group leaves unused (its space exhausted, its trials done before its time) flows to the
    groups after it.
 """
@@ -26,8 +26,9 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
-#: the least share of a group, as a fraction of the remaining groups' mean weight: a light group
-#: still measures a few hardware-aligned candidates and keeps variants for the whole range
+#: the least weight of a group, as a fraction of the groups' mean weight: a light group still
+#: measures a few hardware-aligned candidates (~6 of the default 24 per group on average) and keeps
+#: variants for the whole range
 FLOOR = 0.25
 
 
@@ -49,15 +50,22 @@ def tuning_order(weights: Mapping[str, float]) -> list[str]:
     return sorted(weights, key=lambda s: (-weights[s], rank[s]))
 
 
-def share(seconds_left: float, weight: float, remaining: Sequence[float], floor: float = FLOOR) -> float:
-    """Seconds for a group of ``weight`` out of ``seconds_left``, split over ``remaining`` (the
-    weights of every group still to tune, this one included) in proportion to the weights, each
-    lifted to ``floor`` x their mean."""
-    if seconds_left <= 0 or not remaining:
+def lifted(weights: Mapping[str, float], floor: float = FLOOR) -> dict[str, float]:
+    """Every weight lifted to at least ``floor`` x the mean of all of them (a floor fixed once,
+    so the light groups tuned last keep the share it promised them)."""
+    if not weights:
+        return {}
+    least = floor * sum(weights.values()) / len(weights)
+    return {s: max(w, least) for s, w in weights.items()}
+
+
+def share(left: float, weight: float, remaining: Sequence[float]) -> float:
+    """What a group of ``weight`` gets of ``left`` (seconds or trials) split over ``remaining`` (the
+    weights of every group still to tune, this one included) in proportion to the weights."""
+    total = sum(remaining)
+    if left <= 0 or not remaining:
         return 0.0
-    least = floor * sum(remaining) / len(remaining)
-    total = sum(max(w, least) for w in remaining)
-    return seconds_left if total <= 0 else seconds_left * max(weight, least) / total
+    return left if total <= 0 else left * weight / total
 
 
-__all__ = ["FLOOR", "group_weights", "share", "tuning_order"]
+__all__ = ["FLOOR", "group_weights", "lifted", "share", "tuning_order"]
