@@ -339,7 +339,7 @@ def _add_tuning_flags(p) -> None:
                    help="skip the tile search: the families' hardware-aligned heuristic configurations")
     p.add_argument("--budget", metavar="N|Ns|N,Ss",
                    help=f"tuning budget: trials per distinct tunable group on average and/or seconds for the whole compile "
-                        f"(both split among the groups by occurrences x measured time) "
+                        f"(both split among the groups by their measured share of a request's time) "
                         f"(default {DEFAULT_TRIALS},{DEFAULT_SECONDS:.0f}s)")
     p.add_argument("--records", metavar="FILE.json",
                    help="tuning records to reuse and extend (a group tuned before on this target is not tuned again)")

@@ -13,18 +13,26 @@ from tscomp.schedule.time_split import FLOOR, group_weights, lifted, share, tuni
 from tests.schedule.test_schedules import DIMS, two_layer_mlp
 
 
-def test_a_group_weighs_its_occurrences_times_its_probed_time():
-    w = group_weights({"a": 5, "b": 1}, {"a": 2e-3, "b": 4e-3})
-    assert w == pytest.approx({"a": 10e-3, "b": 4e-3})
+def test_a_group_weighs_its_share_of_the_request_time_averaged_over_the_sample_shapes():
+    # a: 5 occurrences of 1 ms at both shapes; b: once, 1 ms at the short shape and 15 ms at the long
+    w = group_weights({"a": 5, "b": 1}, {"a": [1e-3, 1e-3], "b": [1e-3, 15e-3]})
+    assert w == pytest.approx({"a": (5 / 6 + 5 / 20) / 2, "b": (1 / 6 + 15 / 20) / 2})
+
+
+def test_the_weights_of_all_groups_sum_to_one_request():
+    w = group_weights({"a": 2, "b": 1, "c": 3}, {"a": [1e-3, 4e-3, 9e-3], "b": [5e-3, 1e-3, 2e-3],
+                                                 "c": [1e-4, 1e-2, 3e-3]})
+    assert sum(w.values()) == pytest.approx(1.0)
 
 
 def test_a_group_whose_probe_failed_or_did_not_run_weighs_the_mean_of_the_others():
-    w = group_weights({"a": 1, "b": 1, "c": 2, "d": 1}, {"a": 1e-3, "b": 3e-3, "c": math.inf})
-    assert w["c"] == pytest.approx(2e-3) and w["d"] == pytest.approx(2e-3)
+    w = group_weights({"a": 1, "b": 1, "c": 2, "d": 1}, {"a": [1e-3], "b": [3e-3], "c": [math.inf], "d": None})
+    assert w["a"] == pytest.approx(0.25) and w["b"] == pytest.approx(0.75)
+    assert w["c"] == pytest.approx(0.5) and w["d"] == pytest.approx(0.5)
 
 
 def test_with_no_finite_probe_every_group_weighs_its_occurrences():
-    assert group_weights({"a": 3, "b": 1}, {"a": math.inf}) == {"a": 3.0, "b": 1.0}
+    assert group_weights({"a": 3, "b": 1}, {"a": [math.inf], "b": None}) == {"a": 3.0, "b": 1.0}
 
 
 def test_groups_are_tuned_heaviest_first_ties_in_plan_order():
@@ -52,16 +60,16 @@ def test_no_time_left_gives_no_share():
 
 
 class _FakeSearch:
-    """A search whose probe 'measures' a given time; records every run's budget and spends all
-    of its time on ``clock`` (a probe: 2 s)."""
+    """A search whose probe 'measures' a given time at its one sample shape; records every run's
+    budget and spends all of its time on ``clock`` (a probe: 2 s)."""
 
     def __init__(self, group, seconds, clock=None):
         self.group, self.probe_seconds, self.runs, self.trials = group, seconds, [], []
         self.clock = clock if clock is not None else [0.0]
 
     @property
-    def best(self):
-        return self.probe_seconds if self.runs else math.inf
+    def best_sample_seconds(self):
+        return [self.probe_seconds] if self.runs else None
 
     def run(self, trials, seconds):
         self.runs.append((trials, seconds))

@@ -20,7 +20,7 @@ configurations, each with its times at the sample shapes, and where they came fr
 
 Groups with the same signature (BERT's 12 identical layers) are tuned once and share the result.
 The trials and the time go where a request spends its time: a probe trial per group, then
-shares of both by occurrences x probed time (:mod:`tscomp.schedule.time_split`).
+shares of both by each group's probed share of a request's time (:mod:`tscomp.schedule.time_split`).
 The kept set is *diverse*: greedily, the configuration that most reduces the summed log-loss against
 the best time seen at each sample shape, so each kept variant is the best somewhere in the range.
 """
@@ -126,7 +126,7 @@ class TuningOptions:
     """How the schedule stage chooses configurations."""
     tune: bool = True
     #: per distinct tunable group on average: the compile's trials are this x its distinct groups,
-    #: split among them as the time is (occurrences x probed time: schedule.time_split)
+    #: split among them as the time is (by each group's probed share of a request's time: schedule.time_split)
     trials: int | None = DEFAULT_TRIALS
     seconds: float | None = DEFAULT_SECONDS      # for the whole compile
     max_variants: int = 4
@@ -231,12 +231,12 @@ def _run_searches(searches: dict[str, "_GroupSearch"], occurrences: dict[str, in
             break
         search.run(probe, left())
     weights = lifted(group_weights({s: occurrences[s] for s in searches},
-                                   {s: search.best for s, search in searches.items()}))
+                                   {s: search.best_sample_seconds for s, search in searches.items()}))
     order = tuning_order(weights)
     if log:
         total = sum(weights.values())
         log(f"probed {len(searches)} groups in {time.perf_counter() - t0:.0f}s; their trials and time split by "
-            f"occurrences x probed time, heaviest first: "
+            f"each one's share of a request's time, heaviest first: "
             + ", ".join(f"{searches[s].group} {weights[s] / total:.0%}" for s in order[:6])
             + (", ..." if len(order) > 6 else ""))
     all_trials = None if options.trials is None else options.trials * len(searches)
@@ -373,9 +373,13 @@ class _GroupSearch:
         self.seconds = 0.0
 
     @property
-    def best(self) -> float:
-        """The best objective so far (inf: none measured)."""
-        return min((t.value for t in self.trials), default=math.inf)
+    def best_sample_seconds(self) -> list[float] | None:
+        """The best trial's seconds at each sample shape (None: none measured)."""
+        ok = [t for t in self.trials if math.isfinite(t.value) and self.space.key(t.point) in self.per_sample]
+        if not ok:
+            return None
+        best = min(ok, key=lambda t: t.value)
+        return [s[2] for s in self.per_sample[self.space.key(best.point)]]
 
     def objective(self, point: dict) -> float:
         fam = self.choice.family

@@ -13,9 +13,11 @@ round that measures every task once. Here the same, in two passes over the group
 (:func:`tscomp.schedule.schedules.schedule_plan`):
 
 1. *probe*: each distinct group's first trial (its family's top hardware-aligned candidate) --
-   a trial the search would have measured anyway -- measures what the group costs;
-2. *split*: heaviest first, each group's share of the time left is its weight
-   (``occurrences x probed seconds``) over the remaining groups' total, every weight lifted to
+   a trial the search would have measured anyway -- measures what the group costs at each
+   sample shape;
+2. *split*: heaviest first, each group's share of the time left is its weight (its share of a
+   request's time, ``occurrences x seconds`` over all groups', averaged over the sample shapes:
+   :func:`group_weights`) over the remaining groups' total, every weight lifted to
    at least :data:`FLOOR` times the mean of all so a light group still gets its initial
    population measured; the same for the trials not yet spent. Shares are recomputed after every group, so
    what one group leaves unused (its space exhausted, its trials done before its time) flows to the
@@ -23,8 +25,9 @@ round that measures every task once. Here the same, in two passes over the group
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping, Sequence
+
+import numpy as np
 
 #: the least weight of a group, as a fraction of the groups' mean weight: a light group still
 #: measures a few hardware-aligned candidates (~6 of the default 24 per group on average) and keeps
@@ -32,14 +35,21 @@ from typing import Mapping, Sequence
 FLOOR = 0.25
 
 
-def group_weights(occurrences: Mapping[str, int], probed_seconds: Mapping[str, float]) -> dict[str, float]:
-    """Signature -> occurrences x probed seconds per call. A group whose probe failed or was not run
-    (no finite time) weighs the mean of the others (an even share); with no finite probe at all,
-    every group weighs its occurrences."""
-    known = {s: occurrences[s] * t for s, t in probed_seconds.items()
-             if s in occurrences and math.isfinite(t) and t > 0}
-    if not known:
+def group_weights(occurrences: Mapping[str, int],
+                  probed: Mapping[str, Sequence[float] | None]) -> dict[str, float]:
+    """Signature -> the group's share of a request's time, averaged over the sample shapes:
+    ``occurrences x t_g(s) / T(s)`` with ``t_g(s)`` its probe's seconds at sample shape ``s`` and
+    ``T(s)`` the sum of that over every probed group. The tuning objective is a geometric mean over
+    the shapes, and this is how much the model's geometric-mean time moves when the group's does
+    (a share, so a long shape's seconds do not drown a short one's -- nor the attention's quadratic
+    growth its weight). A group whose probe failed or did not run weighs the mean of the others
+    (an even share); with no finite probe at all, every group weighs its occurrences."""
+    times = {s: np.asarray(t, float) for s, t in probed.items()
+             if s in occurrences and t is not None and len(t) and np.all(np.isfinite(t)) and np.all(np.asarray(t) > 0)}
+    if not times or len({len(t) for t in times.values()}) != 1:
         return {s: float(n) for s, n in occurrences.items()}
+    total = sum(occurrences[s] * t for s, t in times.items())
+    known = {s: float(np.mean(occurrences[s] * t / total)) for s, t in times.items()}
     mean = sum(known.values()) / len(known)
     return {s: known.get(s, mean) for s in occurrences}
 
