@@ -1,5 +1,6 @@
-"""The split of a compile's tuning time among its groups: by occurrences x probed time, heaviest
-first, a floor for the light ones; and the schedule stage's two passes that use it."""
+"""The split of a compile's tuning budget among its groups: by each group's probed share of a
+request's time, heaviest first, a floor for the light ones; and the schedule stage's two passes
+that use it."""
 from __future__ import annotations
 
 import math
