@@ -372,10 +372,14 @@ class _GroupSearch:
         self.trials: list = []         # every trial so far (tuner.Trial)
         self.seconds = 0.0
 
+    def measured(self) -> list:
+        """The trials so far that were measured at every sample shape (not failed)."""
+        return [t for t in self.trials if math.isfinite(t.value) and self.space.key(t.point) in self.per_sample]
+
     @property
     def best_sample_seconds(self) -> list[float] | None:
         """The best trial's seconds at each sample shape (None: none measured)."""
-        ok = [t for t in self.trials if math.isfinite(t.value) and self.space.key(t.point) in self.per_sample]
+        ok = self.measured()
         if not ok:
             return None
         best = min(ok, key=lambda t: t.value)
@@ -417,7 +421,7 @@ class _GroupSearch:
             if log:
                 log(f"{group.name} ({fam.name}): no tuning time left; the family's heuristic tiles")
             return _heuristic_schedule(choice, self.sig, target, options.max_variants)
-        ok = [t for t in self.trials if math.isfinite(t.value) and space.key(t.point) in self.per_sample]
+        ok = self.measured()
         if not ok and self.refusals == len(self.trials):
             # a refusal that surfaces only while the source is generated (DiffLlama's QDQ export reads
             # the batched GEMM's result through a view no store can follow): the same schedule as an

@@ -44,8 +44,8 @@ def group_weights(occurrences: Mapping[str, int],
     (a share, so a long shape's seconds do not drown a short one's -- nor the attention's quadratic
     growth its weight). A group whose probe failed or did not run weighs the mean of the others
     (an even share); with no finite probe at all, every group weighs its occurrences."""
-    times = {s: np.asarray(t, float) for s, t in probed.items()
-             if s in occurrences and t is not None and len(t) and np.all(np.isfinite(t)) and np.all(np.asarray(t) > 0)}
+    arrays = {s: np.asarray(t, float) for s, t in probed.items() if s in occurrences and t is not None}
+    times = {s: t for s, t in arrays.items() if t.size and np.all(np.isfinite(t)) and np.all(t > 0)}
     if not times or len({len(t) for t in times.values()}) != 1:
         return {s: float(n) for s, n in occurrences.items()}
     total = sum(occurrences[s] * t for s, t in times.items())
@@ -55,9 +55,9 @@ def group_weights(occurrences: Mapping[str, int],
 
 
 def tuning_order(weights: Mapping[str, float]) -> list[str]:
-    """Heaviest first (ties in the given order), so the time a finished group leaves flows on."""
-    rank = {s: i for i, s in enumerate(weights)}
-    return sorted(weights, key=lambda s: (-weights[s], rank[s]))
+    """Heaviest first (ties in the given order: the sort is stable), so the time a finished group
+    leaves flows on."""
+    return sorted(weights, key=lambda s: -weights[s])
 
 
 def lifted(weights: Mapping[str, float], floor: float = FLOOR) -> dict[str, float]:
