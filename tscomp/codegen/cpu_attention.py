@@ -58,6 +58,7 @@ from tscomp.codegen.cpu_gemm import BF16_ROW_C, ISA_RANK, _emit_amx_setup, _Vec,
 from tscomp.codegen.kernel import NativeArg, NativeCall
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
 from tscomp.codegen.tile_config import MAX_ACCUMULATORS, VECTOR_WIDTH, TileConfig, TileConfigError
+from tscomp.codegen.workspace import WORKSPACE_C, carve_c
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, walk
 from tscomp.graph.fusion.plan import Group, Plan
@@ -441,6 +442,7 @@ class CompiledAttention(AttentionAnalysis, PicklableKernel):
                  f"#define TS_PV_KEYS {pv_slice_keys(DVP)}   /* keys per P·V pass over the row tiles: their V in L1 */\n")
         L.append("static inline int64_t ts_min64(int64_t a, int64_t b) { return a < b ? a : b; }\n")
         L.append(SPLITS_C)
+        L.append(WORKSPACE_C)
         L.extend(gen.statics)
         if amx:
             setup: list[str] = []
@@ -466,12 +468,7 @@ void {self.func}({', '.join(params)})
     const int64_t ts_n_kb = (ts_N + TS_NJ - 1) / TS_NJ;
     #pragma omp parallel if (ts_n_tasks > 1 && ts_NB * ts_M * (ts_N + 1) * (TS_DK + TS_DV) > 65536)
     {{{pack.setup}
-        float* ts_q = (float*)aligned_alloc(64, sizeof(float) * TS_MB * TS_DK);
-        {pack.elem}* ts_kt = ({pack.elem}*)aligned_alloc(64, sizeof({pack.elem}) * (ts_n_kb > 0 ? ts_n_kb : 1) * TS_NJ * TS_DKP{pack.k_div});
-        {pack.elem16}* ts_v = ({pack.elem16}*)aligned_alloc(64, sizeof({pack.elem16}) * (ts_n_kb > 0 ? ts_n_kb : 1) * TS_NJ * TS_DVP);
-        float* ts_s = (float*)aligned_alloc(64, sizeof(float) * TS_MB * TS_NC);
-        float* ts_o = (float*)aligned_alloc(64, sizeof(float) * TS_MB * TS_DVP);
-        float ts_mx[TS_MB], ts_l[TS_MB];
+{carve_c(pack.buffers())}        float ts_mx[TS_MB], ts_l[TS_MB];
         #pragma omp for schedule(dynamic, 1)
         for (int64_t ts_t = 0; ts_t < ts_n_tasks; ++ts_t) {{
             const int64_t ts_b = ts_t / ts_splits, ts_qb0 = (ts_t % ts_splits) * ts_run;
@@ -559,8 +556,7 @@ void {self.func}({', '.join(params)})
             }}
             }}
         }}
-        free(ts_q); free(ts_kt); free(ts_v); free(ts_s); free(ts_o);{pack.teardown}
-    }}
+{pack.teardown}    }}
 }}
 """
         L.append(math_helpers(body + exp_row))       # ts_expf (and what the epilogues call) before use
@@ -682,11 +678,20 @@ class _Fp32Packing:
     """The fp32 kernel's operand layouts: Kᵀ in k-major blocks of T_Nb keys, V row-major, P·V on the
     S block (the pieces of :meth:`CompiledAttention._generate` that differ from the AMX kernel's)."""
     setup = teardown = q_convert = k_div = ""
+    fixed_extra: tuple = ()
     elem = elem16 = "float"
     q = "ts_q"
 
     def __init__(self, F, ind):
         self.F, self.ind = F, ind
+
+    def buffers(self) -> list[tuple[str, str, str]]:
+        """A task's buffers (C type, name, elements): the fixed-size ones first, then the packed keys
+        and values, whose size follows the number of keys (:func:`tscomp.codegen.workspace.carve_c`)."""
+        keys = "(ts_n_kb > 0 ? ts_n_kb : 1) * TS_NJ"
+        return [("float", "ts_q", "TS_MB * TS_DK"), ("float", "ts_s", "TS_MB * TS_NC"), ("float", "ts_o", "TS_MB * TS_DVP"),
+                *self.fixed_extra, (self.elem, "ts_kt", f"{keys} * TS_DKP{self.k_div}"),
+                (self.elem16, "ts_v", f"{keys} * TS_DVP")]
 
     def keys(self) -> str:
         F, ind = self.F, self.ind
@@ -735,11 +740,10 @@ class _AmxPacking(_Fp32Packing):
     softmax and everything around it stays fp32."""
     elem, elem16, k_div, q = "uint32_t", "uint16_t", " / 2", "ts_q16"
     setup = """
-        amx_configure();   /* this thread's tile registers */
-        uint16_t* ts_q16 = (uint16_t*)aligned_alloc(64, sizeof(uint16_t) * TS_MB * TS_DKP);
-        uint16_t* ts_p16 = (uint16_t*)aligned_alloc(64, sizeof(uint16_t) * TS_MB * TS_NC);"""
-    teardown = """ free(ts_q16); free(ts_p16);
-        _tile_release();"""
+        amx_configure();   /* this thread's tile registers */"""
+    teardown = """        _tile_release();
+"""
+    fixed_extra = (("uint16_t", "ts_q16", "TS_MB * TS_DKP"), ("uint16_t", "ts_p16", "TS_MB * TS_NC"))
     q_convert = """
             for (int64_t ts_r = 0; ts_r < ts_mvp; ++ts_r)    /* Q rows as bf16 A tiles, depth padded with 0 */
                 ts_bf16_row(ts_q + ts_r * TS_DK, ts_q16 + ts_r * TS_DKP, TS_DK, TS_DKP);"""

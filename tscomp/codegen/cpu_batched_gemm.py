@@ -63,6 +63,7 @@ from tscomp.codegen.native import (PicklableKernel, binding_key, gemm_parts, ref
 from tscomp.codegen.cpu_groups import GroupGenerator, _Block
 from tscomp.codegen.tile_config import (VECTOR_WIDTH, CacheSizes, TileConfig, TileConfigError,
                                         host_caches)
+from tscomp.codegen.workspace import WORKSPACE_C, carve_c
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Expr, Input, Op, View, walk
 from tscomp.graph.fusion.plan import Group, Plan
@@ -417,6 +418,7 @@ class CompiledBatchedGemmGroup(BatchedGemmAnalysis, PicklableKernel):
         emit(f"#define TS_MR {cfg.mr}\n#define TS_NR {cfg.nr}\n#define TS_MC {cfg.mc}\n"
              f"#define TS_NC {cfg.nc}\n#define TS_KC {cfg.kc}\n")
         emit("static inline int64_t ts_min64(int64_t a, int64_t b) { return a < b ? a : b; }\n")
+        emit(WORKSPACE_C)
         for s in gen.statics:
             emit(s)
         _emit_micro_kernel(emit, cfg, isa)
@@ -498,10 +500,8 @@ void {self.func}({', '.join(params)})
     const int ts_chunk = (int)(ts_chunk_cap < 1 ? 1 : ts_chunk_cap < ts_n_mb ? ts_chunk_cap : ts_n_mb);
     #pragma omp parallel if (ts_n_tasks > 1 && ts_NB * ts_M * ts_N * (ts_K + 1) > 65536)
     {{
-        /* per-thread workspaces (sizes rounded up to the 64-byte alignment, as C11 asks) */
-        float* ts_apack = (float*)aligned_alloc(64, (sizeof(float) * TS_MC * ts_kalloc + 63) / 64 * 64);
-        float* ts_bpack = (float*)aligned_alloc(64, (sizeof(float) * TS_NC * ts_kalloc + 63) / 64 * 64);
-        float* ts_cbuf = ts_n_kb > 1 ? (float*)aligned_alloc(64, sizeof(float) * TS_MC * TS_NC) : NULL;
+{carve_c([("float", "ts_cbuf", "ts_n_kb > 1 ? TS_MC * TS_NC : 0"), ("float", "ts_apack", "TS_MC * ts_kalloc"),
+          ("float", "ts_bpack", "TS_NC * ts_kalloc")])}        if (ts_n_kb <= 1) ts_cbuf = NULL;   /* one K step: tiles go to the output from the register tile */
         float ts_tile[TS_MR * TS_NR] __attribute__((aligned(64)));
         int64_t ts_held = -1;   /* the (batch, N block) whose B panels ts_bpack holds */
         #pragma omp for schedule(dynamic, ts_chunk)
@@ -539,9 +539,6 @@ void {self.func}({', '.join(params)})
                 }}
             }}
         }}
-        free(ts_apack);
-        free(ts_bpack);
-        free(ts_cbuf);
     }}
 }}
 """)

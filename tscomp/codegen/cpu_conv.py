@@ -85,6 +85,7 @@ from tscomp.codegen.native import (PicklableKernel, backbone_op, binding_key, fi
                                    refusals_name_group, sha256_text, structural_signature)
 from tscomp.codegen.tile_config import (BALANCE_TASKS_PER_THREAD, MAX_ACCUMULATORS, VECTOR_WIDTH, CacheSizes, TileConfig,
                                         TileConfigError, evened_count, host_caches)
+from tscomp.codegen.workspace import WORKSPACE_C, thread_workspace_c
 from tscomp.codegen.cpu_conv_winograd import DOMAIN, WinogradConfig, tile_grid, transformed_weight, winograd_source
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Const, Expr, Input, Op, View, walk
@@ -183,31 +184,9 @@ MACROS = ("C_IN", "CG", "OCG", "G", "OC", "KH", "KW", "SH", "SW", "DH", "DW", "K
 _MACRO_RE = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
 
 
-#: per-thread scratch kept across calls (grown when a call needs more): a call allocates nothing, so
-#: small shapes do not pay for a fresh mmap and its page faults every time. A weak symbol: every
-#: Conv/pool kernel linked into one library shares one buffer per thread (groups run one at a time),
-#: so the memory held is the largest single need, not the sum over kernels
-def _workspace_c(function: str) -> str:
-    """C of ``float* <function>(size_t floats)``: the calling thread's buffer of at least that many
-    floats (NULL where it cannot be had)."""
-    return f"""\
-__attribute__((weak)) float* {function}(size_t floats)
-{{
-    static __thread float* buf = NULL;
-    static __thread size_t cap = 0;
-    if (floats > cap) {{
-        free(buf);
-        buf = (float*)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        cap = buf ? floats : 0;
-    }}
-    return buf;
-}}
-"""
-
-
-WORKSPACE_C = _workspace_c("tscomp_thread_workspace")
-#: a second per-thread buffer, for the phase planes a Conv task gathers from (beside its packed block)
-PHASE_WORKSPACE_C = _workspace_c("tscomp_phase_workspace")
+#: a second per-thread buffer (:mod:`tscomp.codegen.workspace`), for the phase planes a Conv task
+#: gathers from (beside its packed block, which is in the shared one)
+PHASE_WORKSPACE_C = thread_workspace_c("tscomp_phase_workspace")
 
 
 def phase_planes_pay(geo) -> bool:

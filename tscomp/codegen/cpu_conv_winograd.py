@@ -33,6 +33,7 @@ import numpy as np
 
 from tscomp.codegen.register_operands import held_operand
 from tscomp.codegen.tile_config import MAX_ACCUMULATORS, VECTOR_WIDTH, TileConfigError
+from tscomp.codegen.workspace import WORKSPACE_C, thread_workspace_c
 
 #: the transforms of F(2x2, 3x3): input Bᵀ (4x4), filter G (4x3), output Aᵀ (2x4)
 BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
@@ -255,8 +256,8 @@ static void output_transform(const float* restrict m, int64_t lde, int64_t TW, i
 
 def winograd_source(analysis, cfg: WinogradConfig, isa: str) -> str:
     """The source step of the Winograd strategy (pure): C text of its macro-kernel."""
-    from tscomp.codegen.cpu_conv import (PRELUDE, WORKSPACE_C, _emit_micro_kernel, _epi_params, _prologue_call,
-                                         _runtime_params, _workspace_c, c_defines, conv_func_name, ts_macros)
+    from tscomp.codegen.cpu_conv import (PRELUDE, _emit_micro_kernel, _epi_params, _prologue_call, _runtime_params,
+                                         c_defines, conv_func_name, ts_macros)
 
     a = analysis
     if not winograd_applies(a):
@@ -271,7 +272,7 @@ def winograd_source(analysis, cfg: WinogradConfig, isa: str) -> str:
                               N_OCP=-(-a.OC // cfg.mr), V_FLOATS=V_FLOATS),
                     "static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }",
                     "static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }",
-                    WORKSPACE_C, _workspace_c("tscomp_winograd_workspace"), a.math, a.statics or "",
+                    WORKSPACE_C, thread_workspace_c("tscomp_winograd_workspace"), a.math, a.statics or "",
                     a.epilogue_c, a.prologue_c, ts_macros(_transform_c())]
     _emit_micro_kernel(lambda text: L.append(ts_macros(text)), isa, cfg.mr, cfg.nr, column_vectors=False,
                        position_major=True)

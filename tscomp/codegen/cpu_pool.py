@@ -31,11 +31,12 @@ import sympy
 
 from tscomp.codegen.build import build_library, load_library
 from tscomp.codegen.c_expr import PRELUDE, c_symbol_name, delinearize, math_helpers
-from tscomp.codegen.cpu_conv import (INPUT_C_TYPES, WORKSPACE_C, Geometry2D, c_defines, output_buffers, param_of,
-                                     strip_views, ts_macros, window_of)
+from tscomp.codegen.cpu_conv import (INPUT_C_TYPES, Geometry2D, c_defines, output_buffers, param_of, strip_views,
+                                     ts_macros, window_of)
 from tscomp.codegen.cpu_groups import PARALLEL_MIN_ELEMENTS, GroupGenerator, _Block
 from tscomp.codegen.kernel import NativeArg, NativeCall, args_by_role
 from tscomp.codegen.native import PicklableKernel, binding_key, refusals_name_group, sha256_text, structural_signature
+from tscomp.codegen.workspace import WORKSPACE_C
 from tscomp.errors import ExecutionError, UnsupportedOperatorError
 from tscomp.graph.fusion.expr import Input, Op, walk
 from tscomp.graph.fusion.plan import Group, Plan
