@@ -57,3 +57,52 @@ def test_every_task_runs_exactly_once_for_any_team_and_task_count(claim_all, max
     finally:
         set_num_threads(before)
 
+
+
+_BLOCKS_SOURCE = f"""#include <stdint.h>
+#include <omp.h>
+{AFFINITY_C}
+/* mb[t], nb[t] of every task t */
+void task_blocks(int64_t n_tasks, int64_t nth, int64_t n_nblocks, int64_t *mb, int64_t *nb)
+{{
+    for (int64_t t = 0; t < n_tasks; ++t) ts_task_blocks(t, nth, n_nblocks, &mb[t], &nb[t]);
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def task_blocks():
+    fn = load_library(build_library(_BLOCKS_SOURCE, "test_task_blocks")).task_blocks
+    fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+
+    def run(n_mblocks: int, n_nblocks: int, nth: int):
+        n = n_mblocks * n_nblocks
+        mb, nb = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+        fn(n, nth, n_nblocks, mb.ctypes.data, nb.ctypes.data)
+        return mb, nb
+    return run
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3, 4])
+def test_task_blocks_cover_every_row_and_column_block_once(task_blocks, nth):
+    for n_mblocks in (1, 2, 3, 7):
+        for n_nblocks in (1, 2, 3, 4, 6, 8, 12):
+            mb, nb = task_blocks(n_mblocks, n_nblocks, nth)
+            pairs = set(zip(mb.tolist(), nb.tolist()))
+            assert pairs == {(m, n) for m in range(n_mblocks) for n in range(n_nblocks)}, (nth, n_mblocks, n_nblocks)
+
+
+@pytest.mark.parametrize("nth", [2, 3, 4])
+def test_a_thread_owns_the_same_columns_whatever_the_block_width_and_row_blocks(task_blocks, nth):
+    """Thread i (the owner of tasks t % nth == i) computes the i-th contiguous 1/nth of the columns
+    whenever the N blocks divide among the threads: a variant with narrower blocks, or more row
+    blocks, reads the same weight columns on the same core."""
+    columns = 24 * nth       # in units of the narrowest block
+    for n_nblocks in (nth, 2 * nth, 3 * nth, 6 * nth):
+        width = columns // n_nblocks
+        for n_mblocks in (1, 2, 5):
+            _, nb = task_blocks(n_mblocks, n_nblocks, nth)
+            for i in range(nth):
+                owned = {c for t in range(i, len(nb), nth) for c in range(nb[t] * width, (nb[t] + 1) * width)}
+                share = columns // nth
+                assert owned == set(range(i * share, (i + 1) * share)), (nth, n_nblocks, n_mblocks, i)

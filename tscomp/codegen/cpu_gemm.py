@@ -9,7 +9,10 @@ Tiling (TSCompiler §5.1, see :mod:`tscomp.codegen.tile_config`): one OpenMP tas
 numbered N block innermost and claimed affinity-first (:mod:`tscomp.codegen.task_affinity`): a
 thread computes the same weight columns at every M (where the N blocks are a multiple of the
 threads, as the run-time split at small M makes them), so its panels stay in its core's L2 from
-one request to the next, whatever their lengths. Per
+one request to the next, whatever their lengths -- and whatever ``nc`` is: thread i's N blocks
+are the i-th contiguous 1/nth of them, so the variants the runtime switches between at different
+M (nc = 128 at L = 64, a run-time half of N at L = 1) leave each core the columns the next one
+reads. Per
 step, for every ``nr``-column weight panel and every ``mr``-row panel of X it runs the
 micro-kernel: an ``mr × nr`` tile of accumulators in SIMD registers (⟨T_Mi, T_Ni⟩) updated with
 broadcast-FMA over ``kc``. The fp32 SIMD kernels broadcast X's elements from X itself (``mr``
@@ -1487,15 +1490,16 @@ void {name}(const float* restrict X, const float* restrict Wp, float* restrict Y
     }}
     const int64_t n_nblocks = (NP + nc - 1) / nc;
     const int64_t n_tasks = n_mblocks * n_nblocks;
-    /* tasks are N block innermost, thread i owns tasks i, i + nth, ...: the same weight columns at
-     * every M where the N blocks are a multiple of the threads */
+    /* thread i owns tasks i, i + nth, ...: the i-th contiguous 1/nth of the N blocks where they
+     * divide among the threads, the same weight columns at every M and under every nc (ts_task_blocks) */
 {shares_declaration('nth')}
     #pragma omp parallel if (n_tasks > 1)
     {{{tiles_on}
         /* per-thread workspaces (sizes rounded up to the 64-byte alignment, as C11 asks) */{xpack_alloc}
         float* cbuf = {'NULL' if single else '(float*)aligned_alloc(64, (sizeof(float) * block_tiles * MR * NC + 63) / 64 * 64)'};
 {claim_loop('t', 'n_tasks', 'nth', '        ')}
-            const int64_t mb = t / n_nblocks, nb = t % n_nblocks;
+            int64_t mb, nb;
+            ts_task_blocks(t, nth, n_nblocks, &mb, &nb);
             const int64_t m0 = (mb * tiles_per + min_i64(mb, tiles_extra)) * MR;
             const int64_t mv = min_i64((tiles_per + (mb < tiles_extra)) * MR, M - m0);
             const int64_t j0 = nb * nc, nw = min_i64(nc, NP - j0);  /* nw: a multiple of NR */

@@ -8,11 +8,15 @@ half of a core's panels are in the other core's L2 (tiny BERT at L = 1: ~15% of 
 shape switch the first-call benchmark measures). ``schedule(static)`` keeps the assignment, but a
 descheduled thread then holds up the whole call (issue 10: a server is rarely idle).
 
-So each thread owns the same tasks at every call -- thread i those with ``t % nth == i``; the GEMM
-numbers its tasks N block innermost, so where the N blocks are a multiple of the threads a
-thread's tasks are the same weight columns whatever M is, and where there is one N block its row
-blocks alternate between the threads (the larger ones first: balanced) -- and claims them in
-order; a thread whose own tasks are done claims what is left of the others' (the tasks of a
+So each thread owns the same tasks at every call -- thread i those with ``t % nth == i``; a task
+of a 2-D (row block, N block) loop stands for a block by :c:func:`ts_task_blocks`: where the N
+blocks are a multiple of the threads, thread i's are the i-th contiguous 1/nth of them (the same
+weight columns whatever M is, and whatever the block width: a GEMM's variants differ in ``nc``,
+and a run-time cut at small M halves N; interleaved blocks, ``nb = t % n_nblocks``, left a core
+half of the columns the other core had read at the previous shape -- one 256 x 1024 GEMM at M = 1
+after M = 64 under another ``nc`` paid 3.4 us more than its steady 13.3 us, 1.6 us with
+contiguous shares), elsewhere N block innermost, so that with one N block the row blocks alternate
+between the threads (the larger ones first: balanced) -- and claims them in order; a thread whose own tasks are done claims what is left of the others' (the tasks of a
 thread the OS descheduled are done by the one still running, as with ``dynamic``). One atomic
 counter per thread, on its own cache line; every task is claimed exactly once because a claim is a
 ``fetch_add`` on its owner's counter.
@@ -44,6 +48,21 @@ static inline int64_t ts_claim(ts_share *s, int64_t n_tasks, int64_t nth, int64_
         if (t < n_tasks) return t;
     }
     return -1;
+}
+
+/* task t of n_mblocks x n_nblocks -> its row block *mb and N block *nb: thread t % nth's tasks are
+ * the (t % nth)-th contiguous 1/nth of the N blocks where they divide among the threads (the same
+ * columns at every M and block width), otherwise N block innermost */
+static inline void ts_task_blocks(int64_t t, int64_t nth, int64_t n_nblocks, int64_t *mb, int64_t *nb)
+{
+    if (n_nblocks % nth == 0) {
+        const int64_t per = n_nblocks / nth, u = t / nth;   /* u: the task's place in its owner's share */
+        *mb = u / per;
+        *nb = t % nth * per + u % per;
+    } else {
+        *mb = t / n_nblocks;
+        *nb = t % n_nblocks;
+    }
 }
 """
 
