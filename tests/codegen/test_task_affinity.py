@@ -1,6 +1,8 @@
 """Affinity-first task claiming (tscomp.codegen.task_affinity): every task runs exactly once
 whatever the team size -- thread 0 is slowed down, so the others steal from its share, and a team
-smaller than the shares runs the missing threads' shares too."""
+smaller than the shares runs the missing threads' shares too; and the task -> (row block, N
+block) map covers every block once and gives each thread the same contiguous columns at every
+block width."""
 from __future__ import annotations
 
 import ctypes
@@ -56,7 +58,6 @@ def test_every_task_runs_exactly_once_for_any_team_and_task_count(claim_all, max
                 assert (runs == 1).all(), (max_threads, team, n_tasks, runs)
     finally:
         set_num_threads(before)
-
 
 
 _BLOCKS_SOURCE = f"""#include <stdint.h>

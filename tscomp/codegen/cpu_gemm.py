@@ -6,7 +6,7 @@ integer argument, so one compiled kernel serves every M (TSCompiler's macro-kern
 
 Tiling (TSCompiler §5.1, see :mod:`tscomp.codegen.tile_config`): one OpenMP task computes an
 ``mc × nc`` block of Y (block tile ⟨T_Mb, T_Nb⟩), walking K in steps of ``kc`` (T_Kb). Tasks are
-numbered N block innermost and claimed affinity-first (:mod:`tscomp.codegen.task_affinity`): a
+mapped to (row block, N block) and claimed affinity-first (:mod:`tscomp.codegen.task_affinity`): a
 thread computes the same weight columns at every M (where the N blocks are a multiple of the
 threads, as the run-time split at small M makes them), so its panels stay in its core's L2 from
 one request to the next, whatever their lengths -- and whatever ``nc`` is: thread i's N blocks

@@ -13,10 +13,11 @@ of a 2-D (row block, N block) loop stands for a block by :c:func:`ts_task_blocks
 blocks are a multiple of the threads, thread i's are the i-th contiguous 1/nth of them (the same
 weight columns whatever M is, and whatever the block width: a GEMM's variants differ in ``nc``,
 and a run-time cut at small M halves N; interleaved blocks, ``nb = t % n_nblocks``, left a core
-half of the columns the other core had read at the previous shape -- one 256 x 1024 GEMM at M = 1
-after M = 64 under another ``nc`` paid 3.4 us more than its steady 13.3 us, 1.6 us with
-contiguous shares), elsewhere N block innermost, so that with one N block the row blocks alternate
-between the threads (the larger ones first: balanced) -- and claims them in order; a thread whose own tasks are done claims what is left of the others' (the tasks of a
+half of the columns the other core had read at the previous shape -- ``benchmarks.gemm_variant_switch``:
+a 256 x 1024 GEMM at M = 1 right after another variant at M = 64 paid 2.57 us over its steady
+8.4 us, 1.45 us with contiguous shares), elsewhere N block innermost, so that with one N block
+the row blocks alternate between the threads (the larger ones first: balanced) -- and claims them
+in order; a thread whose own tasks are done claims what is left of the others' (the tasks of a
 thread the OS descheduled are done by the one still running, as with ``dynamic``). One atomic
 counter per thread, on its own cache line; every task is claimed exactly once because a claim is a
 ``fetch_add`` on its owner's counter.
